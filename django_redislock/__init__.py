@@ -1,0 +1,52 @@
+"""Redis-backed locks, semaphores and throttling for Django."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core.aio import AsyncLock
+from .core.exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+)
+from .core.lock import Lock
+
+__version__ = "0.1.0"
+
+# Names whose modules import Django: loaded on first use, so that importing
+# the package (or its Django-free core) never needs configured settings.
+_LAZY = {
+    "redis_locked": "decorators",
+    "redis_lock": "decorators",
+    "current_lock": "decorators",
+    "get_lock": "locks",
+    "get_async_lock": "locks",
+    "Semaphore": "core.semaphore",
+    "AsyncSemaphore": "core.semaphore_aio",
+    "concurrency_limited": "middleware",
+}
+
+__all__ = [
+    "AsyncLock",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "RedisUnavailable",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_redislock' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

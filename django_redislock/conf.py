@@ -1,0 +1,307 @@
+"""The ``REDISLOCK`` settings dict, read lazily so ``override_settings`` works.
+
+Each setting is a typed property with its default beside it; nothing is ever
+written onto ``django.conf.settings``. ``problems()`` validates the dict for
+the system checks (``checks.py``) without touching the network.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings as django_settings
+
+from .core.keys import validate_prefix
+
+__all__ = ["DEFAULTS", "Problem", "conf", "problems"]
+
+DEFAULTS: dict[str, Any] = {
+    # Master switch: when False, decorators and middleware run the code unlocked.
+    "ENABLED": True,
+    # django-redis CACHES alias whose connection settings are used.
+    "CACHE": "default",
+    # Dotted path to a callable returning a redis client (Cluster, custom setups).
+    "CLIENT": None,
+    "PREFIX": "redislock",
+    # Lease length (seconds) and how long to wait for a busy lock (seconds).
+    "TIMEOUT": 30.0,
+    "WAIT": 10.0,
+    # Renew held leases from a watchdog; RENEW_MAX caps the hold (None: no cap).
+    "RENEW": False,
+    "RENEW_MAX": None,
+    # Redis down: locks fail closed (503) unless this is True.
+    "FAIL_OPEN": False,
+    # Bounds on every call the library makes (seconds).
+    "SOCKET_TIMEOUT": 2.0,
+    "CONNECT_TIMEOUT": 1.0,
+    # Busy view: status and optional replacement (dotted path to a view or callable).
+    "BUSY_STATUS": 409,
+    "BUSY_RESPONSE": None,
+    "UNAVAILABLE_RESPONSE": None,
+    # Replica acknowledgement of new leases (0: off) and how long to wait for it.
+    "REPLICAS": 0,
+    "REPLICAS_TIMEOUT": 0.1,
+    # Throttling middleware.
+    "THROTTLE": [],
+    "THROTTLE_FAIL_OPEN": True,
+    "THROTTLE_RESPONSE": None,
+    "PERMIT_TIMEOUT": 60.0,
+    # Who may see and force-release locks in the admin: dotted path to a
+    # callable of the user, or None for superusers only.
+    "ADMIN_PERMISSION": None,
+}
+
+
+class Settings:
+    """Typed, lazy view of ``settings.REDISLOCK``."""
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        value = getattr(django_settings, "REDISLOCK", {})
+        return value if isinstance(value, dict) else {}
+
+    def get(self, key: str) -> Any:
+        return self.raw.get(key, DEFAULTS[key])
+
+    @property
+    def ENABLED(self) -> bool:
+        return bool(self.get("ENABLED"))
+
+    @property
+    def CACHE(self) -> str:
+        return str(self.get("CACHE"))
+
+    @property
+    def CLIENT(self) -> str | Callable[..., Any] | None:
+        return self.get("CLIENT")  # type: ignore[no-any-return]
+
+    @property
+    def PREFIX(self) -> str:
+        return str(self.get("PREFIX"))
+
+    @property
+    def TIMEOUT(self) -> float:
+        return float(self.get("TIMEOUT"))
+
+    @property
+    def WAIT(self) -> float:
+        return float(self.get("WAIT"))
+
+    @property
+    def RENEW(self) -> bool:
+        return bool(self.get("RENEW"))
+
+    @property
+    def RENEW_MAX(self) -> float | None:
+        value = self.get("RENEW_MAX")
+        return None if value is None else float(value)
+
+    @property
+    def FAIL_OPEN(self) -> bool:
+        return bool(self.get("FAIL_OPEN"))
+
+    @property
+    def SOCKET_TIMEOUT(self) -> float:
+        return float(self.get("SOCKET_TIMEOUT"))
+
+    @property
+    def CONNECT_TIMEOUT(self) -> float:
+        return float(self.get("CONNECT_TIMEOUT"))
+
+    @property
+    def BUSY_STATUS(self) -> int:
+        return int(self.get("BUSY_STATUS"))
+
+    @property
+    def BUSY_RESPONSE(self) -> str | Callable[..., Any] | None:
+        return self.get("BUSY_RESPONSE")  # type: ignore[no-any-return]
+
+    @property
+    def UNAVAILABLE_RESPONSE(self) -> str | Callable[..., Any] | None:
+        return self.get("UNAVAILABLE_RESPONSE")  # type: ignore[no-any-return]
+
+    @property
+    def REPLICAS(self) -> int:
+        return int(self.get("REPLICAS"))
+
+    @property
+    def REPLICAS_TIMEOUT(self) -> float:
+        return float(self.get("REPLICAS_TIMEOUT"))
+
+    @property
+    def THROTTLE(self) -> list[dict[str, Any]]:
+        return list(self.get("THROTTLE"))
+
+    @property
+    def THROTTLE_FAIL_OPEN(self) -> bool:
+        return bool(self.get("THROTTLE_FAIL_OPEN"))
+
+    @property
+    def THROTTLE_RESPONSE(self) -> str | Callable[..., Any] | None:
+        return self.get("THROTTLE_RESPONSE")  # type: ignore[no-any-return]
+
+    @property
+    def PERMIT_TIMEOUT(self) -> float:
+        return float(self.get("PERMIT_TIMEOUT"))
+
+    @property
+    def ADMIN_PERMISSION(self) -> str | Callable[..., Any] | None:
+        return self.get("ADMIN_PERMISSION")  # type: ignore[no-any-return]
+
+
+conf = Settings()
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    msg: str
+    hint: str
+
+
+def _is_seconds(value: object, *, allow_zero: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
+
+
+def _is_callable_or_path(value: object) -> bool:
+    return value is None or callable(value) or (isinstance(value, str) and "." in value)
+
+
+def problems() -> list[Problem]:
+    """Everything wrong with ``settings.REDISLOCK``; no network access."""
+    raw = getattr(django_settings, "REDISLOCK", {})
+    if not isinstance(raw, dict):
+        return [
+            Problem(
+                "django_redislock.E001",
+                f"REDISLOCK must be a dict, not {type(raw).__name__}.",
+                "Set REDISLOCK = {...} in your settings, or remove it to use the defaults.",
+            )
+        ]
+    found: list[Problem] = []
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        found.append(
+            Problem(
+                "django_redislock.E002",
+                f"Unknown REDISLOCK setting(s): {', '.join(map(repr, unknown))}.",
+                "Remove them or fix the spelling; valid keys: " + ", ".join(sorted(DEFAULTS)) + ".",
+            )
+        )
+
+    def value(key: str) -> Any:
+        return raw.get(key, DEFAULTS[key])
+
+    for key, allow_zero in (
+        ("TIMEOUT", False),
+        ("WAIT", True),
+        ("SOCKET_TIMEOUT", False),
+        ("CONNECT_TIMEOUT", False),
+        ("PERMIT_TIMEOUT", False),
+        ("REPLICAS_TIMEOUT", False),
+    ):
+        if not _is_seconds(value(key), allow_zero=allow_zero):
+            bound = "0 or more" if allow_zero else "more than 0"
+            found.append(
+                Problem(
+                    "django_redislock.E003",
+                    f"REDISLOCK[{key!r}] must be a finite number of seconds, {bound}; "
+                    f"got {value(key)!r}.",
+                    f"Set REDISLOCK[{key!r}] to a number such as {DEFAULTS[key]!r}.",
+                )
+            )
+    if value("RENEW_MAX") is not None and not _is_seconds(value("RENEW_MAX"), allow_zero=False):
+        found.append(
+            Problem(
+                "django_redislock.E003",
+                f"REDISLOCK['RENEW_MAX'] must be None or seconds; got {value('RENEW_MAX')!r}.",
+                "Set REDISLOCK['RENEW_MAX'] to a number of seconds, or None for no cap.",
+            )
+        )
+    try:
+        validate_prefix(value("PREFIX"))
+    except ValueError as exc:
+        found.append(
+            Problem(
+                "django_redislock.E004",
+                f"REDISLOCK['PREFIX'] is invalid: {exc}.",
+                "Use a plain prefix such as 'redislock' or 'myproject:locks'.",
+            )
+        )
+    if not isinstance(value("CACHE"), str) or (
+        value("CLIENT") is None and value("CACHE") not in getattr(django_settings, "CACHES", {})
+    ):
+        found.append(
+            Problem(
+                "django_redislock.E005",
+                f"REDISLOCK['CACHE'] = {value('CACHE')!r} names no entry of CACHES.",
+                "Add a django-redis cache under that alias to CACHES, or set "
+                "REDISLOCK['CACHE'] to an existing alias.",
+            )
+        )
+    else:
+        backend = getattr(django_settings, "CACHES", {}).get(value("CACHE"), {}).get("BACKEND", "")
+        if value("CLIENT") is None and not str(backend).startswith("django_redis."):
+            found.append(
+                Problem(
+                    "django_redislock.E006",
+                    f"CACHES[{value('CACHE')!r}] uses {backend!r}, not django-redis.",
+                    "Use BACKEND 'django_redis.cache.RedisCache' for that alias, or point "
+                    "REDISLOCK['CACHE'] at one that does (or set REDISLOCK['CLIENT']).",
+                )
+            )
+    for key in ("CLIENT", "BUSY_RESPONSE", "UNAVAILABLE_RESPONSE", "THROTTLE_RESPONSE",
+                "ADMIN_PERMISSION"):
+        if not _is_callable_or_path(value(key)):
+            found.append(
+                Problem(
+                    "django_redislock.E007",
+                    f"REDISLOCK[{key!r}] must be a callable or a dotted path; "
+                    f"got {value(key)!r}.",
+                    f"Set REDISLOCK[{key!r}] to 'package.module.name', or remove it.",
+                )
+            )
+    status = value("BUSY_STATUS")
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+        found.append(
+            Problem(
+                "django_redislock.E008",
+                f"REDISLOCK['BUSY_STATUS'] must be an HTTP error status; got {status!r}.",
+                "Use 409 (the default), 423 or 503.",
+            )
+        )
+    replicas = value("REPLICAS")
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        found.append(
+            Problem(
+                "django_redislock.E009",
+                f"REDISLOCK['REPLICAS'] must be a whole number, 0 or more; got {replicas!r}.",
+                "Set it to the number of replicas that must acknowledge a new lease, or 0.",
+            )
+        )
+    for key in ("ENABLED", "RENEW", "FAIL_OPEN", "THROTTLE_FAIL_OPEN"):
+        if not isinstance(value(key), bool):
+            found.append(
+                Problem(
+                    "django_redislock.E010",
+                    f"REDISLOCK[{key!r}] must be True or False; got {value(key)!r}.",
+                    f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
+                )
+            )
+    if value("SOCKET_TIMEOUT") is not None and _is_seconds(value("TIMEOUT"), allow_zero=False) \
+            and _is_seconds(value("SOCKET_TIMEOUT"), allow_zero=False) \
+            and value("SOCKET_TIMEOUT") * 3 > value("TIMEOUT"):
+        found.append(
+            Problem(
+                "django_redislock.W001",
+                "REDISLOCK['SOCKET_TIMEOUT'] is more than a third of REDISLOCK['TIMEOUT']: "
+                "one slow call could outlast a renewal window.",
+                "Lower SOCKET_TIMEOUT or raise TIMEOUT.",
+            )
+        )
+    return found

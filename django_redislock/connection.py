@@ -1,0 +1,194 @@
+"""Redis clients for the library, built from a django-redis ``CACHES`` alias.
+
+The cache's own client may have no socket timeout (redis-py's default) and its
+own retry policy. Lock calls must be bounded (DESIGN invariant 8), so the
+library builds a client of its own from the same connection parameters, with
+``SOCKET_TIMEOUT``/``CONNECT_TIMEOUT`` from ``REDISLOCK`` and one retry on a
+broken pooled connection. Sentinel pools are rebuilt as Sentinel pools, so
+failover keeps working. ``REDISLOCK['CLIENT']`` (a dotted path to a callable
+returning a client) replaces all of this, for Redis Cluster and other setups.
+
+Async code gets a ``redis.asyncio`` client derived from the same parameters,
+one per event loop (an asyncio connection belongs to the loop that made it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+import redis
+import redis.asyncio
+from django.utils.module_loading import import_string
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from .conf import conf
+
+__all__ = ["get_async_client", "get_client", "reset"]
+
+logger = logging.getLogger("django_redislock.connection")
+
+_lock = threading.Lock()
+_clients: dict[tuple[str, int, float, float], Any] = {}
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+_checked_eviction: set[int] = set()
+
+# Only socket-level settings are copied into the library's own pools.
+_SYNC_TO_ASYNC = {
+    redis.connection.Connection: redis.asyncio.connection.Connection,
+    redis.connection.UnixDomainSocketConnection: redis.asyncio.connection.UnixDomainSocketConnection,
+    redis.connection.SSLConnection: redis.asyncio.connection.SSLConnection,
+}
+# What identifies the server and the credentials; internals of a sync pool
+# (maintenance-notification state, OCSP contexts, parsers) are not carried over.
+_ASYNC_KEEP = {
+    "host", "port", "path", "db", "username", "password", "credential_provider",
+    "client_name", "lib_name", "lib_version", "socket_keepalive", "socket_keepalive_options",
+    "socket_timeout", "socket_connect_timeout", "ssl_keyfile", "ssl_certfile",
+    "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data", "ssl_check_hostname",
+    "ssl_min_version", "ssl_ciphers",
+}
+
+
+def _retry() -> Retry:
+    # One quick retry covers a pooled connection that died with a restarted
+    # Redis; more would stretch the caller's bound for little gain.
+    return Retry(ExponentialBackoff(cap=0.1, base=0.01), 1)
+
+
+def _cache_client(alias: str) -> Any:
+    from django_redis import get_redis_connection
+
+    return get_redis_connection(alias)
+
+
+def _user_client(path_or_callable: Any, *, asyncio_client: bool) -> Any:
+    factory = import_string(path_or_callable) if isinstance(path_or_callable, str) else path_or_callable
+    return factory(asyncio=asyncio_client)
+
+
+def _bounded_kwargs(pool: Any) -> dict[str, Any]:
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = conf.SOCKET_TIMEOUT
+    kwargs["socket_connect_timeout"] = conf.CONNECT_TIMEOUT
+    kwargs["retry"] = _retry()
+    kwargs.pop("retry_on_timeout", None)
+    # The library reads raw bytes; decoding is done where needed.
+    kwargs["decode_responses"] = False
+    return kwargs
+
+
+def _build_sync(alias: str) -> Any:
+    base = _cache_client(alias)
+    pool = base.connection_pool
+    kwargs = _bounded_kwargs(pool)
+    from redis.sentinel import SentinelConnectionPool
+
+    if isinstance(pool, SentinelConnectionPool):
+        kwargs.pop("connection_pool", None)
+        new_pool: Any = SentinelConnectionPool(
+            pool.service_name, pool.sentinel_manager, **kwargs
+        )
+    else:
+        new_pool = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+    return redis.Redis(connection_pool=new_pool)
+
+
+def _warn_eviction(client: Any) -> None:
+    """Log once per client if Redis may evict lock keys under memory pressure."""
+    if id(client) in _checked_eviction:
+        return
+    _checked_eviction.add(id(client))
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except Exception:  # CONFIG is often disabled on managed Redis: nothing to say
+        return
+    if isinstance(policy, bytes):
+        policy = policy.decode()
+    if policy and policy != "noeviction":
+        logger.warning(
+            "Redis maxmemory-policy is %r: under memory pressure Redis may evict lock "
+            "keys, and a lock would silently be free. Use 'noeviction' (or a Redis "
+            "of its own for locks).",
+            policy,
+        )
+
+
+def get_client(alias: str | None = None) -> Any:
+    """The library's sync client for ``alias`` (default ``REDISLOCK['CACHE']``)."""
+    alias = alias or conf.CACHE
+    key = (alias, os.getpid(), conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
+    client = _clients.get(key)
+    if client is None:
+        with _lock:
+            client = _clients.get(key)
+            if client is None:
+                if conf.CLIENT is not None:
+                    client = _user_client(conf.CLIENT, asyncio_client=False)
+                else:
+                    client = _build_sync(alias)
+                _clients[key] = client
+    return client
+
+
+def _build_async(alias: str) -> Any:
+    sync_pool = get_client(alias).connection_pool
+    from redis.sentinel import SentinelConnectionPool
+
+    kwargs = {k: v for k, v in sync_pool.connection_kwargs.items() if k in _ASYNC_KEEP}
+    kwargs["retry"] = redis.asyncio.retry.Retry(ExponentialBackoff(cap=0.1, base=0.01), 1)
+    if isinstance(sync_pool, SentinelConnectionPool):
+        from redis.asyncio.sentinel import Sentinel
+
+        manager = sync_pool.sentinel_manager
+        sentinels = [
+            (c.connection_pool.connection_kwargs.get("host"),
+             c.connection_pool.connection_kwargs.get("port"))
+            for c in manager.sentinels
+        ]
+        sentinel = Sentinel(sentinels, sentinel_kwargs=manager.sentinel_kwargs or None)
+        return sentinel.master_for(sync_pool.service_name, **kwargs)
+    connection_class = _SYNC_TO_ASYNC.get(sync_pool.connection_class)
+    if connection_class is None:
+        raise TypeError(
+            f"no asyncio counterpart for {sync_pool.connection_class!r}: set "
+            "REDISLOCK['CLIENT'] to a factory that accepts asyncio=True"
+        )
+    pool = redis.asyncio.ConnectionPool(connection_class=connection_class, **kwargs)
+    return redis.asyncio.Redis(connection_pool=pool)
+
+
+def get_async_client(alias: str | None = None) -> Any:
+    """The library's ``redis.asyncio`` client for ``alias`` in the running loop."""
+    alias = alias or conf.CACHE
+    loop = asyncio.get_running_loop()
+    per_loop = _async_clients.setdefault(loop, {})
+    key = (alias, conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
+    client = per_loop.get(key)
+    if client is None:
+        if conf.CLIENT is not None:
+            client = _user_client(conf.CLIENT, asyncio_client=True)
+        else:
+            client = _build_async(alias)
+        per_loop[key] = client
+    return client
+
+
+def reset() -> None:
+    """Forget cached clients (tests, or after changing CACHES at run time)."""
+    with _lock:
+        for client in _clients.values():
+            try:
+                client.close()
+            except Exception:
+                logger.debug("closing a cached client failed", exc_info=True)
+        _clients.clear()
+        _checked_eviction.clear()
+    _async_clients.clear()

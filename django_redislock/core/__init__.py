@@ -1,0 +1,23 @@
+"""The Redis-only lock engine. Nothing in this package imports Django."""
+
+from .aio import AsyncLock
+from .exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+)
+from .keys import KeySpace
+from .lock import Lock
+
+__all__ = [
+    "AsyncLock",
+    "KeySpace",
+    "Lock",
+    "LockError",
+    "LockLost",
+    "LockNotAcquired",
+    "LockNotOwned",
+    "RedisUnavailable",
+]

@@ -1,0 +1,386 @@
+"""``AsyncLock`` over ``redis.asyncio``: the same protocol and scripts as ``Lock``.
+
+Wake-ups come from one pub/sub reader task per event loop (and connection
+pool), so hundreds of waiting tasks cost one connection. An acquire that is
+cancelled at any await gives back whatever it may have been granted, shielded
+from the cancellation, so a cancelled task never leaves a lease behind it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import weakref
+from types import TracebackType
+from typing import Any
+
+from . import scripts
+from .base import STATE_KEEP_MS, LockBase
+from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
+from .keys import KeySpace
+
+__all__ = ["AsyncLock", "AsyncNotifier", "get_async_notifier"]
+
+log_acquire = logging.getLogger("django_redislock.acquire")
+log_notify = logging.getLogger("django_redislock.notify")
+log_renew = logging.getLogger("django_redislock.renew")
+
+_NO_CHANNEL = b"-"
+# Cleanup after a cancelled acquire may take this long before we give up on it.
+_CLEANUP_TIMEOUT = 2.0
+LIVENESS_INTERVAL = 5.0
+IDLE_TIMEOUT = 60.0
+
+
+class AsyncNotifier:
+    """The wake-up channel of this process for one event loop and pool."""
+
+    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+        self._client = client
+        self.channel = keyspace.channel(secrets.token_hex(8))
+        self.address = b"p" + self.channel
+        self._slots: dict[str, asyncio.Event] = {}
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._idle_since = time.monotonic()
+        self._connected_before = False
+
+    def register(self, token: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._slots[token] = event
+        if self._task is None or self._task.done():
+            self._ready.clear()
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="redislock-notify"
+            )
+        return event
+
+    def unregister(self, token: str) -> None:
+        self._slots.pop(token, None)
+        if not self._slots:
+            self._idle_since = time.monotonic()
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def wait_ready(self, timeout: float) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        return self._ready.is_set()
+
+    def _wake_all(self) -> None:
+        for event in list(self._slots.values()):
+            event.set()
+
+    def _idle(self) -> bool:
+        return not self._slots and time.monotonic() - self._idle_since > IDLE_TIMEOUT
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                await self._listen(pubsub)
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log_notify.warning("wake-up channel lost, reconnecting: %s", exc)
+            finally:
+                self._ready.clear()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                self._wake_all()
+            if self._idle():
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _listen(self, pubsub: Any) -> None:
+        last_heard = time.monotonic()
+        ping_sent: float | None = None
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            now = time.monotonic()
+            if message is None:
+                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
+                    raise TimeoutError("no answer to PING on the wake-up channel")
+                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL:
+                    if self._idle():
+                        return
+                    await pubsub.ping()
+                    ping_sent = now
+                continue
+            last_heard = now
+            ping_sent = None
+            kind = message["type"]
+            if kind == "message":
+                data = message["data"]
+                event = self._slots.get(data.decode() if isinstance(data, bytes) else str(data))
+                if event is not None:
+                    event.set()
+            elif kind == "subscribe":
+                self._ready.set()
+                if self._connected_before:
+                    self._wake_all()
+                self._connected_before = True
+
+
+_notifiers: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[int, str], tuple[Any, AsyncNotifier]]
+] = weakref.WeakKeyDictionary()
+
+
+def get_async_notifier(client: Any, keyspace: KeySpace) -> AsyncNotifier:
+    """The notifier of the running loop for the client's pool and prefix."""
+    per_loop = _notifiers.setdefault(asyncio.get_running_loop(), {})
+    pool = client.connection_pool
+    key = (id(pool), keyspace.prefix)
+    entry = per_loop.get(key)
+    if entry is None or entry[0] is not pool:
+        entry = (pool, AsyncNotifier(client, keyspace))
+        per_loop[key] = entry
+    return entry[1]
+
+
+class AsyncLock(LockBase):
+    """``Lock`` for asyncio. Shared between tasks it behaves like ``asyncio.Lock``:
+    a second task waits for the first to release, and only the task that
+    acquired may release or extend the lease.
+    """
+
+    def __init__(self, client: Any, name: str, **options: Any) -> None:
+        super().__init__(client, name, **options)
+        self._gate: asyncio.Lock | None = None
+        self._gate_loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._ttl_ms_held = 0
+        self.retry_after: float | None = None
+
+    def _get_gate(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._gate is None or self._gate_loop is not loop:
+            self._gate = asyncio.Lock()
+            self._gate_loop = loop
+        return self._gate
+
+    async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+        """Take the lock, waiting up to ``wait`` seconds (0: try once)."""
+        wait_s = self._wait_s(wait)
+        ttl_ms = self._ttl_ms(ttl)
+        me = asyncio.current_task()
+        if self.token is not None and self._task is me:
+            raise LockError(
+                f"lock {self.name!r} is already held by this handle in this task; "
+                "locks are not reentrant: release it first or use another name"
+            )
+        started = time.monotonic()
+        gate = self._get_gate()
+        if wait_s > 0:
+            try:
+                await asyncio.wait_for(gate.acquire(), wait_s)
+            except asyncio.TimeoutError:
+                self.observer.busy(self, time.monotonic() - started)
+                return False
+        elif gate.locked():
+            self.observer.busy(self, 0.0)
+            return False
+        else:
+            await gate.acquire()
+        try:
+            acquired = await self._acquire(started + wait_s, ttl_ms)
+        except BaseException:
+            gate.release()
+            raise
+        if not acquired:
+            gate.release()
+            self.observer.busy(self, time.monotonic() - started)
+            return False
+        self._task = me
+        self._ttl_ms_held = ttl_ms
+        self.observer.acquired(self, time.monotonic() - started)
+        if self.renew:
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew_loop(), name=f"redislock-renew:{self.name[:40]}"
+            )
+        return True
+
+    async def _acquire(self, deadline: float, ttl_ms: int) -> bool:
+        token = self._new_token()
+        task = asyncio.current_task()
+        who = task.get_name() if task is not None else "?"
+        keys = self._key_tuple
+        wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        notifier = get_async_notifier(self.client, self.keyspace) if wait_ms else None
+        event = None
+        address = _NO_CHANNEL
+        if notifier is not None and notifier.ready:
+            event = notifier.register(token)
+            address = notifier.address
+        try:
+            while True:
+                sent = time.monotonic()
+                granted, value = await scripts.run_async(
+                    self.client,
+                    scripts.ACQUIRE,
+                    keys,
+                    self._args_acquire(token, ttl_ms, who, wait_ms if event else 0, address),
+                )
+                if granted == 1:
+                    if time.monotonic() >= self._validity(sent, ttl_ms):
+                        log_acquire.warning(
+                            "acquire reply for %r arrived after its validity", self.name
+                        )
+                        await self._cancel(token)
+                        return False
+                    self._granted(token, value, sent, ttl_ms)
+                    return True
+                self.retry_after = max(value, 0) / 1000
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or notifier is None:
+                    break
+                if event is None:
+                    event = notifier.register(token)
+                    if await notifier.wait_ready(min(remaining, 2.0)):
+                        address = notifier.address
+                else:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(event.wait(), min(remaining, max(value, 1) / 1000))
+                    event.clear()
+                wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
+            await self._cancel(token)
+            return False
+        except RedisUnavailable:
+            raise
+        except BaseException:
+            # Cancelled or interrupted at some await: the script may have run
+            # and granted us the lease. Give it back, whatever happens to us.
+            await self._cancel(token, shielded=True)
+            raise
+        finally:
+            if event is not None and notifier is not None:
+                notifier.unregister(token)
+
+    async def _cancel(self, token: str, *, shielded: bool = False) -> None:
+        call = scripts.run_async(self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms))
+        try:
+            if shielded:
+                # Shield, so the cleanup outlives the cancellation that caused it.
+                await asyncio.wait_for(asyncio.shield(call), _CLEANUP_TIMEOUT)
+            else:
+                await call
+        except (RedisUnavailable, asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
+
+    def _check_owner(self, action: str) -> str:
+        if self.token is None:
+            raise LockNotOwned(f"cannot {action} {self.name!r}: this handle does not hold it")
+        if self._task is not asyncio.current_task():
+            raise LockNotOwned(f"cannot {action} {self.name!r}: it was acquired by another task")
+        return self.token
+
+    async def release(self) -> None:
+        """Release the lease. Raises ``LockLost`` if it had been lost meanwhile."""
+        token = self._check_owner("release")
+        self._stop_renewal()
+        held = time.monotonic() - self._acquired_at
+        try:
+            released = await scripts.run_async(
+                self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)
+            )
+        finally:
+            self._forget()
+            self._task = None
+            if self._gate is not None and self._gate.locked():
+                self._gate.release()
+        if not released:
+            self._mark_lost("the lease was gone at release (expired, cleared or lost by Redis)")
+        if self.lost:
+            raise LockLost(f"lock {self.name!r} was lost before it was released")
+        self.observer.released(self, held)
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
+        token = self._check_owner("extend")
+        if self.lost:
+            raise LockLost(f"lock {self.name!r} was already lost")
+        ttl_ms = self._ttl_ms(ttl)
+        if not await self._extend(token, ttl_ms):
+            self._mark_lost("the lease was gone at extend (expired, cleared or lost by Redis)")
+            raise LockLost(f"lock {self.name!r} was lost before it could be extended")
+        self._ttl_ms_held = ttl_ms
+
+    async def _extend(self, token: str, ttl_ms: int) -> bool:
+        sent = time.monotonic()
+        ok = await scripts.run_async(
+            self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
+        )
+        if ok and self.token == token:
+            self._valid_until = self._validity(sent, ttl_ms)
+        return bool(ok)
+
+    async def owned(self) -> bool:
+        """Ask Redis whether this handle still holds the lease (one round trip)."""
+        token = self.token
+        if token is None or not self.held:
+            return False
+        try:
+            current = await self.client.hget(self.keys.lease, "t")
+        except Exception as exc:
+            raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
+        return current is not None and current.decode() == token and self.held
+
+    def _stop_renewal(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None and renewer is not asyncio.current_task():
+            renewer.cancel()
+
+    async def _renew_loop(self) -> None:
+        token = self.token
+        started = self._acquired_at
+        delay = self._ttl_ms_held / 3000
+        while self.token == token and token is not None and not self.lost:
+            await asyncio.sleep(delay)
+            if self.token != token:
+                return
+            if self.renew_max is not None and time.monotonic() - started >= self.renew_max:
+                log_renew.info("stopped renewing %r after renew_max", self.name)
+                return
+            try:
+                ok = await self._extend(token, self._ttl_ms_held)
+            except RedisUnavailable as exc:
+                left = self._valid_until - time.monotonic()
+                if left <= 0:
+                    self._mark_lost(f"could not renew before the lease ran out: {exc}")
+                    return
+                delay = min(left, max(0.05, self._ttl_ms_held / 10000))
+                continue
+            if self.token != token:
+                return
+            if not ok:
+                self._mark_lost("the lease was gone at renewal (expired, cleared or lost by Redis)")
+                return
+            delay = self._ttl_ms_held / 3000
+
+    async def __aenter__(self) -> AsyncLock:
+        if not await self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockError:
+            if exc_type is None:
+                raise

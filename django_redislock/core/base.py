@@ -1,0 +1,196 @@
+"""What ``Lock`` and ``AsyncLock`` share: arguments, timing, owner metadata."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from .keys import KeySpace, LockKeys
+
+__all__ = ["LockBase", "Observer", "check_seconds"]
+
+log_acquire = logging.getLogger("django_redislock.acquire")
+log_release = logging.getLogger("django_redislock.release")
+log_lost = logging.getLogger("django_redislock.lost")
+
+# A woken waiter has this long to claim its turn before the next one is woken.
+# Long enough to ride out a scheduling hiccup on a loaded host, short enough
+# that a waiter that died in its queue costs little.
+DEFAULT_GRACE = 2.0
+# The state hash (last fence, queue details) outlives the lease by this much.
+STATE_KEEP_MS = 60_000
+
+
+class Observer:
+    """Receives lifecycle events. The core logs; the Django layer sends signals."""
+
+    def acquired(self, lock: LockBase, waited: float) -> None:
+        log_acquire.debug("acquired %r fence=%s after %.4fs", lock.name, lock.fence, waited)
+
+    def busy(self, lock: LockBase, waited: float) -> None:
+        log_acquire.debug("busy %r after %.4fs", lock.name, waited)
+
+    def released(self, lock: LockBase, held: float) -> None:
+        log_release.debug("released %r after %.4fs", lock.name, held)
+
+    def lost(self, lock: LockBase, reason: str) -> None:
+        log_lost.warning("lost %r (fence %s): %s", lock.name, lock.fence, reason)
+
+
+DEFAULT_OBSERVER = Observer()
+
+
+def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
+    """Validate a duration argument, with an error that names the fix."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "0 or more" if allow_zero else "more than 0"
+        raise ValueError(f"{what} must be a finite number of seconds, {bound}; got {value!r}")
+    return seconds
+
+
+@cache
+def _hostname() -> str:
+    return socket.gethostname()
+
+
+class LockBase:
+    """State and arguments of one lock handle; subclasses do the I/O."""
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        ttl: float = 30.0,
+        wait: float = 10.0,
+        keyspace: KeySpace | None = None,
+        label: str = "",
+        renew: bool = False,
+        renew_max: float | None = None,
+        on_lost: Callable[[Any], None] | None = None,
+        observer: Observer | None = None,
+        # Client clocks drift and Redis expires keys a little late or early:
+        # the lease counts as ours for ttl*drift_factor + 2 ms less than asked.
+        drift_factor: float = 0.01,
+        grace: float = DEFAULT_GRACE,
+    ) -> None:
+        self.client = client
+        self.keyspace = keyspace if keyspace is not None else KeySpace()
+        self.keys: LockKeys = self.keyspace.lock(name)
+        self.name = name
+        self._name_b = name.encode("utf-8", "surrogatepass")
+        self.ttl = check_seconds("ttl", ttl, allow_zero=False)
+        self.wait = check_seconds("wait", wait, allow_zero=True)
+        self.label = label
+        self.renew = bool(renew)
+        self.renew_max = (
+            None if renew_max is None else check_seconds("renew_max", renew_max, allow_zero=False)
+        )
+        self.on_lost = on_lost
+        self.observer = observer if observer is not None else DEFAULT_OBSERVER
+        if not 0 <= drift_factor < 0.5:
+            raise ValueError(f"drift_factor must be between 0 and 0.5, got {drift_factor!r}")
+        self.drift_factor = drift_factor
+        self._grace_ms = int(check_seconds("grace", grace, allow_zero=False) * 1000)
+        # Per-acquisition state. The token lives here, in the handle, and in
+        # nothing shared: no other handle, thread or process can present it.
+        self.token: str | None = None
+        self.fence: int | None = None
+        self.lost = False
+        self._valid_until = 0.0
+        self._acquired_at = 0.0
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        state = "held" if self.token else "free"
+        return f"<{type(self).__name__} {self.name!r} {state} fence={self.fence}>"
+
+    # -- arguments ----------------------------------------------------------
+    def _ttl_ms(self, ttl: float | None) -> int:
+        seconds = self.ttl if ttl is None else check_seconds("ttl", ttl, allow_zero=False)
+        return max(1, int(seconds * 1000))
+
+    def _wait_s(self, wait: float | None) -> float:
+        return self.wait if wait is None else check_seconds("wait", wait, allow_zero=True)
+
+    def _owner(self, who: str) -> str:
+        return json.dumps(
+            {"host": _hostname(), "pid": os.getpid(), "thread": who, "label": self.label},
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
+    def _validity(self, sent: float, ttl_ms: int) -> float:
+        ttl = ttl_ms / 1000
+        return sent + ttl - ttl * self.drift_factor - 0.002
+
+    # -- state ----------------------------------------------------------------
+    @property
+    def held(self) -> bool:
+        """True while this handle holds a lease it has not seen expire.
+
+        Judged on this process's monotonic clock from the moment the acquire
+        or extend was sent, so it turns False a little before Redis would
+        expire the key: never after.
+        """
+        return self.token is not None and time.monotonic() < self._valid_until
+
+    @property
+    def remaining(self) -> float:
+        """Seconds of conservative validity left (0 when not held)."""
+        if self.token is None:
+            return 0.0
+        return max(0.0, self._valid_until - time.monotonic())
+
+    def _new_token(self) -> str:
+        return secrets.token_hex(16)
+
+    def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
+        self.token = token
+        self.fence = int(fence)
+        self.lost = False
+        self._valid_until = self._validity(sent, ttl_ms)
+        self._acquired_at = sent
+
+    def _forget(self) -> None:
+        self.token = None
+        self._valid_until = 0.0
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        self.observer.lost(self, reason)
+        if self.on_lost is not None:
+            try:
+                self.on_lost(self)
+            except Exception:
+                log_lost.exception("on_lost callback of %r failed", self.name)
+
+    def _args_acquire(self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes) -> tuple:
+        return (
+            token,
+            ttl_ms,
+            self._name_b,
+            self._owner(who),
+            wait_ms,
+            address,
+            self._grace_ms,
+            STATE_KEEP_MS,
+        )
+
+    @property
+    def _key_tuple(self) -> tuple[bytes, bytes, bytes]:
+        k = self.keys
+        return (k.lease, k.queue, k.state)

@@ -1,0 +1,40 @@
+"""One exception hierarchy, named after the state the caller is in."""
+
+from __future__ import annotations
+
+
+class LockError(Exception):
+    """Base class of every error this library raises."""
+
+
+class LockNotAcquired(LockError):
+    """The lock stayed busy for the whole wait."""
+
+    def __init__(self, name: str, *, retry_after: float | None = None) -> None:
+        self.name = name
+        # Seconds until the current holder's lease runs out, when Redis told us.
+        self.retry_after = retry_after
+        super().__init__(f"lock {name!r} is busy")
+
+
+class LockNotOwned(LockError):
+    """Release or extend by a handle that does not own the lease.
+
+    Raised for a handle that was never acquired, was already released, or is
+    used from another thread, task or process than the one that acquired it.
+    """
+
+
+class LockLost(LockNotOwned):
+    """The lease was lost while the caller believed it held it.
+
+    It expired, was force-released, or Redis lost it (restart, failover).
+    Subclasses ``LockNotOwned`` so that one ``except`` covers both.
+    """
+
+
+class RedisUnavailable(LockError):
+    """Redis could not be reached, timed out, or answered with an error.
+
+    Never the same thing as busy: callers choose a policy for it explicitly.
+    """

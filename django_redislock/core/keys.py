@@ -1,0 +1,122 @@
+"""Lock names to Redis keys.
+
+Layout, for a lock called ``name`` under the prefix ``P`` (default ``redislock``)::
+
+    P:L:{T}:<n>   hash   the lease: token, fence, name, owner; exists only while held
+    P:Q:{T}:<n>   list   FIFO queue of waiting tokens
+    P:H:{T}:<n>   hash   lock state: last fence, reservation, each waiter's deadline
+    P:S:{T}:<n>   zset   semaphore holders (token -> expiry), see ``semaphore.py``
+    P:N:<id>      channel a process's wake-up channel (pub/sub, not a key)
+
+``T`` is a hash tag (16 hex digits of SHA-256 of the name), so every key of one
+lock lives in one Redis Cluster slot whatever the name contains. ``<n>`` is
+``=`` followed by the name itself when its UTF-8 form is at most
+``READABLE_LIMIT`` bytes, so ``redis-cli`` shows something a person recognises,
+and ``#`` followed by the full SHA-256 hex digest otherwise. The two forms
+cannot be confused (different first byte), two short names differ in their
+bytes, and two long names would need a SHA-256 collision: the mapping is
+injective for every practical purpose, and keys stay bounded in length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+__all__ = ["KeySpace", "LockKeys", "encode_name", "validate_prefix"]
+
+# Long enough for any name a person types, short enough that a key stays cheap.
+READABLE_LIMIT = 120
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` or raise ``ValueError`` saying what is wrong with it.
+
+    Braces would move the Cluster hash tag and glob characters would make the
+    inspection SCAN match foreign keys, so the prefix is kept to a plain set.
+    """
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ValueError(
+            f"invalid key prefix {prefix!r}: use 1 to 64 characters from "
+            "A-Z a-z 0-9 _ . : -"
+        )
+    return prefix
+
+
+def encode_name(name: str) -> bytes:
+    """UTF-8 bytes of a lock name; lone surrogates are kept, not rejected."""
+    if not isinstance(name, str):
+        raise TypeError(f"lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("lock name must not be empty")
+    return name.encode("utf-8", "surrogatepass")
+
+
+def decode_name(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogatepass")
+
+
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    lease: bytes
+    queue: bytes
+    state: bytes
+    tag: bytes
+
+
+class KeySpace:
+    """Maps names to keys under one prefix. Cheap to create; memoises names."""
+
+    __slots__ = ("prefix", "_prefix_b", "_lock_keys")
+
+    def __init__(self, prefix: str = "redislock") -> None:
+        self.prefix = validate_prefix(prefix)
+        self._prefix_b = prefix.encode()
+        # Hot paths build the same keys over and over; hashing once is enough.
+        self._lock_keys = lru_cache(maxsize=4096)(self._build_lock_keys)
+
+    def __repr__(self) -> str:
+        return f"KeySpace({self.prefix!r})"
+
+    def _suffix(self, raw: bytes) -> tuple[bytes, bytes]:
+        digest = hashlib.sha256(raw).hexdigest().encode()
+        tag = b"{" + digest[:16] + b"}"
+        if len(raw) <= READABLE_LIMIT:
+            return tag, tag + b":=" + raw
+        return tag, tag + b":#" + digest
+
+    def _build_lock_keys(self, name: str) -> LockKeys:
+        tag, suffix = self._suffix(encode_name(name))
+        p = self._prefix_b
+        return LockKeys(
+            lease=p + b":L:" + suffix,
+            queue=p + b":Q:" + suffix,
+            state=p + b":H:" + suffix,
+            tag=tag,
+        )
+
+    def lock(self, name: str) -> LockKeys:
+        return self._lock_keys(name)
+
+    def semaphore(self, name: str) -> LockKeys:
+        """Keys of a semaphore: holders zset in ``lease``, then queue and state."""
+        tag, suffix = self._suffix(encode_name(name))
+        p = self._prefix_b
+        return LockKeys(
+            lease=p + b":S:" + suffix,
+            queue=p + b":SQ:" + suffix,
+            state=p + b":SH:" + suffix,
+            tag=tag,
+        )
+
+    def channel(self, process_id: str, tag: bytes = b"") -> bytes:
+        """The wake-up channel of one process (and one hash slot, on a Cluster)."""
+        return self._prefix_b + b":N:" + tag + process_id.encode()
+
+    def scan_pattern(self, kind: bytes) -> bytes:
+        """SCAN MATCH pattern for every key of one kind (``b"L"``, ``b"S"``)."""
+        return self._prefix_b + b":" + kind + b":{*}:*"

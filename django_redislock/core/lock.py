@@ -1,0 +1,266 @@
+"""``Lock``: a Redis lease with fencing, fair queueing and notification wake-ups.
+
+Protocol, one round trip each when uncontended:
+
+* acquire runs ``acquire.lua``: it grants the lease (writing token, fence and
+  owner in one go) or, if the caller will wait, appends the caller to the
+  lock's FIFO queue along with the process's wake-up channel.
+* release runs ``release.lua``: compare-token delete, then the oldest live
+  waiter is given a short reservation and woken through its channel.
+* a woken waiter runs ``acquire.lua`` again and takes its reserved turn.
+
+Because a freed lock goes to the oldest waiter and nobody can barge in while
+a turn is reserved, waits are first come first served across processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+from . import renewal, scripts
+from .base import STATE_KEEP_MS, LockBase
+from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
+from .notify import get_notifier
+
+__all__ = ["Lock"]
+
+log_acquire = logging.getLogger("django_redislock.acquire")
+
+_NO_CHANNEL = b"-"
+
+
+class Lock(LockBase):
+    """A lock on ``name`` in Redis, held by this handle.
+
+    ``Lock(client, "purchase:7", ttl=30, wait=10)``. A handle is reusable: it
+    may be acquired again after release. Shared between threads, it behaves
+    like ``threading.Lock``: a second thread waits for the first to release,
+    and only the thread that acquired may release or extend. Not reentrant.
+    """
+
+    def __init__(self, client: Any, name: str, **options: Any) -> None:
+        super().__init__(client, name, **options)
+        self._gate = threading.Lock()
+        self._thread: int | None = None
+        self._ttl_ms_held = 0
+        self.retry_after: float | None = None
+
+    # -- acquire ---------------------------------------------------------------
+    def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+        """Take the lock, waiting up to ``wait`` seconds (0: try once).
+
+        Returns True when held, False when it stayed busy. Raises
+        ``RedisUnavailable`` when Redis cannot be reached: that is not busy.
+        """
+        wait_s = self._wait_s(wait)
+        ttl_ms = self._ttl_ms(ttl)
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        if self.token is not None and self._thread == threading.get_ident():
+            raise LockError(
+                f"lock {self.name!r} is already held by this handle in this thread; "
+                "locks are not reentrant: release it first or use another name"
+            )
+        started = time.monotonic()
+        got_gate = self._gate.acquire(timeout=wait_s) if wait_s > 0 else self._gate.acquire(False)
+        if not got_gate:
+            self.observer.busy(self, time.monotonic() - started)
+            return False
+        try:
+            acquired = self._acquire(started + wait_s, ttl_ms)
+        except BaseException:
+            self._gate.release()
+            raise
+        if not acquired:
+            self._gate.release()
+            self.observer.busy(self, time.monotonic() - started)
+            return False
+        self._thread = threading.get_ident()
+        self._ttl_ms_held = ttl_ms
+        self.observer.acquired(self, time.monotonic() - started)
+        if self.renew:
+            renewal.watchdog.add(self, ttl_ms / 3000)
+        return True
+
+    def _acquire(self, deadline: float, ttl_ms: int) -> bool:
+        token = self._new_token()
+        who = threading.current_thread().name
+        keys = self._key_tuple
+        wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        # Only a process already listening queues on the first attempt; the
+        # uncontended path must not start a listener or wait for one.
+        notifier = get_notifier(self.client, self.keyspace) if wait_ms else None
+        event = None
+        address = _NO_CHANNEL
+        if notifier is not None and notifier.wait_ready(0):
+            event = notifier.register(token)
+            address = notifier.address
+        try:
+            while True:
+                sent = time.monotonic()
+                granted, value = scripts.run(
+                    self.client,
+                    scripts.ACQUIRE,
+                    keys,
+                    self._args_acquire(token, ttl_ms, who, wait_ms if event else 0, address),
+                )
+                if granted == 1:
+                    return self._accept(token, value, sent, ttl_ms)
+                self.retry_after = max(value, 0) / 1000
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or notifier is None:
+                    break
+                if event is None:
+                    # First contention in this process: start listening, then
+                    # queue at once (the listener must hear our turn).
+                    event = notifier.register(token)
+                    if notifier.wait_ready(min(remaining, 2.0)):
+                        address = notifier.address
+                else:
+                    # Sleep until woken, or until the state can change by itself.
+                    event.wait(min(remaining, max(value, 1) / 1000))
+                    event.clear()
+                wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
+            self._cancel(token)
+            return False
+        except RedisUnavailable:
+            raise
+        except BaseException:
+            self._cancel(token)
+            raise
+        finally:
+            if event is not None and notifier is not None:
+                notifier.unregister(token)
+
+    def _accept(self, token: str, fence: int, sent: float, ttl_ms: int) -> bool:
+        if time.monotonic() >= self._validity(sent, ttl_ms):
+            # The reply came so late that the lease may already be over:
+            # that is not an acquisition (invariant 6). Give it back.
+            log_acquire.warning("acquire reply for %r arrived after its validity", self.name)
+            self._release_token(token)
+            return False
+        self._granted(token, fence, sent, ttl_ms)
+        return True
+
+    def _cancel(self, token: str) -> None:
+        try:
+            scripts.run(self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms))
+        except RedisUnavailable as exc:
+            # Our queue entry expires at its deadline; a reserved turn after grace.
+            log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
+
+    def _release_token(self, token: str) -> int:
+        return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)))
+
+    # -- release / extend ---------------------------------------------------------
+    def _check_owner(self, action: str) -> str:
+        if self.token is None or self._pid != os.getpid():
+            raise LockNotOwned(f"cannot {action} {self.name!r}: this handle does not hold it")
+        if self._thread != threading.get_ident():
+            raise LockNotOwned(
+                f"cannot {action} {self.name!r}: it was acquired by another thread"
+            )
+        return self.token
+
+    def release(self) -> None:
+        """Release the lease. Raises ``LockLost`` if it had been lost meanwhile."""
+        token = self._check_owner("release")
+        renewal.watchdog.discard(self)
+        held = time.monotonic() - self._acquired_at
+        try:
+            released = self._release_token(token)
+        finally:
+            self._forget()
+            self._thread = None
+            self._gate.release()
+        if not released:
+            self._mark_lost("the lease was gone at release (expired, cleared or lost by Redis)")
+        if self.lost:
+            raise LockLost(f"lock {self.name!r} was lost before it was released")
+        self.observer.released(self, held)
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
+        token = self._check_owner("extend")
+        if self.lost:
+            raise LockLost(f"lock {self.name!r} was already lost")
+        ttl_ms = self._ttl_ms(ttl)
+        sent = time.monotonic()
+        ok = scripts.run(
+            self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
+        )
+        if not ok:
+            self._mark_lost("the lease was gone at extend (expired, cleared or lost by Redis)")
+            raise LockLost(f"lock {self.name!r} was lost before it could be extended")
+        self._ttl_ms_held = ttl_ms
+        self._valid_until = self._validity(sent, ttl_ms)
+
+    def owned(self) -> bool:
+        """Ask Redis whether this handle still holds the lease (one round trip)."""
+        token = self.token
+        if token is None or self._pid != os.getpid() or not self.held:
+            return False
+        try:
+            current = self.client.hget(self.keys.lease, "t")
+        except Exception as exc:
+            raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
+        return current is not None and current.decode() == token and self.held
+
+    def _renew_once(self) -> float | None:
+        token = self.token
+        if token is None or self.lost or self._pid != os.getpid():
+            return None
+        if self.renew_max is not None and time.monotonic() - self._acquired_at >= self.renew_max:
+            log_acquire.info("stopped renewing %r after renew_max", self.name)
+            return None
+        ttl_ms = self._ttl_ms_held
+        sent = time.monotonic()
+        try:
+            ok = scripts.run(
+                self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
+            )
+        except RedisUnavailable as exc:
+            left = self._valid_until - time.monotonic()
+            if left <= 0:
+                self._mark_lost(f"could not renew before the lease ran out: {exc}")
+                return None
+            return min(left, max(0.05, ttl_ms / 10000))
+        if self.token != token:
+            return None  # released while we were renewing: nothing to report
+        if not ok:
+            self._mark_lost("the lease was gone at renewal (expired, cleared or lost by Redis)")
+            return None
+        self._valid_until = self._validity(sent, ttl_ms)
+        return ttl_ms / 3000
+
+    def _detach_after_fork(self) -> None:
+        # A child inherits the parent's handle, not its lease: it starts free.
+        self._pid = os.getpid()
+        self._gate = threading.Lock()
+        self._thread = None
+        self._forget()
+
+    # -- context manager -------------------------------------------------------------
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except LockError:
+            # The body's own exception passes through unchanged; loss was
+            # already reported to the observer and on_lost.
+            if exc_type is None:
+                raise

@@ -1,0 +1,54 @@
+-- Shared by every lock script (scripts.py prepends it).
+--
+-- KEYS[1] lease  hash  t=token f=fence n=name o=owner a=acquired ms x=ttl ms
+-- KEYS[2] queue  list  waiting tokens, oldest first
+-- KEYS[3] state  hash  f=last fence, r=reserved token, u=reservation end ms,
+--                      <token>=<deadline ms>|<p|s|->channel for each waiter
+-- A token is in the queue exactly when the state hash has a field for it.
+
+local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+-- Raise a key's TTL to at least ms; never shortens it, never makes it eternal.
+local function bump_ttl(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+-- Hand the free lock's next turn to the oldest live waiter: pop it, reserve the
+-- lock for it for grace ms, and wake it. Waiters whose deadline passed are
+-- dropped on the way. Returns the reserved token, or false for an empty queue.
+-- When the oldest live waiter is `self`, it is popped and returned unreserved:
+-- the caller is already here and takes the lease in this same script.
+local function promote(grace, self)
+  while true do
+    local head = redis.call('LPOP', queue)
+    if not head then
+      redis.call('HDEL', state, 'r', 'u')
+      return false
+    end
+    local info = redis.call('HGET', state, head)
+    redis.call('HDEL', state, head)
+    if info then
+      local sep = string.find(info, '|', 1, true)
+      if tonumber(string.sub(info, 1, sep - 1)) > now_ms then
+        if head == self then
+          redis.call('HDEL', state, 'r', 'u')
+          return head
+        end
+        redis.call('HSET', state, 'r', head, 'u', now_ms + grace)
+        bump_ttl(state, grace + 60000)
+        local mode = string.sub(info, sep + 1, sep + 1)
+        local channel = string.sub(info, sep + 2)
+        if mode == 'p' then
+          redis.call('PUBLISH', channel, head)
+        elseif mode == 's' then
+          redis.call('SPUBLISH', channel, head)
+        end
+        return head
+      end
+    end
+  end
+end

@@ -1,0 +1,11 @@
+-- Reset the lease to ttl ms from now, if the caller still owns it.
+-- KEYS: lease, queue, state. ARGV[1] token, ARGV[2] ttl ms, ARGV[3] keep ms.
+-- Returns 1 when extended, 0 when the caller did not own the lease.
+if redis.call('HGET', lease, 't') ~= ARGV[1] then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', lease, 'x', ttl)
+redis.call('PEXPIRE', lease, ttl)
+bump_ttl(state, ttl + tonumber(ARGV[3]))
+return 1

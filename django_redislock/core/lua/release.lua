@@ -1,0 +1,9 @@
+-- Release the lease if the caller still owns it, and wake the next waiter.
+-- KEYS: lease, queue, state. ARGV[1] token, ARGV[2] grace ms.
+-- Returns 1 when released, 0 when the caller did not own the lease.
+if redis.call('HGET', lease, 't') ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', lease)
+promote(tonumber(ARGV[2]), false)
+return 1

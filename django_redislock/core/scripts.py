@@ -1,0 +1,80 @@
+"""Lua scripts, run by EVALSHA with a transparent fallback to EVAL on NOSCRIPT.
+
+The scripts live in ``lua/`` beside this module. Each lock script is the shared
+``_prelude.lua`` followed by its own body, so the queue logic exists once.
+A Redis that lost its script cache (restart, ``SCRIPT FLUSH``, failover) gets
+the source again through EVAL, which also caches it for the next EVALSHA.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .exceptions import RedisUnavailable
+
+__all__ = ["Script", "load", "run", "run_async"]
+
+
+@dataclass(frozen=True)
+class Script:
+    name: str
+    source: bytes
+    sha: str
+
+
+def _read(filename: str) -> str:
+    return resources.files(__package__).joinpath("lua", filename).read_text("utf-8")
+
+
+def load(name: str, *, prelude: str | None = "_prelude.lua") -> Script:
+    text = _read(f"{name}.lua")
+    if prelude:
+        text = _read(prelude) + "\n" + text
+    source = text.encode()
+    return Script(name, source, hashlib.sha1(source).hexdigest())
+
+
+def _unavailable(script: Script, exc: RedisError) -> RedisUnavailable:
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        what = "could not be reached in time"
+    else:
+        what = "answered with an error"
+    return RedisUnavailable(f"Redis {what} running {script.name}: {exc}")
+
+
+def run(client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]) -> Any:
+    """Run ``script`` on a sync client; Redis failures become RedisUnavailable."""
+    try:
+        try:
+            return client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(script.source, len(keys), *keys, *args)
+    except RedisError as exc:
+        raise _unavailable(script, exc) from exc
+
+
+async def run_async(
+    client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]
+) -> Any:
+    """``run`` for a ``redis.asyncio`` client."""
+    try:
+        try:
+            return await client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await client.eval(script.source, len(keys), *keys, *args)
+    except RedisError as exc:
+        raise _unavailable(script, exc) from exc
+
+
+ACQUIRE = load("acquire")
+RELEASE = load("release")
+EXTEND = load("extend")
+CANCEL = load("cancel")
+CLEAR = load("clear")

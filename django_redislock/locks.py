@@ -1,0 +1,78 @@
+"""Lock handles configured from ``REDISLOCK``: the Django face of the core."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .conf import conf
+from .connection import _warn_eviction, get_async_client, get_client
+from .core.aio import AsyncLock
+from .core.keys import KeySpace
+from .core.lock import Lock
+from .signals import observer
+
+__all__ = ["get_async_lock", "get_lock", "keyspace"]
+
+_keyspaces: dict[str, KeySpace] = {}
+
+
+def keyspace() -> KeySpace:
+    """The KeySpace of ``REDISLOCK['PREFIX']`` (memoised per prefix)."""
+    prefix = conf.PREFIX
+    ks = _keyspaces.get(prefix)
+    if ks is None:
+        ks = _keyspaces.setdefault(prefix, KeySpace(prefix))
+    return ks
+
+
+def _options(
+    timeout: float | None,
+    wait: float | None,
+    renew: bool | None,
+    renew_max: float | None,
+    label: str,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "ttl": conf.TIMEOUT if timeout is None else timeout,
+        "wait": conf.WAIT if wait is None else wait,
+        "renew": conf.RENEW if renew is None else renew,
+        "renew_max": conf.RENEW_MAX if renew_max is None else renew_max,
+        "label": label,
+        "keyspace": keyspace(),
+        "observer": observer,
+        **extra,
+    }
+
+
+def get_lock(
+    name: str,
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    renew: bool | None = None,
+    renew_max: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    **extra: Any,
+) -> Lock:
+    """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals."""
+    client = get_client(alias)
+    _warn_eviction(client)
+    return Lock(client, name, **_options(timeout, wait, renew, renew_max, label, extra))
+
+
+def get_async_lock(
+    name: str,
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    renew: bool | None = None,
+    renew_max: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    **extra: Any,
+) -> AsyncLock:
+    """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
+    client = get_async_client(alias)
+    return AsyncLock(client, name, **_options(timeout, wait, renew, renew_max, label, extra))

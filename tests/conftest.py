@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.servers import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The session's private Redis, on the socket named in tests/settings.py."""
+    socket_path = Path(os.environ["REDISLOCK_TEST_SOCKET"])
+    server = RedisServer(directory=str(socket_path.parent))
+    server.socket_path = str(socket_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_server: RedisServer) -> Iterator[None]:
+    """Each test starts on an empty private Redis (never the machine's own)."""
+    with redis_server.client() as c:
+        c.flushall()
+    yield
+
+
+@pytest.fixture
+def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A sync client with the bounded timeouts the library expects."""
+    client = redis_server.client(socket_timeout=5, socket_connect_timeout=5)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_factory() -> Iterator[type[RedisServer]]:
+    """Start extra private servers (ports, persistence, ...); all stopped after."""
+    started: list[RedisServer] = []
+
+    class Factory(RedisServer):
+        def __init__(self, **kwargs: object) -> None:
+            super().__init__(**kwargs)  # type: ignore[arg-type]
+            started.append(self)
+
+    yield Factory
+    for server in started:
+        server.cleanup()

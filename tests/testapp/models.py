@@ -1,0 +1,12 @@
+from django.db import models
+
+
+class Product(models.Model):
+    name = models.CharField(max_length=100)
+    stock = models.IntegerField(default=0)
+    # Highest fencing token that wrote this row (see django_redislock.fencing).
+    fence = models.BigIntegerField(default=0)
+
+
+class Order(models.Model):
+    product = models.ForeignKey(Product, on_delete=models.CASCADE)
