@@ -50,3 +50,12 @@ def redis_factory() -> Iterator[type[RedisServer]]:
     yield Factory
     for server in started:
         server.cleanup()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_required() -> None:
+    """In CI (REDISLOCK_REQUIRE_POSTGRES=1) a missing PostgreSQL is a failure."""
+    from django.conf import settings
+
+    if os.environ.get("REDISLOCK_REQUIRE_POSTGRES") == "1" and "postgres" not in settings.DATABASES:
+        pytest.fail("PostgreSQL is required (REDISLOCK_REQUIRE_POSTGRES=1) but did not answer")

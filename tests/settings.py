@@ -58,25 +58,44 @@ CACHES = {
     }
 }
 
-if os.environ.get("REDISLOCK_TEST_DB") == "postgres":
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": "test",
-            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
-            "PORT": os.environ.get("PGPORT", "5432"),
-            "USER": os.environ.get("PGUSER", "postgres"),
-            "TEST": {"NAME": "test_django_redislock"},
-        }
+# SQLite in a file (threads need a shared database, not :memory:).
+DATABASES: dict[str, dict[str, object]] = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(os.path.dirname(REDIS_SOCKET), "db.sqlite3"),
+        "TEST": {"NAME": os.path.join(os.path.dirname(REDIS_SOCKET), "test.sqlite3")},
     }
-else:
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.path.join(os.path.dirname(REDIS_SOCKET), "db.sqlite3"),
-            "TEST": {"NAME": os.path.join(os.path.dirname(REDIS_SOCKET), "test.sqlite3")},
-        }
-    }
+}
+
+
+def _postgres_reachable() -> bool:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    try:
+        psycopg.connect(
+            host=PG["HOST"], port=PG["PORT"], user=PG["USER"], dbname=PG["NAME"], connect_timeout=2
+        ).close()
+    except Exception:
+        return False
+    return True
+
+
+# A second database, "postgres", for the consistency tests, when a server
+# answers (127.0.0.1:5432, database "test", by default). The suite creates and
+# drops its own test database there. REDISLOCK_REQUIRE_POSTGRES=1 (CI) turns
+# its absence into a failure instead of skipped tests.
+PG = {
+    "ENGINE": "django.db.backends.postgresql",
+    "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+    "PORT": os.environ.get("PGPORT", "5432"),
+    "USER": os.environ.get("PGUSER", "postgres"),
+    "NAME": os.environ.get("PGDATABASE", "test"),
+    "TEST": {"NAME": f"test_django_redislock_{os.getpid()}"},
+}
+if _postgres_reachable():
+    DATABASES["postgres"] = PG
 
 REDISLOCK: dict[str, object] = {}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,82 @@
+"""Busy, throttled and unavailable responses, each with ``Retry-After``.
+
+JSON when the client asks for JSON (``Accept: application/json`` or an
+``application/json`` request body), plain text otherwise. Each can be replaced
+through a setting holding a callable or dotted path; the replacement receives
+``(request, *, status, retry_after, reason, name)`` and returns a response.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.module_loading import import_string
+
+__all__ = ["error_response", "retry_after_header", "wants_json"]
+
+_MESSAGES = {
+    "busy": "This resource is busy; try again shortly.",
+    "unavailable": "The lock service is unavailable; try again shortly.",
+    "throttled": "Too many concurrent requests; try again shortly.",
+}
+
+
+def retry_after_header(seconds: float | None) -> str:
+    """Whole seconds, at least 1 (RFC 9110 allows no fractions)."""
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        return "1"
+    return str(max(1, math.ceil(seconds)))
+
+
+def wants_json(request: HttpRequest) -> bool:
+    accept = request.headers.get("Accept", "")
+    if "application/json" in accept:
+        return True
+    return request.content_type == "application/json" and "text/html" not in accept
+
+
+def _resolve(handler: str | Callable[..., Any] | None) -> Callable[..., Any] | None:
+    if handler is None:
+        return None
+    return import_string(handler) if isinstance(handler, str) else handler
+
+
+def error_response(
+    request: HttpRequest,
+    *,
+    status: int,
+    retry_after: float | None,
+    reason: str,
+    name: str = "",
+    handler: str | Callable[..., Any] | None = None,
+) -> HttpResponse:
+    """The response for a request that could not get its lock or permit.
+
+    ``reason`` is ``"busy"``, ``"unavailable"`` or ``"throttled"``.
+    """
+    custom = _resolve(handler)
+    if custom is not None:
+        response: HttpResponse = custom(
+            request, status=status, retry_after=retry_after, reason=reason, name=name
+        )
+    elif wants_json(request):
+        response = JsonResponse(
+            {
+                "error": reason,
+                "detail": _MESSAGES[reason],
+                "retry_after": int(retry_after_header(retry_after)),
+            },
+            status=status,
+        )
+    else:
+        response = HttpResponse(
+            _MESSAGES[reason] + "\n", status=status, content_type="text/plain; charset=utf-8"
+        )
+    if not response.has_header("Retry-After"):
+        response["Retry-After"] = retry_after_header(retry_after)
+    # A busy or throttled answer is about this moment: never cache it.
+    response["Cache-Control"] = "no-store"
+    return response
