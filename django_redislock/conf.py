@@ -76,7 +76,7 @@ class Settings:
 
     @property
     def CLIENT(self) -> str | Callable[..., Any] | None:
-        return self.get("CLIENT")  # type: ignore[no-any-return]
+        return self.get("CLIENT")
 
     @property
     def PREFIX(self) -> str:
@@ -117,11 +117,11 @@ class Settings:
 
     @property
     def BUSY_RESPONSE(self) -> str | Callable[..., Any] | None:
-        return self.get("BUSY_RESPONSE")  # type: ignore[no-any-return]
+        return self.get("BUSY_RESPONSE")
 
     @property
     def UNAVAILABLE_RESPONSE(self) -> str | Callable[..., Any] | None:
-        return self.get("UNAVAILABLE_RESPONSE")  # type: ignore[no-any-return]
+        return self.get("UNAVAILABLE_RESPONSE")
 
     @property
     def REPLICAS(self) -> int:
@@ -141,7 +141,7 @@ class Settings:
 
     @property
     def THROTTLE_RESPONSE(self) -> str | Callable[..., Any] | None:
-        return self.get("THROTTLE_RESPONSE")  # type: ignore[no-any-return]
+        return self.get("THROTTLE_RESPONSE")
 
     @property
     def PERMIT_TIMEOUT(self) -> float:
@@ -149,7 +149,7 @@ class Settings:
 
     @property
     def ADMIN_PERMISSION(self) -> str | Callable[..., Any] | None:
-        return self.get("ADMIN_PERMISSION")  # type: ignore[no-any-return]
+        return self.get("ADMIN_PERMISSION")
 
 
 conf = Settings()
@@ -255,14 +255,18 @@ def problems() -> list[Problem]:
                     "REDISLOCK['CACHE'] at one that does (or set REDISLOCK['CLIENT']).",
                 )
             )
-    for key in ("CLIENT", "BUSY_RESPONSE", "UNAVAILABLE_RESPONSE", "THROTTLE_RESPONSE",
-                "ADMIN_PERMISSION"):
+    for key in (
+        "CLIENT",
+        "BUSY_RESPONSE",
+        "UNAVAILABLE_RESPONSE",
+        "THROTTLE_RESPONSE",
+        "ADMIN_PERMISSION",
+    ):
         if not _is_callable_or_path(value(key)):
             found.append(
                 Problem(
                     "django_redislock.E007",
-                    f"REDISLOCK[{key!r}] must be a callable or a dotted path; "
-                    f"got {value(key)!r}.",
+                    f"REDISLOCK[{key!r}] must be a callable or a dotted path; got {value(key)!r}.",
                     f"Set REDISLOCK[{key!r}] to 'package.module.name', or remove it.",
                 )
             )
@@ -293,9 +297,12 @@ def problems() -> list[Problem]:
                     f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
                 )
             )
-    if value("SOCKET_TIMEOUT") is not None and _is_seconds(value("TIMEOUT"), allow_zero=False) \
-            and _is_seconds(value("SOCKET_TIMEOUT"), allow_zero=False) \
-            and value("SOCKET_TIMEOUT") * 3 > value("TIMEOUT"):
+    if (
+        value("SOCKET_TIMEOUT") is not None
+        and _is_seconds(value("TIMEOUT"), allow_zero=False)
+        and _is_seconds(value("SOCKET_TIMEOUT"), allow_zero=False)
+        and value("SOCKET_TIMEOUT") * 3 > value("TIMEOUT")
+    ):
         found.append(
             Problem(
                 "django_redislock.W001",

@@ -40,20 +40,39 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, A
 )
 _checked_eviction: set[int] = set()
 
-# Only socket-level settings are copied into the library's own pools.
+# The asyncio twin of each sync connection class.
 _SYNC_TO_ASYNC = {
     redis.connection.Connection: redis.asyncio.connection.Connection,
-    redis.connection.UnixDomainSocketConnection: redis.asyncio.connection.UnixDomainSocketConnection,
+    redis.connection.UnixDomainSocketConnection: (
+        redis.asyncio.connection.UnixDomainSocketConnection
+    ),
     redis.connection.SSLConnection: redis.asyncio.connection.SSLConnection,
 }
 # What identifies the server and the credentials; internals of a sync pool
 # (maintenance-notification state, OCSP contexts, parsers) are not carried over.
 _ASYNC_KEEP = {
-    "host", "port", "path", "db", "username", "password", "credential_provider",
-    "client_name", "lib_name", "lib_version", "socket_keepalive", "socket_keepalive_options",
-    "socket_timeout", "socket_connect_timeout", "ssl_keyfile", "ssl_certfile",
-    "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data", "ssl_check_hostname",
-    "ssl_min_version", "ssl_ciphers",
+    "host",
+    "port",
+    "path",
+    "db",
+    "username",
+    "password",
+    "credential_provider",
+    "client_name",
+    "lib_name",
+    "lib_version",
+    "socket_keepalive",
+    "socket_keepalive_options",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_ca_data",
+    "ssl_check_hostname",
+    "ssl_min_version",
+    "ssl_ciphers",
 }
 
 
@@ -70,7 +89,9 @@ def _cache_client(alias: str) -> Any:
 
 
 def _user_client(path_or_callable: Any, *, asyncio_client: bool) -> Any:
-    factory = import_string(path_or_callable) if isinstance(path_or_callable, str) else path_or_callable
+    factory = (
+        import_string(path_or_callable) if isinstance(path_or_callable, str) else path_or_callable
+    )
     return factory(asyncio=asyncio_client)
 
 
@@ -93,9 +114,7 @@ def _build_sync(alias: str) -> Any:
 
     if isinstance(pool, SentinelConnectionPool):
         kwargs.pop("connection_pool", None)
-        new_pool: Any = SentinelConnectionPool(
-            pool.service_name, pool.sentinel_manager, **kwargs
-        )
+        new_pool: Any = SentinelConnectionPool(pool.service_name, pool.sentinel_manager, **kwargs)
     else:
         new_pool = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
     return redis.Redis(connection_pool=new_pool)
@@ -149,8 +168,10 @@ def _build_async(alias: str) -> Any:
 
         manager = sync_pool.sentinel_manager
         sentinels = [
-            (c.connection_pool.connection_kwargs.get("host"),
-             c.connection_pool.connection_kwargs.get("port"))
+            (
+                c.connection_pool.connection_kwargs.get("host"),
+                c.connection_pool.connection_kwargs.get("port"),
+            )
             for c in manager.sentinels
         ]
         sentinel = Sentinel(sentinels, sentinel_kwargs=manager.sentinel_kwargs or None)

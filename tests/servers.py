@@ -63,14 +63,22 @@ class RedisServer:
     def args(self) -> list[str]:
         args = [
             redis_binary(),
-            "--port", str(self.port or 0),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.dir),
-            "--daemonize", "no",
-            "--loglevel", "warning",
-            "--logfile", str(self.dir / "redis.log"),
-            "--save", "",
-            "--appendonly", "yes" if self.persistence else "no",
+            "--port",
+            str(self.port or 0),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(self.dir / "redis.log"),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.persistence else "no",
         ]
         if self.persistence:
             args += ["--appendfsync", "always"]
@@ -79,7 +87,9 @@ class RedisServer:
         return args + list(self.extra)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        self.proc = subprocess.Popen(self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.args(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + timeout
         while True:
             try:

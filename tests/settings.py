@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 SECRET_KEY = "tests-only"
 DEBUG = False
@@ -59,7 +60,7 @@ CACHES = {
 }
 
 # SQLite in a file (threads need a shared database, not :memory:).
-DATABASES: dict[str, dict[str, object]] = {
+DATABASES: dict[str, dict[str, Any]] = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.path.join(os.path.dirname(REDIS_SOCKET), "db.sqlite3"),
@@ -86,7 +87,7 @@ def _postgres_reachable() -> bool:
 # answers (127.0.0.1:5432, database "test", by default). The suite creates and
 # drops its own test database there. REDISLOCK_REQUIRE_POSTGRES=1 (CI) turns
 # its absence into a failure instead of skipped tests.
-PG = {
+PG: dict[str, Any] = {
     "ENGINE": "django.db.backends.postgresql",
     "HOST": os.environ.get("PGHOST", "127.0.0.1"),
     "PORT": os.environ.get("PGPORT", "5432"),

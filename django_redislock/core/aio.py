@@ -268,7 +268,9 @@ class AsyncLock(LockBase):
                 notifier.unregister(token)
 
     async def _cancel(self, token: str, *, shielded: bool = False) -> None:
-        call = scripts.run_async(self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms))
+        call = scripts.run_async(
+            self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms)
+        )
         try:
             if shielded:
                 # Shield, so the cleanup outlives the cancellation that caused it.

@@ -111,6 +111,7 @@ class LockBase:
         self._valid_until = 0.0
         self._acquired_at = 0.0
         self._pid = os.getpid()
+        self._owner_cache: tuple[int, str, str, str] | None = None
 
     def __repr__(self) -> str:
         state = "held" if self.token else "free"
@@ -125,11 +126,19 @@ class LockBase:
         return self.wait if wait is None else check_seconds("wait", wait, allow_zero=True)
 
     def _owner(self, who: str) -> str:
-        return json.dumps(
-            {"host": _hostname(), "pid": os.getpid(), "thread": who, "label": self.label},
+        # Same thread, same process: same JSON. Serialising it again on every
+        # acquire would cost as much as a quarter of the client-side work.
+        pid = os.getpid()
+        cached = self._owner_cache
+        if cached is not None and cached[:3] == (pid, who, self.label):
+            return cached[3]
+        text = json.dumps(
+            {"host": _hostname(), "pid": pid, "thread": who, "label": self.label},
             ensure_ascii=False,
             separators=(",", ":"),
         )
+        self._owner_cache = (pid, who, self.label, text)
+        return text
 
     def _validity(self, sent: float, ttl_ms: int) -> float:
         ttl = ttl_ms / 1000
@@ -178,7 +187,9 @@ class LockBase:
             except Exception:
                 log_lost.exception("on_lost callback of %r failed", self.name)
 
-    def _args_acquire(self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes) -> tuple:
+    def _args_acquire(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple:
         return (
             token,
             ttl_ms,

@@ -39,10 +39,9 @@ def validate_prefix(prefix: str) -> str:
     Braces would move the Cluster hash tag and glob characters would make the
     inspection SCAN match foreign keys, so the prefix is kept to a plain set.
     """
-    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
         raise ValueError(
-            f"invalid key prefix {prefix!r}: use 1 to 64 characters from "
-            "A-Z a-z 0-9 _ . : -"
+            f"invalid key prefix {prefix!r}: use 1 to 64 characters from A-Z a-z 0-9 _ . : -"
         )
     return prefix
 

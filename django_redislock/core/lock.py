@@ -155,16 +155,16 @@ class Lock(LockBase):
             log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
 
     def _release_token(self, token: str) -> int:
-        return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)))
+        return int(
+            scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms))
+        )
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:
         if self.token is None or self._pid != os.getpid():
             raise LockNotOwned(f"cannot {action} {self.name!r}: this handle does not hold it")
         if self._thread != threading.get_ident():
-            raise LockNotOwned(
-                f"cannot {action} {self.name!r}: it was acquired by another thread"
-            )
+            raise LockNotOwned(f"cannot {action} {self.name!r}: it was acquired by another thread")
         return self.token
 
     def release(self) -> None:

@@ -15,6 +15,7 @@ When the listener reconnects it wakes every local waiter to look again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -99,10 +100,9 @@ class Notifier:
             finally:
                 self._ready.clear()
                 if pubsub is not None:
-                    try:
+                    # Already broken, perhaps: there is nothing left to release.
+                    with contextlib.suppress(Exception):
                         pubsub.close()
-                    except Exception:  # already broken; nothing to release
-                        pass
                 # Waiters must not sleep on a channel nobody is reading.
                 self._wake_all()
             with self._mutex:

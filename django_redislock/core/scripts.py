@@ -30,7 +30,7 @@ class Script:
 
 
 def _read(filename: str) -> str:
-    return resources.files(__package__).joinpath("lua", filename).read_text("utf-8")
+    return (resources.files(__package__) / "lua" / filename).read_text("utf-8")
 
 
 def load(name: str, *, prelude: str | None = "_prelude.lua") -> Script:

@@ -3,12 +3,22 @@
 -- KEYS[1] lease  hash  t=token f=fence n=name o=owner a=acquired ms x=ttl ms
 -- KEYS[2] queue  list  waiting tokens, oldest first
 -- KEYS[3] state  hash  f=last fence, r=reserved token, u=reservation end ms,
+--                      q=set while the queue may be non-empty,
 --                      <token>=<deadline ms>|<p|s|->channel for each waiter
 -- A token is in the queue exactly when the state hash has a field for it.
+-- The uncontended paths read `q` instead of touching the queue, and the
+-- server clock only when they need it: every redis.call costs microseconds.
 
 local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
-local clock = redis.call('TIME')
-local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local clock, now_ms
+
+local function read_clock()
+  if not clock then
+    clock = redis.call('TIME')
+    now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+  end
+  return now_ms
+end
 
 -- Raise a key's TTL to at least ms; never shortens it, never makes it eternal.
 local function bump_ttl(key, ms)
@@ -23,10 +33,11 @@ end
 -- When the oldest live waiter is `self`, it is popped and returned unreserved:
 -- the caller is already here and takes the lease in this same script.
 local function promote(grace, self)
+  read_clock()
   while true do
     local head = redis.call('LPOP', queue)
     if not head then
-      redis.call('HDEL', state, 'r', 'u')
+      redis.call('HDEL', state, 'r', 'u', 'q')
       return false
     end
     local info = redis.call('HGET', state, head)

@@ -17,6 +17,10 @@ local wait = tonumber(ARGV[5])
 local grace = tonumber(ARGV[7])
 local keep = tonumber(ARGV[8])
 
+read_clock()
+local st = redis.call('HMGET', state, 'r', 'u', 'q', 'f')
+local reserved, queued = st[1], st[3]
+
 local function enqueue()
   if wait <= 0 then
     return
@@ -24,7 +28,7 @@ local function enqueue()
   if redis.call('HEXISTS', state, token) == 0 then
     redis.call('RPUSH', queue, token)
   end
-  redis.call('HSET', state, token, (now_ms + wait) .. '|' .. ARGV[6])
+  redis.call('HSET', state, token, (now_ms + wait) .. '|' .. ARGV[6], 'q', '1')
   bump_ttl(queue, wait + keep)
   bump_ttl(state, wait + keep)
 end
@@ -34,15 +38,20 @@ local function grant()
   -- issued: they keep increasing after the state expires or Redis restarts
   -- empty, as long as the server clock does not step back.
   local fence = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  local last = tonumber(redis.call('HGET', state, 'f') or '0')
+  local last = tonumber(st[4] or '0')
   if last >= fence then
     fence = last + 1
   end
   local f = string.format('%.0f', fence)
-  redis.call('HSET', state, 'f', f)
-  bump_ttl(state, ttl + keep)
   redis.call('HSET', lease, 't', token, 'f', f, 'n', ARGV[3], 'o', ARGV[4], 'a', now_ms, 'x', ttl)
   redis.call('PEXPIRE', lease, ttl)
+  redis.call('HSET', state, 'f', f)
+  if queued then
+    bump_ttl(state, ttl + keep)
+  else
+    -- No waiter: no deadline in the state can outlive this.
+    redis.call('PEXPIRE', state, ttl + keep)
+  end
   return {1, fence}
 end
 
@@ -58,18 +67,19 @@ if holder then
   return {0, redis.call('PTTL', lease)}
 end
 
-local reserved = redis.call('HGET', state, 'r')
 if reserved then
   if reserved == token then
     redis.call('HDEL', state, 'r', 'u')
     return grant()
   end
-  local left = tonumber(redis.call('HGET', state, 'u')) - now_ms
+  local left = tonumber(st[2]) - now_ms
   if left > 0 then
     enqueue()
     return {0, left}
   end
   -- The reserved waiter missed its turn; it goes, the next one is woken below.
+elseif not queued then
+  return grant()
 end
 
 local head = promote(grace, token)

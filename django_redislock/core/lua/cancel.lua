@@ -7,7 +7,9 @@ local token = ARGV[1]
 local grace = tonumber(ARGV[2])
 if redis.call('HGET', lease, 't') == token then
   redis.call('DEL', lease)
-  promote(grace, false)
+  if redis.call('HGET', state, 'q') then
+    promote(grace, false)
+  end
   return 1
 end
 if redis.call('HGET', state, 'r') == token then

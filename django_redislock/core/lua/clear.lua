@@ -7,5 +7,7 @@ if not holder or (ARGV[2] ~= '' and holder ~= ARGV[2]) then
   return 0
 end
 redis.call('DEL', lease)
-promote(tonumber(ARGV[1]), false)
+if redis.call('HGET', state, 'q') then
+  promote(tonumber(ARGV[1]), false)
+end
 return 1

@@ -5,5 +5,7 @@ if redis.call('HGET', lease, 't') ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', lease)
-promote(tonumber(ARGV[2]), false)
+if redis.call('HGET', state, 'q') then
+  promote(tonumber(ARGV[2]), false)
+end
 return 1
