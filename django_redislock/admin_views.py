@@ -1,0 +1,253 @@
+"""A page in the Django admin that lists held locks and force-releases them.
+
+There is no model and no migration: ``install(site)`` adds one URL to an
+``AdminSite`` (``django_redislock.admin`` does it for ``admin.site``) and an
+entry to its app list. Only active staff reach the page (the admin's own
+login), and then only users allowed by ``REDISLOCK['ADMIN_PERMISSION']``
+(superusers by default). Releasing takes a POST with a CSRF token, through a
+confirmation page that shows what will go; a lock that changed hands after the
+confirmation page was shown is left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.module_loading import import_string
+
+from .conf import conf
+from .connection import get_client
+from .core.exceptions import RedisUnavailable
+from .core.inspect import (
+    KINDS,
+    HeldLock,
+    duration,
+    find,
+    list_locks,
+    owner_text,
+    printable,
+    quoted,
+    release,
+)
+from .core.keys import decode_name, encode_name
+from .locks import keyspace
+
+__all__ = ["has_permission", "install"]
+
+logger = logging.getLogger("django_redislock.admin")
+
+URL_NAME = "django_redislock_locks"
+APP_LABEL = "django_redislock"
+
+
+def has_permission(user: Any) -> bool:
+    """Whether ``user`` may see and release locks (``ADMIN_PERMISSION``)."""
+    if not getattr(user, "is_active", False) or not getattr(user, "is_staff", False):
+        return False
+    check = conf.ADMIN_PERMISSION
+    if check is None:
+        return bool(getattr(user, "is_superuser", False))
+    func: Callable[[Any], Any] = import_string(check) if isinstance(check, str) else check
+    return bool(func(user))
+
+
+# -- selections -----------------------------------------------------------------
+# A checkbox value names one row: kind, fence (locks) and the name in base64,
+# because a browser rewrites line breaks in form values and cannot send lone
+# surrogates at all, and lock names may contain both.
+def selection(row: HeldLock) -> str:
+    name = base64.urlsafe_b64encode(encode_name(row.name)).decode()
+    return f"{row.kind}:{'' if row.fence is None else row.fence}:{name}"
+
+
+def parse_selection(value: str) -> tuple[str, int | None, str]:
+    kind, fence, name = value.split(":", 2)
+    if kind not in KINDS:
+        raise ValueError(kind)
+    text = decode_name(base64.urlsafe_b64decode(name.encode("ascii")))
+    encode_name(text)  # rejects an empty name, as every lock name is
+    return kind, (int(fence) if fence else None), text
+
+
+@dataclass(frozen=True)
+class Row:
+    """A HeldLock with its display strings (escaped; the template escapes HTML)."""
+
+    lock: HeldLock
+    value: str
+    name: str
+    owner: str
+    label: str
+    held_for: str
+    lease_left: str
+    holders: list[dict[str, str]]
+
+
+def _row(lock: HeldLock) -> Row:
+    return Row(
+        lock=lock,
+        value=selection(lock),
+        name=printable(lock.name),
+        owner=owner_text(lock),
+        label=printable(lock.label),
+        held_for=duration(lock.held_for),
+        lease_left=duration(lock.lease_left),
+        holders=[
+            {
+                "owner": owner_text(h),
+                "label": printable(h.label),
+                "held_for": duration(h.held_for),
+                "lease_left": duration(h.lease_left),
+            }
+            for h in lock.holders
+        ],
+    )
+
+
+# -- the view -------------------------------------------------------------------
+def _filters(params: Any) -> tuple[str | None, bool]:
+    pattern = params.get("pattern") or None
+    return pattern, params.get("literal") == "1"
+
+
+def _list_url(site: admin.AdminSite, pattern: str | None, literal: bool) -> str:
+    url = reverse(f"{site.name}:{URL_NAME}", current_app=site.name)
+    query = {}
+    if pattern:
+        query["pattern"] = pattern
+        if literal:
+            query["literal"] = "1"
+    return url + ("?" + urlencode(query) if query else "")
+
+
+def _described(row: HeldLock) -> str:
+    return f"{row.kind} {quoted(row.name)}"
+
+
+def locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
+    if not has_permission(request.user):
+        raise PermissionDenied
+    params = request.POST if request.method == "POST" else request.GET
+    pattern, literal = _filters(params)
+    context: dict[str, Any] = {
+        **site.each_context(request),
+        "title": "Held locks",
+        "pattern": pattern or "",
+        "literal": literal,
+        "list_url": _list_url(site, pattern, literal),
+        "opts": None,
+    }
+    try:
+        client = get_client()
+        if request.method == "POST":
+            return _post(request, site, client, context, pattern, literal)
+        rows = list_locks(client, keyspace(), pattern, literal)
+    except RedisUnavailable as exc:
+        logger.warning("admin lock page: %s", exc)
+        context["error"] = str(exc)
+        return TemplateResponse(
+            request, "admin/django_redislock/locks.html", {**context, "rows": []}, status=503
+        )
+    context["rows"] = [_row(row) for row in rows]
+    return TemplateResponse(request, "admin/django_redislock/locks.html", context)
+
+
+def _post(
+    request: HttpRequest,
+    site: admin.AdminSite,
+    client: Any,
+    context: dict[str, Any],
+    pattern: str | None,
+    literal: bool,
+) -> HttpResponse:
+    try:
+        chosen = [parse_selection(v) for v in request.POST.getlist("selected")]
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return HttpResponseBadRequest("malformed selection")
+    back = HttpResponseRedirect(_list_url(site, pattern, literal))
+    if not chosen:
+        messages.warning(request, "Select at least one lock to release.")
+        return back
+    ks = keyspace()
+    current: list[HeldLock] = []
+    gone: list[str] = []
+    for kind, fence, name in chosen:
+        rows, _missing = find(client, ks, [name], kinds=(kind,))
+        # A lock is identified by its fence: the acquisition the user saw.
+        if rows and (kind != "lock" or fence is None or rows[0].fence == fence):
+            current.append(rows[0])
+        else:
+            gone.append(f"{kind} {quoted(name)}")
+    if request.POST.get("confirm") != "yes":
+        context.update(
+            title="Release these locks?",
+            rows=[_row(row) for row in current],
+            gone=gone,
+        )
+        return TemplateResponse(request, "admin/django_redislock/confirm_release.html", context)
+    result = release(client, ks, current)
+    for row in result.released:
+        logger.warning("released from the admin by %s: %s", request.user, _described(row))
+        messages.success(request, f"Released {_described(row)}.")
+    gone.extend(_described(row) for row in result.changed)
+    for what in gone:
+        messages.warning(
+            request, f"Not released: {what} was released or changed hands meanwhile."
+        )
+    return back
+
+
+# -- wiring ---------------------------------------------------------------------
+def install(site: admin.AdminSite) -> None:
+    """Add the lock page to ``site`` (its URLs and its app list). Idempotent."""
+    if getattr(site, "_redislock_installed", False):
+        return
+    get_urls = site.get_urls
+    get_app_list = site.get_app_list
+
+    def urls() -> list[URLPattern | Any]:
+        view = site.admin_view(lambda request: locks_view(request, site))
+        return [path("django_redislock/locks/", view, name=URL_NAME), *get_urls()]
+
+    def app_list(request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
+        apps = list(get_app_list(request, app_label))
+        if app_label not in (None, APP_LABEL) or not has_permission(request.user):
+            return apps
+        url = reverse(f"{site.name}:{URL_NAME}", current_app=site.name)
+        apps.append(
+            {
+                "name": "Redis locks",
+                "app_label": APP_LABEL,
+                "app_url": url,
+                "has_module_perms": True,
+                "models": [
+                    {
+                        "model": None,
+                        "name": "Held locks",
+                        "object_name": "HeldLock",
+                        "perms": {"add": False, "change": True, "delete": False, "view": True},
+                        "admin_url": url,
+                        "add_url": None,
+                        "view_only": True,
+                    }
+                ],
+            }
+        )
+        apps.sort(key=lambda app: app["name"].lower())
+        return apps
+
+    # Instance attributes shadow the methods for this site only.
+    site.get_urls = urls  # type: ignore[method-assign]
+    site.get_app_list = app_list  # type: ignore[method-assign]
+    site._redislock_installed = True  # type: ignore[attr-defined]

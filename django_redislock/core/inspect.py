@@ -1,0 +1,604 @@
+"""List and force-release held locks and semaphores, for operators.
+
+Keys are found by SCAN (never KEYS, which blocks Redis), on every primary of a
+Redis Cluster, matching only this library's prefix and key kind. Each key found
+is read by a small read-only script (one consistent snapshot per lock, with the
+server's clock) and kept only if the name stored in it maps back to exactly that
+key: a key that merely looks like ours is never reported, let alone deleted.
+
+Names are filtered in Python on the stored readable name, not on the key (long
+names appear in keys as a digest). Patterns are shell globs (``fnmatch``:
+``*``, ``?``, ``[abc]``, ``[!abc]``; ``[*]`` matches a literal star), or plain
+strings compared exactly with ``literal=True``.
+
+Force-release of a lock runs the ``clear`` script with the token that was read:
+if the lock changed hands in between, the new holder is left alone. The next
+waiter is woken at once; the former holder finds out at its next extend or
+release (``LockLost``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+from . import scripts
+from .base import DEFAULT_GRACE
+from .exceptions import RedisUnavailable
+from .keys import KeySpace, decode_name
+
+__all__ = [
+    "KINDS",
+    "ClearResult",
+    "HeldLock",
+    "Holder",
+    "clear",
+    "duration",
+    "find",
+    "list_locks",
+    "matches",
+    "owner_text",
+    "printable",
+    "quoted",
+    "release",
+    "scan_keys",
+    "select",
+    "width",
+]
+
+logger = logging.getLogger("django_redislock.inspect")
+
+KINDS = ("lock", "semaphore")
+_KIND_CODE = {"lock": b"L", "semaphore": b"S"}
+
+INSPECT_LOCK = scripts.load("inspect_lock", prelude=None)
+INSPECT_SEMAPHORE = scripts.load("inspect_semaphore", prelude=None)
+
+# Keys asked for per SCAN call: large enough to walk a big keyspace in few
+# round trips, small enough that each call stays short on the server.
+SCAN_COUNT = 500
+
+_HEX16 = re.compile(rb"^[0-9a-f]{16}$")
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock or one permit of a semaphore."""
+
+    host: str
+    pid: int | None
+    thread: str
+    label: str
+    # Seconds since the lease or permit was taken, by the server's clock.
+    held_for: float
+    # Seconds until it expires unless renewed; None when it has no expiry.
+    lease_left: float | None
+    token: str = field(repr=False, compare=False, default="")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "thread": self.thread,
+            "label": self.label,
+            "held_for": self.held_for,
+            "lease_left": self.lease_left,
+        }
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """One held lock, or one semaphore with at least one live permit.
+
+    For a semaphore, the owner fields and ``held_for`` are those of the
+    longest-held permit and ``lease_left`` is the soonest expiry; every permit
+    is in ``holders``.
+    """
+
+    name: str
+    kind: str
+    host: str
+    pid: int | None
+    thread: str
+    label: str
+    fence: int | None
+    held_for: float
+    lease_left: float | None
+    waiters: int
+    holders: tuple[Holder, ...]
+    limit: int | None
+    key: bytes = field(repr=False, compare=False, default=b"")
+
+    @property
+    def token(self) -> str:
+        """The lock's current token (locks only); never shown to people."""
+        return self.holders[0].token if self.kind == "lock" and self.holders else ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form; the keys are the same for every kind, always."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "host": self.host,
+            "pid": self.pid,
+            "thread": self.thread,
+            "label": self.label,
+            "fence": self.fence,
+            "held_for": self.held_for,
+            "lease_left": self.lease_left,
+            "waiters": self.waiters,
+            "holders": len(self.holders),
+            "limit": self.limit,
+            "permits": [h.as_dict() for h in self.holders],
+        }
+
+
+@dataclass
+class ClearResult:
+    """What a force-release did."""
+
+    # Rows as they were just before they were released.
+    released: list[HeldLock] = field(default_factory=list)
+    # Names asked for explicitly that were not held (as any kind asked for).
+    not_held: list[str] = field(default_factory=list)
+    # Rows that changed hands (or were released) between reading and releasing:
+    # left alone, so a new holder is never thrown out unseen.
+    changed: list[HeldLock] = field(default_factory=list)
+
+
+def matches(name: str, pattern: str | None, *, literal: bool = False) -> bool:
+    """Whether ``name`` is selected by ``pattern`` (None selects everything)."""
+    if pattern is None:
+        return True
+    if literal:
+        return name == pattern
+    return fnmatchcase(name, pattern)
+
+
+# -- scanning -------------------------------------------------------------------
+def _is_cluster(client: Any) -> bool:
+    return callable(getattr(client, "get_primaries", None))
+
+
+def scan_keys(client: Any, match: bytes) -> Iterator[bytes]:
+    """Every key matching ``match``, on every primary of a Cluster.
+
+    A key may be yielded twice (SCAN's guarantee is "at least once" while the
+    keyspace changes); callers de-duplicate.
+    """
+    try:
+        if _is_cluster(client):
+            for node in client.get_primaries():
+                cursor = 0
+                while True:
+                    cursors, keys = client.scan(
+                        cursor=cursor, match=match, count=SCAN_COUNT, target_nodes=node
+                    )
+                    yield from keys
+                    cursor = next(iter(cursors.values()), 0) if cursors else 0
+                    if not cursor:
+                        break
+        else:
+            cursor = 0
+            while True:
+                cursor, keys = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
+                yield from keys
+                if not cursor:
+                    break
+    except RedisUnavailable:
+        raise
+    except Exception as exc:
+        raise RedisUnavailable(f"Redis could not be scanned for locks: {exc}") from exc
+
+
+def _name_from_key(keyspace: KeySpace, key: bytes, code: bytes) -> tuple[str, str | None]:
+    """(suffix kind, readable name or None) of a key that looks like ours."""
+    head = keyspace.prefix.encode() + b":" + code + b":{"
+    if not key.startswith(head):
+        return "", None
+    rest = key[len(head):]
+    tag, sep, suffix = rest.partition(b"}:")
+    if not sep or not _HEX16.match(tag) or not suffix:
+        return "", None
+    if suffix[:1] == b"=":
+        return "=", decode_name(suffix[1:])
+    return suffix[:1].decode("latin-1"), None
+
+
+def _key_of(keyspace: KeySpace, kind: str, name: str) -> bytes:
+    keys = keyspace.lock(name) if kind == "lock" else keyspace.semaphore(name)
+    return keys.lease
+
+
+def _own_name(keyspace: KeySpace, kind: str, key: bytes, stored: bytes) -> str | None:
+    """The name whose keys include exactly ``key``, or None (not our key)."""
+    candidates: list[str] = []
+    if stored:
+        candidates.append(decode_name(stored))
+    _form, from_key = _name_from_key(keyspace, key, _KIND_CODE[kind])
+    if from_key is not None:
+        candidates.append(from_key)
+    for name in candidates:
+        try:
+            if _key_of(keyspace, kind, name) == key:
+                return name
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _owner(raw: bytes) -> tuple[str, int | None, str, str]:
+    try:
+        data = json.loads(raw.decode("utf-8", "surrogatepass")) if raw else {}
+    except (ValueError, UnicodeDecodeError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    pid = data.get("pid")
+    return (
+        str(data.get("host", "")),
+        pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        str(data.get("thread", "")),
+        str(data.get("label", "")),
+    )
+
+
+def _int(raw: Any) -> int | None:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _seconds(ms: int | None) -> float:
+    return max(0, ms or 0) / 1000
+
+
+def _siblings(keyspace: KeySpace, kind: str, key: bytes) -> tuple[bytes, bytes, bytes]:
+    """The keys the inspect script of ``kind`` reads, from the lease/holders key.
+
+    They share its ``{tag}:<n>`` suffix, hence its Cluster slot.
+    """
+    p = keyspace.prefix.encode()
+    suffix = key[len(p) + 3:]
+    if kind == "lock":
+        return key, p + b":Q:" + suffix, p + b":H:" + suffix
+    return key, p + b":SQ:" + suffix, p + b":SH:" + suffix
+
+
+_SCRIPTS = {"lock": INSPECT_LOCK, "semaphore": INSPECT_SEMAPHORE}
+
+# Keys read per pipeline on a single server: one round trip for many locks.
+READ_BATCH = 200
+
+
+def _read_replies(
+    client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]
+) -> list[Any]:
+    """The inspect script's reply for each key, in order."""
+    script = _SCRIPTS[kind]
+    if _is_cluster(client) or len(keys) < 2:
+        # A Cluster pipeline would split by node anyway; keep it simple there.
+        return [scripts.run(client, script, _siblings(keyspace, kind, k), ()) for k in keys]
+    try:
+        client.script_load(script.source)
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.evalsha(script.sha, 3, *_siblings(keyspace, kind, key))
+        replies = pipe.execute(raise_on_error=False)
+    except Exception as exc:
+        raise RedisUnavailable(f"Redis could not be read for locks: {exc}") from exc
+    for i, reply in enumerate(replies):
+        if isinstance(reply, Exception):
+            # NOSCRIPT after a SCRIPT FLUSH mid-way, or a real error: retry
+            # alone, where run() falls back to EVAL or raises RedisUnavailable.
+            replies[i] = scripts.run(client, script, _siblings(keyspace, kind, keys[i]), ())
+    return list(replies)
+
+
+def _parse_lock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
+    if not reply:
+        return None
+    token, fence, stored, owner, acquired, pttl, waiting, now = reply
+    own = _own_name(keyspace, "lock", key, stored)
+    if own is None:
+        logger.debug("skipping %r: not a key of this library", key)
+        return None
+    host, pid, thread, label = _owner(owner)
+    acquired_ms = _int(acquired)
+    held_for = _seconds(now - acquired_ms) if acquired_ms is not None else 0.0
+    lease_left = None if int(pttl) < 0 else _seconds(int(pttl))
+    holder = Holder(host, pid, thread, label, held_for, lease_left, token.decode("latin-1"))
+    return HeldLock(
+        name=own,
+        kind="lock",
+        host=host,
+        pid=pid,
+        thread=thread,
+        label=label,
+        fence=_int(fence),
+        held_for=held_for,
+        lease_left=lease_left,
+        waiters=int(waiting),
+        holders=(holder,),
+        limit=1,
+        key=key,
+    )
+
+
+def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
+    if not reply:
+        return None
+    stored, limit, waiting, now = reply[:4]
+    own = _own_name(keyspace, "semaphore", key, stored)
+    if own is None:
+        logger.debug("skipping %r: not a key of this library", key)
+        return None
+    holders = []
+    rest = reply[4:]
+    for i in range(0, len(rest), 4):
+        token, expiry, owner, acquired = rest[i:i + 4]
+        host, pid, thread, label = _owner(owner)
+        acquired_ms = _int(acquired)
+        expiry_ms = _int(float(expiry))
+        holders.append(
+            Holder(
+                host,
+                pid,
+                thread,
+                label,
+                _seconds(now - acquired_ms) if acquired_ms is not None else 0.0,
+                None if expiry_ms is None else _seconds(expiry_ms - now),
+                token.decode("latin-1"),
+            )
+        )
+    if not holders:
+        return None
+    # The longest-held permit speaks for the row: the likeliest to be stuck.
+    holders.sort(key=lambda h: -h.held_for)
+    first = holders[0]
+    lefts = [h.lease_left for h in holders if h.lease_left is not None]
+    return HeldLock(
+        name=own,
+        kind="semaphore",
+        host=first.host,
+        pid=first.pid,
+        thread=first.thread,
+        label=first.label,
+        fence=None,
+        held_for=first.held_for,
+        lease_left=min(lefts) if lefts else None,
+        waiters=int(waiting),
+        holders=tuple(holders),
+        limit=_int(limit),
+        key=key,
+    )
+
+
+def _read_many(
+    client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]
+) -> list[HeldLock | None]:
+    parse = _parse_lock if kind == "lock" else _parse_semaphore
+    replies = _read_replies(client, keyspace, kind, keys)
+    return [parse(keyspace, key, reply) for key, reply in zip(keys, replies, strict=True)]
+
+
+def _check_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
+    chosen = tuple(kinds)
+    unknown = [k for k in chosen if k not in KINDS]
+    if unknown or not chosen:
+        raise ValueError(f"kinds must be among {KINDS!r}; got {chosen!r}")
+    return chosen
+
+
+def list_locks(
+    client: Any,
+    keyspace: KeySpace,
+    pattern: str | None = None,
+    literal: bool = False,
+    *,
+    kinds: Iterable[str] = KINDS,
+) -> list[HeldLock]:
+    """Every held lock and every semaphore with live permits, sorted by name.
+
+    ``pattern`` filters the readable names (a glob, or an exact name with
+    ``literal=True``). Raises ``RedisUnavailable`` when Redis cannot be read.
+    """
+    rows: list[HeldLock] = []
+
+    def read(kind: str, batch: list[bytes]) -> None:
+        for row in _read_many(client, keyspace, kind, batch):
+            if row is not None and matches(row.name, pattern, literal=literal):
+                rows.append(row)
+
+    for kind in _check_kinds(kinds):
+        seen: set[bytes] = set()
+        batch: list[bytes] = []
+        for key in scan_keys(client, keyspace.scan_pattern(_KIND_CODE[kind])):
+            if key in seen:
+                continue
+            seen.add(key)
+            form, from_key = _name_from_key(keyspace, key, _KIND_CODE[kind])
+            if form == "":
+                continue
+            # Short names are in the key: skip non-matching ones unread.
+            if from_key is not None and not matches(from_key, pattern, literal=literal):
+                continue
+            batch.append(key)
+            if len(batch) >= READ_BATCH:
+                read(kind, batch)
+                batch = []
+        if batch:
+            read(kind, batch)
+    rows.sort(key=lambda row: (row.name, row.kind))
+    return rows
+
+
+def find(
+    client: Any, keyspace: KeySpace, names: Iterable[str], *, kinds: Iterable[str] = KINDS
+) -> tuple[list[HeldLock], list[str]]:
+    """Rows for exactly these names (no SCAN), and the names held as no kind."""
+    chosen = _check_kinds(kinds)
+    rows: list[HeldLock] = []
+    missing: list[str] = []
+    for name in dict.fromkeys(names):
+        found = False
+        for kind in chosen:
+            (row,) = _read_many(client, keyspace, kind, [_key_of(keyspace, kind, name)])
+            # The key is computed from the name; the stored name must agree.
+            if row is not None and row.name == name:
+                rows.append(row)
+                found = True
+        if not found:
+            missing.append(name)
+    return rows, missing
+
+
+def _clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | None) -> int:
+    # Imported here: semaphores are optional for inspecting locks.
+    from .semaphore import clear_semaphore
+
+    return int(clear_semaphore(client, keyspace, name, token=token))
+
+
+def release(
+    client: Any, keyspace: KeySpace, rows: Iterable[HeldLock], *, grace: float = DEFAULT_GRACE
+) -> ClearResult:
+    """Force-release exactly these rows, as they were read.
+
+    A lock is released only if its token is still the one read; a semaphore
+    gives back only the permits read. The next waiter is woken at once.
+    """
+    result = ClearResult()
+    grace_ms = int(grace * 1000)
+    for row in rows:
+        if row.kind == "lock":
+            k = keyspace.lock(row.name)
+            done = int(
+                scripts.run(
+                    client, scripts.CLEAR, (k.lease, k.queue, k.state), (grace_ms, row.token)
+                )
+            )
+        else:
+            done = sum(_clear_semaphore(client, keyspace, row.name, h.token) for h in row.holders)
+        if done:
+            logger.warning(
+                "force-released %s %r (held by %s pid %s %s %r)",
+                row.kind, row.name, row.host, row.pid, row.thread, row.label,
+            )
+            result.released.append(row)
+        else:
+            result.changed.append(row)
+    return result
+
+
+def select(
+    client: Any,
+    keyspace: KeySpace,
+    *,
+    names: Iterable[str] = (),
+    pattern: str | None = None,
+    literal: bool = False,
+    all: bool = False,  # noqa: A002  (mirrors the command's --all)
+    kinds: Iterable[str] = KINDS,
+) -> tuple[list[HeldLock], list[str]]:
+    """What ``clear`` would release: (rows, names asked for but not held)."""
+    names = list(names)
+    chosen = sum((bool(names), pattern is not None, bool(all)))
+    if chosen != 1:
+        raise ValueError("choose exactly one of names=, pattern= or all=True")
+    if names:
+        return find(client, keyspace, names, kinds=kinds)
+    return list_locks(client, keyspace, pattern, literal, kinds=kinds), []
+
+
+def clear(
+    client: Any,
+    keyspace: KeySpace,
+    *,
+    names: Iterable[str] = (),
+    pattern: str | None = None,
+    literal: bool = False,
+    all: bool = False,  # noqa: A002  (mirrors the command's --all)
+    kinds: Iterable[str] = KINDS,
+    dry_run: bool = False,
+) -> ClearResult:
+    """Force-release named locks, those matching ``pattern``, or ``all``.
+
+    Only keys of this library under ``keyspace``'s prefix are ever touched.
+    With ``dry_run`` nothing is released; ``released`` lists what would be.
+    """
+    rows, missing = select(
+        client, keyspace, names=names, pattern=pattern, literal=literal, all=all, kinds=kinds
+    )
+    if dry_run:
+        return ClearResult(released=rows, not_held=missing)
+    result = release(client, keyspace, rows)
+    result.not_held = missing
+    return result
+
+
+# -- display ------------------------------------------------------------------
+_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` safe for one line of a terminal or a table cell.
+
+    Control and format characters (newlines, escape sequences, bidi
+    overrides) and lone surrogates become backslash escapes, and so does the
+    backslash itself, so two different names never look the same. Printable
+    non-ASCII text is kept as it is.
+    """
+    out: list[str] = []
+    for ch in text:
+        if ch in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+                       if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def width(text: str) -> int:
+    """Terminal cells taken by printable ``text`` (wide CJK counts 2)."""
+    cells = 0
+    for ch in text:
+        if unicodedata.combining(ch):
+            continue
+        cells += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    return cells
+
+
+def duration(seconds: float | None) -> str:
+    """Whole seconds, readably: ``7s``, ``3m05s``, ``2h04m``, ``3d04h``."""
+    if seconds is None:
+        return "never"
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def quoted(text: str) -> str:
+    """A name or label for a message: escaped, in single quotes."""
+    return "'" + printable(text).replace("'", "\\'") + "'"
+
+
+def owner_text(row: HeldLock | Holder) -> str:
+    """``host:pid/thread`` of a holder, escaped for display."""
+    pid = "?" if row.pid is None else str(row.pid)
+    return printable(f"{row.host or '?'}:{pid}/{row.thread or '?'}")

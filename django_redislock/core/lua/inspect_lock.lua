@@ -1,0 +1,30 @@
+-- Read one lock for operators (inspect.py); writes nothing.
+-- KEYS[1] lease hash, KEYS[2] queue list, KEYS[3] state hash (see the prelude)
+-- Returns false when KEYS[1] is not a held lease, otherwise
+-- {token, fence, name, owner, acquired ms, lease ms left (-1: no TTL),
+--  live waiters, server now ms}. Waiters whose deadline passed are still in
+-- the queue until the next release drops them; they are not counted.
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
+  return false
+end
+local v = redis.call('HMGET', KEYS[1], 't', 'f', 'n', 'o', 'a')
+if not v[1] then
+  return false
+end
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local waiting = 0
+if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok == 'hash' then
+  for _, token in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    local info = redis.call('HGET', KEYS[3], token)
+    if info then
+      local sep = string.find(info, '|', 1, true)
+      local deadline = sep and tonumber(string.sub(info, 1, sep - 1))
+      if deadline and deadline > now_ms then
+        waiting = waiting + 1
+      end
+    end
+  end
+end
+return {v[1], v[2] or '', v[3] or '', v[4] or '', v[5] or '', redis.call('PTTL', KEYS[1]),
+        waiting, now_ms}

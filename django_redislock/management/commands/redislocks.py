@@ -1,0 +1,217 @@
+"""``manage.py redislocks list|clear``: see and force-release held locks.
+
+``list`` shows one row per held lock and per semaphore with live permits
+(``--format json`` for scripts). ``clear`` force-releases named locks, those
+matching ``--pattern``, or ``--all``, after confirmation unless ``--noinput``;
+``--dry-run`` only shows what would go. A name asked for that is not held is
+reported and makes the command exit non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...connection import get_client
+from ...core.exceptions import RedisUnavailable
+from ...core.inspect import (
+    KINDS,
+    HeldLock,
+    duration,
+    list_locks,
+    owner_text,
+    printable,
+    quoted,
+    release,
+    select,
+    width,
+)
+from ...locks import keyspace
+
+COLUMNS = (
+    "NAME", "KIND", "HOLDERS", "FENCE", "HELD FOR", "LEASE LEFT", "WAITERS", "OWNER", "LABEL",
+)
+
+
+def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
+    """Cells of the table; a semaphore is followed by one line per permit."""
+    cells: list[tuple[str, ...]] = []
+    for row in rows:
+        if row.kind == "lock":
+            cells.append((
+                printable(row.name), "lock", "-", str(row.fence), duration(row.held_for),
+                duration(row.lease_left), str(row.waiters), owner_text(row), printable(row.label),
+            ))
+            continue
+        limit = "?" if row.limit is None else str(row.limit)
+        count = len(row.holders)
+        cells.append((
+            printable(row.name), "semaphore", f"{count}/{limit}", "-", duration(row.held_for),
+            duration(row.lease_left), str(row.waiters),
+            f"{count} holder" + ("" if count == 1 else "s"), "",
+        ))
+        for h in row.holders:
+            cells.append((
+                "", "", "", "", duration(h.held_for), duration(h.lease_left), "",
+                owner_text(h), printable(h.label),
+            ))
+    return cells
+
+
+def render_table(rows: list[HeldLock]) -> list[str]:
+    body = table_rows(rows)
+    widths = [max(width(line[i]) for line in [COLUMNS, *body]) for i in range(len(COLUMNS))]
+    lines = []
+    for line in [COLUMNS, *body]:
+        padded = [cell + " " * (widths[i] - width(cell)) for i, cell in enumerate(line)]
+        lines.append("  ".join(padded).rstrip())
+    return lines
+
+
+def describe(row: HeldLock) -> str:
+    label = f", label {quoted(row.label)}" if row.label else ""
+    if row.kind == "lock":
+        return (
+            f"lock {quoted(row.name)} (fence {row.fence}, held by {owner_text(row)} "
+            f"for {duration(row.held_for)}{label})"
+        )
+    limit = "?" if row.limit is None else str(row.limit)
+    return (
+        f"semaphore {quoted(row.name)} ({len(row.holders)}/{limit} permits, longest held by "
+        f"{owner_text(row)} for {duration(row.held_for)}{label})"
+    )
+
+
+class Command(BaseCommand):
+    help = "List held Redis locks and semaphores, or force-release them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="{list,clear}")
+        ls = sub.add_parser("list", help="Show held locks and semaphores.")
+        self._selection(ls)
+        ls.add_argument(
+            "--format", choices=("table", "json"), default="table",
+            help="table (people, the default) or json (scripts: one array of objects).",
+        )
+        cl = sub.add_parser("clear", help="Force-release locks and semaphores.")
+        cl.add_argument("names", nargs="*", metavar="NAME", help="Exact names to release.")
+        self._selection(cl)
+        cl.add_argument("--all", action="store_true", help="Release everything held.")
+        cl.add_argument(
+            "--dry-run", action="store_true", help="Show what would be released; change nothing."
+        )
+        cl.add_argument(
+            "--noinput", "--no-input", action="store_false", dest="interactive",
+            help="Do not ask for confirmation.",
+        )
+
+    @staticmethod
+    def _selection(parser: CommandParser) -> None:
+        parser.add_argument(
+            "--pattern", metavar="GLOB",
+            help="Only names matching this shell glob (* ? [abc]; [*] is a literal *).",
+        )
+        parser.add_argument(
+            "--literal", action="store_true",
+            help="Take --pattern as an exact name, with no wildcards.",
+        )
+        parser.add_argument(
+            "--kind", choices=KINDS, help="Only locks or only semaphores (default: both)."
+        )
+        parser.add_argument(
+            "--cache", metavar="ALIAS",
+            help="CACHES alias of the Redis to inspect (default: REDISLOCK['CACHE']).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["literal"] and options["pattern"] is None:
+            raise CommandError("--literal needs --pattern: it says how to read the pattern.")
+        kinds = (options["kind"],) if options["kind"] else KINDS
+        try:
+            client = get_client(options["cache"])
+            if options["action"] == "list":
+                self._list(client, kinds, options)
+            else:
+                self._clear(client, kinds, options)
+        except RedisUnavailable as exc:
+            raise CommandError(f"Redis is unavailable: {exc}") from exc
+
+    def _list(self, client: Any, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
+        rows = list_locks(
+            client, keyspace(), options["pattern"], options["literal"], kinds=kinds
+        )
+        if options["format"] == "json":
+            # ASCII escapes keep any name exact, whatever the terminal's encoding.
+            self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
+            return
+        if not rows:
+            self.stdout.write("No locks held.")
+            return
+        for line in render_table(rows):
+            self.stdout.write(line)
+
+    def _clear(self, client: Any, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
+        names, pattern, everything = options["names"], options["pattern"], options["all"]
+        if sum((bool(names), pattern is not None, everything)) != 1:
+            raise CommandError(
+                "Say what to release: NAME [NAME ...], or --pattern GLOB, or --all "
+                "(exactly one of them)."
+            )
+        ks = keyspace()
+        try:
+            rows, missing = select(
+                client, ks, names=names, pattern=pattern, literal=options["literal"],
+                all=everything, kinds=kinds,
+            )
+        except ValueError as exc:  # an empty name, for one
+            raise CommandError(str(exc)) from exc
+        for name in missing:
+            self.stderr.write(f"Not held: {quoted(name)}.")
+        if not rows:
+            if not missing:
+                self.stdout.write("Nothing to release.")
+            self._fail(missing, [])
+            return
+        if options["dry_run"]:
+            for row in rows:
+                self.stdout.write(f"Would release {describe(row)}.")
+            self._fail(missing, [])
+            return
+        if options["interactive"] and not self._confirm(rows):
+            self.stdout.write("Nothing released.")
+            self._fail(missing, [])
+            return
+        result = release(client, ks, rows)
+        for row in result.released:
+            self.stdout.write(f"Released {describe(row)}.")
+        for row in result.changed:
+            self.stderr.write(
+                f"Not released: {row.kind} {quoted(row.name)} changed hands or was released "
+                "after it was read; run the command again to see its new holder."
+            )
+        self._fail(missing, result.changed)
+
+    def _confirm(self, rows: list[HeldLock]) -> bool:
+        self.stdout.write("These will be force-released:")
+        for row in rows:
+            self.stdout.write(f"  {describe(row)}")
+        self.stdout.write(
+            "Waiters are woken at once; each former holder finds out at its next extend "
+            "or release."
+        )
+        answer = input("Type 'yes' to continue, or 'no' to cancel: ")
+        return answer.strip().lower() == "yes"
+
+    @staticmethod
+    def _fail(missing: list[str], changed: list[HeldLock]) -> None:
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} not held")
+        if changed:
+            problems.append(f"{len(changed)} changed hands")
+        if problems:
+            raise CommandError(
+                "Not everything asked for was released: " + ", ".join(problems) + "."
+            )

@@ -1,0 +1,351 @@
+"""``manage.py redislocks``: exact output, JSON schema, confirmation, dry run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+from io import StringIO
+from typing import Any
+
+import pytest
+import redis
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from django_redislock import connection
+from django_redislock.core.exceptions import LockLost
+from django_redislock.core.keys import KeySpace
+from django_redislock.core.lock import Lock
+from django_redislock.core.semaphore import Semaphore
+
+KS = KeySpace("redislock")
+OWNER = f"{socket.gethostname()}:{os.getpid()}/MainThread"
+HEADER = "NAME       KIND       HOLDERS  FENCE             HELD FOR  LEASE LEFT  WAITERS  "
+TIME = re.compile(r"^(\d+s|\d+m\d\ds)$")
+
+
+def hold(client: redis.Redis, name: str, *, label: str = "", ttl: float = 300) -> Lock:
+    lock = Lock(client, name, ttl=ttl, wait=0, keyspace=KS, label=label)
+    assert lock.acquire()
+    return lock
+
+
+def run(*args: str, **options: Any) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("redislocks", *args, stdout=out, stderr=err, **options)
+    return out.getvalue(), err.getvalue()
+
+
+def fails(*args: str) -> tuple[str, str, str]:
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError) as info:
+        call_command("redislocks", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue(), str(info.value)
+
+
+def cells(header: str, line: str) -> list[str]:
+    """Split a table line at the header's column starts (cells are padded)."""
+    starts = [m.start() for m in re.finditer(r"(?<!\S)\S+(?: \S+)*", header)]
+    bounds = [*starts, None]
+    return [line[bounds[i]:bounds[i + 1]] for i in range(len(starts))]
+
+
+def snapshot(r: redis.Redis) -> dict[bytes, bytes | None]:
+    return {key: r.dump(key) for key in r.scan_iter()}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_clients() -> Any:
+    # Cached clients follow CACHES at creation: tests that override it start clean.
+    connection.reset()
+    yield
+    connection.reset()
+
+
+def test_list_empty() -> None:
+    assert run("list") == ("No locks held.\n", "")
+    assert run("list", "--format", "json") == ("[]\n", "")
+
+
+def test_list_table_exact(r: redis.Redis) -> None:
+    a = hold(r, "report:42", label="POST /products/7/buy")
+    b = hold(r, "nightly")
+    sem = Semaphore(r, "exports", 5, ttl=300, wait=0, keyspace=KS, label="export csv")
+    assert sem.acquire()
+    out, err = run("list")
+    assert err == ""
+    lines = out.splitlines()
+    header = HEADER + "OWNER".ljust(len(OWNER)) + "  LABEL"
+    assert lines[0] == header
+    assert len(lines) == 5
+    rows = [cells(header, line) for line in lines[1:]]
+    expected = [
+        ["exports    ", "semaphore  ", "1/5      ", "-                 ", None, None,
+         "0        ", "1 holder", ""],
+        ["           ", "           ", "         ", "                  ", None, None,
+         "         ", OWNER + "  ", "export csv"],
+        ["nightly    ", "lock       ", "-        ", f"{b.fence:<18}", None, None,
+         "0        ", OWNER, ""],
+        ["report:42  ", "lock       ", "-        ", f"{a.fence:<18}", None, None,
+         "0        ", OWNER + "  ", "POST /products/7/buy"],
+    ]
+    for got, want in zip(rows, expected, strict=True):
+        held, left = got[4], got[5]
+        assert TIME.match(held.rstrip()) and held == held.rstrip().ljust(10), held
+        assert TIME.match(left.rstrip()) and left == left.rstrip().ljust(12), left
+        assert int(held.rstrip()[:-1]) < 60
+        assert left.rstrip().startswith(("4m", "5m00s"))
+        got[4] = got[5] = None  # type: ignore[call-overload]
+        assert got == want
+    sem.release()
+
+
+def test_list_json_schema(r: redis.Redis) -> None:
+    lock = hold(r, "a", label="lbl")
+    sem = Semaphore(r, "b", 2, ttl=300, wait=0, keyspace=KS)
+    assert sem.acquire()
+    out, _ = run("list", "--format", "json")
+    data = json.loads(out)
+    assert isinstance(data, list) and len(data) == 2
+    types = {
+        "name": str, "kind": str, "host": str, "pid": int, "thread": str, "label": str,
+        "fence": (int, type(None)), "held_for": (int, float), "lease_left": (int, float),
+        "waiters": int, "holders": int, "limit": int, "permits": list,
+    }
+    for item in data:
+        assert set(item) == set(types)
+        for key, kind in types.items():
+            assert isinstance(item[key], kind), (key, item[key])
+        for permit in item["permits"]:
+            assert set(permit) == {"host", "pid", "thread", "label", "held_for", "lease_left"}
+    lock_row, sem_row = data
+    assert (lock_row["name"], lock_row["kind"], lock_row["fence"]) == ("a", "lock", lock.fence)
+    assert (lock_row["holders"], lock_row["limit"], lock_row["label"]) == (1, 1, "lbl")
+    assert (sem_row["name"], sem_row["kind"], sem_row["fence"]) == ("b", "semaphore", None)
+    assert (sem_row["holders"], sem_row["limit"]) == (1, 2)
+    assert lock_row["pid"] == os.getpid() and lock_row["thread"] == "MainThread"
+    sem.release()
+
+
+HOSTILE = ["new\nline", "tab\there", "esc\x1b[2J", "bidi\u202eevil", "back\\slash",
+           "{br}*?[x]", "锁ünï", "long:" + "x" * 200]
+
+
+def test_hostile_names_table_escaped_json_exact(r: redis.Redis) -> None:
+    for name in HOSTILE:
+        hold(r, name, label="l\nl")
+    out, _ = run("list")
+    lines = out.splitlines()
+    assert len(lines) == 1 + len(HOSTILE)  # no name spilled onto a second line
+    body = "\n".join(lines[1:])
+    for shown in ["new\\nline", "tab\\there", "esc\\x1b[2J", "bidi\\u202eevil",
+                  "back\\\\slash", "{br}*?[x]", "锁ünï", "long:" + "x" * 200, "l\\nl"]:
+        assert shown in body
+    assert "\x1b" not in out and "\u202e" not in out and "\t" not in out
+    data = json.loads(run("list", "--format", "json")[0])
+    assert sorted(item["name"] for item in data) == sorted(HOSTILE)
+    assert {item["label"] for item in data} == {"l\nl"}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_names_cleared_by_name(r: redis.Redis, name: str) -> None:
+    lock = hold(r, name)
+    hold(r, "other")
+    out, err = run("clear", name, "--noinput")
+    assert err == ""
+    assert out.startswith("Released lock '")
+    assert out.count("\n") == 1
+    names = [item["name"] for item in json.loads(run("list", "--format", "json")[0])]
+    assert names == ["other"]
+    with pytest.raises(LockLost):
+        lock.release()
+
+
+def test_pattern_and_literal(r: redis.Redis) -> None:
+    for name in ("a*", "ab", "b"):
+        hold(r, name)
+
+    def listed(*args: str) -> list[str]:
+        return [item["name"] for item in json.loads(run("list", "--format", "json", *args)[0])]
+
+    assert listed("--pattern", "a*") == ["a*", "ab"]
+    assert listed("--pattern", "a*", "--literal") == ["a*"]
+    assert listed("--pattern", "a[*]") == ["a*"]
+    assert listed("--pattern", "zz") == []
+    assert fails("list", "--literal")[2] == (
+        "--literal needs --pattern: it says how to read the pattern."
+    )
+    out, _ = run("clear", "--pattern", "a*", "--literal", "--noinput")
+    assert out.startswith("Released lock 'a*'") and out.count("\n") == 1
+    assert listed() == ["ab", "b"]
+
+
+def test_clear_output_exact(r: redis.Redis) -> None:
+    lock = hold(r, "report:42", label="POST /products/7/buy")
+    out, err = run("clear", "report:42", "--noinput")
+    assert err == ""
+    assert re.fullmatch(
+        re.escape(f"Released lock 'report:42' (fence {lock.fence}, held by {OWNER} for ")
+        + r"\d+s"
+        + re.escape(", label 'POST /products/7/buy').")
+        + "\n",
+        out,
+    ), out
+
+
+def test_clear_not_held_is_an_error(r: redis.Redis) -> None:
+    hold(r, "held")
+    out, err, message = fails("clear", "held", "nope", "--noinput")
+    assert out.startswith("Released lock 'held' (")
+    assert err == "Not held: 'nope'.\n"
+    assert message == "Not everything asked for was released: 1 not held."
+    out, err, message = fails("clear", "nope")
+    assert (out, err) == ("", "Not held: 'nope'.\n")
+
+
+def test_clear_needs_exactly_one_selection(r: redis.Redis) -> None:
+    expected = (
+        "Say what to release: NAME [NAME ...], or --pattern GLOB, or --all "
+        "(exactly one of them)."
+    )
+    assert fails("clear")[2] == expected
+    assert fails("clear", "x", "--all")[2] == expected
+    assert fails("clear", "--pattern", "x", "--all")[2] == expected
+
+
+def test_dry_run_changes_nothing(r: redis.Redis) -> None:
+    lock = hold(r, "a")
+    hold(r, "b")
+    before = snapshot(r)
+    out, err = run("clear", "--all", "--dry-run")
+    assert err == ""
+    lines = out.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        "Would release lock 'a'", "Would release lock 'b'",
+    ]
+    assert snapshot(r) == before
+    assert lock.owned()
+
+
+def test_confirmation_prompt(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    hold(r, "a")
+    prompts: list[str] = []
+    answers = iter(["no", "yes"])
+
+    def answer(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(answers)
+
+    monkeypatch.setattr("builtins.input", answer)
+    before = snapshot(r)
+    out, _ = run("clear", "a")
+    lines = out.splitlines()
+    assert lines[0] == "These will be force-released:"
+    assert lines[1].startswith("  lock 'a' (fence ")
+    assert lines[2] == (
+        "Waiters are woken at once; each former holder finds out at its next extend or release."
+    )
+    assert lines[3:] == ["Nothing released."]
+    assert prompts == ["Type 'yes' to continue, or 'no' to cancel: "]
+    assert snapshot(r) == before
+    out, _ = run("clear", "a")
+    assert out.splitlines()[-1].startswith("Released lock 'a' (")
+    assert len(prompts) == 2
+    assert run("list")[0] == "No locks held.\n"
+
+
+def test_clear_all_leaves_foreign_keys(r: redis.Redis) -> None:
+    hold(r, "mine")
+    sem = Semaphore(r, "pool", 2, ttl=300, wait=0, keyspace=KS)
+    assert sem.acquire()
+    r.hset(b"other:L:{0123456789abcdef}:=x", mapping={"t": "1", "n": "x"})
+    r.hset(b"redislock:L:{0123456789abcdef}:=x", mapping={"t": "1", "n": "x"})
+    r.set(b"redislock:L:{0123456789abcdef}:=y", "not a hash")
+    r.set(b"redislock:something", "else")
+    foreign = {k: v for k, v in snapshot(r).items() if b"0123456789abcdef" in k or b"some" in k}
+    assert len(foreign) == 4
+    out, _ = run("clear", "--all", "--noinput")
+    assert [line.split(" (")[0] for line in out.splitlines()] == [
+        "Released lock 'mine'", "Released semaphore 'pool'",
+    ]
+    assert {k: r.dump(k) for k in foreign} == foreign
+    assert run("list")[0] == "No locks held.\n"
+    with pytest.raises(LockLost):
+        sem.release()
+
+
+def test_kind_option(r: redis.Redis) -> None:
+    hold(r, "x")
+    sem = Semaphore(r, "x", 2, ttl=300, wait=0, keyspace=KS)
+    assert sem.acquire()
+    out, _ = run("clear", "x", "--kind", "semaphore", "--noinput")
+    assert out.startswith("Released semaphore 'x' (1/2 permits")
+    assert [i["kind"] for i in json.loads(run("list", "--format", "json")[0])] == ["lock"]
+
+
+def test_clear_wakes_waiter_and_holder_learns(r: redis.Redis) -> None:
+    holder = hold(r, "job", ttl=600)
+    waiter = Lock(r, "job", ttl=5, wait=60, keyspace=KS)
+    got = threading.Event()
+
+    def wait() -> None:
+        if waiter.acquire():
+            got.set()
+            waiter.release()
+
+    t = threading.Thread(target=wait)
+    t.start()
+    deadline = time.monotonic() + 10
+    while json.loads(run("list", "--format", "json")[0])[0]["waiters"] != 1:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.01)
+    run("clear", "job", "--noinput")
+    # Ten minutes were left on the lease: only the wake-up gets the waiter in.
+    assert got.wait(30)
+    t.join(10)
+    with pytest.raises(LockLost):
+        holder.release()
+
+
+def test_cache_alias(r: redis.Redis, redis_factory: Any) -> None:
+    other = redis_factory().start()
+    caches = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"unix://{r.connection_pool.connection_kwargs['path']}?db=0",
+        },
+        "other": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": other.url},
+    }
+    with override_settings(CACHES=caches):
+        client = other.client()
+        hold(client, "elsewhere")
+        assert run("list")[0] == "No locks held.\n"
+        data = json.loads(run("list", "--format", "json", "--cache", "other")[0])
+        assert [item["name"] for item in data] == ["elsewhere"]
+        client.close()
+
+
+def test_redis_down_is_a_clear_error(redis_factory: Any) -> None:
+    server = redis_factory().start()
+    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url}}
+    with override_settings(CACHES=caches):
+        server.kill()
+        message = fails("list")[2]
+    assert message.startswith("Redis is unavailable: ")
+
+
+def test_empty_name_is_a_clear_error() -> None:
+    assert fails("clear", "")[2] == "lock name must not be empty"
+
+
+def test_options_as_keywords_and_empty_pattern(r: redis.Redis) -> None:
+    hold(r, "a")
+    assert json.loads(run("list", format="json", pattern="a")[0])[0]["name"] == "a"
+    assert run("clear", "--pattern", "zz*", "--noinput") == ("Nothing to release.\n", "")
+    assert run("clear", pattern="a", literal=True, interactive=False)[0].startswith(
+        "Released lock 'a' ("
+    )
