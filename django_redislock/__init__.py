@@ -11,6 +11,7 @@ from .core.exceptions import (
     LockNotAcquired,
     LockNotOwned,
     RedisUnavailable,
+    ReplicationTimeout,
 )
 from .core.lock import Lock
 
@@ -37,6 +38,7 @@ __all__ = [
     "LockNotAcquired",
     "LockNotOwned",
     "RedisUnavailable",
+    "ReplicationTimeout",
     *_LAZY,
 ]
 

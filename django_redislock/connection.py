@@ -15,6 +15,7 @@ one per event loop (an asyncio connection belongs to the loop that made it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -106,6 +107,25 @@ def _bounded_kwargs(pool: Any) -> dict[str, Any]:
     return kwargs
 
 
+def _sentinel_setup(manager: Any) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """Addresses of a Sentinel manager's sentinels, and bounded kwargs to query them.
+
+    The cache's own manager asks the sentinels with whatever timeouts the
+    cache had (none, by default): a blackholed sentinel would hang a lock call.
+    """
+    addresses = [
+        (
+            c.connection_pool.connection_kwargs.get("host"),
+            c.connection_pool.connection_kwargs.get("port"),
+        )
+        for c in manager.sentinels
+    ]
+    kwargs = dict(manager.sentinel_kwargs or {})
+    kwargs["socket_timeout"] = conf.SOCKET_TIMEOUT
+    kwargs["socket_connect_timeout"] = conf.CONNECT_TIMEOUT
+    return addresses, kwargs
+
+
 def _build_sync(alias: str) -> Any:
     base = _cache_client(alias)
     pool = base.connection_pool
@@ -113,8 +133,16 @@ def _build_sync(alias: str) -> Any:
     from redis.sentinel import SentinelConnectionPool
 
     if isinstance(pool, SentinelConnectionPool):
+        from redis.sentinel import Sentinel as SyncSentinel
+
         kwargs.pop("connection_pool", None)
-        new_pool: Any = SentinelConnectionPool(pool.service_name, pool.sentinel_manager, **kwargs)
+        addresses, sentinel_kwargs = _sentinel_setup(pool.sentinel_manager)
+        manager = SyncSentinel(
+            addresses,
+            min_other_sentinels=pool.sentinel_manager.min_other_sentinels,
+            sentinel_kwargs=sentinel_kwargs,
+        )
+        new_pool: Any = SentinelConnectionPool(pool.service_name, manager, **kwargs)
     else:
         new_pool = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
     return redis.Redis(connection_pool=new_pool)
@@ -167,14 +195,12 @@ def _build_async(alias: str) -> Any:
         from redis.asyncio.sentinel import Sentinel
 
         manager = sync_pool.sentinel_manager
-        sentinels = [
-            (
-                c.connection_pool.connection_kwargs.get("host"),
-                c.connection_pool.connection_kwargs.get("port"),
-            )
-            for c in manager.sentinels
-        ]
-        sentinel = Sentinel(sentinels, sentinel_kwargs=manager.sentinel_kwargs or None)
+        addresses, sentinel_kwargs = _sentinel_setup(manager)
+        sentinel = Sentinel(
+            addresses,
+            min_other_sentinels=manager.min_other_sentinels,
+            sentinel_kwargs=sentinel_kwargs,
+        )
         return sentinel.master_for(sync_pool.service_name, **kwargs)
     connection_class = _SYNC_TO_ASYNC.get(sync_pool.connection_class)
     if connection_class is None:
@@ -184,6 +210,34 @@ def _build_async(alias: str) -> Any:
         )
     pool = redis.asyncio.ConnectionPool(connection_class=connection_class, **kwargs)
     return redis.asyncio.Redis(connection_pool=pool)
+
+
+def _close_with_loop(client: Any) -> Any:
+    """Close ``client`` when its event loop shuts down; returns what must be kept.
+
+    A loop can be short-lived (an async view under WSGI runs in a loop of its
+    own per request): its client would leak open sockets. asyncio has no
+    loop-close hook, but ``asyncio.run`` (and asgiref, uvicorn, test loops)
+    finalise the loop's async generators on shutdown: a suspended generator
+    whose ``finally`` closes the client is exactly that hook.
+    """
+
+    async def closer() -> Any:
+        try:
+            yield
+        finally:
+            try:
+                # A client built on a pool we passed in does not close that
+                # pool by default: its sockets would stay open.
+                await client.aclose(close_connection_pool=True)
+            except Exception:
+                logger.debug("closing an asyncio client at loop shutdown failed", exc_info=True)
+
+    agen = closer()
+    # Step it to its yield by hand (registers it with the running loop).
+    with contextlib.suppress(StopIteration):
+        agen.asend(None).send(None)
+    return agen  # the loop holds async generators weakly: keep a reference
 
 
 def get_async_client(alias: str | None = None) -> Any:
@@ -199,6 +253,7 @@ def get_async_client(alias: str | None = None) -> Any:
         else:
             client = _build_async(alias)
         per_loop[key] = client
+        per_loop[(key, "closer")] = _close_with_loop(client)
     return client
 
 

@@ -41,6 +41,8 @@ def _options(
         "label": label,
         "keyspace": keyspace(),
         "observer": observer,
+        "replicas": conf.REPLICAS,
+        "replicas_timeout": conf.REPLICAS_TIMEOUT,
         **extra,
     }
 

@@ -12,6 +12,7 @@ Every signal is sent with ``sender`` = the class of the object concerned and:
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.dispatch import Signal
@@ -36,28 +37,43 @@ redis_unavailable = Signal()
 request_throttled = Signal()
 
 
+logger = logging.getLogger("django_redislock.signals")
+
+
+def _send(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    # A failing receiver must not break the lock it reports on: raised from
+    # inside acquire, it would leave a lease taken that nobody releases.
+    for receiver, result in signal.send_robust(sender, **kwargs):
+        if isinstance(result, Exception):
+            logger.error(
+                "signal receiver %r failed",
+                receiver,
+                exc_info=(type(result), result, result.__traceback__),
+            )
+
+
 class SignalObserver(Observer):
     """Logs as the core does, then sends the Django signal."""
 
     def acquired(self, lock: LockBase, waited: float) -> None:
         super().acquired(lock, waited)
-        lock_acquired.send(type(lock), name=lock.name, fence=lock.fence, waited=waited, lock=lock)
+        _send(lock_acquired, type(lock), name=lock.name, fence=lock.fence, waited=waited, lock=lock)
 
     def busy(self, lock: LockBase, waited: float) -> None:
         super().busy(lock, waited)
-        lock_busy.send(type(lock), name=lock.name, waited=waited, lock=lock)
+        _send(lock_busy, type(lock), name=lock.name, waited=waited, lock=lock)
 
     def released(self, lock: LockBase, held: float) -> None:
         super().released(lock, held)
-        lock_released.send(type(lock), name=lock.name, fence=lock.fence, held=held, lock=lock)
+        _send(lock_released, type(lock), name=lock.name, fence=lock.fence, held=held, lock=lock)
 
     def lost(self, lock: LockBase, reason: str) -> None:
         super().lost(lock, reason)
-        lock_lost.send(type(lock), name=lock.name, fence=lock.fence, reason=reason, lock=lock)
+        _send(lock_lost, type(lock), name=lock.name, fence=lock.fence, reason=reason, lock=lock)
 
 
 observer = SignalObserver()
 
 
 def send_unavailable(sender: Any, name: str, error: BaseException, fail_open: bool) -> None:
-    redis_unavailable.send(sender, name=name, error=error, fail_open=fail_open)
+    _send(redis_unavailable, sender, name=name, error=error, fail_open=fail_open)

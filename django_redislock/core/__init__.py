@@ -7,6 +7,7 @@ from .exceptions import (
     LockNotAcquired,
     LockNotOwned,
     RedisUnavailable,
+    ReplicationTimeout,
 )
 from .keys import KeySpace
 from .lock import Lock
@@ -20,4 +21,5 @@ __all__ = [
     "LockNotAcquired",
     "LockNotOwned",
     "RedisUnavailable",
+    "ReplicationTimeout",
 ]

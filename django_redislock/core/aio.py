@@ -19,7 +19,14 @@ from typing import Any
 
 from . import scripts
 from .base import STATE_KEEP_MS, LockBase
-from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
+from .exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
 from .keys import KeySpace
 
 __all__ = ["AsyncLock", "AsyncNotifier", "get_async_notifier"]
@@ -31,6 +38,38 @@ log_renew = logging.getLogger("django_redislock.renew")
 _NO_CHANNEL = b"-"
 # Cleanup after a cancelled acquire may take this long before we give up on it.
 _CLEANUP_TIMEOUT = 2.0
+
+
+def _cancel_requests() -> int:
+    task = asyncio.current_task()
+    # Task.cancelling() exists from Python 3.11; 3.10 cannot tell.
+    return task.cancelling() if task is not None and hasattr(task, "cancelling") else 0
+
+
+def _raise_if_cancelled_since(count: int) -> None:
+    """Raise a cancellation that an await swallowed.
+
+    Before Python 3.12, ``asyncio.wait_for`` (ours, and the one redis-py uses
+    to send a command) returns normally when its inner awaitable finishes in
+    the same loop iteration as the caller's cancellation, and the cancellation
+    is lost: a cancelled acquire would carry on waiting its whole wait.
+    """
+    if _cancel_requests() > count:
+        raise asyncio.CancelledError
+
+
+async def _wait_for(aw: Any, timeout: float, undo: Any = None) -> Any:
+    """``asyncio.wait_for`` that never swallows a cancellation of the caller;
+    ``undo`` gives back what the inner awaitable took when it re-raises one."""
+    before = _cancel_requests()
+    result = await asyncio.wait_for(aw, timeout)
+    try:
+        _raise_if_cancelled_since(before)
+    except asyncio.CancelledError:
+        if undo is not None:
+            undo()
+        raise
+    return result
 LIVENESS_INTERVAL = 5.0
 IDLE_TIMEOUT = 60.0
 
@@ -47,8 +86,17 @@ class AsyncNotifier:
         self._task: asyncio.Task[None] | None = None
         self._idle_since = time.monotonic()
         self._connected_before = False
+        self._failures = 0
 
-    def register(self, token: str) -> asyncio.Event:
+    sharded = False
+
+    def address_for(self, tag: bytes = b"") -> bytes:
+        return self.address
+
+    def is_ready(self, tag: bytes = b"") -> bool:
+        return self._ready.is_set()
+
+    def register(self, token: str, tag: bytes = b"") -> asyncio.Event:
         event = asyncio.Event()
         self._slots[token] = event
         if self._task is None or self._task.done():
@@ -67,9 +115,9 @@ class AsyncNotifier:
     def ready(self) -> bool:
         return self._ready.is_set()
 
-    async def wait_ready(self, timeout: float) -> bool:
+    async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), timeout)
+            await _wait_for(self._ready.wait(), timeout)
         return self._ready.is_set()
 
     def _wake_all(self) -> None:
@@ -90,13 +138,16 @@ class AsyncNotifier:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log_notify.warning("wake-up channel lost, reconnecting: %s", exc)
+                self._failures += 1
+                # One warning per outage; each retry after it is only a debug line.
+                log = log_notify.warning if self._failures == 1 else log_notify.debug
+                log("wake-up channel lost, reconnecting: %s", exc)
             finally:
                 self._ready.clear()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
                 self._wake_all()
-            if self._idle():
+            if self._idle() or (self._failures and not self._slots):
                 return
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
@@ -125,6 +176,9 @@ class AsyncNotifier:
                 if event is not None:
                     event.set()
             elif kind == "subscribe":
+                if self._failures:
+                    log_notify.info("wake-up channel back after %d attempt(s)", self._failures)
+                    self._failures = 0
                 self._ready.set()
                 if self._connected_before:
                     self._wake_all()
@@ -132,18 +186,26 @@ class AsyncNotifier:
 
 
 _notifiers: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[int, str], tuple[Any, AsyncNotifier]]
+    asyncio.AbstractEventLoop, dict[tuple[int, str], tuple[Any, Any]]
 ] = weakref.WeakKeyDictionary()
 
 
-def get_async_notifier(client: Any, keyspace: KeySpace) -> AsyncNotifier:
-    """The notifier of the running loop for the client's pool and prefix."""
+def get_async_notifier(client: Any, keyspace: KeySpace) -> Any:
+    """The notifier of the running loop for the client's pool and prefix.
+
+    An asyncio ``RedisCluster`` gets an ``AsyncShardedNotifier``.
+    """
     per_loop = _notifiers.setdefault(asyncio.get_running_loop(), {})
-    pool = client.connection_pool
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        pool = client
     key = (id(pool), keyspace.prefix)
     entry = per_loop.get(key)
     if entry is None or entry[0] is not pool:
-        entry = (pool, AsyncNotifier(client, keyspace))
+        from .notify_sharded import AsyncShardedNotifier, is_cluster
+
+        kind = AsyncShardedNotifier if is_cluster(client) else AsyncNotifier
+        entry = (pool, kind(client, keyspace))
         per_loop[key] = entry
     return entry[1]
 
@@ -184,7 +246,7 @@ class AsyncLock(LockBase):
         gate = self._get_gate()
         if wait_s > 0:
             try:
-                await asyncio.wait_for(gate.acquire(), wait_s)
+                await _wait_for(gate.acquire(), wait_s, undo=gate.release)
             except asyncio.TimeoutError:
                 self.observer.busy(self, time.monotonic() - started)
                 return False
@@ -220,18 +282,20 @@ class AsyncLock(LockBase):
         notifier = get_async_notifier(self.client, self.keyspace) if wait_ms else None
         event = None
         address = _NO_CHANNEL
-        if notifier is not None and notifier.ready:
-            event = notifier.register(token)
-            address = notifier.address
+        tag = self.keys.tag
+        if notifier is not None and notifier.is_ready(tag):
+            event = notifier.register(token, tag)
+            address = notifier.address_for(tag)
+        cancels = _cancel_requests()
         try:
             while True:
                 sent = time.monotonic()
-                granted, value = await scripts.run_async(
-                    self.client,
-                    scripts.ACQUIRE,
+                granted, value = await self._run_acquire(
+                    token,
                     keys,
                     self._args_acquire(token, ttl_ms, who, wait_ms if event else 0, address),
                 )
+                _raise_if_cancelled_since(cancels)
                 if granted == 1:
                     if time.monotonic() >= self._validity(sent, ttl_ms):
                         log_acquire.warning(
@@ -246,12 +310,12 @@ class AsyncLock(LockBase):
                 if remaining <= 0 or notifier is None:
                     break
                 if event is None:
-                    event = notifier.register(token)
-                    if await notifier.wait_ready(min(remaining, 2.0)):
-                        address = notifier.address
+                    event = notifier.register(token, tag)
+                    if await notifier.wait_ready(min(remaining, 2.0), tag):
+                        address = notifier.address_for(tag)
                 else:
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(event.wait(), min(remaining, max(value, 1) / 1000))
+                        await _wait_for(event.wait(), min(remaining, max(value, 1) / 1000))
                     event.clear()
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             await self._cancel(token)
@@ -266,6 +330,23 @@ class AsyncLock(LockBase):
         finally:
             if event is not None and notifier is not None:
                 notifier.unregister(token)
+
+    async def _run_acquire(
+        self, token: str, keys: tuple[bytes, ...], args: tuple
+    ) -> tuple[int, int]:
+        if not self.replicas:
+            granted, value = await scripts.run_async(self.client, scripts.ACQUIRE, keys, args)
+            return granted, value
+        (granted, value), acked = await scripts.run_acked_async(
+            self.client, scripts.ACQUIRE, keys, args, self.replicas, self.replicas_timeout
+        )
+        if granted == 1 and acked < self.replicas:
+            # Give back a grant a failover could lose (see Lock._run_acquire).
+            await self._cancel(token, shielded=True)
+            raise ReplicationTimeout(
+                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
+            )
+        return granted, value
 
     async def _cancel(self, token: str, *, shielded: bool = False) -> None:
         call = scripts.run_async(
@@ -354,14 +435,19 @@ class AsyncLock(LockBase):
             if self.renew_max is not None and time.monotonic() - started >= self.renew_max:
                 log_renew.info("stopped renewing %r after renew_max", self.name)
                 return
+            sent = time.monotonic()
             try:
                 ok = await self._extend(token, self._ttl_ms_held)
             except RedisUnavailable as exc:
-                left = self._valid_until - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                left = self._valid_until - now
+                # As in Lock._renew_once: report the loss while Redis still has
+                # the key unless another attempt as slow can end well inside it.
+                spent = now - sent
+                if left <= 2 * spent:
                     self._mark_lost(f"could not renew before the lease ran out: {exc}")
                     return
-                delay = min(left, max(0.05, self._ttl_ms_held / 10000))
+                delay = min(left - 2 * spent, max(0.05, self._ttl_ms_held / 10000))
                 continue
             if self.token != token:
                 return

@@ -84,6 +84,10 @@ class LockBase:
         # the lease counts as ours for ttl*drift_factor + 2 ms less than asked.
         drift_factor: float = 0.01,
         grace: float = DEFAULT_GRACE,
+        # WAIT for this many replicas to acknowledge each new lease (0: off);
+        # fewer in time and the lease is given back (ReplicationTimeout).
+        replicas: int = 0,
+        replicas_timeout: float = 0.1,
     ) -> None:
         self.client = client
         self.keyspace = keyspace if keyspace is not None else KeySpace()
@@ -103,6 +107,12 @@ class LockBase:
             raise ValueError(f"drift_factor must be between 0 and 0.5, got {drift_factor!r}")
         self.drift_factor = drift_factor
         self._grace_ms = int(check_seconds("grace", grace, allow_zero=False) * 1000)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValueError(f"replicas must be a whole number, 0 or more; got {replicas!r}")
+        self.replicas = replicas
+        self.replicas_timeout = check_seconds(
+            "replicas_timeout", replicas_timeout, allow_zero=False
+        )
         # Per-acquisition state. The token lives here, in the handle, and in
         # nothing shared: no other handle, thread or process can present it.
         self.token: str | None = None
@@ -153,12 +163,15 @@ class LockBase:
         or extend was sent, so it turns False a little before Redis would
         expire the key: never after.
         """
-        return self.token is not None and time.monotonic() < self._valid_until
+        # A forked child inherits the handle, never the lease.
+        if self.token is None or self._pid != os.getpid():
+            return False
+        return time.monotonic() < self._valid_until
 
     @property
     def remaining(self) -> float:
         """Seconds of conservative validity left (0 when not held)."""
-        if self.token is None:
+        if self.token is None or self._pid != os.getpid():
             return 0.0
         return max(0.0, self._valid_until - time.monotonic())
 

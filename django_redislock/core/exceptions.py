@@ -38,3 +38,21 @@ class RedisUnavailable(LockError):
 
     Never the same thing as busy: callers choose a policy for it explicitly.
     """
+
+
+class ReplicationTimeout(RedisUnavailable):
+    """Fewer replicas than asked acknowledged a new lease in time (``replicas=N``).
+
+    The lease was given back, so nobody holds it because of this attempt. It is
+    not "busy": the lock was free, but Redis could not make the grant as
+    durable as requested, so the caller's unavailable policy applies.
+    """
+
+    def __init__(self, name: str, *, acked: int, wanted: int, timeout: float) -> None:
+        self.name = name
+        self.acked = acked
+        self.wanted = wanted
+        super().__init__(
+            f"lock {name!r}: {acked} of {wanted} replica(s) acknowledged the new lease "
+            f"within {timeout:g}s; it was given back (see the replicas option)"
+        )

@@ -7,6 +7,7 @@ Layout, for a lock called ``name`` under the prefix ``P`` (default ``redislock``
     P:H:{T}:<n>   hash   lock state: last fence, reservation, each waiter's deadline
     P:S:{T}:<n>   zset   semaphore holders (token -> expiry), see ``semaphore.py``
     P:N:<id>      channel a process's wake-up channel (pub/sub, not a key)
+    P:N:{T}:<id>  channel the same on a Cluster: sharded, in the slot of tag T
 
 ``T`` is a hash tag (16 hex digits of SHA-256 of the name), so every key of one
 lock lives in one Redis Cluster slot whatever the name contains. ``<n>`` is
@@ -99,6 +100,10 @@ class KeySpace:
         )
 
     def lock(self, name: str) -> LockKeys:
+        if isinstance(name, str) and len(name) > 4 * READABLE_LIMIT:
+            # The memo keeps its names alive: thousands of huge ones would pin
+            # gigabytes. Hashing a long name again is cheap by comparison.
+            return self._build_lock_keys(name)
         return self._lock_keys(name)
 
     def semaphore(self, name: str) -> LockKeys:
@@ -113,8 +118,14 @@ class KeySpace:
         )
 
     def channel(self, process_id: str, tag: bytes = b"") -> bytes:
-        """The wake-up channel of one process (and one hash slot, on a Cluster)."""
-        return self._prefix_b + b":N:" + tag + process_id.encode()
+        """The wake-up channel of one process (and one hash slot, on a Cluster).
+
+        ``P:N:<id>`` on one server; ``P:N:{T}:<id>`` for the sharded channel
+        that shares the slot of the locks tagged ``{T}``.
+        """
+        if tag:
+            return self._prefix_b + b":N:" + tag + b":" + process_id.encode()
+        return self._prefix_b + b":N:" + process_id.encode()
 
     def scan_pattern(self, kind: bytes) -> bytes:
         """SCAN MATCH pattern for every key of one kind (``b"L"``, ``b"S"``)."""

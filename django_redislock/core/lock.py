@@ -24,7 +24,14 @@ from typing import Any
 
 from . import renewal, scripts
 from .base import STATE_KEEP_MS, LockBase
-from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
+from .exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
 from .notify import get_notifier
 
 __all__ = ["Lock"]
@@ -97,15 +104,15 @@ class Lock(LockBase):
         notifier = get_notifier(self.client, self.keyspace) if wait_ms else None
         event = None
         address = _NO_CHANNEL
-        if notifier is not None and notifier.wait_ready(0):
-            event = notifier.register(token)
-            address = notifier.address
+        tag = self.keys.tag
+        if notifier is not None and notifier.wait_ready(0, tag):
+            event = notifier.register(token, tag)
+            address = notifier.address_for(tag)
         try:
             while True:
                 sent = time.monotonic()
-                granted, value = scripts.run(
-                    self.client,
-                    scripts.ACQUIRE,
+                granted, value = self._run_acquire(
+                    token,
                     keys,
                     self._args_acquire(token, ttl_ms, who, wait_ms if event else 0, address),
                 )
@@ -118,9 +125,9 @@ class Lock(LockBase):
                 if event is None:
                     # First contention in this process: start listening, then
                     # queue at once (the listener must hear our turn).
-                    event = notifier.register(token)
-                    if notifier.wait_ready(min(remaining, 2.0)):
-                        address = notifier.address
+                    event = notifier.register(token, tag)
+                    if notifier.wait_ready(min(remaining, 2.0), tag):
+                        address = notifier.address_for(tag)
                 else:
                     # Sleep until woken, or until the state can change by itself.
                     event.wait(min(remaining, max(value, 1) / 1000))
@@ -136,6 +143,25 @@ class Lock(LockBase):
         finally:
             if event is not None and notifier is not None:
                 notifier.unregister(token)
+
+    def _run_acquire(self, token: str, keys: tuple[bytes, ...], args: tuple) -> tuple[int, int]:
+        if not self.replicas:
+            granted, value = scripts.run(self.client, scripts.ACQUIRE, keys, args)
+            return granted, value
+        (granted, value), acked = scripts.run_acked(
+            self.client, scripts.ACQUIRE, keys, args, self.replicas, self.replicas_timeout
+        )
+        if granted == 1 and acked < self.replicas:
+            # A failover now could hand the lock to a replica that never saw
+            # this lease: give it back rather than report a fragile grant.
+            try:
+                self._release_token(token)
+            except RedisUnavailable as exc:
+                log_acquire.info("could not give back %r after WAIT: %s", self.name, exc)
+            raise ReplicationTimeout(
+                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
+            )
+        return granted, value
 
     def _accept(self, token: str, fence: int, sent: float, ttl_ms: int) -> bool:
         if time.monotonic() >= self._validity(sent, ttl_ms):
@@ -172,10 +198,12 @@ class Lock(LockBase):
         token = self._check_owner("release")
         renewal.watchdog.discard(self)
         held = time.monotonic() - self._acquired_at
+        # Forget first: a renewal in flight that finds the lease gone must see
+        # that we let it go, not report it lost.
+        self._forget()
         try:
             released = self._release_token(token)
         finally:
-            self._forget()
             self._thread = None
             self._gate.release()
         if not released:
@@ -225,11 +253,16 @@ class Lock(LockBase):
                 self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
             )
         except RedisUnavailable as exc:
-            left = self._valid_until - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            left = self._valid_until - now
+            # The next attempt may block as long as this one did. Report the loss
+            # now, while Redis still has the key, unless that attempt can end
+            # inside the lease with as much again to spare.
+            spent = now - sent
+            if left <= 2 * spent:
                 self._mark_lost(f"could not renew before the lease ran out: {exc}")
                 return None
-            return min(left, max(0.05, ttl_ms / 10000))
+            return min(left - 2 * spent, max(0.05, ttl_ms / 10000))
         if self.token != token:
             return None  # released while we were renewing: nothing to report
         if not ok:

@@ -52,9 +52,17 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._idle_since = time.monotonic()
         self._connected_before = False
+        self._failures = 0
 
     # -- waiters' side -----------------------------------------------------
-    def register(self, token: str) -> threading.Event:
+    # One process-wide channel and PUBLISH: the tag arguments are for the
+    # Cluster notifier (notify_sharded.py), which listens per hash slot.
+    sharded = False
+
+    def address_for(self, tag: bytes = b"") -> bytes:
+        return self.address
+
+    def register(self, token: str, tag: bytes = b"") -> threading.Event:
         event = threading.Event()
         with self._mutex:
             self._slots[token] = event
@@ -72,7 +80,7 @@ class Notifier:
             if not self._slots:
                 self._idle_since = time.monotonic()
 
-    def wait_ready(self, timeout: float) -> bool:
+    def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         """Wait until the channel is subscribed; False if it is not by then."""
         return self._ready.wait(timeout)
 
@@ -96,7 +104,10 @@ class Notifier:
                 pubsub.subscribe(self.channel)
                 backoff = self._listen(pubsub)
             except Exception as exc:  # any failure: reconnect, never die silently
-                logger.warning("wake-up channel lost, reconnecting: %s", exc)
+                self._failures += 1
+                # One warning per outage; each retry after it is only a debug line.
+                log = logger.warning if self._failures == 1 else logger.debug
+                log("wake-up channel lost, reconnecting: %s", exc)
             finally:
                 self._ready.clear()
                 if pubsub is not None:
@@ -106,7 +117,11 @@ class Notifier:
                 # Waiters must not sleep on a channel nobody is reading.
                 self._wake_all()
             with self._mutex:
-                if not self._slots and time.monotonic() - self._idle_since > IDLE_TIMEOUT:
+                # Nobody waiting and the channel broken (or long idle): stop;
+                # the next waiter starts a fresh listener.
+                if not self._slots and (
+                    self._failures or time.monotonic() - self._idle_since > IDLE_TIMEOUT
+                ):
                     self._thread = None
                     return
             time.sleep(backoff)
@@ -138,6 +153,9 @@ class Notifier:
                 if event is not None:
                     event.set()
             elif kind == "subscribe":
+                if self._failures:
+                    logger.info("wake-up channel back after %d attempt(s)", self._failures)
+                    self._failures = 0
                 self._ready.set()
                 if self._connected_before:
                     # Back after an outage: wake-ups may have been missed.
@@ -145,13 +163,18 @@ class Notifier:
                 self._connected_before = True
 
 
-_registry: dict[tuple[int, str], tuple[Any, Notifier]] = {}
+_registry: dict[tuple[int, str], tuple[Any, Any]] = {}
 _registry_lock = threading.Lock()
 
 
-def get_notifier(client: Any, keyspace: KeySpace) -> Notifier:
-    """The process's notifier for the client's connection pool and prefix."""
-    pool = client.connection_pool
+def get_notifier(client: Any, keyspace: KeySpace) -> Any:
+    """The process's notifier for the client's connection pool and prefix.
+
+    A ``RedisCluster`` (which has no single pool) gets a ``ShardedNotifier``.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        pool = client
     key = (id(pool), keyspace.prefix)
     entry = _registry.get(key)
     if entry is not None and entry[0] is pool:
@@ -159,7 +182,10 @@ def get_notifier(client: Any, keyspace: KeySpace) -> Notifier:
     with _registry_lock:
         entry = _registry.get(key)
         if entry is None or entry[0] is not pool:
-            entry = (pool, Notifier(client, keyspace))
+            from .notify_sharded import ShardedNotifier, is_cluster
+
+            kind = ShardedNotifier if is_cluster(client) else Notifier
+            entry = (pool, kind(client, keyspace))
             _registry[key] = entry
         return entry[1]
 

@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .exceptions import RedisUnavailable
 
-__all__ = ["Script", "load", "run", "run_async"]
+__all__ = ["Script", "load", "run", "run_acked", "run_acked_async", "run_async"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,86 @@ async def run_async(
             return await client.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:
             return await client.eval(script.source, len(keys), *keys, *args)
+    except RedisError as exc:
+        raise _unavailable(script, exc) from exc
+
+
+def _replicas_ms(timeout: float) -> int:
+    # WAIT 0 would block forever: the smallest bound is one millisecond.
+    return max(1, int(timeout * 1000))
+
+
+def run_acked(
+    client: Any,
+    script: Script,
+    keys: tuple[bytes, ...],
+    args: tuple[Any, ...],
+    replicas: int,
+    timeout: float,
+) -> tuple[Any, int]:
+    """``run``, then WAIT for ``replicas``; returns (result, replicas that acked).
+
+    On one server (or Sentinel) the script and WAIT go in one non-transactional
+    pipeline: still a single round trip. On a Cluster WAIT must reach the node
+    that owns the keys' slot, which a pipeline cannot address: two round trips.
+    """
+    from .notify_sharded import is_cluster
+
+    try:
+        if is_cluster(client):
+            result = run(client, script, keys, args)
+            node = client.get_node_from_key(keys[0])
+            acked = client.execute_command(
+                "WAIT", replicas, _replicas_ms(timeout), target_nodes=node
+            )
+            return result, int(acked)
+        for command in ("evalsha", "eval"):
+            pipe = client.pipeline(transaction=False)
+            body = script.sha if command == "evalsha" else script.source
+            getattr(pipe, command)(body, len(keys), *keys, *args)
+            pipe.wait(replicas, _replicas_ms(timeout))
+            result, acked = pipe.execute(raise_on_error=False)
+            if not isinstance(result, NoScriptError):
+                break
+        for value in (result, acked):
+            if isinstance(value, Exception):
+                raise value
+        return result, int(acked)
+    except RedisError as exc:
+        raise _unavailable(script, exc) from exc
+
+
+async def run_acked_async(
+    client: Any,
+    script: Script,
+    keys: tuple[bytes, ...],
+    args: tuple[Any, ...],
+    replicas: int,
+    timeout: float,
+) -> tuple[Any, int]:
+    """``run_acked`` for a ``redis.asyncio`` client."""
+    from .notify_sharded import is_cluster
+
+    try:
+        if is_cluster(client):
+            result = await run_async(client, script, keys, args)
+            node = client.get_node_from_key(keys[0])
+            acked = await client.execute_command(
+                "WAIT", replicas, _replicas_ms(timeout), target_nodes=node
+            )
+            return result, int(acked)
+        for command in ("evalsha", "eval"):
+            pipe = client.pipeline(transaction=False)
+            body = script.sha if command == "evalsha" else script.source
+            getattr(pipe, command)(body, len(keys), *keys, *args)
+            pipe.wait(replicas, _replicas_ms(timeout))
+            result, acked = await pipe.execute(raise_on_error=False)
+            if not isinstance(result, NoScriptError):
+                break
+        for value in (result, acked):
+            if isinstance(value, Exception):
+                raise value
+        return result, int(acked)
     except RedisError as exc:
         raise _unavailable(script, exc) from exc
 

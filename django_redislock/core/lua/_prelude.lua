@@ -28,8 +28,9 @@ local function bump_ttl(key, ms)
 end
 
 -- Hand the free lock's next turn to the oldest live waiter: pop it, reserve the
--- lock for it for grace ms, and wake it. Waiters whose deadline passed are
--- dropped on the way. Returns the reserved token, or false for an empty queue.
+-- lock for it for grace ms, and wake it. Waiters whose deadline passed, or
+-- whose wake-up channel nobody listens on, are dropped on the way. Returns
+-- the reserved token, or false for an empty queue.
 -- When the oldest live waiter is `self`, it is popped and returned unreserved:
 -- the caller is already here and takes the lease in this same script.
 local function promote(grace, self)
@@ -49,16 +50,22 @@ local function promote(grace, self)
           redis.call('HDEL', state, 'r', 'u')
           return head
         end
-        redis.call('HSET', state, 'r', head, 'u', now_ms + grace)
-        bump_ttl(state, grace + 60000)
         local mode = string.sub(info, sep + 1, sep + 1)
         local channel = string.sub(info, sep + 2)
+        local heard = 1
         if mode == 'p' then
-          redis.call('PUBLISH', channel, head)
+          heard = redis.call('PUBLISH', channel, head)
         elseif mode == 's' then
-          redis.call('SPUBLISH', channel, head)
+          heard = redis.call('SPUBLISH', channel, head)
         end
-        return head
+        -- Nobody listens on its channel: its process died (or is reconnecting,
+        -- and will queue again when it is back). Reserving the turn would
+        -- leave the lock idle until the next waiter's fallback timer.
+        if heard > 0 then
+          redis.call('HSET', state, 'r', head, 'u', now_ms + grace)
+          bump_ttl(state, grace + 60000)
+          return head
+        end
       end
     end
   end

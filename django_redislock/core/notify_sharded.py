@@ -1,0 +1,543 @@
+"""Wake-ups on a Redis Cluster: sharded pub/sub, one channel per lock slot.
+
+Plain PUBLISH on a Cluster is broadcast to every node over the cluster bus,
+and a channel has no slot, so a lock script could not address it safely. On a
+Cluster each process therefore listens on one *sharded* channel per hash tag
+it is waiting on, ``P:N:{T}:<process id>``: it hashes to the same slot as the
+lock's keys, so the script that frees the lock SPUBLISHes on its own node and
+the waiter entry's address starts with ``s``.
+
+Per process (and cluster client) there is one listener per node holding
+subscribed tags; its connection comes from the cluster client's own node
+settings. A tag is subscribed the first time a local waiter needs it (the
+waiter queues only once the subscription is confirmed), stays subscribed
+while it is in use and for ``TAG_IDLE`` seconds after, then is dropped. Each
+listener checks once a second that its tags still belong to its node (slot
+moved, failover) and moves them otherwise; waiters of a tag are woken to look
+again whenever its subscription was lost, so a missed message costs at most
+the time the lock's state needs to change by itself, as on one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from typing import Any
+
+from .keys import KeySpace
+
+__all__ = ["AsyncShardedNotifier", "ShardedNotifier", "is_cluster"]
+
+logger = logging.getLogger("django_redislock.notify")
+
+LIVENESS_INTERVAL = 5.0
+# A tag nobody waits on stays subscribed this long: a busy lock does not pay
+# a subscription round trip for every contended acquire.
+TAG_IDLE = 30.0
+# A listener with no tags left closes its connection after this long.
+IDLE_TIMEOUT = 60.0
+
+
+def is_cluster(client: Any) -> bool:
+    """True for redis-py's sync or asyncio ``RedisCluster``."""
+    try:
+        from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py without cluster support
+        return False
+    return isinstance(client, (RedisCluster, AsyncRedisCluster))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _channel_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+class _Tag:
+    """One subscribed hash tag: its channel and who waits on it."""
+
+    __slots__ = ("channel", "users", "idle_since", "node", "ready", "confirmed_before")
+
+    def __init__(self, channel: bytes, ready: Any) -> None:
+        self.channel = channel
+        self.users = 0
+        self.idle_since = time.monotonic()
+        self.node: str | None = None
+        self.ready = ready
+        self.confirmed_before = False
+
+
+class _ShardedBase:
+    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+        self._client = client
+        self._keyspace = keyspace
+        self.process_id = secrets.token_hex(8)
+        self._slots: dict[str, tuple[Any, bytes]] = {}
+        self._tags: dict[bytes, _Tag] = {}
+        self._by_channel: dict[bytes, bytes] = {}
+
+    # Callers that pass no tag cannot be woken on a Cluster (a channel outside
+    # the keys' slot would fail the script): they queue without an address
+    # and fall back to their timer, which is bounded by the state's own clock.
+    address = b"-"
+    ready = False
+
+    def channel(self, tag: bytes) -> bytes:
+        return self._keyspace.channel(self.process_id, tag)
+
+    def address_for(self, tag: bytes) -> bytes:
+        # s = SPUBLISH: the prelude's promote() publishes on the lock's shard.
+        return b"s" + self.channel(tag) if tag else self.address
+
+    def _node_of(self, channel: bytes) -> Any:
+        return self._client.get_node_from_key(channel)
+
+    def _wake_tag(self, tag: bytes) -> None:
+        for event, t in list(self._slots.values()):
+            if t == tag:
+                event.set()
+
+    def _on_message(self, message: dict[str, Any], node: str) -> None:
+        kind = _text(message["type"])
+        channel = _channel_bytes(message.get("channel", b""))
+        if kind == "smessage":
+            entry = self._slots.get(_text(message["data"]))
+            if entry is not None:
+                entry[0].set()
+            return
+        tag = self._by_channel.get(channel)
+        state = self._tags.get(tag) if tag is not None else None
+        if state is None:
+            return
+        if kind == "ssubscribe" and state.node == node:
+            state.ready.set()
+            if state.confirmed_before:
+                # Subscribed again after losing it: wake-ups may have been missed.
+                self._wake_tag(tag)  # type: ignore[arg-type]
+            state.confirmed_before = True
+        elif kind == "sunsubscribe" and state.node == node:
+            # Not asked for (we forget a tag before unsubscribing it): the
+            # server dropped us, its slot moved. Route it again.
+            state.ready.clear()
+            state.node = None
+            self._wake_tag(tag)  # type: ignore[arg-type]
+
+
+class _NodeListener:
+    """Reads one node's sharded subscriptions in a thread of its own."""
+
+    def __init__(self, owner: ShardedNotifier, name: str, redis_client: Any) -> None:
+        self.owner = owner
+        self.name = name
+        self.redis = redis_client
+        self.lock = threading.Lock()
+        self.wanted: set[bytes] = set()
+        self.pubsub: Any = None
+        self.empty_since = time.monotonic()
+        self.thread = threading.Thread(
+            target=self._run, name=f"redislock-notify-{name}", daemon=True
+        )
+
+    def add(self, channel: bytes) -> None:
+        with self.lock:
+            self.wanted.add(channel)
+            if self.pubsub is not None:
+                try:
+                    self.pubsub.ssubscribe(channel)
+                except Exception as exc:  # the reader notices and reconnects
+                    logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
+
+    def remove(self, channel: bytes) -> None:
+        with self.lock:
+            self.wanted.discard(channel)
+            if not self.wanted:
+                self.empty_since = time.monotonic()
+            if self.pubsub is not None:
+                with contextlib.suppress(Exception):
+                    self.pubsub.sunsubscribe(channel)
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                with self.lock:
+                    self.pubsub = self.redis.pubsub()
+                    # One SSUBSCRIBE per channel: they are in different slots.
+                    for channel in sorted(self.wanted):
+                        self.pubsub.ssubscribe(channel)
+                backoff = 0.05
+                if self._listen():
+                    return
+            except Exception as exc:
+                logger.warning("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+            finally:
+                with self.lock:
+                    pubsub, self.pubsub = self.pubsub, None
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                self.owner._listener_down(self)
+            if self.owner._retire(self):
+                return
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def _listen(self) -> bool:
+        """Read until the connection fails (raises) or the listener retires (True)."""
+        last_heard = time.monotonic()
+        last_check = last_heard
+        ping_sent: float | None = None
+        while True:
+            message = self.pubsub.get_message(timeout=1.0)
+            now = time.monotonic()
+            if message is not None:
+                last_heard = now
+                ping_sent = None
+                self.owner._handle(message, self.name)
+            if now - last_check >= 1.0:
+                last_check = now
+                self.owner._maintain(self)
+                with self.lock:
+                    if not self.wanted and now - self.empty_since > IDLE_TIMEOUT:
+                        return self.owner._retire(self)
+            if message is None:
+                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
+                    raise TimeoutError("no answer to PING on the wake-up channel")
+                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL and self.wanted:
+                    with self.lock:
+                        self.pubsub.ping()
+                    ping_sent = now
+
+
+class ShardedNotifier(_ShardedBase):
+    """``Notifier`` for a sync ``RedisCluster``: SSUBSCRIBE per waited-on tag."""
+
+    sharded = True
+
+    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+        super().__init__(client, keyspace)
+        self._mutex = threading.RLock()
+        self._listeners: dict[str, _NodeListener] = {}
+
+    # -- waiters' side -----------------------------------------------------
+    def register(self, token: str, tag: bytes = b"") -> threading.Event:
+        event = threading.Event()
+        with self._mutex:
+            self._slots[token] = (event, tag)
+            if not tag:
+                return event
+            state = self._tags.get(tag)
+            if state is None:
+                state = _Tag(self.channel(tag), threading.Event())
+                self._tags[tag] = state
+                self._by_channel[state.channel] = tag
+            state.users += 1
+            if state.node is None:
+                self._route(state)
+        return event
+
+    def unregister(self, token: str) -> None:
+        with self._mutex:
+            entry = self._slots.pop(token, None)
+            if entry is None:
+                return
+            state = self._tags.get(entry[1])
+            if state is not None:
+                state.users -= 1
+                if state.users <= 0:
+                    state.idle_since = time.monotonic()
+
+    def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
+        state = self._tags.get(tag)
+        if state is None:
+            return False
+        return bool(state.ready.wait(timeout))
+
+    # -- listeners ------------------------------------------------------------
+    def _route(self, state: _Tag) -> None:
+        """Subscribe a tag on the node that owns its slot (under the mutex)."""
+        try:
+            node = self._node_of(state.channel)
+            redis_client = self._client.get_redis_connection(node)
+        except Exception as exc:  # slot not covered yet: the next maintenance retries
+            logger.info("no node for wake-up channel %r yet: %s", state.channel, exc)
+            return
+        listener = self._listeners.get(node.name)
+        if listener is None or not listener.thread.is_alive():
+            listener = _NodeListener(self, node.name, redis_client)
+            self._listeners[node.name] = listener
+            state.node = node.name
+            listener.wanted.add(state.channel)
+            listener.thread.start()
+            return
+        state.node = node.name
+        listener.add(state.channel)
+
+    def _handle(self, message: dict[str, Any], node: str) -> None:
+        with self._mutex:
+            self._on_message(message, node)
+
+    def _maintain(self, listener: _NodeListener) -> None:
+        """Once a second per listener: drop idle tags, move tags whose slot moved."""
+        now = time.monotonic()
+        drop: list[bytes] = []
+        with self._mutex:
+            for tag, state in list(self._tags.items()):
+                if state.users <= 0 and now - state.idle_since > TAG_IDLE:
+                    del self._tags[tag]
+                    self._by_channel.pop(state.channel, None)
+                    if state.node == listener.name:
+                        drop.append(state.channel)
+                    elif state.node is not None and state.node in self._listeners:
+                        self._listeners[state.node].remove(state.channel)
+                    continue
+                if state.node is None and state.users > 0:
+                    self._route(state)
+                elif state.node == listener.name:
+                    with contextlib.suppress(Exception):
+                        if self._node_of(state.channel).name != listener.name:
+                            state.ready.clear()
+                            drop.append(state.channel)
+                            self._route(state)
+                            self._wake_tag(tag)
+        for channel in drop:
+            listener.remove(channel)
+
+    def _listener_down(self, listener: _NodeListener) -> None:
+        with self._mutex:
+            for tag, state in self._tags.items():
+                if state.node == listener.name:
+                    state.ready.clear()
+                    state.node = None
+                    # Waiters must not sleep on a channel nobody is reading.
+                    self._wake_tag(tag)
+            with listener.lock:
+                listener.wanted.clear()
+            for state in self._tags.values():
+                if state.node is None and state.users > 0:
+                    self._route(state)
+
+    def _retire(self, listener: _NodeListener) -> bool:
+        with self._mutex, listener.lock:
+            if listener.wanted or self._listeners.get(listener.name) is not listener:
+                return self._listeners.get(listener.name) is not listener
+            del self._listeners[listener.name]
+            return True
+
+
+class _AsyncNodeListener:
+    def __init__(self, owner: AsyncShardedNotifier, name: str, redis_client: Any) -> None:
+        self.owner = owner
+        self.name = name
+        self.redis = redis_client
+        self.wanted: set[bytes] = set()
+        self.pubsub: Any = None
+        self.empty_since = time.monotonic()
+        self.task: asyncio.Task[None] | None = None
+
+    async def add(self, channel: bytes) -> None:
+        self.wanted.add(channel)
+        if self.pubsub is not None:
+            try:
+                await self.pubsub.ssubscribe(channel)
+            except Exception as exc:
+                logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
+
+    async def remove(self, channel: bytes) -> None:
+        self.wanted.discard(channel)
+        if not self.wanted:
+            self.empty_since = time.monotonic()
+        if self.pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self.pubsub.sunsubscribe(channel)
+
+    async def run(self) -> None:
+        backoff = 0.05
+        try:
+            while True:
+                pubsub = self.redis.pubsub()
+                try:
+                    for channel in sorted(self.wanted):
+                        await pubsub.ssubscribe(channel)
+                    self.pubsub = pubsub
+                    backoff = 0.05
+                    if await self._listen():
+                        return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    logger.warning("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                finally:
+                    self.pubsub = None
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+                    await self.owner._listener_down(self)
+                if self.owner._retire(self):
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+
+    async def _listen(self) -> bool:
+        last_heard = time.monotonic()
+        last_check = last_heard
+        ping_sent: float | None = None
+        while True:
+            if self.pubsub.connection is None:
+                await asyncio.sleep(0.05)
+                message = None
+            else:
+                message = await self.pubsub.get_message(timeout=1.0)
+            now = time.monotonic()
+            if message is not None:
+                last_heard = now
+                ping_sent = None
+                self.owner._on_message(message, self.name)
+            if now - last_check >= 1.0:
+                last_check = now
+                await self.owner._maintain(self)
+                if not self.wanted and now - self.empty_since > IDLE_TIMEOUT:
+                    return self.owner._retire(self)
+            if message is None and self.pubsub.connection is not None:
+                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
+                    raise TimeoutError("no answer to PING on the wake-up channel")
+                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL and self.wanted:
+                    await self.pubsub.ping()
+                    ping_sent = now
+
+
+def _async_node_client(node: Any) -> Any:
+    """A ``redis.asyncio.Redis`` for one cluster node, with the cluster's settings."""
+    import redis.asyncio
+
+    kwargs = {
+        k: v
+        for k, v in node.connection_kwargs.items()
+        if k not in ("event_dispatcher", "response_callbacks", "connection_pool")
+    }
+    pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, **kwargs)
+    return redis.asyncio.Redis(connection_pool=pool)
+
+
+class AsyncShardedNotifier(_ShardedBase):
+    """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
+
+    sharded = True
+
+    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+        super().__init__(client, keyspace)
+        self._listeners: dict[str, _AsyncNodeListener] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def register(self, token: str, tag: bytes = b"") -> asyncio.Event:
+        event = asyncio.Event()
+        self._slots[token] = (event, tag)
+        if not tag:
+            return event
+        state = self._tags.get(tag)
+        if state is None:
+            state = _Tag(self.channel(tag), asyncio.Event())
+            self._tags[tag] = state
+            self._by_channel[state.channel] = tag
+        state.users += 1
+        if state.node is None:
+            self._spawn(self._route(state))
+        return event
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def unregister(self, token: str) -> None:
+        entry = self._slots.pop(token, None)
+        if entry is None:
+            return
+        state = self._tags.get(entry[1])
+        if state is not None:
+            state.users -= 1
+            if state.users <= 0:
+                state.idle_since = time.monotonic()
+
+    def is_ready(self, tag: bytes = b"") -> bool:
+        state = self._tags.get(tag)
+        return state is not None and state.ready.is_set()
+
+    async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
+        state = self._tags.get(tag)
+        if state is None:
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(state.ready.wait(), timeout)
+        return state.ready.is_set()
+
+    async def _route(self, state: _Tag) -> None:
+        if state.node is not None:
+            return
+        try:
+            node = self._node_of(state.channel)
+        except Exception as exc:
+            logger.info("no node for wake-up channel %r yet: %s", state.channel, exc)
+            return
+        state.node = node.name
+        listener = self._listeners.get(node.name)
+        if listener is None or listener.task is None or listener.task.done():
+            listener = _AsyncNodeListener(self, node.name, _async_node_client(node))
+            self._listeners[node.name] = listener
+            listener.wanted.add(state.channel)
+            listener.task = asyncio.get_running_loop().create_task(
+                listener.run(), name=f"redislock-notify-{node.name}"
+            )
+            return
+        await listener.add(state.channel)
+
+    async def _maintain(self, listener: _AsyncNodeListener) -> None:
+        now = time.monotonic()
+        for tag, state in list(self._tags.items()):
+            if state.users <= 0 and now - state.idle_since > TAG_IDLE:
+                del self._tags[tag]
+                self._by_channel.pop(state.channel, None)
+                owner = self._listeners.get(state.node or "")
+                if owner is not None:
+                    await owner.remove(state.channel)
+                continue
+            if state.node is None and state.users > 0:
+                await self._route(state)
+            elif state.node == listener.name:
+                with contextlib.suppress(Exception):
+                    if self._node_of(state.channel).name != listener.name:
+                        state.ready.clear()
+                        state.node = None
+                        await listener.remove(state.channel)
+                        await self._route(state)
+                        self._wake_tag(tag)
+
+    async def _listener_down(self, listener: _AsyncNodeListener) -> None:
+        for tag, state in self._tags.items():
+            if state.node == listener.name:
+                state.ready.clear()
+                state.node = None
+                self._wake_tag(tag)
+        listener.wanted.clear()
+        if self._listeners.get(listener.name) is listener:
+            del self._listeners[listener.name]
+        for state in list(self._tags.values()):
+            if state.node is None and state.users > 0:
+                await self._route(state)
+
+    def _retire(self, listener: _AsyncNodeListener) -> bool:
+        if self._listeners.get(listener.name) is not listener:
+            return True
+        if listener.wanted:
+            return False
+        del self._listeners[listener.name]
+        return True
