@@ -7,4 +7,5 @@ class RedisLockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        # Importing registers the system checks (throttling rules included).
+        from . import checks, throttle  # noqa: F401

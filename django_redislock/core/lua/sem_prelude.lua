@@ -1,0 +1,102 @@
+-- Shared by every semaphore script (semaphore.py prepends it).
+--
+-- KEYS[1] holders zset  member = token, score = expiry (server ms). A permit
+--                       reserved for a woken waiter is a member too, with the
+--                       short reservation expiry, so one ZCARD counts both.
+-- KEYS[2] queue   list  waiting tokens, oldest first
+-- KEYS[3] state   hash  n=name, l=current limit, and per token:
+--                       o:<token>=owner JSON, a:<token>=acquired ms (holders),
+--                       r:<token>=1 (reservation not yet claimed),
+--                       w:<token>=<deadline ms>|<p|s|->channel (waiters)
+-- A token is in the queue exactly when the state hash has its w: field.
+
+local holders, queue, state = KEYS[1], KEYS[2], KEYS[3]
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+-- Raise a key's TTL to at least ms; never shortens it, never makes it eternal.
+local function bump_ttl(key, ms)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+-- Forget everything the state hash says about one holder or reservation.
+local function forget(token)
+  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token)
+end
+
+-- Drop permits and reservations whose expiry has passed on the server clock:
+-- a crashed holder's permit comes back here, whatever the client believed.
+local function purge()
+  local expired = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms)
+  for _, token in ipairs(expired) do
+    forget(token)
+  end
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms)
+  end
+end
+
+-- The limit in force: the one most recently stated by an acquirer.
+local function current_limit(fallback)
+  return tonumber(redis.call('HGET', state, 'l') or fallback)
+end
+
+-- Give free permits to the oldest live waiters: each gets a reservation for
+-- grace ms (a zset member with that expiry) and is woken on its channel.
+-- Waiters whose deadline passed, or whose channel nobody listens on, are
+-- dropped on the way.
+-- When `self` comes up it is not reserved: the caller takes the permit in this
+-- same script. Returns whether `self` came up, and how many permits are free.
+local function promote(limit, grace, self)
+  local free = limit - redis.call('ZCARD', holders)
+  local mine = false
+  while free > 0 do
+    local head = redis.call('LPOP', queue)
+    if not head then
+      break
+    end
+    local info = redis.call('HGET', state, 'w:' .. head)
+    redis.call('HDEL', state, 'w:' .. head)
+    if info then
+      local sep = string.find(info, '|', 1, true)
+      if tonumber(string.sub(info, 1, sep - 1)) > now_ms then
+        if head == self then
+          mine = true
+          free = free - 1
+        else
+          local mode = string.sub(info, sep + 1, sep + 1)
+          local channel = string.sub(info, sep + 2)
+          local heard = 1
+          if mode == 'p' then
+            heard = redis.call('PUBLISH', channel, head)
+          elseif mode == 's' then
+            heard = redis.call('SPUBLISH', channel, head)
+          end
+          -- Nobody listens on its channel: its process died (or is
+          -- reconnecting, and will queue again). A reservation would only
+          -- keep the permit idle until it ran out: the next waiter gets it.
+          if heard > 0 then
+            redis.call('ZADD', holders, now_ms + grace, head)
+            redis.call('HSET', state, 'r:' .. head, '1')
+            bump_ttl(holders, grace + 60000)
+            bump_ttl(state, grace + 60000)
+            free = free - 1
+          end
+        end
+      end
+    end
+  end
+  return mine, free
+end
+
+-- Milliseconds until the state can change by itself: the earliest expiry of a
+-- permit or reservation (the waiters' fallback timer, and Retry-After).
+local function next_change()
+  local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    return 1
+  end
+  return math.max(1, tonumber(first[2]) - now_ms)
+end

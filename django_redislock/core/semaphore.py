@@ -1,0 +1,364 @@
+"""``Semaphore``: a counting semaphore in Redis with expiring permits and fair admission.
+
+Protocol, one round trip each when uncontended:
+
+* acquire runs ``sem_acquire.lua``: it drops permits whose expiry (on the Redis
+  server's clock) has passed, counts the rest, and either grants a permit or,
+  if the caller will wait, appends it to the FIFO queue with its process's
+  wake-up channel. All of it in one script, so two clients can never both
+  take the last permit.
+* release runs ``sem_release.lua``: it removes the permit and gives every free
+  permit to the oldest live waiters, each as a short reservation, waking each
+  one through its channel. With a limit of N, up to N waiters may be woken.
+* a woken waiter runs ``sem_acquire.lua`` again and claims its reservation.
+
+A reservation occupies a permit, so newcomers cannot barge past the queue, and
+it expires after a grace period, so a waiter that died in the queue costs
+little. A crashed holder's permit expires by itself after its permit TTL.
+
+Each handle holds at most one permit at a time; shared between threads it
+behaves like ``threading.Lock`` (one thread at a time, only that thread may
+release). Make one handle per concurrent user: handles are cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+from . import scripts
+from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
+from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
+from .keys import KeySpace
+from .notify import get_notifier
+
+__all__ = ["Semaphore", "SemaphoreBase", "check_limit", "clear_semaphore", "release_permit"]
+
+log_acquire = logging.getLogger("django_redislock.acquire")
+
+_NO_CHANNEL = b"-"
+# Permits last this long unless told otherwise (the PERMIT_TIMEOUT default).
+DEFAULT_PERMIT_TTL = 60.0
+
+
+def _load(name: str) -> scripts.Script:
+    return scripts.load(name, prelude="sem_prelude.lua")
+
+
+ACQUIRE = _load("sem_acquire")
+RELEASE = _load("sem_release")
+REFRESH = _load("sem_refresh")
+CANCEL = _load("sem_cancel")
+CLEAR = _load("sem_clear")
+
+
+def check_limit(limit: object) -> int:
+    """Validate a semaphore limit, with an error that names the fix."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be a whole number of permits, not {limit!r}")
+    if limit < 1:
+        raise ValueError(f"limit must be 1 or more permits; got {limit!r}")
+    return limit
+
+
+class SemaphoreBase(LockBase):
+    """Arguments and state of one semaphore handle; subclasses do the I/O.
+
+    ``fence`` is always None: permits are shared, so no order among their
+    holders exists for a fencing token to express.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        limit: int,
+        *,
+        ttl: float = DEFAULT_PERMIT_TTL,
+        wait: float = 10.0,
+        keyspace: KeySpace | None = None,
+        label: str = "",
+        observer: Observer | None = None,
+        drift_factor: float = 0.01,
+        grace: float | None = None,
+    ) -> None:
+        options: dict[str, Any] = {}
+        if grace is not None:
+            options["grace"] = grace
+        super().__init__(
+            client,
+            name,
+            ttl=ttl,
+            wait=wait,
+            keyspace=keyspace,
+            label=label,
+            observer=observer,
+            drift_factor=drift_factor,
+            **options,
+        )
+        self.keys = self.keyspace.semaphore(name)
+        self._limit = check_limit(limit)
+        self.retry_after: float | None = None
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @limit.setter
+    def limit(self, value: int) -> None:
+        # Takes effect at this handle's next acquire, which makes it the
+        # current limit for everyone; permits already held are not revoked.
+        self._limit = check_limit(value)
+
+    def __repr__(self) -> str:
+        state = "held" if self.token else "free"
+        return f"<{type(self).__name__} {self.name!r} limit={self._limit} {state}>"
+
+    def _sem_args(self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes) -> tuple:
+        return (
+            token,
+            ttl_ms,
+            self._name_b,
+            self._owner(who),
+            wait_ms,
+            address,
+            self._grace_ms,
+            STATE_KEEP_MS,
+            self._limit,
+        )
+
+    def _release_args(self, token: str) -> tuple:
+        return (token, self._grace_ms, self._limit)
+
+
+class Semaphore(SemaphoreBase):
+    """At most ``limit`` holders of ``name`` at once, across every process.
+
+    ``Semaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire`` waits up
+    to ``wait`` seconds for a permit, in arrival order; a permit lasts ``ttl``
+    seconds on the Redis server's clock unless ``refresh``-ed, so a crashed
+    holder's permit comes back by itself.
+    """
+
+    def __init__(self, client: Any, name: str, limit: int, **options: Any) -> None:
+        super().__init__(client, name, limit, **options)
+        self._gate = threading.Lock()
+        self._thread: int | None = None
+
+    # -- acquire -------------------------------------------------------------
+    def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+        """Take a permit, waiting up to ``wait`` seconds (0: try once).
+
+        Returns True when held, False when none came free in time. Raises
+        ``RedisUnavailable`` when Redis cannot be reached: that is not busy.
+        """
+        wait_s = self._wait_s(wait)
+        ttl_ms = self._ttl_ms(ttl)
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        if self.token is not None and self._thread == threading.get_ident():
+            raise LockError(
+                f"semaphore {self.name!r}: this handle already holds a permit in this "
+                "thread; release it first, or use one handle per concurrent holder"
+            )
+        started = time.monotonic()
+        got_gate = self._gate.acquire(timeout=wait_s) if wait_s > 0 else self._gate.acquire(False)
+        if not got_gate:
+            self.observer.busy(self, time.monotonic() - started)
+            return False
+        try:
+            acquired = self._acquire(started + wait_s, ttl_ms)
+        except BaseException:
+            self._gate.release()
+            raise
+        if not acquired:
+            self._gate.release()
+            self.observer.busy(self, time.monotonic() - started)
+            return False
+        self._thread = threading.get_ident()
+        self.observer.acquired(self, time.monotonic() - started)
+        return True
+
+    def _acquire(self, deadline: float, ttl_ms: int) -> bool:
+        token = self._new_token()
+        who = threading.current_thread().name
+        keys = self._key_tuple
+        wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        # As for locks: the uncontended path neither starts nor waits for a listener.
+        notifier = get_notifier(self.client, self.keyspace) if wait_ms else None
+        event = None
+        address = _NO_CHANNEL
+        tag = self.keys.tag  # a Cluster's wake-up channel lives in this slot
+        if notifier is not None and notifier.wait_ready(0, tag):
+            event = notifier.register(token, tag)
+            address = notifier.address_for(tag)
+        try:
+            while True:
+                sent = time.monotonic()
+                granted, value = scripts.run(
+                    self.client,
+                    ACQUIRE,
+                    keys,
+                    self._sem_args(token, ttl_ms, who, wait_ms if event else 0, address),
+                )
+                if granted == 1:
+                    return self._accept(token, sent, ttl_ms)
+                self.retry_after = max(value, 0) / 1000
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or notifier is None:
+                    break
+                if event is None:
+                    event = notifier.register(token, tag)
+                    if notifier.wait_ready(min(remaining, 2.0), tag):
+                        address = notifier.address_for(tag)
+                else:
+                    # Until woken, or until a permit or reservation can expire.
+                    event.wait(min(remaining, max(value, 1) / 1000))
+                    event.clear()
+                wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
+            self._cancel(token)
+            return False
+        except RedisUnavailable:
+            raise
+        except BaseException:
+            self._cancel(token)
+            raise
+        finally:
+            if event is not None and notifier is not None:
+                notifier.unregister(token)
+
+    def _accept(self, token: str, sent: float, ttl_ms: int) -> bool:
+        if time.monotonic() >= self._validity(sent, ttl_ms):
+            log_acquire.warning("acquire reply for %r arrived after its validity", self.name)
+            self._cancel(token)
+            return False
+        self._granted(token, 0, sent, ttl_ms)
+        self.fence = None
+        return True
+
+    def _cancel(self, token: str) -> None:
+        try:
+            scripts.run(self.client, CANCEL, self._key_tuple, self._release_args(token))
+        except RedisUnavailable as exc:
+            # The queue entry expires at its deadline, a permit at its TTL.
+            log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
+
+    # -- release / refresh ------------------------------------------------------
+    def _check_owner(self, action: str) -> str:
+        if self.token is None or self._pid != os.getpid():
+            raise LockNotOwned(
+                f"cannot {action} a permit of {self.name!r}: this handle holds none"
+            )
+        if self._thread != threading.get_ident():
+            raise LockNotOwned(
+                f"cannot {action} a permit of {self.name!r}: another thread acquired it"
+            )
+        return self.token
+
+    def release(self) -> None:
+        """Give the permit back. Raises ``LockLost`` if it had expired or been cleared."""
+        token = self._check_owner("release")
+        held = time.monotonic() - self._acquired_at
+        try:
+            released = scripts.run(self.client, RELEASE, self._key_tuple, self._release_args(token))
+        finally:
+            self._forget()
+            self._thread = None
+            self._gate.release()
+        if not released:
+            self._mark_lost("the permit was gone at release (expired, cleared or lost by Redis)")
+        if self.lost:
+            raise LockLost(f"permit of semaphore {self.name!r} was lost before it was released")
+        self.observer.released(self, held)
+
+    def refresh(self, ttl: float | None = None) -> None:
+        """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
+        token = self._check_owner("refresh")
+        if self.lost:
+            raise LockLost(f"permit of semaphore {self.name!r} was already lost")
+        ttl_ms = self._ttl_ms(ttl)
+        sent = time.monotonic()
+        ok = scripts.run(self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS))
+        if not ok:
+            self._mark_lost("the permit was gone at refresh (expired, cleared or lost by Redis)")
+            raise LockLost(f"permit of semaphore {self.name!r} was lost before it was refreshed")
+        self._valid_until = self._validity(sent, ttl_ms)
+
+    extend = refresh
+
+    def owned(self) -> bool:
+        """Ask Redis whether this handle still holds its permit (one round trip)."""
+        token = self.token
+        if token is None or self._pid != os.getpid() or not self.held:
+            return False
+        try:
+            score = self.client.zscore(self.keys.lease, token)
+        except Exception as exc:
+            raise RedisUnavailable(f"could not check semaphore {self.name!r}: {exc}") from exc
+        return score is not None and self.held
+
+    def _detach_after_fork(self) -> None:
+        # A child inherits the parent's handle, not its permit: it starts free.
+        self._pid = os.getpid()
+        self._gate = threading.Lock()
+        self._thread = None
+        self._forget()
+
+    # -- context manager -----------------------------------------------------------
+    def __enter__(self) -> Semaphore:
+        if not self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except LockError:
+            if exc_type is None:
+                raise
+
+
+def release_permit(client: Any, keyspace: KeySpace, name: str, token: str) -> bool:
+    """Give back the permit ``token`` of ``name`` from any thread, by its token.
+
+    For code that hands a permit over to whoever finishes the work (a
+    response's ``close()``, for one). Returns False when it was no longer held.
+    """
+    keys = keyspace.semaphore(name)
+    return bool(
+        scripts.run(
+            client,
+            RELEASE,
+            (keys.lease, keys.queue, keys.state),
+            (token, int(DEFAULT_GRACE * 1000), 1),
+        )
+    )
+
+
+def clear_semaphore(
+    client: Any, keyspace: KeySpace, name: str, token: str | None = None
+) -> int:
+    """Force-release one holder of ``name`` (or all, when ``token`` is None).
+
+    Owner details are removed and waiters are woken for the freed permits.
+    Former holders find out at their next refresh or release. Returns how many
+    permits (including unclaimed reservations) were dropped.
+    """
+    keys = keyspace.semaphore(name)
+    return int(
+        scripts.run(
+            client,
+            CLEAR,
+            (keys.lease, keys.queue, keys.state),
+            (int(DEFAULT_GRACE * 1000), token or ""),
+        )
+    )

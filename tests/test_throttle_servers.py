@@ -1,0 +1,262 @@
+"""The throttling middleware behind real servers: gunicorn (WSGI) and uvicorn (ASGI).
+
+Each server runs tests/server_settings.py against a private Redis on a free
+loopback port. Concurrent clients are threads using http.client. The number of
+requests inside a throttled view is measured by the view itself, with a Redis
+counter that has nothing to do with the semaphore.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from django_redislock.core.keys import KeySpace
+from tests.servers import RedisServer, free_port
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+KS = KeySpace()
+
+
+class AppServer:
+    """One gunicorn or uvicorn process we start, wait for and stop by its PID."""
+
+    def __init__(self, kind: str, redis_url: str) -> None:
+        self.kind = kind
+        self.port = free_port()
+        self.log = Path(tempfile.mkdtemp(prefix="redislock-srv-")) / f"{kind}.log"
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.server_settings",
+            "REDISLOCK_SERVER_REDIS_URL": redis_url,
+            "PYTHONPATH": str(ROOT),
+        }
+        bind = f"127.0.0.1:{self.port}"
+        if kind == "gunicorn":
+            args = [
+                sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
+                "--bind", bind, "--workers", "2", "--threads", "4",
+                "--worker-class", "gthread", "--graceful-timeout", "2", "--timeout", "60",
+            ]
+        else:
+            args = [
+                sys.executable, "-m", "uvicorn", "--factory",
+                "django.core.asgi:get_asgi_application",
+                "--host", "127.0.0.1", "--port", str(self.port), "--lifespan", "off",
+                "--log-level", "warning",
+            ]
+        self.out = self.log.open("wb")
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.out, stderr=self.out)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited early:\n{self.log.read_text()[-3000:]}")
+            try:
+                if self.request("/ok/", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.kind} not ready in {timeout}s:\n{self.log.read_text()[-3000:]}")
+
+    def connect(self, timeout: float = 15.0) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, path: str, timeout: float = 15.0) -> tuple[int, dict[str, str], bytes]:
+        conn = self.connect(timeout)
+        try:
+            conn.request("GET", path)
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.out.close()
+
+
+@pytest.fixture(scope="module")
+def server_redis() -> Iterator[RedisServer]:
+    server = RedisServer(port=free_port(), unix=False).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def sr(server_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = server_redis.client(socket_timeout=5)
+    client.flushall()
+    yield client
+    client.close()
+
+
+def _start(kind: str, server_redis: RedisServer) -> Iterator[AppServer]:
+    app = AppServer(kind, server_redis.url)
+    try:
+        app.wait_ready()
+        yield app
+    finally:
+        app.stop()
+
+
+@pytest.fixture(scope="module")
+def gunicorn(server_redis: RedisServer) -> Iterator[AppServer]:
+    yield from _start("gunicorn", server_redis)
+
+
+@pytest.fixture(scope="module")
+def uvicorn(server_redis: RedisServer) -> Iterator[AppServer]:
+    yield from _start("uvicorn", server_redis)
+
+
+def hammer(app: AppServer, paths: list[str], clients: int, rounds: int) -> list[tuple[Any, ...]]:
+    """``clients`` threads start together and each GETs every path ``rounds`` times."""
+    start = threading.Barrier(clients, timeout=30)
+    results: list[tuple[Any, ...]] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        start.wait()
+        for _ in range(rounds):
+            for path in paths:
+                try:
+                    status, headers, _ = app.request(path, timeout=30)
+                    item: tuple[Any, ...] = (path, status, headers.get("Retry-After"))
+                except OSError as exc:
+                    item = (path, "error", repr(exc))
+                with lock:
+                    results.append(item)
+
+    threads = [threading.Thread(target=run) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a client thread hung"
+    return results
+
+
+def _check(results: list[tuple[Any, ...]], path: str, refusal: int) -> tuple[int, int]:
+    mine = [r for r in results if r[0] == path]
+    ok = sum(1 for r in mine if r[1] == 200)
+    refused = [r for r in mine if r[1] == refusal]
+    assert ok + len(refused) == len(mine), mine
+    assert all(r[2] is not None and int(r[2]) >= 1 for r in refused), refused
+    return ok, len(refused)
+
+
+def test_gunicorn_never_exceeds_limit(gunicorn: AppServer, sr: redis.Redis) -> None:
+    results = hammer(gunicorn, ["/reports/slow/?sleep=0.2", "/named/1/?sleep=0.2"], 10, 4)
+    ok, refused = _check(results, "/reports/slow/?sleep=0.2", 503)
+    assert ok >= 3 and refused >= 1
+    assert 1 <= int(sr.get("oracle:slow:max")) <= 3
+    assert int(sr.get("oracle:slow:in")) == 0
+    ok, refused = _check(results, "/named/1/?sleep=0.2", 429)
+    assert ok >= 2 and refused >= 1
+    assert 1 <= int(sr.get("oracle:named-view:max")) <= 2
+    # Everything was given back.
+    for name in ("throttle:slow", "throttle:named:ip:127.0.0.1"):
+        assert sr.zcard(KS.semaphore(name).lease) == 0
+
+
+def test_uvicorn_never_exceeds_limit(uvicorn: AppServer, sr: redis.Redis) -> None:
+    results = hammer(uvicorn, ["/reports/aslow/?oracle=1&sleep=0.2"], 10, 4)
+    ok, refused = _check(results, "/reports/aslow/?oracle=1&sleep=0.2", 503)
+    assert ok >= 2 and refused >= 1
+    assert 1 <= int(sr.get("oracle:aslow:max")) <= 2
+    assert sr.zcard(KS.semaphore("throttle:aslow").lease) == 0
+
+
+@pytest.mark.parametrize("kind", ["gunicorn", "uvicorn"])
+def test_streaming_response_holds_permit_until_closed(
+    kind: str, request: pytest.FixtureRequest, sr: redis.Redis
+) -> None:
+    app: AppServer = request.getfixturevalue(kind)
+    path = "/stream/" if kind == "gunicorn" else "/astream/"
+    lease = KS.semaphore("throttle:stream").lease
+    conn = app.connect()
+    try:
+        conn.request("GET", f"{path}?chunks=3&pause=1.5")
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.readline() == b"chunk0\n"
+        # Mid-stream: the view has returned, the permit is still held.
+        assert sr.zcard(lease) == 1
+        status, headers, _ = app.request(path)
+        assert status == 503 and "Retry-After" in headers
+        assert response.read() == b"chunk1\nchunk2\n"
+    finally:
+        conn.close()
+    assert _until(lambda: sr.zcard(lease) == 0)
+    assert app.request(f"{path}?chunks=1")[0] == 200
+
+
+def _until(predicate: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _parent_pid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+def test_killed_worker_does_not_leak_its_permit(gunicorn: AppServer, sr: redis.Redis) -> None:
+    lease = KS.semaphore("throttle:pid").lease
+    conn = gunicorn.connect()
+    try:
+        conn.request("GET", "/pid/?sleep=30")
+        response = conn.getresponse()
+        assert response.status == 200
+        worker = int(response.readline())
+        # Only ever kill a worker of the gunicorn this test started.
+        assert worker != gunicorn.proc.pid and _parent_pid(worker) == gunicorn.proc.pid
+        assert sr.zcard(lease) == 1
+        assert gunicorn.request("/pid/?sleep=0")[0] == 503
+        os.kill(worker, signal.SIGKILL)
+        killed_at = time.monotonic()
+    finally:
+        conn.close()
+    # The permit TTL of this rule is 2 s: the permit comes back by then.
+    status = None
+    while time.monotonic() - killed_at < 15:
+        status = gunicorn.request("/pid/?sleep=0")[0]
+        if status == 200:
+            break
+        time.sleep(0.1)
+    recovered = time.monotonic() - killed_at
+    assert status == 200
+    assert recovered < 2 + 5, recovered  # the TTL, plus generous slack on a busy host
+    # The last (streaming) response gives its permit back when the server
+    # closes it, just after the client has read the body.
+    assert _until(lambda: sr.zcard(lease) == 0)
