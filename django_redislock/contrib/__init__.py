@@ -1,0 +1,1 @@
+"""Optional integrations. Each module imports its framework; import only what you use."""

@@ -1,0 +1,526 @@
+"""Locks on a private Redis Cluster: one slot per lock, sharded wake-ups, every primary."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.test import override_settings
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+from django_redislock import connection
+from django_redislock.contrib.cluster import cluster_client_factory
+from django_redislock.core import (
+    AsyncLock,
+    KeySpace,
+    Lock,
+    RedisUnavailable,
+    ReplicationTimeout,
+    notify_sharded,
+)
+from django_redislock.core.notify import get_notifier
+from tests.helpers_oracles import Occupancy
+from tests.topologies import ClusterTopology, wait_until
+
+pytestmark = pytest.mark.cluster
+
+KS = KeySpace("redislock")
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[ClusterTopology]:
+    """Three primaries, no replicas: started once for the module."""
+    cluster = ClusterTopology(primaries=3, replicas=0).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def replicated() -> Iterator[ClusterTopology]:
+    """Three primaries with one replica each."""
+    cluster = ClusterTopology(primaries=3, replicas=1).start()
+    yield cluster
+    cluster.stop()
+
+
+def _client(topology: ClusterTopology) -> RedisCluster:
+    return RedisCluster(
+        host="127.0.0.1", port=topology.nodes[0].port or 0, socket_timeout=5,
+        socket_connect_timeout=2,
+    )
+
+
+@pytest.fixture
+def rc(topology: ClusterTopology) -> Iterator[RedisCluster]:
+    client = _client(topology)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def arc(topology: ClusterTopology) -> AsyncIterator[AsyncRedisCluster]:
+    client = AsyncRedisCluster(
+        host="127.0.0.1", port=topology.nodes[0].port or 0, socket_timeout=5,
+        socket_connect_timeout=2,
+    )
+    await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
+    yield client
+    # Reader tasks of this loop's notifier go with the loop.
+    for task in asyncio.all_tasks():
+        if task.get_name().startswith("redislock-notify") and task is not asyncio.current_task():
+            task.cancel()
+    await asyncio.sleep(0)
+    await client.aclose()
+
+
+def names_on_every_node(client: RedisCluster, count: int = 3) -> list[str]:
+    """Lock names whose slots fall on ``count`` different primaries."""
+    found: dict[str, str] = {}
+    i = 0
+    while len(found) < count:
+        name = f"job:{i}"
+        node = client.get_node_from_key(KS.lock(name).lease).name
+        found.setdefault(node, name)
+        i += 1
+    return list(found.values())
+
+
+def names_for_wakeups(client: RedisCluster) -> list[str]:
+    """One name per primary, then a second on the first primary: a node's
+    listener must take a new tag while it is already reading."""
+    names = names_on_every_node(client)
+    first = client.get_node_from_key(KS.lock(names[0]).lease).name
+    i = 0
+    while True:
+        name = f"again:{i}"
+        if client.get_node_from_key(KS.lock(name).lease).name == first:
+            return [*names, name]
+        i += 1
+
+
+def test_every_key_of_a_lock_shares_its_slot(rc: RedisCluster) -> None:
+    for name in ["a", "job:7", "x" * 500, "ünïcode {brace}"]:
+        keys = KS.lock(name)
+        slots = {rc.keyslot(k) for k in (keys.lease, keys.queue, keys.state)}
+        slots.add(rc.keyslot(KS.channel("0123456789abcdef", keys.tag)))
+        assert len(slots) == 1, name
+
+
+def test_acquire_release_on_every_primary(rc: RedisCluster) -> None:
+    names = names_on_every_node(rc)
+    fences = []
+    for name in names:
+        lock = Lock(rc, name, ttl=5, wait=0)
+        assert lock.acquire()
+        assert lock.owned()
+        other = Lock(rc, name, ttl=5, wait=0)
+        assert not other.acquire()
+        fences.append(lock.fence)
+        lock.release()
+        assert rc.exists(KS.lock(name).lease) == 0
+    assert all(isinstance(f, int) for f in fences)
+
+
+def test_scripts_reloaded_after_script_flush(rc: RedisCluster) -> None:
+    name = names_on_every_node(rc)[0]
+    Lock(rc, name, ttl=5, wait=0).acquire()
+    rc.execute_command("SCRIPT", "FLUSH", target_nodes=RedisCluster.PRIMARIES)
+    second = Lock(rc, name + ":b", ttl=5, wait=0)
+    assert second.acquire()  # EVALSHA got NOSCRIPT on its node, EVAL reloaded it
+    second.release()
+
+
+def test_waiter_is_woken_through_a_sharded_channel(rc: RedisCluster) -> None:
+    for name in names_for_wakeups(rc):
+        holder = Lock(rc, name, ttl=30, wait=0)
+        assert holder.acquire()
+        result: list[bool] = []
+        waiter = Lock(rc, name, ttl=30, wait=10)
+
+        def wait_then_release(w: Lock = waiter, result: list[bool] = result) -> None:
+            result.append(w.acquire())
+            w.release()
+
+        thread = threading.Thread(target=wait_then_release)
+        thread.start()
+        keys = KS.lock(name)
+
+        def queued(keys=keys) -> bool:  # type: ignore[no-untyped-def]
+            return rc.llen(keys.queue) == 1
+
+        wait_until("the waiter to queue", queued, 10)
+        entry = next(
+            v for k, v in rc.hgetall(keys.state).items() if k not in (b"f", b"r", b"u", b"q")
+        )
+        address = entry.split(b"|", 1)[1]
+        assert address.startswith(b"s" + KS.prefix.encode() + b":N:" + keys.tag + b":")
+        assert rc.keyslot(address[1:]) == rc.keyslot(keys.lease)
+        holder.release()
+        # Without the wake-up the waiter would sleep until the 30 s lease ran
+        # out, past its 10 s wait: acquiring at all proves it was woken.
+        thread.join(15)
+        assert result == [True]
+
+
+def test_uncontended_acquire_subscribes_nothing(rc: RedisCluster) -> None:
+    lock = Lock(rc, "solo", ttl=5, wait=5)
+    assert lock.acquire()
+    lock.release()
+    node = rc.get_node_from_key(KS.lock("solo").lease)
+    channels = rc.execute_command("PUBSUB", "SHARDCHANNELS", target_nodes=node)
+    assert not [c for c in channels if KS.lock("solo").tag in c]
+
+
+def test_idle_tags_are_unsubscribed(rc: RedisCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = names_on_every_node(rc)[1]
+    holder = Lock(rc, name, ttl=30, wait=0)
+    assert holder.acquire()
+    waiter = Lock(rc, name, ttl=30, wait=0.3)
+    assert not waiter.acquire()
+    notifier = get_notifier(rc, KS)
+    channel = notifier.channel(KS.lock(name).tag)
+    node = rc.get_node_from_key(KS.lock(name).lease)
+
+    def subscribed() -> int:
+        counts = rc.execute_command("PUBSUB", "SHARDNUMSUB", channel, target_nodes=node)
+        return int(counts[1])
+
+    # Subscribed while waited on, and kept a while after (TAG_IDLE)...
+    assert subscribed() == 1
+    # ...then dropped once idle (listeners check once a second).
+    monkeypatch.setattr(notify_sharded, "TAG_IDLE", 0.0)
+    wait_until("the idle tag to be unsubscribed", lambda: subscribed() == 0, 10)
+    holder.release()
+
+
+def _contend(lock: Lock, occupancy: Occupancy, rounds: int, errors: list[BaseException]) -> None:
+    try:
+        for _ in range(rounds):
+            assert lock.acquire(wait=30)
+            with occupancy.section():
+                pass
+            lock.release()
+    except BaseException as exc:  # reported by the test, not lost in a thread
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("which", [0, 2])
+def test_mutual_exclusion_threads(rc: RedisCluster, which: int) -> None:
+    name = names_on_every_node(rc)[which]
+    occupancy = Occupancy(multiprocessing.get_context("fork"))
+    errors: list[BaseException] = []
+    threads = [
+        threading.Thread(
+            target=_contend, args=(Lock(rc, name, ttl=10), occupancy, 15, errors)
+        )
+        for _ in range(6)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert occupancy.entries.value == 90
+    assert occupancy.violations.value == 0
+    assert occupancy.unsafe.value == 90  # no lost read-modify-write update
+
+
+def _child(port: int, name: str, occupancy: Occupancy, start: float, rounds: int) -> None:
+    client = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+    lock = Lock(client, name, ttl=10)
+    time.sleep(max(0.0, start - time.time()))
+    errors: list[BaseException] = []
+    _contend(lock, occupancy, rounds, errors)
+    os._exit(1 if errors else 0)
+
+
+def test_mutual_exclusion_processes(rc: RedisCluster, topology: ClusterTopology) -> None:
+    name = names_on_every_node(rc)[1]
+    ctx = multiprocessing.get_context("fork")
+    occupancy = Occupancy(ctx)
+    start = time.time() + 0.5
+    procs = [
+        ctx.Process(target=_child, args=(topology.nodes[0].port, name, occupancy, start, 10))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert occupancy.entries.value == 40
+    assert occupancy.violations.value == 0
+    assert occupancy.unsafe.value == 40
+
+
+async def test_async_waiter_woken_and_exclusive(arc: AsyncRedisCluster) -> None:
+    sync = _client_for(arc)
+    names = names_for_wakeups(sync)
+    sync.close()
+    for name in names:
+        holder = AsyncLock(arc, name, ttl=30, wait=0)
+        assert await holder.acquire()
+        waiter = AsyncLock(arc, name, ttl=30, wait=10)
+
+        async def wait_then_release(w: AsyncLock = waiter) -> bool:
+            ok = await w.acquire()
+            await w.release()
+            return ok
+
+        task = asyncio.create_task(wait_then_release())
+        keys = KS.lock(name)
+        deadline = time.monotonic() + 10
+        while await arc.llen(keys.queue) != 1:
+            assert time.monotonic() < deadline, "the waiter never queued"
+            await asyncio.sleep(0.01)
+        entry = next(
+            v for k, v in (await arc.hgetall(keys.state)).items()
+            if k not in (b"f", b"r", b"u", b"q")
+        )
+        assert entry.split(b"|", 1)[1].startswith(b"s")
+        await holder.release()
+        assert await asyncio.wait_for(task, 15)  # woken, not timed out
+
+    occupancy = Occupancy(multiprocessing.get_context("fork"))
+
+    async def worker() -> None:
+        lock = AsyncLock(arc, names[0], ttl=10)
+        for _ in range(10):
+            assert await lock.acquire(wait=30)
+            with occupancy.section(pause=0):
+                await asyncio.sleep(0.001)
+            await lock.release()
+
+    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(5))), 60)
+    assert occupancy.entries.value == 50
+    assert occupancy.violations.value == 0
+
+
+def _client_for(arc: AsyncRedisCluster) -> RedisCluster:
+    node = arc.get_nodes()[0]
+    return RedisCluster(host=node.host, port=int(node.port), socket_timeout=5)
+
+
+def test_replica_ack_on_a_cluster(replicated: ClusterTopology) -> None:
+    client = _client(replicated)
+    try:
+        name = "acked"
+        lock = Lock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=2)
+        assert lock.acquire()
+        lock.release()
+        # Stop the replica of the lock's primary: no acknowledgement can come.
+        primary = client.get_node_from_key(KS.lock(name).lease)
+        replica = replicated.replica_of(int(primary.port))
+        replica.pause()
+        try:
+            lock = Lock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=0.2)
+            with pytest.raises(ReplicationTimeout) as info:
+                lock.acquire()
+            assert info.value.acked == 0
+            assert client.exists(KS.lock(name).lease) == 0  # given back
+            assert not lock.held
+        finally:
+            replica.resume()
+    finally:
+        client.close()
+
+
+def test_cluster_failover_keeps_the_lease_and_wakes_waiters(replicated: ClusterTopology) -> None:
+    client = _client(replicated)
+    try:
+        name = "failover"
+        holder = Lock(client, name, ttl=30, wait=0, replicas=1, replicas_timeout=2)
+        assert holder.acquire()  # acknowledged: the replica has the lease
+        primary = client.get_node_from_key(KS.lock(name).lease)
+        replicated.failover(replicated.replica_of(int(primary.port)))
+        # The holder still holds on the new primary and releases there; the
+        # client follows the MOVED redirection, no call hangs.
+        started = time.monotonic()
+        holder.extend()
+        holder.release()
+        assert time.monotonic() - started < 15
+        again = Lock(client, name, ttl=30, wait=0)
+        assert again.acquire()
+        result: list[bool] = []
+        waiter = Lock(client, name, ttl=30, wait=10)
+
+        def wait_then_release() -> None:
+            result.append(waiter.acquire())
+            waiter.release()
+
+        thread = threading.Thread(target=wait_then_release)
+        thread.start()
+        wait_until("the waiter to queue", lambda: client.llen(KS.lock(name).queue) == 1, 10)
+        again.release()
+        thread.join(15)
+        assert result == [True]
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def cluster_settings(topology: ClusterTopology, rc: RedisCluster) -> Iterator[None]:
+    with override_settings(REDISLOCK={"CLIENT": cluster_client_factory(topology.url)}):
+        connection.reset()
+        yield
+    connection.reset()
+
+
+def test_settings_factory_builds_cluster_clients(cluster_settings: None) -> None:
+    from django_redislock.locks import get_lock
+
+    client = connection.get_client()
+    assert isinstance(client, RedisCluster)
+    assert client.get_connection_kwargs()["socket_timeout"] == 2.0  # REDISLOCK default
+    with get_lock("via-settings", timeout=5, wait=0) as lock:
+        assert lock.owned()
+
+
+async def test_settings_factory_builds_async_cluster_clients(cluster_settings: None) -> None:
+    from django_redislock.locks import get_async_lock
+
+    client = connection.get_async_client()
+    assert isinstance(client, AsyncRedisCluster)
+    async with get_async_lock("via-settings-async", timeout=5, wait=0) as lock:
+        assert await lock.owned()
+    for task in asyncio.all_tasks():
+        if task.get_name().startswith("redislock-notify"):
+            task.cancel()
+    await client.aclose()
+
+
+def test_factory_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="redis:// URL or a list"):
+        cluster_client_factory([("127.0.0.1", "7000")])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="must start with redis://"):
+        cluster_client_factory("http://127.0.0.1:7000")
+
+
+def test_redislocks_command_sees_every_primary(cluster_settings: None, rc: RedisCluster) -> None:
+    names = [f"job:{i}" for i in range(12)]
+    held = [Lock(rc, n, ttl=60, wait=0) for n in names]
+    for lock in held:
+        assert lock.acquire()
+    assert len({rc.get_node_from_key(KS.lock(n).lease).name for n in names}) == 3
+    out = StringIO()
+    call_command("redislocks", "list", "--format", "json", stdout=out)
+    import json
+
+    assert sorted(row["name"] for row in json.loads(out.getvalue())) == sorted(names)
+    call_command("redislocks", "clear", "--all", "--noinput", stdout=StringIO())
+    for name in names:
+        assert rc.exists(KS.lock(name).lease) == 0
+
+
+def test_semaphore_on_a_cluster(rc: RedisCluster) -> None:
+    from django_redislock.core.semaphore import Semaphore
+
+    name = names_on_every_node(rc)[1]
+    occupancy_limit = 2
+    inside = 0
+    most = 0
+    mutex = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        nonlocal inside, most
+        sem = Semaphore(rc, name, occupancy_limit, ttl=10, wait=30)
+        try:
+            for _ in range(5):
+                assert sem.acquire()
+                with mutex:
+                    inside += 1
+                    most = max(most, inside)
+                time.sleep(0.005)
+                with mutex:
+                    inside -= 1
+                sem.release()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert most <= occupancy_limit
+
+
+THROTTLE_MW = "django_redislock.middleware.ConcurrencyLimitMiddleware"
+
+
+@pytest.mark.urls("tests.urls_throttle")
+def test_concurrency_middleware_on_a_cluster(
+    topology: ClusterTopology, rc: RedisCluster, settings: Any
+) -> None:
+    from django.test import Client
+
+    from django_redislock.core.semaphore import Semaphore
+
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, THROTTLE_MW]
+    settings.REDISLOCK = {
+        "CLIENT": cluster_client_factory(topology.url),
+        "THROTTLE": [{"name": "ok", "path": "^/ok/", "limit": 2, "per": "global", "wait": 0.2}],
+    }
+    connection.reset()
+    try:
+        permits = [Semaphore(rc, "throttle:ok", 2, ttl=60, wait=0) for _ in range(2)]
+        for permit in permits:
+            assert permit.acquire()
+        assert Client().get("/ok/").status_code == 503
+        assert asyncio.run(async_get("/ok/")) == 503
+        permits[0].release()
+        assert Client().get("/ok/").status_code == 200
+        assert asyncio.run(async_get("/ok/")) == 200
+        permits[1].release()
+        assert rc.zcard(KS.semaphore("throttle:ok").lease) == 0  # every permit given back
+    finally:
+        connection.reset()
+
+
+def test_each_call_is_bounded_when_a_primary_dies(rc: RedisCluster) -> None:
+    """Last in the module: it kills a node. Calls fail fast, they never hang."""
+    name = names_on_every_node(rc)[2]
+    node = rc.get_node_from_key(KS.lock(name).lease)
+    lock = Lock(rc, name, ttl=5, wait=0)
+    assert lock.acquire()
+    victim = next(n for n in rc_topology_nodes(rc) if n[1] == node.port)
+    os.kill(victim[0], 9)
+    started = time.monotonic()
+    with pytest.raises(RedisUnavailable):
+        lock.release()
+    assert time.monotonic() - started < 15
+
+
+def rc_topology_nodes(rc: RedisCluster) -> list[tuple[int, int]]:
+    """(pid, port) of every node, read from the servers themselves."""
+    out = []
+    for node in rc.get_nodes():
+        with redis.Redis(host=node.host, port=node.port, socket_timeout=2) as c:
+            out.append((int(c.info("server")["process_id"]), int(node.port)))
+    return out
+
+
+async def async_get(path: str) -> int:
+    """GET through the async request path, then close this loop's client."""
+    from django.test import AsyncClient
+
+    try:
+        return int((await AsyncClient().get(path)).status_code)
+    finally:
+        for task in asyncio.all_tasks():
+            if task.get_name().startswith("redislock-notify"):
+                task.cancel()
+        await connection.get_async_client().aclose()

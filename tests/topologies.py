@@ -1,0 +1,325 @@
+"""Private Redis Sentinel and Redis Cluster deployments for the test suite.
+
+Everything is started from the ``redis-server`` binary (which runs as a
+sentinel with ``--sentinel``) on free loopback ports, waited for with a bound,
+and stopped by the PIDs we started. Nothing here touches the machine's own
+Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from tests.servers import RedisServer, redis_binary
+
+SERVICE = "mymaster"
+# A replica (re)syncs at once instead of after the default 5 s batching delay.
+_FAST_SYNC = ("--repl-diskless-sync-delay", "0")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int, *, bus: bool = False) -> list[int]:
+    """``count`` free loopback ports; with ``bus``, port + 10000 is free too.
+
+    A Cluster node also listens on its port + 10000 (the cluster bus), so
+    those ports are drawn below 55536 and checked in pairs.
+    """
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port in ports:
+            continue
+        if bus and (port > 55535 or not _port_free(port + 10000)):
+            continue
+        ports.append(port)
+    return ports
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(redis.RedisError, OSError):
+            if check():
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class SentinelProcess(RedisServer):
+    """``redis-server <conf> --sentinel``: sentinels rewrite their config file."""
+
+    def __init__(self, port: int, primary_port: int, directory: Path) -> None:
+        super().__init__(port=port, unix=False, directory=str(directory))
+        self.conf = self.dir / "sentinel.conf"
+        self.conf.write_text(
+            "\n".join(
+                [
+                    f"port {port}",
+                    "bind 127.0.0.1",
+                    f"dir {self.dir}",
+                    f"logfile {self.dir / 'redis.log'}",
+                    "loglevel warning",
+                    f"sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2",
+                    # Short, so a forced failover finishes within a test's patience.
+                    f"sentinel down-after-milliseconds {SERVICE} 1000",
+                    f"sentinel failover-timeout {SERVICE} 4000",
+                    f"sentinel parallel-syncs {SERVICE} 1",
+                    "",
+                ]
+            )
+        )
+
+    def args(self) -> list[str]:
+        return [redis_binary(), str(self.conf), "--sentinel"]
+
+
+class SentinelTopology:
+    """A primary, one replica and three sentinels (quorum 2)."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="redislock-sentinel-"))
+        ports = free_ports(5)
+        self.servers = [
+            RedisServer(port=ports[0], unix=False, directory=str(self._sub("a")), extra=_FAST_SYNC),
+            RedisServer(
+                port=ports[1],
+                unix=False,
+                directory=str(self._sub("b")),
+                extra=(*_FAST_SYNC, "--replicaof", "127.0.0.1", str(ports[0])),
+            ),
+        ]
+        self.sentinels = [
+            SentinelProcess(port, ports[0], self._sub(f"s{i}"))
+            for i, port in enumerate(ports[2:])
+        ]
+
+    def _sub(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir()
+        return path
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", s.port or 0) for s in self.sentinels]
+
+    def start(self) -> SentinelTopology:
+        try:
+            for server in self.servers:
+                server.start()
+            self.wait_replicated()
+            for sentinel in self.sentinels:
+                sentinel.start()
+            # Every sentinel must know the replica and its peers before a
+            # failover can be forced.
+            wait_until("sentinels to discover the topology", self._sentinels_ready, 30)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _sentinels_ready(self) -> bool:
+        for sentinel in self.sentinels:
+            with sentinel.client(socket_timeout=1) as c:
+                if not c.execute_command("SENTINEL", "REPLICAS", SERVICE):
+                    return False
+                if len(c.execute_command("SENTINEL", "SENTINELS", SERVICE)) < 2:
+                    return False
+        return True
+
+    def primary_address(self) -> tuple[str, int]:
+        with self.sentinels[0].client(socket_timeout=1) as c:
+            host, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+        return (host.decode() if isinstance(host, bytes) else host), int(port)
+
+    def server_at(self, port: int) -> RedisServer:
+        return next(s for s in self.servers if s.port == port)
+
+    def primary(self) -> RedisServer:
+        return self.server_at(self.primary_address()[1])
+
+    def replica(self) -> RedisServer:
+        primary = self.primary()
+        return next(s for s in self.servers if s is not primary)
+
+    def wait_replicated(self, timeout: float = 20) -> None:
+        """Wait until the replica of the current primary is linked and in sync."""
+
+        def linked() -> bool:
+            with self.servers[0].client(socket_timeout=1) as a, self.servers[1].client(
+                socket_timeout=1
+            ) as b:
+                for c in (a, b):
+                    info = c.info("replication")
+                    if info["role"] == "slave" and info.get("master_link_status") != "up":
+                        return False
+                roles = {a.info("replication")["role"], b.info("replication")["role"]}
+                return roles == {"master", "slave"}
+
+        wait_until("the replica to be in sync", linked, timeout)
+
+    def failover(self, timeout: float = 30) -> tuple[str, int]:
+        """Force a failover through the sentinels and wait for the new primary."""
+        old = self.primary_address()
+        with self.sentinels[0].client(socket_timeout=5) as c:
+            c.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        self.wait_new_primary(old, timeout)
+        return self.primary_address()
+
+    def wait_new_primary(self, old: tuple[str, int], timeout: float = 30) -> None:
+        def moved() -> bool:
+            for sentinel in self.sentinels:
+                with sentinel.client(socket_timeout=1) as c:
+                    host, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+                if int(port) == old[1]:
+                    return False
+            with self.server_at(self.primary_address()[1]).client(socket_timeout=1) as c:
+                return c.info("replication")["role"] == "master"
+
+        wait_until("sentinels to agree on a new primary", moved, timeout)
+
+    def stop(self) -> None:
+        for process in [*self.sentinels, *self.servers]:
+            with contextlib.suppress(Exception):
+                process.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class ClusterTopology:
+    """``primaries`` primaries with ``replicas`` replicas each, slots spread evenly."""
+
+    def __init__(self, primaries: int = 3, replicas: int = 0) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="redislock-cluster-"))
+        self.primaries = primaries
+        self.replicas = replicas
+        ports = free_ports(primaries * (1 + replicas), bus=True)
+        self.nodes = []
+        for port in ports:
+            directory = self.root / str(port)
+            directory.mkdir()
+            self.nodes.append(
+                RedisServer(
+                    port=port,
+                    unix=False,
+                    directory=str(directory),
+                    extra=(
+                        "--cluster-enabled", "yes",
+                        "--cluster-config-file", str(directory / "nodes.conf"),
+                        "--cluster-node-timeout", "2000",
+                        *_FAST_SYNC,
+                    ),
+                )
+            )
+
+    @property
+    def startup_nodes(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", n.port or 0) for n in self.nodes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> ClusterTopology:
+        try:
+            for node in self.nodes:
+                node.start()
+            cli = shutil.which("redis-cli")
+            if cli is None:
+                raise RuntimeError("redis-cli is not on PATH (it ships with redis-server)")
+            subprocess.run(
+                [
+                    cli, "--cluster", "create",
+                    *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                    "--cluster-replicas", str(self.replicas),
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            wait_until("the cluster to be ok on every node", self._all_ok, 30)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _all_ok(self) -> bool:
+        for node in self.nodes:
+            with node.client(socket_timeout=1) as c:
+                info = c.execute_command("CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                if "cluster_state:ok" not in text:
+                    return False
+                if f"cluster_known_nodes:{len(self.nodes)}" not in text:
+                    return False
+            if self.replicas:
+                with node.client(socket_timeout=1) as c:
+                    repl = c.info("replication")
+                    if repl["role"] == "slave" and repl.get("master_link_status") != "up":
+                        return False
+        return True
+
+    def replica_of(self, primary_port: int) -> RedisServer:
+        for node in self.nodes:
+            with node.client(socket_timeout=1) as c:
+                if c.info("replication").get("master_port") == primary_port:
+                    return node
+        raise LookupError(f"no replica of port {primary_port}")
+
+    def failover(self, replica: RedisServer, timeout: float = 30) -> None:
+        """Promote ``replica`` by CLUSTER FAILOVER, retried; FORCE as a last resort.
+
+        A coordinated failover gives up quietly when the replica was not in
+        step with its primary in time (just after a pause, say).
+        """
+
+        def linked() -> bool:
+            with replica.client(socket_timeout=1) as c:
+                return bool(c.info("replication").get("master_link_status") == "up")
+
+        def promoted() -> bool:
+            with replica.client(socket_timeout=1) as c:
+                return bool(c.info("replication")["role"] == "master")
+
+        wait_until("the replica to be linked", linked, timeout)
+        deadline = time.monotonic() + timeout
+        for attempt in ("", "", "FORCE"):
+            with replica.client(socket_timeout=5) as c:
+                c.execute_command("CLUSTER", "FAILOVER", *([attempt] if attempt else []))
+            try:
+                patience = max(1.0, min(10.0, deadline - time.monotonic()))
+                wait_until("the replica to take over", promoted, patience)
+                break
+            except RuntimeError:
+                if attempt == "FORCE":
+                    raise
+        wait_until("the cluster to be ok on every node", self._all_ok, timeout)
+
+    def node_at(self, port: int) -> RedisServer:
+        return next(n for n in self.nodes if n.port == port)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
