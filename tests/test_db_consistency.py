@@ -1,0 +1,395 @@
+"""The lock keeps the database consistent: transactions, concurrent purchases, fencing.
+
+Purchases run in real threads, each with its own database connection, against
+SQLite (a file) and PostgreSQL (the "postgres" alias, when a server answers).
+The unprotected and naively protected variants must oversell, or the tests
+that pass for the decorator would prove nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections, transaction
+from django.test import Client, override_settings
+
+from django_redislock import LockLost, current_lock, get_lock, redis_lock, redis_locked
+from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_update
+from django_redislock.signals import lock_released
+from tests.test_decorators import make_get
+from tests.testapp import views_locked
+from tests.testapp.models import Order, Product
+
+pytestmark = pytest.mark.urls("tests.urls_locked")
+
+ALIASES = [
+    "default",
+    pytest.param(
+        "postgres",
+        marks=pytest.mark.skipif(
+            "postgres" not in settings.DATABASES, reason="PostgreSQL not reachable"
+        ),
+    ),
+]
+ALL_DBS = ["default", "postgres"] if "postgres" in settings.DATABASES else ["default"]
+db_all = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+
+STOCK = 5
+BUYERS = 10
+
+
+def is_free(name: str) -> bool:
+    lock = get_lock(name, wait=0)
+    if lock.acquire():
+        lock.release()
+        return True
+    return False
+
+
+@pytest.fixture(params=["client", "async_client"])
+def get(request: pytest.FixtureRequest) -> Any:
+    """GET through the WSGI test client or the ASGI one."""
+    return make_get(request)
+
+
+@pytest.fixture
+def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, bool], None]:
+    def set_for(alias: str, on: bool) -> None:
+        monkeypatch.setitem(connections.settings[alias], "ATOMIC_REQUESTS", on)
+
+    return set_for
+
+
+def buy_concurrently(path: str, alias: str) -> tuple[list[Any], int, int]:
+    """BUYERS threads buy one unit each, released at one instant.
+
+    Returns (statuses, orders, stock left).
+    """
+    product = Product.objects.using(alias).create(name="widget", stock=STOCK)
+    url = f"/{path}/{alias}/{product.pk}/"
+    start = threading.Barrier(BUYERS, timeout=30)
+    statuses: list[Any] = []
+    mutex = threading.Lock()
+
+    def buyer() -> None:
+        try:
+            client = Client()
+            start.wait()
+            status: Any = client.get(url).status_code
+        except Exception as exc:  # recorded, so a failure shows what happened
+            status = repr(exc)
+        finally:
+            connections.close_all()
+        with mutex:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=buyer) for _ in range(BUYERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a buyer hung"
+    orders = Order.objects.using(alias).filter(product_id=product.pk).count()
+    stock = Product.objects.using(alias).get(pk=product.pk).stock
+    return statuses, orders, stock
+
+
+# -- concurrent purchases ------------------------------------------------------------------
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "atomic_requests"])
+@pytest.mark.parametrize("path", ["purchase", "purchase-own-atomic", "purchase-fenced"])
+def test_locked_purchases_never_oversell(
+    alias: str, atomic: bool, path: str, atomic_requests: Any
+) -> None:
+    atomic_requests(alias, atomic)
+    statuses, orders, stock = buy_concurrently(path, alias)
+    assert sorted(statuses) == [200] * STOCK + [410] * (BUYERS - STOCK)
+    assert (orders, stock) == (STOCK, 0)
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_locked_async_purchases_never_oversell(alias: str) -> None:
+    # Async views: Django refuses ATOMIC_REQUESTS for them; the ORM work runs
+    # (and commits) in sync_to_async before the lock is released.
+    statuses, orders, stock = buy_concurrently("apurchase", alias)
+    assert sorted(statuses) == [200] * STOCK + [410] * (BUYERS - STOCK)
+    assert (orders, stock) == (STOCK, 0)
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_unlocked_purchases_oversell(alias: str, atomic_requests: Any) -> None:
+    # The control: same view, same load, no lock. Were this not to oversell,
+    # the test above could not fail.
+    atomic_requests(alias, False)
+    statuses, orders, stock = buy_concurrently("purchase-unlocked", alias)
+    assert orders > STOCK, (statuses, orders, stock)
+
+
+@db_all
+@pytest.mark.skipif("postgres" not in settings.DATABASES, reason="PostgreSQL not reachable")
+def test_unlocked_purchases_oversell_under_atomic_requests(atomic_requests: Any) -> None:
+    atomic_requests("postgres", True)
+    statuses, orders, stock = buy_concurrently("purchase-unlocked", "postgres")
+    assert orders > STOCK, (statuses, orders, stock)
+
+
+@db_all
+@pytest.mark.skipif("postgres" not in settings.DATABASES, reason="PostgreSQL not reachable")
+def test_lock_released_before_commit_oversells(atomic_requests: Any) -> None:
+    # A lock taken inside the view and released before Django commits the
+    # request's transaction: the next holder reads stock not yet committed.
+    atomic_requests("postgres", True)
+    statuses, orders, stock = buy_concurrently("purchase-naive", "postgres")
+    assert orders > STOCK, (statuses, orders, stock)
+
+
+# -- commit before release ------------------------------------------------------------------
+def _orders_seen_by_another_connection(alias: str) -> int:
+    seen: list[int] = []
+
+    def look() -> None:
+        try:
+            seen.append(Order.objects.using(alias).count())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    thread.join(30)
+    return seen[0]
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.parametrize(
+    ("path", "visible"), [("purchase", 1), ("purchase-naive", 0)], ids=["decorator", "naive"]
+)
+def test_release_happens_after_commit(
+    alias: str, path: str, visible: int, atomic_requests: Any, get: Any
+) -> None:
+    atomic_requests(alias, True)
+    product = Product.objects.using(alias).create(name="widget", stock=1)
+    at_release: list[int] = []
+
+    def receiver(sender: Any, name: str, **kwargs: Any) -> None:
+        if name.startswith("purchase:"):
+            at_release.append(_orders_seen_by_another_connection(alias))
+
+    lock_released.connect(receiver)
+    try:
+        response = get(f"/{path}/{alias}/{product.pk}/")
+    finally:
+        lock_released.disconnect(receiver)
+    assert response.status_code == 200
+    # What another connection (the next holder) sees when the lock goes back.
+    assert at_release == [visible]
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_atomic_requests_rolls_back_a_failed_view_and_releases(
+    alias: str, atomic_requests: Any, client: Any
+) -> None:
+    atomic_requests("default", True)
+    with pytest.raises(views_locked.Boom):
+        client.post("/cbv/dispatch/4/")
+    assert not Product.objects.filter(name="cbv-4").exists()
+    assert is_free("cbv:4")
+
+
+@db_all
+def test_non_atomic_requests_view_is_respected(atomic_requests: Any, rf: Any) -> None:
+    atomic_requests("default", True)
+    seen = []
+
+    @redis_locked("x", wait=0)
+    @transaction.non_atomic_requests
+    def view(request: Any) -> Any:
+        seen.append(connections["default"].in_atomic_block)
+
+    @redis_locked("x", wait=0)
+    def atomic_view(request: Any) -> Any:
+        seen.append(connections["default"].in_atomic_block)
+
+    view(rf.get("/"))
+    atomic_view(rf.get("/"))
+    assert seen == [False, True]
+
+
+@db_all
+def test_handler_method_under_atomic_requests_releases_at_commit(
+    atomic_requests: Any, get: Any
+) -> None:
+    # Django wraps the whole view in atomic (a handler method's marks are not
+    # copied to the view): the decorator sees the outer transaction and
+    # releases when it commits.
+    atomic_requests("default", True)
+    at_release: list[bool] = []
+
+    def receiver(sender: Any, name: str, **kwargs: Any) -> None:
+        at_release.append(connections["default"].in_atomic_block)
+
+    lock_released.connect(receiver)
+    try:
+        assert get("/cbv/self/5/").status_code == 200
+    finally:
+        lock_released.disconnect(receiver)
+    assert at_release == [False]
+    assert is_free("cbv:5")
+
+
+# -- functions inside someone else's transaction ------------------------------------------
+@redis_locked("account:{n}", wait=0)
+def credit(n: int, *, fail: bool = False) -> int:
+    Product.objects.create(name=f"credit-{n}", stock=1)
+    if fail:
+        raise ValueError("declined")
+    lock = current_lock()
+    assert lock is not None and lock.fence is not None
+    return lock.fence
+
+
+@pytest.mark.django_db(transaction=True)
+def test_release_waits_for_the_outer_commit() -> None:
+    with transaction.atomic():
+        credit(1)
+        assert not is_free("account:1")
+        credit(1)  # the same lock again in this transaction: re-entered
+        assert not is_free("account:1")
+    assert is_free("account:1")
+    assert Product.objects.filter(name="credit-1").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failed_second_call_keeps_the_first_calls_lock_until_commit() -> None:
+    with transaction.atomic():
+        credit(4)
+        with pytest.raises(ValueError):
+            credit(4, fail=True)
+        # The first call's write still waits for the commit, and so does the lock.
+        assert not is_free("account:4")
+    assert is_free("account:4")
+    assert Product.objects.filter(name="credit-4").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failed_call_inside_outer_transaction_is_undone_and_released() -> None:
+    with transaction.atomic():
+        Product.objects.create(name="before", stock=1)
+        with pytest.raises(ValueError):
+            credit(2, fail=True)
+        # Its savepoint rolled back: nothing of it can commit, so the lock is free.
+        assert is_free("account:2")
+    assert set(Product.objects.values_list("name", flat=True)) == {"before"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outer_rollback_leaves_the_lease_to_expire() -> None:
+    @redis_locked("short:{n}", timeout=0.5, wait=0)
+    def work(n: int) -> None:
+        Product.objects.create(name="short", stock=1)
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        work(1)
+        raise RuntimeError("outer rollback")
+    # No hook runs on rollback: the lock is held until its lease runs out.
+    assert not is_free("short:1")
+    assert get_lock("short:1", wait=10).acquire()
+
+
+@pytest.mark.django_db
+def test_a_testcase_transaction_does_not_delay_release() -> None:
+    credit(3)
+    assert is_free("account:3")
+
+
+# -- fencing --------------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_stale_holder_write_is_refused(alias: str) -> None:
+    product = Product.objects.using(alias).create(name="f", stock=10)
+    qs = Product.objects.using(alias).filter(pk=product.pk)
+    old = get_lock("fence:f", timeout=0.2, wait=0)
+    assert old.acquire()
+    assert fenced_update(qs, old.fence) == 1  # claim the row
+    deadline = time.monotonic() + 10
+    while old.held and time.monotonic() < deadline:  # the old holder stalls...
+        time.sleep(0.01)
+    new = get_lock("fence:f", timeout=10, wait=5)
+    assert new.acquire()  # ...its lease runs out and a new holder takes over
+    assert new.fence is not None and old.fence is not None and new.fence > old.fence
+    assert fenced_update(qs, new.fence, stock=9) == 1
+    assert fenced_update(qs, new.fence, stock=8) == 1  # the same holder may write again
+    with pytest.raises(StaleFence) as info:
+        fenced_update(qs, old.fence, stock=0)
+    assert isinstance(info.value, LockLost)
+    assert info.value.fence == old.fence
+    assert qs.get().stock == 8
+    new.release()
+    with pytest.raises(LockLost):
+        old.release()
+
+
+@pytest.mark.django_db
+def test_fenced_update_is_all_or_nothing() -> None:
+    a = Product.objects.create(name="a", stock=1, fence=5)
+    b = Product.objects.create(name="b", stock=1, fence=9)
+    with pytest.raises(StaleFence):
+        fenced_update(Product.objects.filter(pk__in=[a.pk, b.pk]), 7, stock=0)
+    assert list(Product.objects.order_by("pk").values_list("stock", "fence")) == [(1, 5), (1, 9)]
+    assert fenced_update(Product.objects.filter(pk=-1), 7, stock=0) == 0
+
+
+@pytest.mark.django_db
+def test_fenced_queryset_and_argument_errors() -> None:
+    p = Product.objects.create(name="q", stock=3)
+    qs = FencedQuerySet(model=Product).filter(pk=p.pk)
+    assert qs.fenced_update(4, stock=2) == 1
+    assert Product.objects.get(pk=p.pk).fence == 4
+    with pytest.raises(TypeError, match="current_lock"):
+        fenced_update(qs, None, stock=1)
+    with pytest.raises(TypeError, match="set from fence="):
+        fenced_update(qs, 5, field="stock", stock=6)
+    with pytest.raises(TypeError, match="must be an int"):
+        fenced_update(qs, "5")  # type: ignore[arg-type]
+    with override_settings(REDISLOCK={"ENABLED": False}):
+        assert fenced_update(qs, None, stock=1) == 1
+    assert Product.objects.get(pk=p.pk).stock == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fence_from_the_context_manager() -> None:
+    p = Product.objects.create(name="cm", stock=3)
+    with redis_lock("cm:fence") as lock:
+        assert lock is not None and lock.fence is not None
+        assert fenced_update(Product.objects.filter(pk=p.pk), lock.fence, stock=2) == 1
+    assert Product.objects.get(pk=p.pk).fence == lock.fence
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_pending() -> Iterator[None]:
+    yield
+    from django_redislock import decorators
+
+    decorators._pending().clear()
+
+
+@db_all
+def test_django_leaves_the_transaction_to_the_decorator(atomic_requests: Any) -> None:
+    from django.core.handlers.base import BaseHandler
+
+    atomic_requests("default", True)
+    handler = BaseHandler()
+    # Sync view: not wrapped by Django; the decorator opens atomic inside the lock.
+    assert handler.make_view_atomic(views_locked.purchase) is views_locked.purchase
+    # Async view: Django's own refusal of ATOMIC_REQUESTS is kept.
+    with pytest.raises(RuntimeError, match="ATOMIC_REQUESTS with async views"):
+        handler.make_view_atomic(views_locked.aitem)

@@ -1,0 +1,200 @@
+"""Views under test for the decorator: locked, unlocked and deliberately naive."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from asgiref.sync import sync_to_async
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from django_redislock import current_lock, get_lock, redis_locked
+from django_redislock.fencing import fenced_update
+
+from .models import Order, Product
+
+# Widens the read-then-write window so that an unprotected purchase races.
+RACE_PAUSE = 0.05
+
+
+def _lock_info() -> dict[str, object]:
+    lock = current_lock()
+    return {"name": lock.name if lock else None, "fence": lock.fence if lock else None}
+
+
+def _buy(db: str, product_id: int) -> HttpResponse:
+    product = Product.objects.using(db).get(pk=product_id)
+    if product.stock <= 0:
+        return JsonResponse({"bought": False}, status=410)
+    time.sleep(RACE_PAUSE)
+    Product.objects.using(db).filter(pk=product_id).update(stock=product.stock - 1)
+    Order.objects.using(db).create(product_id=product_id)
+    return JsonResponse({"bought": True})
+
+
+@redis_locked("purchase:{db}:{product_id}", timeout=30, wait=30)
+def purchase(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
+    return _buy(db, product_id)
+
+
+@redis_locked("purchase:{db}:{product_id}", timeout=30, wait=30)
+def purchase_own_atomic(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
+    with transaction.atomic(using=db):
+        return _buy(db, product_id)
+
+
+def purchase_unlocked(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
+    return _buy(db, product_id)
+
+
+def purchase_naive(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
+    # The mistake the decorator exists to avoid: under ATOMIC_REQUESTS the
+    # lock goes back before Django commits the request's transaction.
+    with get_lock(f"purchase:{db}:{product_id}", timeout=30, wait=30):
+        response = _buy(db, product_id)
+    time.sleep(RACE_PAUSE)  # work between release and commit (rendering, middleware)
+    return response
+
+
+@redis_locked("purchase:{db}:{product_id}", timeout=30, wait=30)
+def purchase_fenced(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
+    lock = current_lock()
+    assert lock is not None and lock.fence is not None
+    qs = Product.objects.using(db).filter(pk=product_id)
+    fenced_update(qs, lock.fence)
+    product = qs.get()
+    if product.stock <= 0:
+        return JsonResponse({"bought": False}, status=410)
+    fenced_update(qs, lock.fence, stock=product.stock - 1)
+    Order.objects.using(db).create(product_id=product_id)
+    return JsonResponse({"bought": True, "fence": lock.fence})
+
+
+# -- behaviour views --------------------------------------------------------------------
+@redis_locked("item:{name}", wait=0)
+def item(request: HttpRequest, name: str) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("item:{name}", wait=0)
+async def aitem(request: HttpRequest, name: str) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("item:{name}", wait=0, fail_open=True)
+def item_fail_open(request: HttpRequest, name: str) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("item:{name}", wait=0, fail_open=True)
+async def aitem_fail_open(request: HttpRequest, name: str) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+def _busy_page(request: HttpRequest, name: str) -> HttpResponse:
+    return HttpResponse("come back later", status=423)
+
+
+@redis_locked("item:{name}", wait=0, on_busy=_busy_page)
+def item_custom_busy(request: HttpRequest, name: str) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("item:{name}", wait=0, on_busy=_busy_page)
+async def aitem_custom_busy(request: HttpRequest, name: str) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+class Boom(Exception):
+    pass
+
+
+@redis_locked("item:{name}", wait=0)
+def item_boom(request: HttpRequest, name: str) -> HttpResponse:
+    raise Boom(name)
+
+
+@redis_locked("item:{name}", wait=0)
+async def aitem_boom(request: HttpRequest, name: str) -> HttpResponse:
+    raise Boom(name)
+
+
+@redis_locked("item:{name}", timeout=0.3, wait=0)
+def item_outlives_lease(request: HttpRequest, name: str) -> HttpResponse:
+    Product.objects.create(name=name, stock=1)
+    time.sleep(0.5)
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("item:{name}", wait=0)
+def item_user(request: HttpRequest, name: str) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("cart:{request.user.pk}", wait=0)
+async def acart(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(_lock_info())
+
+
+# -- class-based views --------------------------------------------------------------------
+class DispatchLocked(View):
+    @redis_locked("cbv:{pk}", wait=0)
+    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        return super().dispatch(request, *args, **kwargs)
+
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return JsonResponse(_lock_info())
+
+    def post(self, request: HttpRequest, pk: int) -> HttpResponse:
+        Product.objects.create(name=f"cbv-{pk}", stock=1)
+        raise Boom("after write")
+
+
+class SelfLocked(View):
+    @redis_locked("cbv:{self.kwargs[pk]}", wait=0)
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return JsonResponse(_lock_info())
+
+
+@method_decorator(redis_locked("cbv:{pk}", wait=0), name="dispatch")
+class MethodDecorated(View):
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return JsonResponse(_lock_info())
+
+
+@method_decorator(redis_locked("cbv:{self.kwargs[pk]}", wait=0), name="get")
+class MethodDecoratedSelf(View):
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return JsonResponse(_lock_info())
+
+
+class AsyncHandler(View):
+    @redis_locked("cbv:{pk}", wait=0)
+    async def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        return JsonResponse(_lock_info())
+
+
+# A hook for tests that need to stop a holder in the middle of its view.
+inside = threading.Event()
+proceed = threading.Event()
+
+
+@redis_locked("item:{name}", wait=0)
+def item_gated(request: HttpRequest, name: str) -> HttpResponse:
+    inside.set()
+    proceed.wait(10)
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("item:{name}", wait=0)
+async def aitem_db(request: HttpRequest, name: str) -> HttpResponse:
+    await sync_to_async(Product.objects.create)(name=name, stock=1)
+    return JsonResponse(_lock_info())
+
+
+@redis_locked("purchase:{db}:{product_id}", timeout=30, wait=30)
+async def apurchase(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
+    return await sync_to_async(_buy)(db, product_id)
