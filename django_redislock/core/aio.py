@@ -140,7 +140,8 @@ class AsyncNotifier:
             except Exception as exc:
                 self._failures += 1
                 # One warning per outage; each retry after it is only a debug line.
-                log = log_notify.warning if self._failures == 1 else log_notify.debug
+                first = self._failures == 1 and bool(self._slots)
+                log = log_notify.warning if first else log_notify.debug
                 log("wake-up channel lost, reconnecting: %s", exc)
             finally:
                 self._ready.clear()

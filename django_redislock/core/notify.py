@@ -105,8 +105,11 @@ class Notifier:
                 backoff = self._listen(pubsub)
             except Exception as exc:  # any failure: reconnect, never die silently
                 self._failures += 1
-                # One warning per outage; each retry after it is only a debug line.
-                log = logger.warning if self._failures == 1 else logger.debug
+                # One warning per outage, and only if someone is waiting: an
+                # idle listener losing its connection affects nobody.
+                with self._mutex:
+                    waiting = bool(self._slots)
+                log = logger.warning if self._failures == 1 and waiting else logger.debug
                 log("wake-up channel lost, reconnecting: %s", exc)
             finally:
                 self._ready.clear()
