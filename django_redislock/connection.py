@@ -77,10 +77,15 @@ _ASYNC_KEEP = {
 }
 
 
+_RETRIED = (redis.exceptions.ConnectionError,)
+
+
 def _retry() -> Retry:
     # One quick retry covers a pooled connection that died with a restarted
-    # Redis; more would stretch the caller's bound for little gain.
-    return Retry(ExponentialBackoff(cap=0.1, base=0.01), 1)
+    # Redis; more would stretch the caller's bound for little gain. Timeouts
+    # are not retried: the command may have run, and the caller is better
+    # told "unavailable" than handed the result of running it twice.
+    return Retry(ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED)
 
 
 def _cache_client(alias: str) -> Any:
@@ -190,7 +195,9 @@ def _build_async(alias: str) -> Any:
     from redis.sentinel import SentinelConnectionPool
 
     kwargs = {k: v for k, v in sync_pool.connection_kwargs.items() if k in _ASYNC_KEEP}
-    kwargs["retry"] = redis.asyncio.retry.Retry(ExponentialBackoff(cap=0.1, base=0.01), 1)
+    kwargs["retry"] = redis.asyncio.retry.Retry(
+        ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED
+    )
     if isinstance(sync_pool, SentinelConnectionPool):
         from redis.asyncio.sentinel import Sentinel
 

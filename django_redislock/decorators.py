@@ -756,14 +756,15 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         self.name = name
         self._opts = opts
         # Entries per thread or task: the same object may be shared.
-        self._entries: dict[object, list[tuple[LockBase | None, Any]]] = {}
+        # Each entry: (lock, context token, whether this block acquired it).
+        self._entries: dict[object, list[tuple[LockBase | None, Any, bool]]] = {}
         self._guard = threading.Lock()
 
-    def _enter(self, owner: object, entry: tuple[LockBase | None, Any]) -> None:
+    def _enter(self, owner: object, entry: tuple[LockBase | None, Any, bool]) -> None:
         with self._guard:
             self._entries.setdefault(owner, []).append(entry)
 
-    def _exit(self, owner: object) -> tuple[LockBase | None, Any]:
+    def _exit(self, owner: object) -> tuple[LockBase | None, Any, bool]:
         with self._guard:
             stack = self._entries[owner]
             entry = stack.pop()
@@ -774,22 +775,32 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
     def __enter__(self) -> Lock | None:
         owner = threading.get_ident()
         if not conf.ENABLED:
-            self._enter(owner, (None, None))
+            self._enter(owner, (None, None, False))
             return None
+        key = (self._opts.cache_alias, self.name)
+        entered = _reentered(key, owner)
+        if entered is not None:
+            # This thread holds it already (an enclosing block or decorated
+            # call): run under it; the enclosing one releases.
+            assert isinstance(entered, Lock)
+            self._enter(owner, (entered, _push(entered, key, owner), False))
+            return entered
         lock = get_lock(self.name, **self._opts.lock_kwargs(self._opts.label or ""))
         if not lock.acquire():
             raise LockNotAcquired(self.name, retry_after=lock.retry_after)
-        self._enter(owner, (lock, _push(lock, (self._opts.cache_alias, self.name), owner)))
+        self._enter(owner, (lock, _push(lock, key, owner), True))
         return lock
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock, token = self._exit(threading.get_ident())
+        lock, token, acquired = self._exit(threading.get_ident())
         if lock is None:
             return
         _held.reset(token)
+        if not acquired:
+            return
         assert isinstance(lock, Lock)
         try:
             lock.release()
@@ -800,22 +811,30 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
     async def __aenter__(self) -> AsyncLock | None:
         owner = _task_owner()
         if not conf.ENABLED:
-            self._enter(owner, (None, None))
+            self._enter(owner, (None, None, False))
             return None
+        key = (self._opts.cache_alias, self.name)
+        entered = _reentered(key, owner)
+        if entered is not None:
+            assert isinstance(entered, AsyncLock)
+            self._enter(owner, (entered, _push(entered, key, owner), False))
+            return entered
         lock = get_async_lock(self.name, **self._opts.lock_kwargs(self._opts.label or ""))
         if not await lock.acquire():
             raise LockNotAcquired(self.name, retry_after=lock.retry_after)
-        self._enter(owner, (lock, _push(lock, (self._opts.cache_alias, self.name), owner)))
+        self._enter(owner, (lock, _push(lock, key, owner), True))
         return lock
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock, token = self._exit(_task_owner())
+        lock, token, acquired = self._exit(_task_owner())
         if lock is None:
             return
         _held.reset(token)
+        if not acquired:
+            return
         assert isinstance(lock, AsyncLock)
         try:
             await lock.release()

@@ -133,7 +133,7 @@ async def _state_clean(r: redis.Redis, lock: AsyncLock) -> None:
     fields = set(r.hkeys(lock.keys.state))
     # Only the last fence (and the "queue may be non-empty" hint) may remain:
     # no waiter entries, no reservation.
-    assert fields <= {b"f", b"q"}, fields
+    assert fields <= {b"f", b"q", b"d"}, fields
 
 
 async def test_cancel_waiting_acquire_leaves_nothing(
@@ -299,3 +299,50 @@ async def test_renewal_async(ar: redis.asyncio.Redis, r: redis.Redis) -> None:
     with pytest.raises(LockLost):
         await lock.release()
     assert lost == [lock]
+
+
+def _slow_script(monkeypatch: pytest.MonkeyPatch, which: Any, delay: float) -> None:
+    """Stretch one script's round trip, to cancel a task in the middle of it."""
+    original = scripts.run_async
+
+    async def slow(client: Any, script: Any, keys: Any, args: Any) -> Any:
+        if script is which:
+            await asyncio.sleep(delay)
+        return await original(client, script, keys, args)
+
+    monkeypatch.setattr(scripts, "run_async", slow)
+
+
+async def test_a_release_cut_by_cancellation_still_frees_the_lock(
+    ar: redis.asyncio.Redis, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = AsyncLock(ar, "cut-release", ttl=30, wait=0)
+    releasing = asyncio.Event()
+
+    async def hold() -> None:
+        async with lock:
+            releasing.set()
+
+    _slow_script(monkeypatch, scripts.RELEASE, 0.2)
+    task = asyncio.create_task(hold())
+    await releasing.wait()
+    await asyncio.sleep(0.05)  # inside __aexit__, in the stretched release
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert r.exists(lock.keys.lease) == 0  # not held for its 30 s TTL
+
+
+async def test_a_cancellation_during_the_final_cancel_is_not_swallowed(
+    ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = AsyncLock(ar, "cut-cancel", ttl=30, wait=0)
+    assert await holder.acquire()
+    waiter = AsyncLock(ar, "cut-cancel", ttl=30, wait=0.2)
+    _slow_script(monkeypatch, scripts.CANCEL, 0.3)
+    task = asyncio.create_task(waiter.acquire())
+    await asyncio.sleep(0.3)  # its wait is over: the stretched CANCEL runs
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await holder.release()

@@ -549,6 +549,34 @@ def test_nested_calls_see_the_innermost_lock_and_reenter_their_own() -> None:
     assert current_lock() is None
 
 
+def test_redis_lock_blocks_reenter_a_lock_their_thread_holds() -> None:
+    @redis_locked("order:{oid}", wait=0)
+    def decorated(oid: int) -> Any:
+        outer = current_lock()
+        # A block inside the decorated call: the same lock, not a self-deadlock.
+        with redis_lock(f"order:{oid}", wait=0) as inner:
+            assert inner is outer
+        assert outer is not None and outer.held  # the block did not release it
+        return outer.fence
+
+    assert decorated(7) is not None
+    assert is_free("order:7")
+
+    # And the other way round: a decorated call inside a block.
+    with redis_lock("order:8", wait=0) as block:
+        assert decorated(8) == block.fence
+        assert block.held
+    assert is_free("order:8")
+
+
+async def test_async_redis_lock_blocks_reenter_a_lock_their_task_holds() -> None:
+    async with redis_lock("order:9", wait=0) as outer:
+        async with redis_lock("order:9", wait=0) as inner:
+            assert inner is outer
+        assert outer.held
+    assert is_free("order:9")
+
+
 def test_current_lock_is_per_thread() -> None:
     barrier = threading.Barrier(3, timeout=10)
     seen: dict[str, str | None] = {}

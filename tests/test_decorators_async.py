@@ -206,9 +206,17 @@ async def test_async_with_redis_lock() -> None:
         assert lock.name == "cm:a"
         assert isinstance(lock.fence, int)
         assert current_lock() is lock
-        with pytest.raises(LockNotAcquired):
+        # The same task re-enters what it holds; another task finds it busy.
+        async with redis_lock("cm:a", wait=0) as again:
+            assert again is lock
+
+        async def other() -> None:
             async with redis_lock("cm:a", wait=0):
                 pass
+
+        with pytest.raises(LockNotAcquired):
+            await asyncio.create_task(other())
+        assert lock.held
     assert await is_free("cm:a")
     assert current_lock() is None
 

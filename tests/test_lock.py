@@ -557,3 +557,30 @@ def test_lost_wakeup_is_recovered_when_the_channel_reconnects(r: redis.Redis) ->
     finally:
         done.set()
         t.join(10)
+
+
+def test_a_repeated_release_reports_success_never_a_new_holders_lease(r: redis.Redis) -> None:
+    # A release whose reply was lost may be sent again (a client retry): the
+    # second run must say "released", and must never free a later holder.
+    lock = Lock(r, "repeat", ttl=5, wait=0)
+    assert lock.acquire()
+    keys, token = lock._key_tuple, lock.token
+    assert scripts.run(r, scripts.RELEASE, keys, (token, 2000)) == 1
+    assert scripts.run(r, scripts.RELEASE, keys, (token, 2000)) == 1
+    other = Lock(r, "repeat", ttl=5, wait=0)
+    assert other.acquire()
+    assert scripts.run(r, scripts.RELEASE, keys, (token, 2000)) == 0
+    assert other.owned()
+    other.release()
+
+
+def test_owned_works_with_a_decoding_client(redis_server: Any) -> None:
+    client = redis_server.client(decode_responses=True, socket_timeout=5)
+    try:
+        lock = Lock(client, "decoded", ttl=5, wait=0)
+        assert lock.acquire()
+        assert lock.owned()
+        lock.release()
+        assert not lock.owned()
+    finally:
+        client.close()

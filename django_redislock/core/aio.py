@@ -14,11 +14,14 @@ import logging
 import secrets
 import time
 import weakref
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
 
 from . import scripts
-from .base import STATE_KEEP_MS, LockBase
+from .base import STATE_KEEP_MS, LockBase, may_have_run, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -35,9 +38,14 @@ log_acquire = logging.getLogger("django_redislock.acquire")
 log_notify = logging.getLogger("django_redislock.notify")
 log_renew = logging.getLogger("django_redislock.renew")
 
+T = TypeVar("T")
+
 _NO_CHANNEL = b"-"
 # Cleanup after a cancelled acquire may take this long before we give up on it.
 _CLEANUP_TIMEOUT = 2.0
+# A release runs to the end even if its task is cancelled, within this bound
+# (the client's socket timeout normally ends it much sooner).
+_RELEASE_TIMEOUT = 10.0
 
 
 def _cancel_requests() -> int:
@@ -70,6 +78,39 @@ async def _wait_for(aw: Any, timeout: float, undo: Any = None) -> Any:
             undo()
         raise
     return result
+
+
+async def complete(call: Awaitable[T], timeout: float) -> T:
+    """Await ``call`` to the end, even if the caller is cancelled meanwhile.
+
+    Giving back a lease or a turn must not be cut short by the cancellation
+    that made it necessary (a release never written would hold the lock for
+    its whole TTL). The wait is bounded by ``timeout`` (then TimeoutError);
+    a cancellation that arrived meanwhile is re-raised once the call is over.
+    """
+    loop = asyncio.get_running_loop()
+    inner = asyncio.ensure_future(call)
+    deadline = loop.time() + timeout
+    cancelled = False
+    while not inner.done():
+        left = deadline - loop.time()
+        if left <= 0:
+            inner.cancel()
+            break
+        try:
+            # asyncio.wait does not cancel `inner` when we are cancelled.
+            await asyncio.wait({inner}, timeout=left)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if inner.done() and not inner.cancelled():
+            inner.exception()  # retrieved: the cancellation is what we report
+        raise asyncio.CancelledError
+    if not inner.done() or inner.cancelled():
+        raise asyncio.TimeoutError(f"cleanup did not finish within {timeout}s")
+    return inner.result()
+
+
 LIVENESS_INTERVAL = 5.0
 IDLE_TIMEOUT = 60.0
 
@@ -321,12 +362,14 @@ class AsyncLock(LockBase):
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             await self._cancel(token)
             return False
-        except RedisUnavailable:
+        except RedisUnavailable as exc:
+            if may_have_run(exc):
+                await self._cancel(token)
             raise
         except BaseException:
             # Cancelled or interrupted at some await: the script may have run
             # and granted us the lease. Give it back, whatever happens to us.
-            await self._cancel(token, shielded=True)
+            await self._cancel(token)
             raise
         finally:
             if event is not None and notifier is not None:
@@ -343,23 +386,21 @@ class AsyncLock(LockBase):
         )
         if granted == 1 and acked < self.replicas:
             # Give back a grant a failover could lose (see Lock._run_acquire).
-            await self._cancel(token, shielded=True)
+            await self._cancel(token)
             raise ReplicationTimeout(
                 self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
             )
         return granted, value
 
-    async def _cancel(self, token: str, *, shielded: bool = False) -> None:
+    async def _cancel(self, token: str) -> None:
+        """Give back whatever this token may hold: lease, reserved turn, queue place."""
         call = scripts.run_async(
             self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms)
         )
         try:
-            if shielded:
-                # Shield, so the cleanup outlives the cancellation that caused it.
-                await asyncio.wait_for(asyncio.shield(call), _CLEANUP_TIMEOUT)
-            else:
-                await call
-        except (RedisUnavailable, asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            await complete(call, _CLEANUP_TIMEOUT)
+        except (RedisUnavailable, asyncio.TimeoutError) as exc:
+            # The queue entry expires at its deadline, a reserved turn after grace.
             log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
 
     def _check_owner(self, action: str) -> str:
@@ -375,9 +416,14 @@ class AsyncLock(LockBase):
         self._stop_renewal()
         held = time.monotonic() - self._acquired_at
         try:
-            released = await scripts.run_async(
-                self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)
+            released = await complete(
+                scripts.run_async(
+                    self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)
+                ),
+                _RELEASE_TIMEOUT,
             )
+        except asyncio.TimeoutError as exc:
+            raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
         finally:
             self._forget()
             self._task = None
@@ -416,9 +462,9 @@ class AsyncLock(LockBase):
             return False
         try:
             current = await self.client.hget(self.keys.lease, "t")
-        except Exception as exc:
+        except RedisError as exc:
             raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
-        return current is not None and current.decode() == token and self.held
+        return same_token(current, token) and self.held
 
     def _stop_renewal(self) -> None:
         renewer, self._renewer = self._renewer, None

@@ -13,9 +13,11 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from .keys import KeySpace, LockKeys
 
-__all__ = ["LockBase", "Observer", "check_seconds"]
+__all__ = ["LockBase", "Observer", "check_seconds", "may_have_run", "same_token"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 log_release = logging.getLogger("django_redislock.release")
@@ -46,6 +48,22 @@ class Observer:
 
 
 DEFAULT_OBSERVER = Observer()
+
+
+def same_token(current: bytes | str | None, token: str) -> bool:
+    """Compare a token read from Redis with ours, for clients that decode or not."""
+    if current is None:
+        return False
+    return (current.decode() if isinstance(current, bytes) else current) == token
+
+
+def may_have_run(exc: BaseException) -> bool:
+    """Whether a failed script call may still have run on the server.
+
+    A timeout leaves it open (the request may have arrived); a refused
+    connection does not.
+    """
+    return isinstance(exc.__cause__, (RedisTimeoutError, TimeoutError))
 
 
 def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:

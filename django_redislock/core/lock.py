@@ -22,8 +22,10 @@ import time
 from types import TracebackType
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from . import renewal, scripts
-from .base import STATE_KEEP_MS, LockBase
+from .base import STATE_KEEP_MS, LockBase, may_have_run, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -135,7 +137,11 @@ class Lock(LockBase):
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             self._cancel(token)
             return False
-        except RedisUnavailable:
+        except RedisUnavailable as exc:
+            if may_have_run(exc):
+                # The script may have granted or queued us all the same:
+                # give it back rather than block the lock for a whole TTL.
+                self._cancel(token)
             raise
         except BaseException:
             self._cancel(token)
@@ -235,9 +241,9 @@ class Lock(LockBase):
             return False
         try:
             current = self.client.hget(self.keys.lease, "t")
-        except Exception as exc:
+        except RedisError as exc:
             raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
-        return current is not None and current.decode() == token and self.held
+        return same_token(current, token) and self.held
 
     def _renew_once(self) -> float | None:
         token = self.token

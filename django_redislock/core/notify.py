@@ -102,7 +102,8 @@ class Notifier:
             try:
                 pubsub = self._client.pubsub()
                 pubsub.subscribe(self.channel)
-                backoff = self._listen(pubsub)
+                self._listen(pubsub)
+                backoff = 0.05
             except Exception as exc:  # any failure: reconnect, never die silently
                 self._failures += 1
                 # One warning per outage, and only if someone is waiting: an
@@ -130,7 +131,7 @@ class Notifier:
             time.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 
-    def _listen(self, pubsub: Any) -> float:
+    def _listen(self, pubsub: Any) -> None:
         last_heard = time.monotonic()
         ping_sent: float | None = None
         while True:
@@ -141,7 +142,7 @@ class Notifier:
                     raise TimeoutError("no answer to PING on the wake-up channel")
                 if ping_sent is None and now - last_heard > LIVENESS_INTERVAL:
                     if self._idle():
-                        return 0.0
+                        return
                     pubsub.ping()
                     ping_sent = now
                 continue

@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from . import scripts
-from .aio import _wait_for, get_async_notifier  # never swallows a cancellation
+from .aio import _RELEASE_TIMEOUT, _wait_for, complete, get_async_notifier
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
 from .keys import KeySpace
@@ -136,20 +136,17 @@ class AsyncSemaphore(SemaphoreBase):
         except BaseException:
             # Cancelled at some await: the script may have granted us a
             # permit. Give it back, whatever happens to this task.
-            await self._cancel(token, shielded=True)
+            await self._cancel(token)
             raise
         finally:
             if event is not None and notifier is not None:
                 notifier.unregister(token)
 
-    async def _cancel(self, token: str, *, shielded: bool = False) -> None:
+    async def _cancel(self, token: str) -> None:
         call = scripts.run_async(self.client, CANCEL, self._key_tuple, self._release_args(token))
         try:
-            if shielded:
-                await asyncio.wait_for(asyncio.shield(call), _CLEANUP_TIMEOUT)
-            else:
-                await call
-        except (RedisUnavailable, asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            await complete(call, _CLEANUP_TIMEOUT)
+        except (RedisUnavailable, asyncio.TimeoutError) as exc:
             log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
 
     def _check_owner(self, action: str) -> str:
@@ -168,9 +165,13 @@ class AsyncSemaphore(SemaphoreBase):
         token = self._check_owner("release")
         held = time.monotonic() - self._acquired_at
         try:
-            released = await scripts.run_async(
-                self.client, RELEASE, self._key_tuple, self._release_args(token)
+            # Runs to the end even if this task is cancelled (see aio.complete).
+            released = await complete(
+                scripts.run_async(self.client, RELEASE, self._key_tuple, self._release_args(token)),
+                _RELEASE_TIMEOUT,
             )
+        except asyncio.TimeoutError as exc:
+            raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
         finally:
             self._forget()
             self._task = None
