@@ -7,6 +7,12 @@ class Product(models.Model):
     # Highest fencing token that wrote this row (see django_redislock.fencing).
     fence = models.BigIntegerField(default=0)
 
+    def __str__(self) -> str:
+        return self.name
+
 
 class Order(models.Model):
     product = models.ForeignKey(Product, on_delete=models.CASCADE)
+
+    def __str__(self) -> str:
+        return f"order {self.pk} of {self.product_id}"
