@@ -1,0 +1,226 @@
+"""Pieces shared by the benchmarks: a private Redis, statistics, machine facts, output."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateRedis:
+    """A redis-server owned by the benchmark: started from PATH, stopped by its PID.
+
+    It listens on a unix socket in a temporary directory (or, with ``tcp=True``,
+    on a free loopback port), keeps nothing on disk, and never touches any
+    other Redis on the machine.
+    """
+
+    def __init__(self, *, tcp: bool = False) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise SystemExit("redis-server is not on PATH; install Redis to run the benchmarks")
+        self.binary = binary
+        self.dir = Path(tempfile.mkdtemp(prefix="redislock-bench-"))
+        self.port = free_port() if tcp else 0
+        self.socket_path = None if tcp else str(self.dir / "redis.sock")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.socket_path:
+            return f"unix://{self.socket_path}?db=0"
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        kwargs.setdefault("socket_timeout", 5.0)
+        kwargs.setdefault("socket_connect_timeout", 5.0)
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def start(self, timeout: float = 10.0) -> PrivateRedis:
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--daemonize", "no",
+            "--save", "",
+            "--appendonly", "no",
+            "--loglevel", "warning",
+            "--logfile", str(self.dir / "redis.log"),
+            "--maxclients", "2000",
+        ]
+        if self.socket_path:
+            args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with self.client(socket_timeout=0.5) as c:
+                    c.ping()
+                    return self
+            except (redis.ConnectionError, redis.TimeoutError, FileNotFoundError):
+                pass
+            if self.proc.poll() is not None:
+                raise SystemExit(f"redis-server exited at start: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"redis-server not ready within {timeout}s: {self.log_tail()}")
+            time.sleep(0.02)
+
+    def log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.dir / "redis.log").read_text()[-2000:]
+        return ""
+
+    def version(self) -> str:
+        with self.client() as c:
+            return str(c.info("server").get("redis_version", "?"))
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_redis(*, tcp: bool = False) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tcp=tcp).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- statistics ---------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of unsorted values; nan when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def ratio(a: float, b: float) -> float:
+    if not b or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return a / b
+
+
+# -- machine ------------------------------------------------------------------
+def loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def uptime_line() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout
+        return out.strip()
+    return ""
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "?"
+
+
+def machine_facts(redis_version: str) -> dict[str, Any]:
+    try:
+        import hiredis  # noqa: F401
+
+        hiredis_version = getattr(sys.modules["hiredis"], "__version__", "yes")
+    except ImportError:
+        hiredis_version = None
+    from redis.utils import HIREDIS_AVAILABLE
+
+    return {
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "redis_server": redis_version,
+        "redis_py": redis.__version__,
+        "hiredis": hiredis_version,
+        "hiredis_in_use": bool(HIREDIS_AVAILABLE),
+    }
+
+
+# -- output -------------------------------------------------------------------
+def fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        pairs = enumerate(zip(row, widths, strict=True))
+        padded = (c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs)
+        lines.append("  ".join(padded))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def rst_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """The same table as an RST simple table, for pasting into the docs."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    rule = "  ".join("=" * w for w in widths)
+    def line(row: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+    out = [rule, line(cells[0]), rule] + [line(row) for row in cells[1:]]
+    out.append(rule)
+    return "\n".join(out)
+
+
+def write_results(kind: str, data: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS_DIR / f"{kind}-{stamp}.json"
+    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str))
+    return path

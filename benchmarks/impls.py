@@ -1,0 +1,156 @@
+"""The lock implementations under comparison, behind one tiny interface.
+
+Each factory takes ``(client, name, ttl, wait)`` and returns a handle with
+``acquire() -> bool`` (blocking for at most ``wait`` seconds) and
+``release()``. Every implementation gets the same lease TTL and wait bound and
+is used the way its own documentation shows: a blocking acquire with a timeout.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Handle(Protocol):
+    def acquire(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+Factory = Callable[[Any, str, float, float], Handle]
+
+
+@dataclass(frozen=True)
+class Impl:
+    key: str
+    label: str
+    factory: Factory
+    peer: bool  # counted among the peers in the targets (the baseline is not)
+    module: str  # what must be importable for it to take part
+    note: str = ""
+
+    def missing(self) -> str | None:
+        """Why this implementation cannot run here, or None."""
+        try:
+            __import__(self.module)
+        except ImportError as exc:
+            return f"{self.module} is not installed ({exc})"
+        return None
+
+
+# -- django_redislock -------------------------------------------------------------
+def _ours(client: Any, name: str, ttl: float, wait: float) -> Handle:
+    from django_redislock.core import Lock
+
+    return Lock(client, name, ttl=ttl, wait=wait)
+
+
+# -- redis-py ---------------------------------------------------------------------
+def _redis_py(client: Any, name: str, ttl: float, wait: float) -> Handle:
+    from redis.lock import Lock
+
+    # Defaults otherwise: it polls every 0.1 s while the lock is busy.
+    return Lock(client, name, timeout=ttl, blocking=True, blocking_timeout=wait)
+
+
+# -- python-redis-lock --------------------------------------------------------------
+class _PythonRedisLock:
+    def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
+        import redis_lock  # type: ignore[import-untyped]
+
+        # It takes whole seconds for both, and refuses a wait longer than expire.
+        self._lock = redis_lock.Lock(client, name, expire=max(1, int(ttl)))
+        self._wait = max(1, int(wait))
+
+    def acquire(self) -> bool:
+        return bool(self._lock.acquire(blocking=True, timeout=self._wait))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+# -- pottery --------------------------------------------------------------------------
+class _Pottery:
+    def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
+        from pottery import Redlock
+
+        self._lock = Redlock(key=name, masters={client}, auto_release_time=ttl)
+        self._wait = wait
+
+    def acquire(self) -> bool:
+        return bool(self._lock.acquire(blocking=True, timeout=self._wait))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+# -- the bare minimum -------------------------------------------------------------------
+_CAD = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Only used when the baseline takes part in the contended runs: it has no
+# wake-up at all, so it retries after this long.
+BASELINE_POLL = 0.001
+
+
+class _Baseline:
+    """SET NX PX to acquire, EVALSHA compare-and-delete to release: one round trip each."""
+
+    def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
+        self._client = client
+        self._name = name
+        self._ttl_ms = int(ttl * 1000)
+        self._wait = wait
+        self._token = b""
+        self._sha = client.script_load(_CAD)
+
+    def acquire(self) -> bool:
+        token = secrets.token_hex(16).encode()
+        deadline = time.monotonic() + self._wait
+        while not self._client.set(self._name, token, nx=True, px=self._ttl_ms):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(BASELINE_POLL)
+        self._token = token
+        return True
+
+    def release(self) -> None:
+        if not self._client.evalsha(self._sha, 1, self._name, self._token):
+            raise RuntimeError(f"baseline lock {self._name!r} was not held at release")
+
+
+IMPLS: dict[str, Impl] = {
+    impl.key: impl
+    for impl in (
+        Impl("ours", "django_redislock.Lock", _ours, peer=False, module="django_redislock.core"),
+        Impl("baseline", "baseline SET NX + EVALSHA", _Baseline, peer=False, module="redis",
+             note=f"polls every {BASELINE_POLL * 1000:g} ms when busy"),
+        Impl("redis_py", "redis.lock.Lock", _redis_py, peer=True, module="redis.lock",
+             note="polls every 0.1 s when busy (default sleep)"),
+        Impl("python_redis_lock", "redis_lock.Lock", _PythonRedisLock, peer=True,
+             module="redis_lock", note="BLPOP on a signal list when busy"),
+        Impl("pottery", "pottery.Redlock (1 master)", _Pottery, peer=True, module="pottery",
+             note="retries after a random 0-0.2 s sleep when busy"),
+    )
+}
+
+
+def semaphore_factory() -> Callable[[Any, str, int, float, float], Any] | None:
+    """``Semaphore(client, name, limit, ttl=, wait=)`` when the module exists yet."""
+    try:
+        from django_redislock.core.semaphore import Semaphore
+    except ImportError:
+        return None
+
+    def make(client: Any, name: str, limit: int, ttl: float, wait: float) -> Any:
+        return Semaphore(client, name, limit, ttl=ttl, wait=wait)
+
+    return make

@@ -1,0 +1,731 @@
+"""Lock benchmark: django_redislock.Lock against other Redis locks, in one run.
+
+Usage::
+
+    python -m benchmarks.locks --quick          # about a minute
+    python -m benchmarks.locks                  # the full run, a few minutes
+    python -m benchmarks.locks --rounds 5 --duration 5 --workers 2,8,32
+
+The harness starts its own private redis-server (unix socket by default,
+``--tcp`` for a loopback port), runs every phase against it and stops it by
+its PID at the end. Implementations are interleaved round-robin, with the
+order rotated each round, so slow drift of the machine (other processes, CPU
+frequency) spreads over all of them instead of favouring one.
+
+Phases:
+
+1. uncontended acquire+release latency in one process, with a PING round
+   trip measured in the same rounds as the unit of comparison;
+2. round trips and server time per acquire+release (from the SLOWLOG);
+3. release-to-waiter handoff latency between two forked processes;
+4. contended throughput: N forked workers loop acquire / critical section /
+   release on one lock for a fixed time; a non-atomic read-modify-write on
+   shared memory inside the critical section counts mutual-exclusion
+   violations, and per-worker counts give fairness.
+
+The table goes to stdout, everything measured to ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import gc
+import io
+import json
+import math
+import mmap
+import multiprocessing as mp
+import os
+import pstats
+import random
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import time
+import traceback
+from array import array
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    PrivateRedis,
+    fmt,
+    loadavg,
+    machine_facts,
+    percentile,
+    ratio,
+    rst_table,
+    table,
+    uptime_line,
+    write_results,
+)
+from .impls import IMPLS, semaphore_factory
+
+CTX = mp.get_context("fork")
+NS = 1_000_000_000
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def rotated(items: list[str], r: int) -> list[str]:
+    k = r % len(items)
+    return items[k:] + items[:k]
+
+
+# =============================================================================
+# 1. uncontended latency
+# =============================================================================
+def _time_block(op: Any, n: int) -> list[int]:
+    out = []
+    clock = time.perf_counter_ns
+    gc.collect()
+    for _ in range(n):
+        t0 = clock()
+        op()
+        out.append(clock() - t0)
+    return out
+
+
+def _cycle(handle: Any) -> Any:
+    def op() -> None:
+        if not handle.acquire():
+            raise RuntimeError("uncontended acquire failed")
+        handle.release()
+
+    return op
+
+
+def uncontended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> dict[str, Any]:
+    client = server.client()
+    ops: dict[str, Any] = {"PING": client.ping}
+    for key in impls:
+        ops[key] = _cycle(IMPLS[key].factory(client, f"bench:unc:{key}", cfg.ttl, cfg.wait))
+    make_sem = semaphore_factory()
+    if make_sem is not None:
+        sem = make_sem(client, "bench:unc:semaphore", 10, cfg.ttl, cfg.wait)
+        ops["semaphore"] = _cycle(sem)
+    else:
+        log("semaphore: django_redislock.core.semaphore not importable yet, skipped")
+    names = list(ops)
+    for name in names:  # warm: connections, script caches, code paths
+        _time_block(ops[name], cfg.warmup_iters)
+    samples: dict[str, list[int]] = {name: [] for name in names}
+    cpu: dict[str, float] = dict.fromkeys(names, 0.0)
+    for r in range(cfg.rounds_unc):
+        for name in rotated(names, r):
+            c0 = time.process_time()
+            samples[name] += _time_block(ops[name], cfg.iters)
+            cpu[name] += time.process_time() - c0
+    client.close()
+    result: dict[str, Any] = {}
+    for name, values in samples.items():
+        result[name] = {
+            "n": len(values),
+            "p50_us": percentile(values, 50) / 1000,
+            "p99_us": percentile(values, 99) / 1000,
+            "mean_us": statistics.fmean(values) / 1000,
+            # CPU this process spent per operation (client library + redis-py),
+            # which does not grow when the machine is busy the way latency does.
+            "client_cpu_us": cpu[name] / len(values) * 1e6,
+        }
+    return result
+
+
+# =============================================================================
+# 2. round trips and server time per acquire+release
+# =============================================================================
+def round_trips(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> dict[str, Any]:
+    """Top-level commands (= round trips here: nothing pipelines) and their server time.
+
+    The SLOWLOG with a threshold of 0 records every top-level command with its
+    execution time, and not the commands a script runs inside Redis.
+    """
+    admin = server.client()
+    client = server.client()
+    n = 200
+    out: dict[str, Any] = {}
+    handles = {k: IMPLS[k].factory(client, f"bench:rt:{k}", cfg.ttl, cfg.wait) for k in impls}
+    make_sem = semaphore_factory()
+    if make_sem is not None:
+        handles["semaphore"] = make_sem(client, "bench:rt:semaphore", 10, cfg.ttl, cfg.wait)
+    admin.config_set("slowlog-max-len", 100_000)
+    try:
+        for key, handle in handles.items():
+            _time_block(_cycle(handle), 20)
+            admin.config_set("slowlog-log-slower-than", 0)
+            admin.slowlog_reset()
+            _time_block(_cycle(handle), n)
+            admin.config_set("slowlog-log-slower-than", -1)
+            entries = admin.slowlog_get(100_000)
+            # Commands a script runs inside Redis are logged too, with no
+            # client address: they are server work, not round trips.
+            inner = [e for e in entries if e.get("client_address", b"").startswith(b"?")]
+            mine = [
+                e for e in entries
+                if not e.get("client_address", b"").startswith(b"?")
+                and not _is_admin(e.get("command", b""))
+            ]
+            commands: dict[str, int] = {}
+            for e in mine:
+                cmd = e["command"]
+                word = (cmd.split()[0] if isinstance(cmd, bytes) else str(cmd).split()[0])
+                word = word.decode() if isinstance(word, bytes) else word
+                commands[word.upper()] = commands.get(word.upper(), 0) + 1
+            # Logging every command slows scripts down, so the server time
+            # comes from a second pass with the SLOWLOG off: per-call times of
+            # the top-level commands from INFO commandstats.
+            admin.config_resetstat()
+            _time_block(_cycle(handle), n)
+            stats = admin.info("commandstats")
+            server_us = 0.0
+            for word, count in commands.items():
+                st = stats.get(f"cmdstat_{word.lower()}")
+                if st:
+                    server_us += count / n * float(st["usec_per_call"])
+            out[key] = {
+                "round_trips": len(mine) / n,
+                "server_us": server_us,
+                "server_us_slowlog": sum(e["duration"] for e in mine) / n,
+                "commands": {c: v / n for c, v in sorted(commands.items())},
+                "script_commands": len(inner) / n,
+            }
+    finally:
+        admin.config_set("slowlog-log-slower-than", 10_000)
+        admin.close()
+        client.close()
+    return out
+
+
+def _is_admin(cmd: Any) -> bool:
+    text = cmd.decode(errors="replace") if isinstance(cmd, bytes) else str(cmd)
+    word = text.split()[0].upper() if text.split() else ""
+    return word in {"SLOWLOG", "CONFIG", "CLIENT", "HELLO"}
+
+
+# =============================================================================
+# 3. handoff latency
+# =============================================================================
+def _handoff_holder(url: str, schedule: list[str], cfg: Any, conn: Any, shm: mmap.mmap) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5.0)
+    handles = {k: IMPLS[k].factory(client, f"bench:handoff:{k}", cfg.ttl, cfg.wait)
+               for k in set(schedule)}
+    rnd = random.Random(1)
+    for i, key in enumerate(schedule):
+        h = handles[key]
+        if not h.acquire():
+            raise RuntimeError(f"holder could not acquire {key}")
+        conn.send(i)
+        if conn.recv() != ("waiting", i):
+            raise RuntimeError("handoff protocol out of step")
+        # The waiter is now inside acquire(); hold for a random while so that
+        # polling implementations are caught at random points of their cycle.
+        time.sleep(cfg.hold_min + rnd.random() * cfg.hold_jitter)
+        struct.pack_into("q", shm, 8 * i, time.monotonic_ns())
+        h.release()
+        if conn.recv() != ("done", i):
+            raise RuntimeError("handoff protocol out of step")
+    conn.send(None)
+
+
+def _handoff_waiter(url: str, schedule: list[str], cfg: Any, conn: Any, shm: mmap.mmap) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5.0)
+    handles = {k: IMPLS[k].factory(client, f"bench:handoff:{k}", cfg.ttl, cfg.wait)
+               for k in set(schedule)}
+    base = 8 * len(schedule)
+    while True:
+        i = conn.recv()
+        if i is None:
+            return
+        h = handles[schedule[i]]
+        conn.send(("waiting", i))
+        ok = h.acquire()
+        got = time.monotonic_ns()
+        released_at = struct.unpack_from("q", shm, 8 * i)[0]
+        struct.pack_into("q", shm, base + 8 * i, got - released_at if ok else -1)
+        if ok:
+            h.release()
+        conn.send(("done", i))
+
+
+def _child(target: Any, errfile: str, *args: Any) -> None:
+    try:
+        target(*args)
+    except BaseException:
+        Path(errfile).write_text(traceback.format_exc())
+        os._exit(1)
+    os._exit(0)
+
+
+def handoff(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> dict[str, Any]:
+    warm = 3
+    schedule: list[str] = []
+    for key in impls:
+        schedule += [key] * warm
+    per_round = max(1, math.ceil(cfg.handoff_samples / cfg.rounds_handoff))
+    for r in range(cfg.rounds_handoff):
+        for key in rotated(impls, r):
+            schedule += [key] * per_round
+    shm = mmap.mmap(-1, 16 * len(schedule) + 16)
+    a, b = CTX.Pipe()
+    tmp = tempfile.mkdtemp(prefix="redislock-bench-")
+    errs = [os.path.join(tmp, "holder.err"), os.path.join(tmp, "waiter.err")]
+    procs = [
+        CTX.Process(target=_child,
+                    args=(_handoff_holder, errs[0], server.url, schedule, cfg, a, shm)),
+        CTX.Process(target=_child,
+                    args=(_handoff_waiter, errs[1], server.url, schedule, cfg, b, shm)),
+    ]
+    for p in procs:
+        p.start()
+    limit = time.monotonic() + 60 + len(schedule) * (cfg.hold_min + cfg.hold_jitter + 1.0)
+    _join(procs, limit)
+    try:
+        _raise_child_errors(errs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    base = 8 * len(schedule)
+    values: dict[str, list[int]] = {k: [] for k in impls}
+    failed: dict[str, int] = dict.fromkeys(impls, 0)
+    seen: dict[str, int] = dict.fromkeys(impls, 0)
+    for i, key in enumerate(schedule):
+        seen[key] += 1
+        if seen[key] <= warm:
+            continue
+        v = struct.unpack_from("q", shm, base + 8 * i)[0]
+        if v < 0:
+            failed[key] += 1
+        else:
+            values[key].append(v)
+    shm.close()
+    return {
+        k: {
+            "n": len(v),
+            "failed": failed[k],
+            "p50_ms": percentile(v, 50) / 1e6,
+            "p99_ms": percentile(v, 99) / 1e6,
+            "max_ms": max(v) / 1e6 if v else math.nan,
+        }
+        for k, v in values.items()
+    }
+
+
+def _join(procs: list[Any], deadline: float) -> None:
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():  # only the processes this harness forked, by their PID
+            log(f"worker {p.pid} overran its time bound; stopping it")
+            p.kill()
+            p.join(5)
+
+
+def _raise_child_errors(files: list[str]) -> None:
+    for f in files:
+        if os.path.exists(f):
+            raise RuntimeError(f"a benchmark process failed:\n{Path(f).read_text()}")
+
+
+# =============================================================================
+# 4. contended throughput, fairness, waits, violations
+# =============================================================================
+# Shared memory: [0] counter, [1] holder id, [2] start ns, [3] unused, then
+# per worker: in-window count, total count, violations, failed acquires.
+_HDR = 4
+_PER = 4
+
+
+def _spin(us: float) -> None:
+    if us > 0:
+        end = time.perf_counter() + us / 1e6
+        while time.perf_counter() < end:
+            pass
+
+
+def _contended_worker(
+    url: str, key: str, name: str, idx: int, cfg: Any, shm: mmap.mmap, ready: Any, go: Any,
+    out_path: str,
+) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5.0)
+    client.ping()
+    handle = IMPLS[key].factory(client, name, cfg.ttl, cfg.wait)
+    me = idx + 1
+    slot = 8 * (_HDR + _PER * idx)
+    ready.wait(60)
+    go.wait(60)
+    start = struct.unpack_from("q", shm, 16)[0] / NS
+    window_start = start + cfg.warmup
+    end = window_start + cfg.duration
+    while time.monotonic() < start:
+        time.sleep(0.0005)
+    waits = array("d")
+    in_window = total = violations = failed = 0
+    clock = time.monotonic
+    pack, unpack = struct.pack_into, struct.unpack_from
+    while True:
+        t_a = clock()
+        if t_a >= end:
+            break
+        if not handle.acquire():
+            failed += 1
+            continue
+        t_b = clock()
+        # -- critical section: a deliberately non-atomic read-modify-write --
+        if unpack("q", shm, 8)[0] != 0:
+            violations += 1
+        pack("q", shm, 8, me)
+        value = unpack("q", shm, 0)[0]
+        _spin(cfg.cs_us)
+        pack("q", shm, 0, value + 1)
+        if unpack("q", shm, 8)[0] != me:
+            violations += 1
+        pack("q", shm, 8, 0)
+        # -------------------------------------------------------------------
+        handle.release()
+        total += 1
+        if window_start <= t_b < end:
+            in_window += 1
+            waits.append(t_b - t_a)
+        _spin(cfg.outside_us)
+    struct.pack_into("qqqq", shm, slot, in_window, total, violations, failed)
+    with open(out_path, "wb") as f:
+        waits.tofile(f)
+
+
+def contended_cell(
+    server: PrivateRedis, key: str, workers: int, r: int, cfg: argparse.Namespace
+) -> dict[str, Any]:
+    name = f"bench:cont:{key}:{workers}:{r}"
+    shm = mmap.mmap(-1, 8 * (_HDR + _PER * workers))
+    ready = CTX.Barrier(workers + 1)
+    go = CTX.Barrier(workers + 1)
+    tmp = tempfile.mkdtemp(prefix="redislock-bench-")
+    outs = [os.path.join(tmp, f"w{i}.bin") for i in range(workers)]
+    errs = [os.path.join(tmp, f"w{i}.err") for i in range(workers)]
+    procs = [
+        CTX.Process(
+            target=_child,
+            args=(_contended_worker, errs[i], server.url, key, name, i, cfg, shm, ready, go,
+                  outs[i]),
+        )
+        for i in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        ready.wait(60)
+        struct.pack_into("q", shm, 16, time.monotonic_ns() + int(0.05 * NS))
+        go.wait(60)
+    except Exception:
+        _join(procs, time.monotonic() + 1)
+        try:
+            _raise_child_errors(errs)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _join(procs, time.monotonic() + 0.05 + cfg.warmup + cfg.duration + cfg.wait + 30)
+    try:
+        _raise_child_errors(errs)
+        waits: list[float] = []
+        for path in outs:
+            a = array("d")
+            with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+                a.frombytes(f.read())
+            waits += a.tolist()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    counts, totals, violations, failed = [], [], 0, 0
+    for i in range(workers):
+        c, t, v, f = struct.unpack_from("qqqq", shm, 8 * (_HDR + _PER * i))
+        counts.append(c)
+        totals.append(t)
+        violations += v
+        failed += f
+    counter = struct.unpack_from("q", shm, 0)[0]
+    lost_updates = sum(totals) - counter
+    shm.close()
+    mean = statistics.fmean(counts) if counts else 0.0
+    return {
+        "ops_per_s": sum(counts) / cfg.duration,
+        "counts": counts,
+        "least_over_mean": (min(counts) / mean) if mean else 0.0,
+        "max_over_min": (max(counts) / min(counts)) if min(counts) else math.inf,
+        "violations": violations + max(0, lost_updates),
+        "lost_updates": lost_updates,
+        "failed_acquires": failed,
+        "waits": waits,
+    }
+
+
+def contended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for workers in cfg.workers:
+        cells: dict[str, list[dict[str, Any]]] = {k: [] for k in impls}
+        for r in range(cfg.rounds):
+            for key in rotated(impls, r + workers):
+                log(f"  contended: {workers} workers, round {r + 1}/{cfg.rounds}, {key}")
+                cells[key].append(contended_cell(server, key, workers, r, cfg))
+        per_impl = {}
+        for key, runs in cells.items():
+            waits = [w for run in runs for w in run["waits"]]
+            rates = [run["ops_per_s"] for run in runs]
+            per_impl[key] = {
+                "ops_per_s": statistics.median(rates),
+                "ops_per_s_rounds": rates,
+                "least_over_mean": statistics.median(run["least_over_mean"] for run in runs),
+                "least_over_mean_worst": min(run["least_over_mean"] for run in runs),
+                "max_over_min": statistics.median(run["max_over_min"] for run in runs),
+                "wait_p50_ms": percentile(waits, 50) * 1000,
+                "wait_p99_ms": percentile(waits, 99) * 1000,
+                "wait_max_ms": max(waits) * 1000 if waits else math.nan,
+                "violations": sum(run["violations"] for run in runs),
+                "failed_acquires": sum(run["failed_acquires"] for run in runs),
+                "counts": [run["counts"] for run in runs],
+            }
+        result[str(workers)] = per_impl
+    return result
+
+
+# =============================================================================
+# profile of our uncontended path
+# =============================================================================
+def profile_ours(server: PrivateRedis, cfg: argparse.Namespace) -> str:
+    client = server.client()
+    op = _cycle(IMPLS["ours"].factory(client, "bench:profile", cfg.ttl, cfg.wait))
+    _time_block(op, 200)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(3000):
+        op()
+    prof.disable()
+    client.close()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
+    return buf.getvalue()
+
+
+# =============================================================================
+# report
+# =============================================================================
+def check(label: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"target": label, "pass": bool(ok), "detail": detail}
+
+
+def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    unc = data.get("uncontended", {})
+    if "ours" in unc and "baseline" in unc:
+        r = ratio(unc["ours"]["p50_us"], unc["baseline"]["p50_us"])
+        out.append(check("uncontended p50 <= 1.15x baseline", r <= 1.15, f"{r:.2f}x"))
+    ho = data.get("handoff", {})
+    if "ours" in ho and "python_redis_lock" in ho:
+        a, b = ho["ours"]["p50_ms"], ho["python_redis_lock"]["p50_ms"]
+        out.append(check("handoff p50 <= python-redis-lock", a <= b, f"{a:.2f} vs {b:.2f} ms"))
+    viol = 0
+    for w, per in data.get("contended", {}).items():
+        if "ours" not in per:
+            continue
+        ours = per["ours"]
+        viol += ours["violations"]
+        if int(w) < 8:
+            continue
+        peers = {k: v for k, v in per.items() if IMPLS[k].peer}
+        if peers:
+            best_key = max(peers, key=lambda k: peers[k]["ops_per_s"])
+            best = peers[best_key]["ops_per_s"]
+            out.append(check(
+                f"{w} workers: throughput >= best peer",
+                ours["ops_per_s"] >= best,
+                f"{ours['ops_per_s']:.0f} vs {best:.0f}/s ({best_key})",
+            ))
+        if "python_redis_lock" in per:
+            prl = per["python_redis_lock"]
+            r = ratio(ours["ops_per_s"], prl["ops_per_s"])
+            out.append(check(f"{w} workers: throughput >= 1.5x python-redis-lock", r >= 1.5,
+                             f"{r:.2f}x"))
+            out.append(check(
+                f"{w} workers: wait p99 <= python-redis-lock",
+                ours["wait_p99_ms"] <= prl["wait_p99_ms"],
+                f"{ours['wait_p99_ms']:.1f} vs {prl['wait_p99_ms']:.1f} ms",
+            ))
+        out.append(check(f"{w} workers: least-served >= 0.5 of mean",
+                         ours["least_over_mean"] >= 0.5, f"{ours['least_over_mean']:.2f}"))
+    if data.get("contended"):
+        out.append(check("zero mutual-exclusion violations (ours)", viol == 0, str(viol)))
+    return out
+
+
+_LABELS = {"PING": "PING (one round trip)", "semaphore": "django_redislock Semaphore"}
+
+
+def label(key: str) -> str:
+    return IMPLS[key].label if key in IMPLS else _LABELS.get(key, key)
+
+
+def render(data: dict[str, Any], rst: bool = False) -> str:
+    tab = rst_table if rst else table
+    parts = []
+    unc = data.get("uncontended")
+    if unc:
+        ping = unc["PING"]["p50_us"]
+        base = unc.get("baseline")
+        rts = data.get("round_trips", {})
+        rows = []
+        for key, v in unc.items():
+            rt = rts.get(key, {})
+            rows.append([
+                label(key), fmt(v["p50_us"]), fmt(v["p99_us"]),
+                fmt(ratio(v["p50_us"], ping), 2), fmt(ratio(v["p99_us"], ping), 2),
+                fmt(ratio(v["p50_us"], base["p50_us"]), 2) if base else "-",
+                fmt(ratio(v["p99_us"], base["p99_us"]), 2) if base else "-",
+                fmt(v.get("client_cpu_us")),
+                fmt(rt.get("round_trips"), 1), fmt(rt.get("script_commands"), 1),
+                fmt(rt.get("server_us"), 1),
+            ])
+        parts.append("Uncontended acquire+release (one process; us = microseconds)\n\n" + tab(
+            ["implementation", "p50 us", "p99 us", "p50/PING", "p99/PING", "p50/base",
+             "p99/base", "client CPU us", "round trips", "in scripts", "server us"], rows))
+    ho = data.get("handoff")
+    if ho:
+        rows = [[label(k), v["n"], fmt(v["p50_ms"], 2), fmt(v["p99_ms"], 2), fmt(v["max_ms"], 2),
+                 v["failed"]] for k, v in ho.items()]
+        parts.append("Release-to-waiter handoff (two processes; ms)\n\n" + tab(
+            ["implementation", "n", "p50 ms", "p99 ms", "max ms", "failed"], rows))
+    for w, per in data.get("contended", {}).items():
+        rows = [[label(k), fmt(v["ops_per_s"], 0), fmt(v["least_over_mean"], 2),
+                 fmt(v["least_over_mean_worst"], 2), fmt(v["max_over_min"], 2),
+                 fmt(v["wait_p50_ms"], 2), fmt(v["wait_p99_ms"], 1), fmt(v["wait_max_ms"], 1),
+                 v["violations"], v["failed_acquires"]] for k, v in per.items()]
+        parts.append(f"Contended, {w} worker processes on one lock\n\n" + tab(
+            ["implementation", "CS/s", "least/mean", "worst", "max/min", "wait p50 ms",
+             "p99 ms", "max ms", "violations", "failed"], rows))
+    t = data.get("targets")
+    if t:
+        rows = [["PASS" if x["pass"] else "FAIL", x["target"], x["detail"]] for x in t]
+        parts.append("Targets\n\n" + tab(["result", "target", "measured"], rows))
+    return "\n\n".join(parts)
+
+
+# =============================================================================
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.locks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="short run, about a minute")
+    p.add_argument("--impls", default=",".join(k for k in IMPLS),
+                   help="comma-separated subset of: " + ", ".join(IMPLS))
+    p.add_argument("--phases", default="uncontended,roundtrips,handoff,contended")
+    p.add_argument("--workers", default="2,8,32", help="worker counts for the contended phase")
+    p.add_argument("--rounds", type=int, help="contended rounds per worker count")
+    p.add_argument("--duration", type=float, help="measured seconds per contended cell")
+    p.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds before each")
+    p.add_argument("--iters", type=int, help="uncontended iterations per impl per round")
+    p.add_argument("--rounds-unc", type=int, help="uncontended rounds")
+    p.add_argument("--handoff-samples", type=int, help="handoff samples per implementation")
+    p.add_argument("--ttl", type=float, default=10.0, help="lease TTL for every impl (s)")
+    p.add_argument("--wait", type=float, default=10.0, help="wait bound for every impl (s)")
+    p.add_argument("--cs-us", type=float, default=0.0, help="busy work inside the lock (us)")
+    p.add_argument("--outside-us", type=float, default=0.0,
+                   help="busy work between release and the next acquire (us)")
+    p.add_argument("--baseline-contended", action="store_true",
+                   help="also run the polling baseline in the contended phase")
+    p.add_argument("--tcp", action="store_true", help="Redis on loopback TCP, not a unix socket")
+    p.add_argument("--profile", action="store_true", help="cProfile our uncontended path")
+    p.add_argument("--rst", action="store_true", help="also print the tables as RST")
+    p.add_argument("--no-save", action="store_true", help="do not write the JSON file")
+    p.add_argument("--render", metavar="JSON", help="print the tables of a saved run and exit")
+    cfg = p.parse_args(argv)
+    q = cfg.quick
+    cfg.rounds = cfg.rounds or (1 if q else 3)
+    cfg.duration = cfg.duration or (2.0 if q else 5.0)
+    cfg.iters = cfg.iters or (500 if q else 2000)
+    cfg.rounds_unc = cfg.rounds_unc or (4 if q else 10)
+    cfg.handoff_samples = cfg.handoff_samples or (20 if q else 100)
+    cfg.rounds_handoff = 2 if q else 5
+    cfg.warmup_iters = 200
+    cfg.hold_min, cfg.hold_jitter = 0.010, 0.010
+    cfg.workers = [int(x) for x in cfg.workers.split(",") if x]
+    cfg.impls = [k.strip() for k in cfg.impls.split(",") if k.strip()]
+    unknown = [k for k in cfg.impls if k not in IMPLS]
+    if unknown:
+        p.error(f"unknown implementation(s) {unknown}; choose from {list(IMPLS)}")
+    for key in list(cfg.impls):
+        reason = IMPLS[key].missing()
+        if reason:
+            log(f"skipping {IMPLS[key].label}: {reason}")
+            cfg.impls.remove(key)
+    cfg.phases = [x.strip() for x in cfg.phases.split(",") if x.strip()]
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(argv)
+    if cfg.render:
+        saved = json.loads(Path(cfg.render).read_text())
+        print(render(saved, rst=cfg.rst))
+        return 0
+    data: dict[str, Any] = {
+        "command": "python -m benchmarks.locks " + " ".join(sys.argv[1:] if argv is None else argv),
+        "config": dict(vars(cfg)),
+        "load_before": loadavg(),
+        "uptime_before": uptime_line(),
+    }
+    started = time.monotonic()
+    server = PrivateRedis(tcp=cfg.tcp).start()
+    try:
+        data["machine"] = machine_facts(server.version())
+        data["machine"]["transport"] = "tcp loopback" if cfg.tcp else "unix socket"
+        if "uncontended" in cfg.phases:
+            log("uncontended latency ...")
+            data["uncontended"] = uncontended(server, cfg.impls, cfg)
+        if "roundtrips" in cfg.phases:
+            log("round trips per acquire+release ...")
+            data["round_trips"] = round_trips(server, cfg.impls, cfg)
+        if "handoff" in cfg.phases:
+            log("handoff latency ...")
+            data["handoff"] = handoff(server, cfg.impls, cfg)
+        if "contended" in cfg.phases:
+            log("contended throughput ...")
+            impls = [k for k in cfg.impls if k != "baseline" or cfg.baseline_contended]
+            data["contended"] = contended(server, impls, cfg)
+        if cfg.profile:
+            data["profile"] = profile_ours(server, cfg)
+    finally:
+        server.stop()
+    data["elapsed_s"] = round(time.monotonic() - started, 1)
+    data["load_after"] = loadavg()
+    data["uptime_after"] = uptime_line()
+    data["targets"] = targets(data)
+    m = data["machine"]
+    print(f"{m['date_utc']}  {m['cpu']}, {m['cores']} cores, Python {m['python']}")
+    print(f"Redis {m['redis_server']} ({m['transport']}), redis-py {m['redis_py']}, "
+          f"hiredis {m['hiredis']} (in use: {m['hiredis_in_use']})")
+    print(f"load averages before {data['load_before']}, after {data['load_after']}; "
+          f"run took {data['elapsed_s']} s")
+    print(f"ttl {cfg.ttl} s, wait {cfg.wait} s for every implementation\n")
+    print(render(data))
+    if cfg.rst:
+        print("\n\n" + render(data, rst=True))
+    if cfg.profile:
+        print("\n" + data["profile"])
+    if not cfg.no_save:
+        for per in data.get("contended", {}).values():
+            for v in per.values():
+                v.pop("waits", None)
+        path = write_results("locks", data)
+        print(f"\nresults: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""A minimal Django site for ``benchmarks.views``; not the test settings."""
