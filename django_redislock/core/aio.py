@@ -31,6 +31,7 @@ from .exceptions import (
     ReplicationTimeout,
 )
 from .keys import KeySpace
+from .notify import parse_wakeup
 
 __all__ = ["AsyncLock", "AsyncNotifier", "get_async_notifier"]
 
@@ -115,6 +116,12 @@ LIVENESS_INTERVAL = 5.0
 IDLE_TIMEOUT = 60.0
 
 
+class AsyncWakeup(asyncio.Event):
+    """A waiting task's event; ``fence`` is set when the lease was handed to it."""
+
+    fence: int | None = None
+
+
 class AsyncNotifier:
     """The wake-up channel of this process for one event loop and pool."""
 
@@ -122,7 +129,7 @@ class AsyncNotifier:
         self._client = client
         self.channel = keyspace.channel(secrets.token_hex(8))
         self.address = b"p" + self.channel
-        self._slots: dict[str, asyncio.Event] = {}
+        self._slots: dict[str, AsyncWakeup] = {}
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._idle_since = time.monotonic()
@@ -137,8 +144,8 @@ class AsyncNotifier:
     def is_ready(self, tag: bytes = b"") -> bool:
         return self._ready.is_set()
 
-    def register(self, token: str, tag: bytes = b"") -> asyncio.Event:
-        event = asyncio.Event()
+    def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
+        event = AsyncWakeup()
         self._slots[token] = event
         if self._task is None or self._task.done():
             self._ready.clear()
@@ -213,9 +220,10 @@ class AsyncNotifier:
             ping_sent = None
             kind = message["type"]
             if kind == "message":
-                data = message["data"]
-                event = self._slots.get(data.decode() if isinstance(data, bytes) else str(data))
+                token, fence = parse_wakeup(message["data"])
+                event = self._slots.get(token)
                 if event is not None:
+                    event.fence = fence
                     event.set()
             elif kind == "subscribe":
                 if self._failures:
@@ -358,7 +366,11 @@ class AsyncLock(LockBase):
                 else:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await _wait_for(event.wait(), min(remaining, max(value, 1) / 1000))
+                    handed, event.fence = event.fence, None
                     event.clear()
+                    if handed is not None and self._take_handed(sent, ttl_ms):
+                        self._granted(token, handed, sent, ttl_ms)
+                        return True
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             await self._cancel(token)
             return False
@@ -400,7 +412,8 @@ class AsyncLock(LockBase):
         try:
             await complete(call, _CLEANUP_TIMEOUT)
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
-            # The queue entry expires at its deadline, a reserved turn after grace.
+            # The queue entry expires at its deadline; a lease handed to us
+            # unheard expires with its TTL.
             log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
 
     def _check_owner(self, action: str) -> str:

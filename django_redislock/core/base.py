@@ -23,9 +23,10 @@ log_acquire = logging.getLogger("django_redislock.acquire")
 log_release = logging.getLogger("django_redislock.release")
 log_lost = logging.getLogger("django_redislock.lost")
 
-# A woken waiter has this long to claim its turn before the next one is woken.
-# Long enough to ride out a scheduling hiccup on a loaded host, short enough
-# that a waiter that died in its queue costs little.
+# Semaphores: a woken waiter has this long to claim its reserved permit before
+# the next one is woken. Long enough to ride out a scheduling hiccup on a
+# loaded host, short enough that a waiter that died in its queue costs little.
+# (Locks hand the lease itself to the next waiter and do not use it.)
 DEFAULT_GRACE = 2.0
 # The state hash (last fence, queue details) outlives the lease by this much.
 STATE_KEEP_MS = 60_000
@@ -195,6 +196,17 @@ class LockBase:
 
     def _new_token(self) -> str:
         return secrets.token_hex(16)
+
+    def _take_handed(self, sent: float, ttl_ms: int) -> bool:
+        """Whether a lease handed over while we waited can be taken as it is.
+
+        It was granted after our last acquire call ran, so its validity counts
+        conservatively from that call's send time. With more than half of it
+        left, no round trip is needed; otherwise (or when replicas must
+        acknowledge it) the caller runs acquire again, which finds the lease
+        already ours and restarts it from now.
+        """
+        return not self.replicas and self._validity(sent, ttl_ms) - time.monotonic() > ttl_ms / 2000
 
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         self.token = token

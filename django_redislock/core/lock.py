@@ -5,12 +5,12 @@ Protocol, one round trip each when uncontended:
 * acquire runs ``acquire.lua``: it grants the lease (writing token, fence and
   owner in one go) or, if the caller will wait, appends the caller to the
   lock's FIFO queue along with the process's wake-up channel.
-* release runs ``release.lua``: compare-token delete, then the oldest live
-  waiter is given a short reservation and woken through its channel.
-* a woken waiter runs ``acquire.lua`` again and takes its reserved turn.
+* release runs ``release.lua``: compare-token delete, then the lease is
+  handed straight to the oldest live waiter, which is woken through its
+  channel with its fence: it holds the lock as it wakes, no second round trip.
 
-Because a freed lock goes to the oldest waiter and nobody can barge in while
-a turn is reserved, waits are first come first served across processes.
+Because a freed lock goes straight to the oldest waiter, nobody can barge in
+and waits are first come first served across processes.
 """
 
 from __future__ import annotations
@@ -133,7 +133,11 @@ class Lock(LockBase):
                 else:
                     # Sleep until woken, or until the state can change by itself.
                     event.wait(min(remaining, max(value, 1) / 1000))
+                    handed, event.fence = event.fence, None
                     event.clear()
+                    if handed is not None and self._take_handed(sent, ttl_ms):
+                        self._granted(token, handed, sent, ttl_ms)
+                        return True
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             self._cancel(token)
             return False
@@ -183,7 +187,8 @@ class Lock(LockBase):
         try:
             scripts.run(self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms))
         except RedisUnavailable as exc:
-            # Our queue entry expires at its deadline; a reserved turn after grace.
+            # Our queue entry expires at its deadline; a lease handed to us
+            # unheard expires with its TTL.
             log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
 
     def _release_token(self, token: str) -> int:

@@ -46,7 +46,7 @@ class Notifier:
         self.channel = keyspace.channel(self.process_id)
         # The form the lock scripts take: p = PUBLISH on this channel.
         self.address = b"p" + self.channel
-        self._slots: dict[str, threading.Event] = {}
+        self._slots: dict[str, Wakeup] = {}
         self._mutex = threading.Lock()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -62,8 +62,8 @@ class Notifier:
     def address_for(self, tag: bytes = b"") -> bytes:
         return self.address
 
-    def register(self, token: str, tag: bytes = b"") -> threading.Event:
-        event = threading.Event()
+    def register(self, token: str, tag: bytes = b"") -> Wakeup:
+        event = Wakeup()
         with self._mutex:
             self._slots[token] = event
             if self._thread is None or not self._thread.is_alive():
@@ -150,11 +150,11 @@ class Notifier:
             ping_sent = None
             kind = message["type"]
             if kind == "message":
-                data = message["data"]
-                token = data.decode() if isinstance(data, bytes) else str(data)
+                token, fence = parse_wakeup(message["data"])
                 with self._mutex:
                     event = self._slots.get(token)
                 if event is not None:
+                    event.fence = fence
                     event.set()
             elif kind == "subscribe":
                 if self._failures:
@@ -165,6 +165,19 @@ class Notifier:
                     # Back after an outage: wake-ups may have been missed.
                     self._wake_all()
                 self._connected_before = True
+
+
+class Wakeup(threading.Event):
+    """A waiter's event; ``fence`` is set when the lease was handed to it."""
+
+    fence: int | None = None
+
+
+def parse_wakeup(data: bytes | str) -> tuple[str, int | None]:
+    """``b"<token>"`` or ``b"<token>:<fence>"`` (a lease handed over) -> parts."""
+    text = data.decode() if isinstance(data, bytes) else str(data)
+    token, colon, fence = text.partition(":")
+    return token, (int(fence) if colon else None)
 
 
 _registry: dict[tuple[int, str], tuple[Any, Any]] = {}

@@ -28,7 +28,9 @@ import threading
 import time
 from typing import Any
 
+from .aio import AsyncWakeup
 from .keys import KeySpace
+from .notify import Wakeup, parse_wakeup
 
 __all__ = ["AsyncShardedNotifier", "ShardedNotifier", "is_cluster"]
 
@@ -108,8 +110,10 @@ class _ShardedBase:
         kind = _text(message["type"])
         channel = _channel_bytes(message.get("channel", b""))
         if kind == "smessage":
-            entry = self._slots.get(_text(message["data"]))
+            token, fence = parse_wakeup(message["data"])
+            entry = self._slots.get(token)
             if entry is not None:
+                entry[0].fence = fence
                 entry[0].set()
             return
         tag = self._by_channel.get(channel)
@@ -227,8 +231,8 @@ class ShardedNotifier(_ShardedBase):
         self._listeners: dict[str, _NodeListener] = {}
 
     # -- waiters' side -----------------------------------------------------
-    def register(self, token: str, tag: bytes = b"") -> threading.Event:
-        event = threading.Event()
+    def register(self, token: str, tag: bytes = b"") -> Wakeup:
+        event = Wakeup()
         with self._mutex:
             self._slots[token] = (event, tag)
             if not tag:
@@ -346,7 +350,7 @@ class _AsyncNodeListener:
         self.wanted.add(channel)
         if self.pubsub is not None:
             try:
-                await self.pubsub.ssubscribe(channel)
+                await _ssubscribe(self.pubsub, channel)
             except Exception as exc:
                 logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
 
@@ -356,7 +360,7 @@ class _AsyncNodeListener:
             self.empty_since = time.monotonic()
         if self.pubsub is not None:
             with contextlib.suppress(Exception):
-                await self.pubsub.sunsubscribe(channel)
+                await _sunsubscribe(self.pubsub, channel)
 
     async def run(self) -> None:
         backoff = 0.05
@@ -365,7 +369,7 @@ class _AsyncNodeListener:
                 pubsub = self.redis.pubsub()
                 try:
                     for channel in sorted(self.wanted):
-                        await pubsub.ssubscribe(channel)
+                        await _ssubscribe(pubsub, channel)
                     self.pubsub = pubsub
                     backoff = 0.05
                     if await self._listen():
@@ -392,6 +396,7 @@ class _AsyncNodeListener:
         last_check = last_heard
         ping_sent: float | None = None
         while True:
+            _check_connection(self.pubsub)
             if self.pubsub.connection is None:
                 await asyncio.sleep(0.05)
                 message = None
@@ -413,6 +418,40 @@ class _AsyncNodeListener:
                 if ping_sent is None and now - last_heard > LIVENESS_INTERVAL and self.wanted:
                     await self.pubsub.ping()
                     ping_sent = now
+
+
+# redis-py before 5.1 has no sharded pub/sub on its asyncio PubSub. The raw
+# commands work there: their replies come back from get_message() as
+# "ssubscribe"/"smessage" messages. But such a PubSub, reconnecting by itself
+# on its next command or read, would not subscribe those channels again, so
+# there a dropped connection must end the listener's PubSub instead: the next
+# one subscribes every wanted tag and wakes their waiters.
+
+
+def _reconnect_would_lose_tags(pubsub: Any) -> bool:
+    conn = pubsub.connection
+    return not hasattr(pubsub, "ssubscribe") and conn is not None and not conn.is_connected
+
+
+def _check_connection(pubsub: Any) -> None:
+    if _reconnect_would_lose_tags(pubsub):
+        raise ConnectionError("the wake-up connection was dropped")
+
+
+async def _ssubscribe(pubsub: Any, channel: bytes) -> None:
+    if hasattr(pubsub, "ssubscribe"):
+        await pubsub.ssubscribe(channel)
+    else:
+        _check_connection(pubsub)
+        await pubsub.execute_command("SSUBSCRIBE", channel)
+
+
+async def _sunsubscribe(pubsub: Any, channel: bytes) -> None:
+    if hasattr(pubsub, "sunsubscribe"):
+        await pubsub.sunsubscribe(channel)
+    else:
+        _check_connection(pubsub)
+        await pubsub.execute_command("SUNSUBSCRIBE", channel)
 
 
 def _async_node_client(node: Any) -> Any:
@@ -438,8 +477,8 @@ class AsyncShardedNotifier(_ShardedBase):
         self._listeners: dict[str, _AsyncNodeListener] = {}
         self._pending: set[asyncio.Task[None]] = set()
 
-    def register(self, token: str, tag: bytes = b"") -> asyncio.Event:
-        event = asyncio.Event()
+    def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
+        event = AsyncWakeup()
         self._slots[token] = (event, tag)
         if not tag:
             return event

@@ -2,14 +2,17 @@
 --
 -- KEYS[1] lease  hash  t=token f=fence n=name o=owner a=acquired ms x=ttl ms
 -- KEYS[2] queue  list  waiting tokens, oldest first
--- KEYS[3] state  hash  f=last fence, r=reserved token, u=reservation end ms,
---                      q=set while the queue may be non-empty,
---                      <token>=<deadline ms>|<p|s|->channel for each waiter
+-- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
+--                      n=lock name, d=last token released,
+--                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<owner>
+--                      for each waiter
 -- A token is in the queue exactly when the state hash has a field for it.
 -- The uncontended paths read `q` instead of touching the queue, and the
 -- server clock only when they need it: every redis.call costs microseconds.
 
 local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
+-- How long the state (last fence) outlives a lease; STATE_KEEP_MS in base.py.
+local KEEP = 60000
 local clock, now_ms
 
 local function read_clock()
@@ -27,45 +30,74 @@ local function bump_ttl(key, ms)
   end
 end
 
--- Hand the free lock's next turn to the oldest live waiter: pop it, reserve the
--- lock for it for grace ms, and wake it. Waiters whose deadline passed, or
--- whose wake-up channel nobody listens on, are dropped on the way. Returns
--- the reserved token, or false for an empty queue.
--- When the oldest live waiter is `self`, it is popped and returned unreserved:
--- the caller is already here and takes the lease in this same script.
-local function promote(grace, self)
+-- Write a lease for `token` and return its fence. Fences follow the server
+-- clock in microseconds and exceed the last one issued (`last`), so they keep
+-- increasing after the state expires or Redis restarts empty, as long as the
+-- server clock does not step back. `waiters`: whether anyone may be queued
+-- (then the state's TTL may only grow, it covers their deadlines).
+local function give(token, ttl, name, owner, last, waiters)
+  read_clock()
+  local fence = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  last = tonumber(last or '0')
+  if last >= fence then
+    fence = last + 1
+  end
+  local f = string.format('%.0f', fence)
+  redis.call('HSET', lease, 't', token, 'f', f, 'n', name, 'o', owner, 'a', now_ms, 'x', ttl)
+  redis.call('PEXPIRE', lease, ttl)
+  redis.call('HSET', state, 'f', f)
+  if waiters then
+    bump_ttl(state, ttl + KEEP)
+  else
+    redis.call('PEXPIRE', state, ttl + KEEP)
+  end
+  return fence
+end
+
+-- The lock is free and someone may be queued: hand the lease straight to the
+-- oldest live waiter and wake it with "<token>:<fence>", so it holds the lock
+-- the moment it wakes, with no second round trip. Waiters whose deadline
+-- passed, or whose wake-up channel nobody listens on (their process died),
+-- are dropped on the way. Returns the new holder's token, or false when
+-- nobody was left. When the oldest live waiter is `self` (the caller of this
+-- very script), it is popped and returned without a lease: the caller takes
+-- it itself.
+local function hand_off(self)
   read_clock()
   while true do
     local head = redis.call('LPOP', queue)
     if not head then
-      redis.call('HDEL', state, 'r', 'u', 'q')
+      redis.call('HDEL', state, 'q')
       return false
     end
     local info = redis.call('HGET', state, head)
     redis.call('HDEL', state, head)
     if info then
-      local sep = string.find(info, '|', 1, true)
-      if tonumber(string.sub(info, 1, sep - 1)) > now_ms then
+      local s1 = string.find(info, '|', 1, true)
+      local s2 = string.find(info, '|', s1 + 1, true)
+      local s3 = string.find(info, '|', s2 + 1, true)
+      if tonumber(string.sub(info, 1, s1 - 1)) > now_ms then
         if head == self then
-          redis.call('HDEL', state, 'r', 'u')
           return head
         end
-        local mode = string.sub(info, sep + 1, sep + 1)
-        local channel = string.sub(info, sep + 2)
+        local mode = string.sub(info, s1 + 1, s1 + 1)
+        local channel = string.sub(info, s1 + 2, s2 - 1)
+        local ttl = tonumber(string.sub(info, s2 + 1, s3 - 1))
+        local st = redis.call('HMGET', state, 'f', 'n')
+        local fence = give(head, ttl, st[2] or '', string.sub(info, s3 + 1), st[1], true)
+        local message = head .. ':' .. string.format('%.0f', fence)
         local heard = 1
         if mode == 'p' then
-          heard = redis.call('PUBLISH', channel, head)
+          heard = redis.call('PUBLISH', channel, message)
         elseif mode == 's' then
-          heard = redis.call('SPUBLISH', channel, head)
+          heard = redis.call('SPUBLISH', channel, message)
         end
-        -- Nobody listens on its channel: its process died (or is reconnecting,
-        -- and will queue again when it is back). Reserving the turn would
-        -- leave the lock idle until the next waiter's fallback timer.
-        if heard > 0 then
-          redis.call('HSET', state, 'r', head, 'u', now_ms + grace)
-          bump_ttl(state, grace + 60000)
+        if heard > 0 or mode == '-' then
+          -- A waiter without a channel finds its lease at its next retry.
           return head
         end
+        -- Nobody heard: its process died. Take the lease back, try the next.
+        redis.call('DEL', lease)
       end
     end
   end

@@ -1,5 +1,5 @@
--- Force-release (operators): delete the lease whoever holds it, wake the next
--- waiter. The former holder learns of it at its next extend or release.
+-- Force-release (operators): delete the lease whoever holds it, and hand it
+-- to the next waiter. The former holder learns of it at its next extend or release.
 -- KEYS: lease, queue, state. ARGV[1] grace ms. ARGV[2] expected token or ''.
 -- Returns 1 when a lease was deleted, 0 when none was held (or another token).
 local holder = redis.call('HGET', lease, 't')
@@ -8,6 +8,6 @@ if not holder or (ARGV[2] ~= '' and holder ~= ARGV[2]) then
 end
 redis.call('DEL', lease)
 if redis.call('HGET', state, 'q') then
-  promote(tonumber(ARGV[1]), false)
+  hand_off(false)
 end
 return 1
