@@ -207,7 +207,8 @@ class Lock(LockBase):
     def release(self) -> None:
         """Release the lease. Raises ``LockLost`` if it had been lost meanwhile."""
         token = self._check_owner("release")
-        renewal.watchdog.discard(self)
+        if self.renew:
+            renewal.watchdog.discard(self)
         held = time.monotonic() - self._acquired_at
         # Forget first: a renewal in flight that finds the lease gone must see
         # that we let it go, not report it lost.

@@ -82,7 +82,9 @@ class Notifier:
 
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         """Wait until the channel is subscribed; False if it is not by then."""
-        return self._ready.wait(timeout)
+        # Every uncontended acquire asks with timeout 0: is_set() skips the
+        # condition variable that Event.wait() would take.
+        return self._ready.is_set() or (timeout > 0 and self._ready.wait(timeout))
 
     # -- listener thread ----------------------------------------------------
     def _wake_all(self) -> None:
