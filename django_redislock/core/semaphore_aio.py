@@ -15,7 +15,14 @@ from types import TracebackType
 from typing import Any
 
 from . import scripts
-from .aio import _RELEASE_TIMEOUT, _wait_for, complete, get_async_notifier
+from .aio import (
+    _RELEASE_TIMEOUT,
+    _cancel_requests,
+    _raise_if_cancelled_since,
+    _wait_for,
+    complete,
+    get_async_notifier,
+)
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
 from .keys import KeySpace
@@ -62,7 +69,7 @@ class AsyncSemaphore(SemaphoreBase):
         gate = self._get_gate()
         if wait_s > 0:
             try:
-                await asyncio.wait_for(gate.acquire(), wait_s)
+                await _wait_for(gate.acquire(), wait_s, undo=gate.release)
             except asyncio.TimeoutError:
                 self.observer.busy(self, time.monotonic() - started)
                 return False
@@ -97,6 +104,7 @@ class AsyncSemaphore(SemaphoreBase):
         if notifier is not None and notifier.is_ready(tag):
             event = notifier.register(token, tag)
             address = notifier.address_for(tag)
+        cancels = _cancel_requests()
         try:
             while True:
                 sent = time.monotonic()
@@ -106,6 +114,8 @@ class AsyncSemaphore(SemaphoreBase):
                     keys,
                     self._sem_args(token, ttl_ms, who, wait_ms if event else 0, address),
                 )
+                # As in AsyncLock: redis-py's send may have swallowed our cancellation.
+                _raise_if_cancelled_since(cancels)
                 if granted == 1:
                     if time.monotonic() >= self._validity(sent, ttl_ms):
                         log_acquire.warning(

@@ -1,0 +1,161 @@
+"""Oracles that judge mutual exclusion without trusting the lock under test.
+
+* ``SharedOracles``: counters in shared memory, updated by every holder in every
+  process: an occupancy counter (two holders inside at once is a violation), a
+  read-modify-write counter (a lost update is a violation) and the last fencing
+  token seen per lock (a token that does not increase is a violation). Their
+  own atomicity comes from a process-shared semaphore, not from Redis.
+* ``FenceTable``: a one-row SQLite table written only with
+  ``UPDATE ... WHERE fence < ?``, the storage-side guard fencing tokens exist for.
+* ``KeyspaceAudit``: after a scenario, no library key is left without a TTL and
+  no key outside the library's prefix was touched.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+__all__ = ["FenceTable", "KeyspaceAudit", "SharedOracles"]
+
+
+class SharedOracles:
+    """Per-lock counters in shared memory (``multiprocessing`` RawArrays)."""
+
+    OCCUPANCY, FENCE_ORDER = 0, 1
+
+    def __init__(self, ctx: Any, locks: int) -> None:
+        self.locks = locks
+        self.mutex = ctx.Lock()
+        self.inside = ctx.RawArray("q", locks)
+        self.counter = ctx.RawArray("q", locks)
+        self.last_fence = ctx.RawArray("q", locks)
+        self.entries = ctx.RawArray("q", locks)
+        self.violations = ctx.RawArray("q", 2)
+
+    def enter(self, i: int, fence: int) -> None:
+        with self.mutex:
+            self.inside[i] += 1
+            if self.inside[i] > 1:
+                self.violations[self.OCCUPANCY] += 1
+            if fence <= self.last_fence[i]:
+                self.violations[self.FENCE_ORDER] += 1
+            else:
+                self.last_fence[i] = fence
+
+    def increment(self, i: int, dwell: float) -> None:
+        # Deliberately not atomic: only the lock keeps two of these apart.
+        value = self.counter[i]
+        if dwell:
+            time.sleep(dwell)
+        else:
+            time.sleep(0)  # yield the CPU between the read and the write
+        self.counter[i] = value + 1
+
+    def leave(self, i: int) -> None:
+        with self.mutex:
+            self.inside[i] -= 1
+            self.entries[i] += 1
+
+    def summary(self) -> dict[str, int]:
+        entries = sum(self.entries)
+        return {
+            "acquisitions": entries,
+            "occupancy": self.violations[self.OCCUPANCY],
+            "fence_order": self.violations[self.FENCE_ORDER],
+            "lost_updates": entries - sum(self.counter),
+        }
+
+
+class FenceTable:
+    """A resource guarded by fencing tokens, in a SQLite file any process can open."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _connect(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
+
+    def create(self) -> FenceTable:
+        with self._connect() as db:
+            db.execute("DROP TABLE IF EXISTS resource")
+            db.execute(
+                "CREATE TABLE resource (id INTEGER PRIMARY KEY, fence INTEGER, value TEXT)"
+            )
+            db.execute("INSERT INTO resource VALUES (1, 0, '')")
+        return self
+
+    def write(self, fence: int, value: str) -> bool:
+        """The fenced write: it applies only if no newer holder wrote first."""
+        db = self._connect()
+        try:
+            cur = db.execute(
+                "UPDATE resource SET fence = ?, value = ? WHERE id = 1 AND fence < ?",
+                (fence, value, fence),
+            )
+            return cur.rowcount == 1
+        finally:
+            db.close()
+
+    def read(self) -> tuple[int, str]:
+        db = self._connect()
+        try:
+            fence, value = db.execute("SELECT fence, value FROM resource WHERE id = 1").fetchone()
+            return int(fence), str(value)
+        finally:
+            db.close()
+
+
+# Keys a careless SCAN pattern, prefix match or script would hit: near-misses of
+# the library's own layout, glob characters, and a key in another database.
+_FOREIGN: dict[bytes, bytes] = {
+    b"foreign:plain": b"keep me",
+    b"redislockx:L:{0000000000000000}:=a": b"near miss of the prefix",
+    b"redislock": b"the prefix alone",
+    b"other:L:{0000000000000000}:=job": b"another prefix, same layout",
+    b"redislock*": b"glob in the name",
+    b"{redislock}:L:x": b"hash tag around the prefix",
+}
+
+
+@dataclass
+class KeyspaceAudit:
+    """Plant foreign keys before a scenario; ``check()`` lists what went wrong."""
+
+    prefix: bytes = b"redislock"
+
+    def plant(self, client: redis.Redis) -> None:
+        pipe = client.pipeline()
+        for key, value in _FOREIGN.items():
+            pipe.set(key, value)
+        pipe.hset(b"foreign:hash", mapping={b"t": b"not a token", b"f": b"7"})
+        pipe.rpush(b"foreign:list", b"a", b"b")
+        pipe.execute()
+        client.execute_command("SELECT", 0)
+
+    def check(self, client: redis.Redis, *, foreign: bool = True) -> list[str]:
+        problems: list[str] = []
+        mine = self.prefix + b":"
+        for key in client.scan_iter(count=1000):
+            if key.startswith(mine):
+                ttl = client.pttl(key)
+                if ttl == -1:
+                    problems.append(f"library key without TTL: {key!r}")
+            elif foreign and key not in _FOREIGN and key not in (b"foreign:hash", b"foreign:list"):
+                problems.append(f"unexpected key outside the prefix: {key!r}")
+        if foreign:
+            for key, value in _FOREIGN.items():
+                if client.get(key) != value or client.pttl(key) != -1:
+                    problems.append(f"foreign key touched: {key!r}")
+            if client.hgetall(b"foreign:hash") != {b"t": b"not a token", b"f": b"7"}:
+                problems.append("foreign key touched: b'foreign:hash'")
+            if client.lrange(b"foreign:list", 0, -1) != [b"a", b"b"]:
+                problems.append("foreign key touched: b'foreign:list'")
+        return problems
+
+    def lock_keys(self, client: redis.Redis) -> list[bytes]:
+        return sorted(client.scan_iter(match=self.prefix + b":*", count=1000))
