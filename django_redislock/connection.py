@@ -39,7 +39,7 @@ _clients: dict[tuple[str, int, float, float], Any] = {}
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, Any]] = (
     weakref.WeakKeyDictionary()
 )
-_checked_eviction: set[int] = set()
+_eviction_checks: dict[int, threading.Thread] = {}
 
 # The asyncio twin of each sync connection class.
 _SYNC_TO_ASYNC = {
@@ -153,11 +153,26 @@ def _build_sync(alias: str) -> Any:
     return redis.Redis(connection_pool=new_pool)
 
 
+def check_eviction(client: Any) -> threading.Thread | None:
+    """Check Redis's eviction policy once per client, off the caller's path.
+
+    It is one more bounded call, and against a stalled Redis the first lock a
+    request takes must not pay for it twice. Returns the checking thread the
+    first time (tests join it), None after.
+    """
+    with _lock:
+        if id(client) in _eviction_checks:
+            return None
+        thread = threading.Thread(
+            target=_warn_eviction, args=(client,), name="redislock-eviction-check", daemon=True
+        )
+        _eviction_checks[id(client)] = thread
+    thread.start()
+    return thread
+
+
 def _warn_eviction(client: Any) -> None:
-    """Log once per client if Redis may evict lock keys under memory pressure."""
-    if id(client) in _checked_eviction:
-        return
-    _checked_eviction.add(id(client))
+    """Log if Redis may evict lock keys under memory pressure."""
     try:
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
     except Exception:  # CONFIG is often disabled on managed Redis: nothing to say
@@ -273,5 +288,5 @@ def reset() -> None:
             except Exception:
                 logger.debug("closing a cached client failed", exc_info=True)
         _clients.clear()
-        _checked_eviction.clear()
+        _eviction_checks.clear()
     _async_clients.clear()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .conf import conf
-from .connection import _warn_eviction, get_async_client, get_client
+from .connection import check_eviction, get_async_client, get_client
 from .core.aio import AsyncLock
 from .core.keys import KeySpace
 from .core.lock import Lock
@@ -60,7 +60,7 @@ def get_lock(
 ) -> Lock:
     """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals."""
     client = get_client(alias)
-    _warn_eviction(client)
+    check_eviction(client)
     return Lock(client, name, **_options(timeout, wait, renew, renew_max, label, extra))
 
 

@@ -160,6 +160,14 @@ async def test_get_async_lock(r: redis.Redis) -> None:
     audit_keyspace(r)
 
 
+def _join_eviction_checks() -> None:
+    from django_redislock import connection
+
+    for thread in list(connection._eviction_checks.values()):
+        thread.join(10)
+        assert not thread.is_alive()
+
+
 def test_eviction_policy_is_warned_about(redis_factory: Any, caplog: Any) -> None:
     server = redis_factory(
         port=free_port(), unix=False, extra=("--maxmemory-policy", "allkeys-lru")
@@ -168,6 +176,7 @@ def test_eviction_policy_is_warned_about(redis_factory: Any, caplog: Any) -> Non
     with override_settings(CACHES=_caches_for(server)):
         get_lock("evictable")
         get_lock("evictable")
+    _join_eviction_checks()
     warnings = [
         rec for rec in caplog.records
         if rec.name == "django_redislock.connection" and "allkeys-lru" in rec.getMessage()
@@ -179,6 +188,7 @@ def test_eviction_policy_is_warned_about(redis_factory: Any, caplog: Any) -> Non
 def test_noeviction_is_not_warned_about(caplog: Any) -> None:
     caplog.set_level(logging.WARNING, logger="django_redislock.connection")
     get_lock("fine")
+    _join_eviction_checks()
     assert not [rec for rec in caplog.records if rec.name == "django_redislock.connection"]
 
 
