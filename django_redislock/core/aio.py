@@ -40,6 +40,7 @@ log_notify = logging.getLogger("django_redislock.notify")
 log_renew = logging.getLogger("django_redislock.renew")
 
 T = TypeVar("T")
+_AH = TypeVar("_AH", bound="AsyncHandle")
 
 _NO_CHANNEL = b"-"
 # Cleanup after a cancelled acquire may take this long before we give up on it.
@@ -260,10 +261,14 @@ def get_async_notifier(client: Any, keyspace: KeySpace) -> Any:
     return entry[1]
 
 
-class AsyncLock(LockBase):
-    """``Lock`` for asyncio. Shared between tasks it behaves like ``asyncio.Lock``:
-    a second task waits for the first to release, and only the task that
-    acquired may release or extend the lease.
+class AsyncHandle(LockBase):
+    """What ``AsyncLock`` and ``AsyncSemaphore`` share: the task gate, the wait
+    loop, and giving back whatever a cancelled or timed-out attempt may hold.
+
+    Shared between tasks, a handle behaves like ``asyncio.Lock``: a second
+    task waits for the first to release, and only the task that acquired may
+    release. Subclasses say how to try (``_attempt``), how to give back
+    (``_cancel``) and what holding starts (``_on_acquired``).
     """
 
     def __init__(self, client: Any, name: str, **options: Any) -> None:
@@ -271,9 +276,26 @@ class AsyncLock(LockBase):
         self._gate: asyncio.Lock | None = None
         self._gate_loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
-        self._renewer: asyncio.Task[None] | None = None
-        self._ttl_ms_held = 0
         self.retry_after: float | None = None
+
+    async def _attempt(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple[int, int]:
+        """Run the acquire script once: (1, fence) or (0, ms until a change)."""
+        raise NotImplementedError
+
+    async def _cancel(self, token: str) -> None:
+        """Give back whatever ``token`` may hold or be queued for."""
+        raise NotImplementedError
+
+    def _on_acquired(self, ttl_ms: int) -> None:
+        """Called once the handle holds what it asked for."""
+
+    def _already_held(self) -> LockError:
+        return LockError(
+            f"lock {self.name!r} is already held by this handle in this task; "
+            "locks are not reentrant: release it first or use another name"
+        )
 
     def _get_gate(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -283,15 +305,12 @@ class AsyncLock(LockBase):
         return self._gate
 
     async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
-        """Take the lock, waiting up to ``wait`` seconds (0: try once)."""
+        """Take it, waiting up to ``wait`` seconds (0: try once)."""
         wait_s = self._wait_s(wait)
         ttl_ms = self._ttl_ms(ttl)
         me = asyncio.current_task()
         if self.token is not None and self._task is me:
-            raise LockError(
-                f"lock {self.name!r} is already held by this handle in this task; "
-                "locks are not reentrant: release it first or use another name"
-            )
+            raise self._already_held()
         started = time.monotonic()
         gate = self._get_gate()
         if wait_s > 0:
@@ -315,24 +334,19 @@ class AsyncLock(LockBase):
             self.observer.busy(self, time.monotonic() - started)
             return False
         self._task = me
-        self._ttl_ms_held = ttl_ms
+        self._on_acquired(ttl_ms)
         self.observer.acquired(self, time.monotonic() - started)
-        if self.renew:
-            self._renewer = asyncio.get_running_loop().create_task(
-                self._renew_loop(), name=f"redislock-renew:{self.name[:40]}"
-            )
         return True
 
     async def _acquire(self, deadline: float, ttl_ms: int) -> bool:
         token = self._new_token()
         task = asyncio.current_task()
         who = task.get_name() if task is not None else "?"
-        keys = self._key_tuple
         wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
         notifier = get_async_notifier(self.client, self.keyspace) if wait_ms else None
         event = None
         address = _NO_CHANNEL
-        tag = self.keys.tag
+        tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
         if notifier is not None and notifier.is_ready(tag):
             event = notifier.register(token, tag)
             address = notifier.address_for(tag)
@@ -340,11 +354,10 @@ class AsyncLock(LockBase):
         try:
             while True:
                 sent = time.monotonic()
-                granted, value = await self._run_acquire(
-                    token,
-                    keys,
-                    self._args_acquire(token, ttl_ms, who, wait_ms if event else 0, address),
+                granted, value = await self._attempt(
+                    token, ttl_ms, who, wait_ms if event else 0, address
                 )
+                # redis-py's send may have swallowed our cancellation (3.11).
                 _raise_if_cancelled_since(cancels)
                 if granted == 1:
                     if time.monotonic() >= self._validity(sent, ttl_ms):
@@ -380,12 +393,57 @@ class AsyncLock(LockBase):
             raise
         except BaseException:
             # Cancelled or interrupted at some await: the script may have run
-            # and granted us the lease. Give it back, whatever happens to us.
+            # and granted us what we asked. Give it back, whatever happens to us.
             await self._cancel(token)
             raise
         finally:
             if event is not None and notifier is not None:
                 notifier.unregister(token)
+
+    async def __aenter__(self: _AH) -> _AH:
+        if not await self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockError:
+            if exc_type is None:
+                raise
+
+    async def release(self) -> None:
+        raise NotImplementedError
+
+
+class AsyncLock(AsyncHandle):
+    """``Lock`` for asyncio. Shared between tasks it behaves like ``asyncio.Lock``:
+    a second task waits for the first to release, and only the task that
+    acquired may release or extend the lease.
+    """
+
+    def __init__(self, client: Any, name: str, **options: Any) -> None:
+        super().__init__(client, name, **options)
+        self._renewer: asyncio.Task[None] | None = None
+        self._ttl_ms_held = 0
+
+    async def _attempt(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple[int, int]:
+        args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
+        return await self._run_acquire(token, self._key_tuple, args)
+
+    def _on_acquired(self, ttl_ms: int) -> None:
+        self._ttl_ms_held = ttl_ms
+        if self.renew:
+            self._renewer = asyncio.get_running_loop().create_task(
+                self._renew_loop(), name=f"redislock-renew:{self.name[:40]}"
+            )
 
     async def _run_acquire(
         self, token: str, keys: tuple[bytes, ...], args: tuple
@@ -515,20 +573,3 @@ class AsyncLock(LockBase):
                 self._mark_lost("the lease was gone at renewal (expired, cleared or lost by Redis)")
                 return
             delay = self._ttl_ms_held / 3000
-
-    async def __aenter__(self) -> AsyncLock:
-        if not await self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self.release()
-        except LockError:
-            if exc_type is None:
-                raise

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -41,27 +41,46 @@ __all__ = ["Lock"]
 log_acquire = logging.getLogger("django_redislock.acquire")
 
 _NO_CHANNEL = b"-"
+_H = TypeVar("_H", bound="SyncHandle")
 
 
-class Lock(LockBase):
-    """A lock on ``name`` in Redis, held by this handle.
+class SyncHandle(LockBase):
+    """What ``Lock`` and ``Semaphore`` share: the thread gate, the wait loop,
+    and giving back whatever an interrupted or timed-out attempt may hold.
 
-    ``Lock(client, "purchase:7", ttl=30, wait=10)``. A handle is reusable: it
-    may be acquired again after release. Shared between threads, it behaves
-    like ``threading.Lock``: a second thread waits for the first to release,
-    and only the thread that acquired may release or extend. Not reentrant.
+    Shared between threads, a handle behaves like ``threading.Lock``: a second
+    thread waits for the first to release, and only the thread that acquired
+    may release. Subclasses say how to try (``_attempt``), how to give back
+    (``_cancel``) and what holding starts (``_on_acquired``).
     """
 
     def __init__(self, client: Any, name: str, **options: Any) -> None:
         super().__init__(client, name, **options)
         self._gate = threading.Lock()
         self._thread: int | None = None
-        self._ttl_ms_held = 0
         self.retry_after: float | None = None
 
-    # -- acquire ---------------------------------------------------------------
+    def _attempt(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple[int, int]:
+        """Run the acquire script once: (1, fence) or (0, ms until a change)."""
+        raise NotImplementedError
+
+    def _cancel(self, token: str) -> None:
+        """Give back whatever ``token`` may hold or be queued for."""
+        raise NotImplementedError
+
+    def _on_acquired(self, ttl_ms: int) -> None:
+        """Called once the handle holds what it asked for."""
+
+    def _already_held(self) -> LockError:
+        return LockError(
+            f"lock {self.name!r} is already held by this handle in this thread; "
+            "locks are not reentrant: release it first or use another name"
+        )
+
     def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
-        """Take the lock, waiting up to ``wait`` seconds (0: try once).
+        """Take it, waiting up to ``wait`` seconds (0: try once).
 
         Returns True when held, False when it stayed busy. Raises
         ``RedisUnavailable`` when Redis cannot be reached: that is not busy.
@@ -71,10 +90,7 @@ class Lock(LockBase):
         if self._pid != os.getpid():
             self._detach_after_fork()
         if self.token is not None and self._thread == threading.get_ident():
-            raise LockError(
-                f"lock {self.name!r} is already held by this handle in this thread; "
-                "locks are not reentrant: release it first or use another name"
-            )
+            raise self._already_held()
         started = time.monotonic()
         got_gate = self._gate.acquire(timeout=wait_s) if wait_s > 0 else self._gate.acquire(False)
         if not got_gate:
@@ -90,34 +106,27 @@ class Lock(LockBase):
             self.observer.busy(self, time.monotonic() - started)
             return False
         self._thread = threading.get_ident()
-        self._ttl_ms_held = ttl_ms
+        self._on_acquired(ttl_ms)
         self.observer.acquired(self, time.monotonic() - started)
-        if self.renew:
-            renewal.watchdog.add(self, ttl_ms / 3000)
         return True
 
     def _acquire(self, deadline: float, ttl_ms: int) -> bool:
         token = self._new_token()
         who = threading.current_thread().name
-        keys = self._key_tuple
         wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
         # Only a process already listening queues on the first attempt; the
         # uncontended path must not start a listener or wait for one.
         notifier = get_notifier(self.client, self.keyspace) if wait_ms else None
         event = None
         address = _NO_CHANNEL
-        tag = self.keys.tag
+        tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
         if notifier is not None and notifier.wait_ready(0, tag):
             event = notifier.register(token, tag)
             address = notifier.address_for(tag)
         try:
             while True:
                 sent = time.monotonic()
-                granted, value = self._run_acquire(
-                    token,
-                    keys,
-                    self._args_acquire(token, ttl_ms, who, wait_ms if event else 0, address),
-                )
+                granted, value = self._attempt(token, ttl_ms, who, wait_ms if event else 0, address)
                 if granted == 1:
                     return self._accept(token, value, sent, ttl_ms)
                 self.retry_after = max(value, 0) / 1000
@@ -144,7 +153,7 @@ class Lock(LockBase):
         except RedisUnavailable as exc:
             if may_have_run(exc):
                 # The script may have granted or queued us all the same:
-                # give it back rather than block the lock for a whole TTL.
+                # give it back rather than block others for a whole TTL.
                 self._cancel(token)
             raise
         except BaseException:
@@ -153,6 +162,71 @@ class Lock(LockBase):
         finally:
             if event is not None and notifier is not None:
                 notifier.unregister(token)
+
+    def _accept(self, token: str, fence: int, sent: float, ttl_ms: int) -> bool:
+        if time.monotonic() >= self._validity(sent, ttl_ms):
+            # The reply came so late that the lease may already be over:
+            # that is not an acquisition (invariant 6). Give it back.
+            log_acquire.warning("acquire reply for %r arrived after its validity", self.name)
+            self._cancel(token)
+            return False
+        self._granted(token, fence, sent, ttl_ms)
+        return True
+
+    def _detach_after_fork(self) -> None:
+        # A child inherits the parent's handle, not what it holds: it starts free.
+        self._pid = os.getpid()
+        self._gate = threading.Lock()
+        self._thread = None
+        self._forget()
+
+    # -- context manager ---------------------------------------------------------
+    def __enter__(self: _H) -> _H:
+        if not self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except LockError:
+            # The body's own exception passes through unchanged; loss was
+            # already reported to the observer and on_lost.
+            if exc_type is None:
+                raise
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+
+class Lock(SyncHandle):
+    """A lock on ``name`` in Redis, held by this handle.
+
+    ``Lock(client, "purchase:7", ttl=30, wait=10)``. A handle is reusable: it
+    may be acquired again after release. Shared between threads, it behaves
+    like ``threading.Lock``: a second thread waits for the first to release,
+    and only the thread that acquired may release or extend. Not reentrant.
+    """
+
+    def __init__(self, client: Any, name: str, **options: Any) -> None:
+        super().__init__(client, name, **options)
+        self._ttl_ms_held = 0
+
+    def _attempt(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple[int, int]:
+        args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
+        return self._run_acquire(token, self._key_tuple, args)
+
+    def _on_acquired(self, ttl_ms: int) -> None:
+        self._ttl_ms_held = ttl_ms
+        if self.renew:
+            renewal.watchdog.add(self, ttl_ms / 3000)
 
     def _run_acquire(self, token: str, keys: tuple[bytes, ...], args: tuple) -> tuple[int, int]:
         if not self.replicas:
@@ -172,16 +246,6 @@ class Lock(LockBase):
                 self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
             )
         return granted, value
-
-    def _accept(self, token: str, fence: int, sent: float, ttl_ms: int) -> bool:
-        if time.monotonic() >= self._validity(sent, ttl_ms):
-            # The reply came so late that the lease may already be over:
-            # that is not an acquisition (invariant 6). Give it back.
-            log_acquire.warning("acquire reply for %r arrived after its validity", self.name)
-            self._release_token(token)
-            return False
-        self._granted(token, fence, sent, ttl_ms)
-        return True
 
     def _cancel(self, token: str) -> None:
         try:
@@ -282,30 +346,3 @@ class Lock(LockBase):
             return None
         self._valid_until = self._validity(sent, ttl_ms)
         return ttl_ms / 3000
-
-    def _detach_after_fork(self) -> None:
-        # A child inherits the parent's handle, not its lease: it starts free.
-        self._pid = os.getpid()
-        self._gate = threading.Lock()
-        self._thread = None
-        self._forget()
-
-    # -- context manager -------------------------------------------------------------
-    def __enter__(self) -> Lock:
-        if not self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockError:
-            # The body's own exception passes through unchanged; loss was
-            # already reported to the observer and on_lost.
-            if exc_type is None:
-                raise

@@ -27,14 +27,13 @@ import logging
 import os
 import threading
 import time
-from types import TracebackType
 from typing import Any
 
 from . import scripts
 from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
-from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned, RedisUnavailable
+from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from .keys import KeySpace
-from .notify import get_notifier
+from .lock import SyncHandle
 
 __all__ = ["Semaphore", "SemaphoreBase", "check_limit", "clear_semaphore", "release_permit"]
 
@@ -134,8 +133,12 @@ class SemaphoreBase(LockBase):
     def _release_args(self, token: str) -> tuple:
         return (token, self._grace_ms, self._limit)
 
+    def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
+        super()._granted(token, fence, sent, ttl_ms)
+        self.fence = None  # permits are shared: no order for a fence to express
 
-class Semaphore(SemaphoreBase):
+
+class Semaphore(SemaphoreBase, SyncHandle):
     """At most ``limit`` holders of ``name`` at once, across every process.
 
     ``Semaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire`` waits up
@@ -144,101 +147,22 @@ class Semaphore(SemaphoreBase):
     holder's permit comes back by itself.
     """
 
-    def __init__(self, client: Any, name: str, limit: int, **options: Any) -> None:
-        super().__init__(client, name, limit, **options)
-        self._gate = threading.Lock()
-        self._thread: int | None = None
+    def _attempt(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple[int, int]:
+        granted, value = scripts.run(
+            self.client,
+            ACQUIRE,
+            self._key_tuple,
+            self._sem_args(token, ttl_ms, who, wait_ms, address),
+        )
+        return granted, value
 
-    # -- acquire -------------------------------------------------------------
-    def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
-        """Take a permit, waiting up to ``wait`` seconds (0: try once).
-
-        Returns True when held, False when none came free in time. Raises
-        ``RedisUnavailable`` when Redis cannot be reached: that is not busy.
-        """
-        wait_s = self._wait_s(wait)
-        ttl_ms = self._ttl_ms(ttl)
-        if self._pid != os.getpid():
-            self._detach_after_fork()
-        if self.token is not None and self._thread == threading.get_ident():
-            raise LockError(
-                f"semaphore {self.name!r}: this handle already holds a permit in this "
-                "thread; release it first, or use one handle per concurrent holder"
-            )
-        started = time.monotonic()
-        got_gate = self._gate.acquire(timeout=wait_s) if wait_s > 0 else self._gate.acquire(False)
-        if not got_gate:
-            self.observer.busy(self, time.monotonic() - started)
-            return False
-        try:
-            acquired = self._acquire(started + wait_s, ttl_ms)
-        except BaseException:
-            self._gate.release()
-            raise
-        if not acquired:
-            self._gate.release()
-            self.observer.busy(self, time.monotonic() - started)
-            return False
-        self._thread = threading.get_ident()
-        self.observer.acquired(self, time.monotonic() - started)
-        return True
-
-    def _acquire(self, deadline: float, ttl_ms: int) -> bool:
-        token = self._new_token()
-        who = threading.current_thread().name
-        keys = self._key_tuple
-        wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-        # As for locks: the uncontended path neither starts nor waits for a listener.
-        notifier = get_notifier(self.client, self.keyspace) if wait_ms else None
-        event = None
-        address = _NO_CHANNEL
-        tag = self.keys.tag  # a Cluster's wake-up channel lives in this slot
-        if notifier is not None and notifier.wait_ready(0, tag):
-            event = notifier.register(token, tag)
-            address = notifier.address_for(tag)
-        try:
-            while True:
-                sent = time.monotonic()
-                granted, value = scripts.run(
-                    self.client,
-                    ACQUIRE,
-                    keys,
-                    self._sem_args(token, ttl_ms, who, wait_ms if event else 0, address),
-                )
-                if granted == 1:
-                    return self._accept(token, sent, ttl_ms)
-                self.retry_after = max(value, 0) / 1000
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or notifier is None:
-                    break
-                if event is None:
-                    event = notifier.register(token, tag)
-                    if notifier.wait_ready(min(remaining, 2.0), tag):
-                        address = notifier.address_for(tag)
-                else:
-                    # Until woken, or until a permit or reservation can expire.
-                    event.wait(min(remaining, max(value, 1) / 1000))
-                    event.clear()
-                wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
-            self._cancel(token)
-            return False
-        except RedisUnavailable:
-            raise
-        except BaseException:
-            self._cancel(token)
-            raise
-        finally:
-            if event is not None and notifier is not None:
-                notifier.unregister(token)
-
-    def _accept(self, token: str, sent: float, ttl_ms: int) -> bool:
-        if time.monotonic() >= self._validity(sent, ttl_ms):
-            log_acquire.warning("acquire reply for %r arrived after its validity", self.name)
-            self._cancel(token)
-            return False
-        self._granted(token, 0, sent, ttl_ms)
-        self.fence = None
-        return True
+    def _already_held(self) -> LockError:
+        return LockError(
+            f"semaphore {self.name!r}: this handle already holds a permit in this "
+            "thread; release it first, or use one handle per concurrent holder"
+        )
 
     def _cancel(self, token: str) -> None:
         try:
@@ -250,9 +174,7 @@ class Semaphore(SemaphoreBase):
     # -- release / refresh ------------------------------------------------------
     def _check_owner(self, action: str) -> str:
         if self.token is None or self._pid != os.getpid():
-            raise LockNotOwned(
-                f"cannot {action} a permit of {self.name!r}: this handle holds none"
-            )
+            raise LockNotOwned(f"cannot {action} a permit of {self.name!r}: this handle holds none")
         if self._thread != threading.get_ident():
             raise LockNotOwned(
                 f"cannot {action} a permit of {self.name!r}: another thread acquired it"
@@ -301,31 +223,6 @@ class Semaphore(SemaphoreBase):
             raise RedisUnavailable(f"could not check semaphore {self.name!r}: {exc}") from exc
         return score is not None and self.held
 
-    def _detach_after_fork(self) -> None:
-        # A child inherits the parent's handle, not its permit: it starts free.
-        self._pid = os.getpid()
-        self._gate = threading.Lock()
-        self._thread = None
-        self._forget()
-
-    # -- context manager -----------------------------------------------------------
-    def __enter__(self) -> Semaphore:
-        if not self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockError:
-            if exc_type is None:
-                raise
-
 
 def release_permit(client: Any, keyspace: KeySpace, name: str, token: str) -> bool:
     """Give back the permit ``token`` of ``name`` from any thread, by its token.
@@ -344,9 +241,7 @@ def release_permit(client: Any, keyspace: KeySpace, name: str, token: str) -> bo
     )
 
 
-def clear_semaphore(
-    client: Any, keyspace: KeySpace, name: str, token: str | None = None
-) -> int:
+def clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | None = None) -> int:
     """Force-release one holder of ``name`` (or all, when ``token`` is None).
 
     Owner details are removed and waiters are woken for the freed permits.
