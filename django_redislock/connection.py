@@ -106,6 +106,8 @@ def _bounded_kwargs(pool: Any) -> dict[str, Any]:
     kwargs["socket_timeout"] = conf.SOCKET_TIMEOUT
     kwargs["socket_connect_timeout"] = conf.CONNECT_TIMEOUT
     kwargs["retry"] = _retry()
+    # redis-py 5.0 (unlike 8) retries only errors also listed here, whatever the Retry says.
+    kwargs["retry_on_error"] = list(_RETRIED)
     kwargs.pop("retry_on_timeout", None)
     # The library reads raw bytes; decoding is done where needed.
     kwargs["decode_responses"] = False
@@ -213,6 +215,7 @@ def _build_async(alias: str) -> Any:
     kwargs["retry"] = redis.asyncio.retry.Retry(
         ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED
     )
+    kwargs["retry_on_error"] = list(_RETRIED)
     if isinstance(sync_pool, SentinelConnectionPool):
         from redis.asyncio.sentinel import Sentinel
 

@@ -76,6 +76,30 @@ def test_socket_timeout_bounds_a_hung_server(redis_factory: Any) -> None:
             server.resume()
 
 
+def test_a_connection_dropped_mid_call_is_retried_once(r: redis.Redis) -> None:
+    client = connection.get_client()
+    conn_id = client.client_id()  # the pooled connection the next call reuses
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["value"] = client.blpop(["redislock-test:never"], 1)
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not any(c["id"] == str(conn_id) and c["cmd"] == "blpop" for c in r.client_list()):
+        assert time.monotonic() < deadline, "the call never reached Redis"
+        time.sleep(0.01)
+    assert r.client_kill_filter(_id=conn_id) == 1
+    thread.join(10)
+    assert not thread.is_alive()
+    # The retry ran the call again on a new connection.
+    assert outcome == {"value": None}
+
+
 def test_get_lock_uses_settings_and_signals(r: redis.Redis) -> None:
     plant_sentinel(r)
     from django_redislock import signals

@@ -41,7 +41,8 @@ class Pair:
         self.replica.pause()
         try:
             with self.primary.client(socket_timeout=2) as c:
-                c.client_kill_filter(_type="replica")
+                # Raw: redis-py 5.0's client_kill_filter() refuses the type "replica".
+                c.execute_command("CLIENT", "KILL", "TYPE", "replica")
             yield
         finally:
             self.replica.resume()

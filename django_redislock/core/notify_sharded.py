@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Any
 
+from redis.asyncio.client import PubSub as AsyncPubSub
+
 from .aio import AsyncWakeup
 from .keys import KeySpace
 from .notify import Wakeup, parse_wakeup
@@ -350,7 +352,7 @@ class _AsyncNodeListener:
         self.wanted.add(channel)
         if self.pubsub is not None:
             try:
-                await _ssubscribe(self.pubsub, channel)
+                await self.pubsub.ssubscribe(channel)
             except Exception as exc:
                 logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
 
@@ -360,16 +362,16 @@ class _AsyncNodeListener:
             self.empty_since = time.monotonic()
         if self.pubsub is not None:
             with contextlib.suppress(Exception):
-                await _sunsubscribe(self.pubsub, channel)
+                await self.pubsub.sunsubscribe(channel)
 
     async def run(self) -> None:
         backoff = 0.05
         try:
             while True:
-                pubsub = self.redis.pubsub()
+                pubsub = _async_pubsub(self.redis)
                 try:
                     for channel in sorted(self.wanted):
-                        await _ssubscribe(pubsub, channel)
+                        await pubsub.ssubscribe(channel)
                     self.pubsub = pubsub
                     backoff = 0.05
                     if await self._listen():
@@ -396,7 +398,6 @@ class _AsyncNodeListener:
         last_check = last_heard
         ping_sent: float | None = None
         while True:
-            _check_connection(self.pubsub)
             if self.pubsub.connection is None:
                 await asyncio.sleep(0.05)
                 message = None
@@ -420,38 +421,41 @@ class _AsyncNodeListener:
                     ping_sent = now
 
 
-# redis-py before 5.1 has no sharded pub/sub on its asyncio PubSub. The raw
-# commands work there: their replies come back from get_message() as
-# "ssubscribe"/"smessage" messages. But such a PubSub, reconnecting by itself
-# on its next command or read, would not subscribe those channels again, so
-# there a dropped connection must end the listener's PubSub instead: the next
-# one subscribes every wanted tag and wakes their waiters.
+class _ShardedPubSub(AsyncPubSub):
+    """Sharded pub/sub for redis-py before 5.1, whose asyncio ``PubSub`` lacks it.
+
+    The raw commands work there (their replies come back from ``get_message()``
+    as "ssubscribe"/"smessage" messages); what is missing is subscribing the
+    channels again when the connection comes back, done here as later
+    redis-py versions do it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sharded: set[bytes] = set()
+
+    # Only ever instantiated where the base class has no such methods.
+    async def ssubscribe(self, channel: bytes) -> None:  # type: ignore[override]
+        await self.execute_command("SSUBSCRIBE", channel)
+        # Recorded after sending, as redis-py does: a reconnect while sending
+        # must not subscribe it twice.
+        self._sharded.add(channel)
+
+    async def sunsubscribe(self, channel: bytes) -> None:  # type: ignore[override]
+        self._sharded.discard(channel)
+        await self.execute_command("SUNSUBSCRIBE", channel)
+
+    async def on_connect(self, connection: Any) -> None:
+        await super().on_connect(connection)
+        for channel in sorted(self._sharded):
+            await self.execute_command("SSUBSCRIBE", channel)
 
 
-def _reconnect_would_lose_tags(pubsub: Any) -> bool:
-    conn = pubsub.connection
-    return not hasattr(pubsub, "ssubscribe") and conn is not None and not conn.is_connected
-
-
-def _check_connection(pubsub: Any) -> None:
-    if _reconnect_would_lose_tags(pubsub):
-        raise ConnectionError("the wake-up connection was dropped")
-
-
-async def _ssubscribe(pubsub: Any, channel: bytes) -> None:
+def _async_pubsub(client: Any) -> Any:
+    pubsub = client.pubsub()
     if hasattr(pubsub, "ssubscribe"):
-        await pubsub.ssubscribe(channel)
-    else:
-        _check_connection(pubsub)
-        await pubsub.execute_command("SSUBSCRIBE", channel)
-
-
-async def _sunsubscribe(pubsub: Any, channel: bytes) -> None:
-    if hasattr(pubsub, "sunsubscribe"):
-        await pubsub.sunsubscribe(channel)
-    else:
-        _check_connection(pubsub)
-        await pubsub.execute_command("SUNSUBSCRIBE", channel)
+        return pubsub
+    return _ShardedPubSub(client.connection_pool)
 
 
 def _async_node_client(node: Any) -> Any:

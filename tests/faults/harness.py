@@ -34,6 +34,8 @@ __all__ = [
 # the bound they check is the one the library promises.
 RETRIES = 1
 BACKOFF_CAP = 0.1
+# What a redis-py Retry retries by default.
+RETRIED_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 def bounded_client(
@@ -44,6 +46,8 @@ def bounded_client(
         socket_timeout=timeout,
         socket_connect_timeout=connect_timeout if connect_timeout is not None else timeout,
         retry=Retry(ExponentialBackoff(cap=BACKOFF_CAP, base=0.01), RETRIES),
+        # redis-py 5.0 (unlike 8) retries only the errors listed here, whatever the Retry says.
+        retry_on_error=list(RETRIED_ERRORS),
     )
 
 

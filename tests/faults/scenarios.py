@@ -490,6 +490,7 @@ async def _renew_async(
     client = redis.asyncio.Redis.from_url(
         proxy.url, socket_timeout=0.2, socket_connect_timeout=0.2,
         retry=redis.asyncio.retry.Retry(redis.backoff.ExponentialBackoff(cap=0.1, base=0.01), 1),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
 
     def report(lock: Any) -> None:
