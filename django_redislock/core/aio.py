@@ -68,18 +68,62 @@ def _raise_if_cancelled_since(count: int) -> None:
         raise asyncio.CancelledError
 
 
+def _undo_if_done(undo: Any) -> Any:
+    def callback(inner: asyncio.Future[Any]) -> None:
+        if not inner.cancelled() and inner.exception() is None:
+            undo()
+
+    return callback
+
+
+def _retrieve(inner: asyncio.Future[Any]) -> None:
+    if not inner.cancelled():
+        inner.exception()
+
+
 async def _wait_for(aw: Any, timeout: float, undo: Any = None) -> Any:
     """``asyncio.wait_for`` that never swallows a cancellation of the caller;
-    ``undo`` gives back what the inner awaitable took when it re-raises one."""
-    before = _cancel_requests()
-    result = await asyncio.wait_for(aw, timeout)
+    ``undo`` gives back what the inner awaitable took if the caller does not
+    get its result (cancelled, or timed out just as it finished).
+
+    Built on ``asyncio.wait``, which never swallows a cancellation: before
+    Python 3.12 ``asyncio.wait_for`` returns the result when the awaitable
+    finishes in the same loop iteration as the cancellation, and Python 3.10
+    has no ``Task.cancelling()`` to notice that afterwards.
+    """
+    inner = asyncio.ensure_future(aw)
     try:
-        _raise_if_cancelled_since(before)
+        done, _ = await asyncio.wait({inner}, timeout=timeout)
     except asyncio.CancelledError:
-        if undo is not None:
-            undo()
+        inner.cancel()
+        inner.add_done_callback(_undo_if_done(undo) if undo is not None else _retrieve)
         raise
-    return result
+    if not done:
+        inner.cancel()
+        inner.add_done_callback(_undo_if_done(undo) if undo is not None else _retrieve)
+        raise asyncio.TimeoutError
+    return inner.result()
+
+
+async def _keep_cancellation(aw: Awaitable[T]) -> T:
+    """Await ``aw`` (a Redis call) in a task of its own, so that a cancellation
+    of the caller always reaches the caller.
+
+    redis-py sends each command under ``asyncio.wait_for``, which before Python
+    3.12 swallows a cancellation that lands as the send completes, and Python
+    3.10 cannot notice that afterwards (see ``_raise_if_cancelled_since``).
+    Here the cancellation lands on ``asyncio.wait`` instead. The call still
+    runs to its end (bounded), so that what the caller sends next to undo it
+    reaches Redis after it.
+    """
+    inner = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({inner})
+    except asyncio.CancelledError:
+        with contextlib.suppress(BaseException):
+            await complete(inner, _CLEANUP_TIMEOUT)
+        raise
+    return inner.result()
 
 
 async def complete(call: Awaitable[T], timeout: float) -> T:
@@ -354,8 +398,8 @@ class AsyncHandle(LockBase):
         try:
             while True:
                 sent = time.monotonic()
-                granted, value = await self._attempt(
-                    token, ttl_ms, who, wait_ms if event else 0, address
+                granted, value = await _keep_cancellation(
+                    self._attempt(token, ttl_ms, who, wait_ms if event else 0, address)
                 )
                 # redis-py's send may have swallowed our cancellation (3.11).
                 _raise_if_cancelled_since(cancels)
