@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -81,7 +82,9 @@ class FenceTable:
         return sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
 
     def create(self) -> FenceTable:
-        with self._connect() as db:
+        # closing(): a sqlite3 connection used as a context manager commits but
+        # stays open (Python 3.13 warns about it when it is collected).
+        with contextlib.closing(self._connect()) as db:
             db.execute("DROP TABLE IF EXISTS resource")
             db.execute(
                 "CREATE TABLE resource (id INTEGER PRIMARY KEY, fence INTEGER, value TEXT)"
