@@ -12,7 +12,7 @@
 
 local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
 -- How long the state (last fence) outlives a lease; STATE_KEEP_MS in base.py.
-local KEEP = 60000
+local KEEP = 10000
 local clock, now_ms
 
 local function read_clock()
