@@ -181,8 +181,6 @@ class AsyncNotifier:
         self._connected_before = False
         self._failures = 0
 
-    sharded = False
-
     def address_for(self, tag: bytes = b"") -> bytes:
         return self.address
 
@@ -203,10 +201,6 @@ class AsyncNotifier:
         self._slots.pop(token, None)
         if not self._slots:
             self._idle_since = time.monotonic()
-
-    @property
-    def ready(self) -> bool:
-        return self._ready.is_set()
 
     async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         with contextlib.suppress(asyncio.TimeoutError):

@@ -57,7 +57,6 @@ class Notifier:
     # -- waiters' side -----------------------------------------------------
     # One process-wide channel and PUBLISH: the tag arguments are for the
     # Cluster notifier (notify_sharded.py), which listens per hash slot.
-    sharded = False
 
     def address_for(self, tag: bytes = b"") -> bytes:
         return self.address

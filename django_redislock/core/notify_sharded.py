@@ -225,8 +225,6 @@ class _NodeListener:
 class ShardedNotifier(_ShardedBase):
     """``Notifier`` for a sync ``RedisCluster``: SSUBSCRIBE per waited-on tag."""
 
-    sharded = True
-
     def __init__(self, client: Any, keyspace: KeySpace) -> None:
         super().__init__(client, keyspace)
         self._mutex = threading.RLock()
@@ -473,8 +471,6 @@ def _async_node_client(node: Any) -> Any:
 
 class AsyncShardedNotifier(_ShardedBase):
     """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
-
-    sharded = True
 
     def __init__(self, client: Any, keyspace: KeySpace) -> None:
         super().__init__(client, keyspace)
