@@ -249,8 +249,8 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "throttling middleware lets the request through: "
         + _codes(rq_codes, "throttle-open") + " (" + _codes(rq_codes, "throttle-closed")
         + " with ``THROTTLE_FAIL_OPEN`` False). Longest request "
-        f"{rq.get('longest', 0):.2f} s against {rq.get('promised', 0):.2f} s (the first "
-        "lock on a client also reads ``maxmemory-policy``); never a 500. A gunicorn worker "
+        f"{rq.get('longest', 0):.2f} s against {rq.get('promised', 0):.2f} s (one "
+        "bounded call); never a 500. A gunicorn worker "
         "SIGKILLed mid-request under the throttling middleware gives its permit back "
         "when the permit's TTL runs out (``tests/test_throttle_servers.py``).",
         "",
