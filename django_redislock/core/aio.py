@@ -455,8 +455,33 @@ class AsyncHandle(LockBase):
             if exc_type is None:
                 raise
 
-    async def release(self) -> None:
+    async def _release_call(self, token: str) -> int:
+        """Run the release script: 1 when released, 0 when not held."""
         raise NotImplementedError
+
+    def _check_owner(self, action: str) -> str:
+        """The token, if this thread or task may ``action`` it; else LockNotOwned."""
+        raise NotImplementedError
+
+    def _stop_renewal(self) -> None:
+        """Called before releasing; renewing handles stop their renewal task."""
+
+    async def release(self) -> None:
+        """Give it back. Raises ``LockLost`` if it had been lost meanwhile."""
+        token = self._check_owner("release")
+        self._stop_renewal()
+        held = time.monotonic() - self._acquired_at
+        try:
+            # Runs to the end even if this task is cancelled (see complete).
+            released = await complete(self._release_call(token), _RELEASE_TIMEOUT)
+        except asyncio.TimeoutError as exc:
+            raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
+        finally:
+            self._forget()
+            self._task = None
+            if self._gate is not None and self._gate.locked():
+                self._gate.release()
+        self._settle_release(released, held)
 
 
 class AsyncLock(AsyncHandle):
@@ -519,30 +544,12 @@ class AsyncLock(AsyncHandle):
             raise LockNotOwned(f"cannot {action} {self.name!r}: it was acquired by another task")
         return self.token
 
-    async def release(self) -> None:
-        """Release the lease. Raises ``LockLost`` if it had been lost meanwhile."""
-        token = self._check_owner("release")
-        self._stop_renewal()
-        held = time.monotonic() - self._acquired_at
-        try:
-            released = await complete(
-                scripts.run_async(
-                    self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)
-                ),
-                _RELEASE_TIMEOUT,
+    async def _release_call(self, token: str) -> int:
+        return int(
+            await scripts.run_async(
+                self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)
             )
-        except asyncio.TimeoutError as exc:
-            raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
-        finally:
-            self._forget()
-            self._task = None
-            if self._gate is not None and self._gate.locked():
-                self._gate.release()
-        if not released:
-            self._mark_lost("the lease was gone at release (expired, cleared or lost by Redis)")
-        if self.lost:
-            raise LockLost(f"lock {self.name!r} was lost before it was released")
-        self.observer.released(self, held)
+        )
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .exceptions import LockLost
 from .keys import KeySpace, LockKeys
 
 __all__ = ["LockBase", "Observer", "check_seconds", "may_have_run", "same_token"]
@@ -221,6 +222,22 @@ class LockBase:
     def _forget(self) -> None:
         self.token = None
         self._valid_until = 0.0
+
+    # What a handle holds, for messages; semaphores say "permit".
+    _holding = "lease"
+
+    def _label(self) -> str:
+        return f"lock {self.name!r}"
+
+    def _settle_release(self, released: int, held: float) -> None:
+        """After the release script: report a loss, or the release."""
+        if not released:
+            self._mark_lost(
+                f"the {self._holding} was gone at release (expired, cleared or lost by Redis)"
+            )
+        if self.lost:
+            raise LockLost(f"{self._label()} was lost before it was released")
+        self.observer.released(self, held)
 
     def _mark_lost(self, reason: str) -> None:
         if self.lost:

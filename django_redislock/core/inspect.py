@@ -202,7 +202,7 @@ def _name_from_key(keyspace: KeySpace, key: bytes, code: bytes) -> tuple[str, st
     head = keyspace.prefix.encode() + b":" + code + b":{"
     if not key.startswith(head):
         return "", None
-    rest = key[len(head):]
+    rest = key[len(head) :]
     tag, sep, suffix = rest.partition(b"}:")
     if not sep or not _HEX16.match(tag) or not suffix:
         return "", None
@@ -266,7 +266,7 @@ def _siblings(keyspace: KeySpace, kind: str, key: bytes) -> tuple[bytes, bytes, 
     They share its ``{tag}:<n>`` suffix, hence its Cluster slot.
     """
     p = keyspace.prefix.encode()
-    suffix = key[len(p) + 3:]
+    suffix = key[len(p) + 3 :]
     if kind == "lock":
         return key, p + b":Q:" + suffix, p + b":H:" + suffix
     return key, p + b":SQ:" + suffix, p + b":SH:" + suffix
@@ -278,9 +278,7 @@ _SCRIPTS = {"lock": INSPECT_LOCK, "semaphore": INSPECT_SEMAPHORE}
 READ_BATCH = 200
 
 
-def _read_replies(
-    client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]
-) -> list[Any]:
+def _read_replies(client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]) -> list[Any]:
     """The inspect script's reply for each key, in order."""
     script = _SCRIPTS[kind]
     if _is_cluster(client) or len(keys) < 2:
@@ -343,7 +341,7 @@ def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | N
     holders = []
     rest = reply[4:]
     for i in range(0, len(rest), 4):
-        token, expiry, owner, acquired = rest[i:i + 4]
+        token, expiry, owner, acquired = rest[i : i + 4]
         host, pid, thread, label = _owner(owner)
         acquired_ms = _int(acquired)
         expiry_ms = _int(float(expiry))
@@ -490,7 +488,12 @@ def release(
         if done:
             logger.warning(
                 "force-released %s %r (held by %s pid %s %s %r)",
-                row.kind, row.name, row.host, row.pid, row.thread, row.label,
+                row.kind,
+                row.name,
+                row.host,
+                row.pid,
+                row.thread,
+                row.label,
             )
             result.released.append(row)
         else:
@@ -562,8 +565,13 @@ def printable(text: str) -> str:
             out.append(_NAMED_ESCAPES[ch])
         elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
             code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-                       if code < 0x10000 else f"\\U{code:08x}")
+            out.append(
+                f"\\x{code:02x}"
+                if code < 0x100
+                else f"\\u{code:04x}"
+                if code < 0x10000
+                else f"\\U{code:08x}"
+            )
         else:
             out.append(ch)
     return "".join(out)

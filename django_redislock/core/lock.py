@@ -200,8 +200,31 @@ class SyncHandle(LockBase):
             if exc_type is None:
                 raise
 
-    def release(self) -> None:
+    def _release_call(self, token: str) -> int:
+        """Run the release script: 1 when released, 0 when not held."""
         raise NotImplementedError
+
+    def _check_owner(self, action: str) -> str:
+        """The token, if this thread or task may ``action`` it; else LockNotOwned."""
+        raise NotImplementedError
+
+    def _stop_renewal(self) -> None:
+        """Called before releasing; renewing handles stop their watchdog."""
+
+    def release(self) -> None:
+        """Give it back. Raises ``LockLost`` if it had been lost meanwhile."""
+        token = self._check_owner("release")
+        self._stop_renewal()
+        held = time.monotonic() - self._acquired_at
+        # Forget first: a renewal in flight that finds the lease gone must see
+        # that we let it go, not report it lost.
+        self._forget()
+        try:
+            released = self._release_call(token)
+        finally:
+            self._thread = None
+            self._gate.release()
+        self._settle_release(released, held)
 
 
 class Lock(SyncHandle):
@@ -239,7 +262,7 @@ class Lock(SyncHandle):
             # A failover now could hand the lock to a replica that never saw
             # this lease: give it back rather than report a fragile grant.
             try:
-                self._release_token(token)
+                self._release_call(token)
             except RedisUnavailable as exc:
                 log_acquire.info("could not give back %r after WAIT: %s", self.name, exc)
             raise ReplicationTimeout(
@@ -255,7 +278,7 @@ class Lock(SyncHandle):
             # unheard expires with its TTL.
             log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
 
-    def _release_token(self, token: str) -> int:
+    def _release_call(self, token: str) -> int:
         return int(
             scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms))
         )
@@ -268,25 +291,9 @@ class Lock(SyncHandle):
             raise LockNotOwned(f"cannot {action} {self.name!r}: it was acquired by another thread")
         return self.token
 
-    def release(self) -> None:
-        """Release the lease. Raises ``LockLost`` if it had been lost meanwhile."""
-        token = self._check_owner("release")
+    def _stop_renewal(self) -> None:
         if self.renew:
             renewal.watchdog.discard(self)
-        held = time.monotonic() - self._acquired_at
-        # Forget first: a renewal in flight that finds the lease gone must see
-        # that we let it go, not report it lost.
-        self._forget()
-        try:
-            released = self._release_token(token)
-        finally:
-            self._thread = None
-            self._gate.release()
-        if not released:
-            self._mark_lost("the lease was gone at release (expired, cleared or lost by Redis)")
-        if self.lost:
-            raise LockLost(f"lock {self.name!r} was lost before it was released")
-        self.observer.released(self, held)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""

@@ -130,6 +130,11 @@ class SemaphoreBase(LockBase):
             self._limit,
         )
 
+    _holding = "permit"
+
+    def _label(self) -> str:
+        return f"permit of semaphore {self.name!r}"
+
     def _release_args(self, token: str) -> tuple:
         return (token, self._grace_ms, self._limit)
 
@@ -181,21 +186,8 @@ class Semaphore(SemaphoreBase, SyncHandle):
             )
         return self.token
 
-    def release(self) -> None:
-        """Give the permit back. Raises ``LockLost`` if it had expired or been cleared."""
-        token = self._check_owner("release")
-        held = time.monotonic() - self._acquired_at
-        try:
-            released = scripts.run(self.client, RELEASE, self._key_tuple, self._release_args(token))
-        finally:
-            self._forget()
-            self._thread = None
-            self._gate.release()
-        if not released:
-            self._mark_lost("the permit was gone at release (expired, cleared or lost by Redis)")
-        if self.lost:
-            raise LockLost(f"permit of semaphore {self.name!r} was lost before it was released")
-        self.observer.released(self, held)
+    def _release_call(self, token: str) -> int:
+        return int(scripts.run(self.client, RELEASE, self._key_tuple, self._release_args(token)))
 
     def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""

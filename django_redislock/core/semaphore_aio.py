@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from . import scripts
-from .aio import _RELEASE_TIMEOUT, AsyncHandle, complete
+from .aio import AsyncHandle, complete
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from .keys import KeySpace
@@ -62,28 +62,9 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
             )
         return self.token
 
-    async def release(self) -> None:
-        """Give the permit back. Raises ``LockLost`` if it had expired or been cleared."""
-        token = self._check_owner("release")
-        held = time.monotonic() - self._acquired_at
-        try:
-            # Runs to the end even if this task is cancelled (see aio.complete).
-            released = await complete(
-                scripts.run_async(self.client, RELEASE, self._key_tuple, self._release_args(token)),
-                _RELEASE_TIMEOUT,
-            )
-        except asyncio.TimeoutError as exc:
-            raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
-        finally:
-            self._forget()
-            self._task = None
-            if self._gate is not None and self._gate.locked():
-                self._gate.release()
-        if not released:
-            self._mark_lost("the permit was gone at release (expired, cleared or lost by Redis)")
-        if self.lost:
-            raise LockLost(f"permit of semaphore {self.name!r} was lost before it was released")
-        self.observer.released(self, held)
+    async def _release_call(self, token: str) -> int:
+        args = self._release_args(token)
+        return int(await scripts.run_async(self.client, RELEASE, self._key_tuple, args))
 
     async def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
