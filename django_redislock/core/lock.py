@@ -141,9 +141,7 @@ class SyncHandle(LockBase):
                         address = notifier.address_for(tag)
                 else:
                     # Sleep until woken, or until the state can change by itself.
-                    event.wait(min(remaining, max(value, 1) / 1000))
-                    handed, event.fence = event.fence, None
-                    event.clear()
+                    handed = notifier.wait(event, min(remaining, max(value, 1) / 1000))
                     if handed is not None and self._take_handed(sent, ttl_ms):
                         self._granted(token, handed, sent, ttl_ms)
                         return True

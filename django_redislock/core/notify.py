@@ -3,14 +3,20 @@
 A waiter does not poll and does not block a pooled connection. It joins the
 lock's FIFO queue in Redis together with the name of its process's wake-up
 channel; when its turn comes, the script that freed the lock publishes the
-waiter's token there. One listener thread per process reads that channel and
-sets the waiter's event. Hundreds of waiters in one process therefore cost one
+waiter's token there. Hundreds of waiters in one process therefore cost one
 connection, and the holder's release never queues behind them for a socket.
+
+The channel is read by the waiters themselves, one at a time (leader and
+followers): the first waiter to sleep reads the socket and sets the events of
+the others as their turns come; when its own turn comes it hands the reading
+to a sleeping follower. A waiter alone in its process, the common case,
+therefore wakes straight from the socket, with no thread in between. A small
+housekeeping thread closes the connection after a minute without waiters.
 
 Waiters still bound every sleep by the time the lock's state can change by
 itself (the holder's lease or a reservation running out), so a lost message,
 a dropped connection or a crashed holder costs at most that, never a hang.
-When the listener reconnects it wakes every local waiter to look again.
+When the channel comes back after a loss, every local waiter looks again.
 """
 
 from __future__ import annotations
@@ -29,12 +35,29 @@ __all__ = ["Notifier", "get_notifier"]
 
 logger = logging.getLogger("django_redislock.notify")
 
-# How long the listener may sit without hearing from Redis before it pings,
+# How long the reader may sit without hearing from Redis before it pings,
 # and then how long the pong may take before it reconnects: a blackholed
 # connection is noticed within about twice this.
 LIVENESS_INTERVAL = 5.0
-# A listener with no waiters for this long closes its connection.
+# A channel with no waiters for this long is closed.
 IDLE_TIMEOUT = 60.0
+# How often the housekeeping thread looks.
+HOUSEKEEPING_INTERVAL = 5.0
+# Reconnection back-off bounds, seconds.
+BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
+
+
+class Wakeup(threading.Event):
+    """A waiter's event.
+
+    ``fired``: its turn came (``fence`` set when the lease was handed to it)
+    or the channel asks everyone to look again. ``promoted``: it is to read
+    the channel for the others. Both change only under the notifier's mutex.
+    """
+
+    fence: int | None = None
+    fired: bool = False
+    promoted: bool = False
 
 
 class Notifier:
@@ -48,11 +71,19 @@ class Notifier:
         self.address = b"p" + self.channel
         self._slots: dict[str, Wakeup] = {}
         self._mutex = threading.Lock()
-        self._ready = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._idle_since = time.monotonic()
+        # Set when leadership is given up, for wait_ready() callers.
+        self._led = threading.Condition(self._mutex)
+        self._leading = False
+        # Touched only by the leader, or under the mutex while nobody leads.
+        self._pubsub: Any = None
         self._connected_before = False
         self._failures = 0
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_MIN
+        self._last_heard = 0.0
+        self._ping_sent: float | None = None
+        self._idle_since = time.monotonic()
+        self._housekeeper: threading.Thread | None = None
 
     # -- waiters' side -----------------------------------------------------
     # One process-wide channel and PUBLISH: the tag arguments are for the
@@ -65,113 +96,228 @@ class Notifier:
         event = Wakeup()
         with self._mutex:
             self._slots[token] = event
-            if self._thread is None or not self._thread.is_alive():
-                self._ready.clear()
-                self._thread = threading.Thread(
-                    target=self._run, name="redislock-notify", daemon=True
-                )
-                self._thread.start()
         return event
 
     def unregister(self, token: str) -> None:
         with self._mutex:
-            self._slots.pop(token, None)
+            event = self._slots.pop(token, None)
             if not self._slots:
                 self._idle_since = time.monotonic()
+            if event is not None and event.promoted:
+                # It was to read for the others but left first: pass it on.
+                self._promote()
 
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
-        """Wait until the channel is subscribed; False if it is not by then."""
-        # Every uncontended acquire asks with timeout 0: is_set() skips the
-        # condition variable that Event.wait() would take.
-        return self._ready.is_set() or (timeout > 0 and self._ready.wait(timeout))
+        """Whether the channel is subscribed; with a timeout, subscribe it.
 
-    # -- listener thread ----------------------------------------------------
+        Every contended acquire asks with timeout 0 first: a plain read.
+        """
+        if self._pubsub is not None:
+            return True
+        if timeout <= 0:
+            return False
+        deadline = time.monotonic() + timeout
+        with self._mutex:
+            while self._leading:
+                # The leader is connecting, or reading a live channel.
+                if self._pubsub is not None or not self._led.wait(deadline - time.monotonic()):
+                    return self._pubsub is not None
+            self._leading = True
+        try:
+            return self._connect(deadline)
+        finally:
+            self._stop_leading()
+
+    def wait(self, event: Wakeup, timeout: float) -> int | None:
+        """Sleep until ``event`` fires or ``timeout`` passes; read the channel
+        meanwhile if nobody else does. Returns the fence of a lease handed
+        over, else None (woken to look again, or timed out)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._mutex:
+                remaining = deadline - time.monotonic()
+                if event.fired or remaining <= 0:
+                    fence, event.fence = event.fence, None
+                    event.fired = event.promoted = False
+                    event.clear()
+                    return fence
+                if event.promoted:
+                    event.promoted = False
+                    event.clear()
+                lead = not self._leading
+                self._leading = True
+            if not lead:
+                event.wait(remaining)  # fired, or promoted to read
+                continue
+            try:
+                self._read(event, deadline)
+            finally:
+                self._stop_leading()
+
+    # -- leadership (under the mutex) ----------------------------------------
+    def _stop_leading(self) -> None:
+        with self._mutex:
+            self._leading = False
+            self._promote()
+            self._led.notify_all()
+
+    def _promote(self) -> None:
+        """Ask a sleeping waiter to read the channel (caller holds the mutex)."""
+        if self._leading:
+            return
+        for event in self._slots.values():
+            if not event.is_set():
+                event.promoted = True
+                event.set()
+                return
+
+    def _fire(self, event: Wakeup, fence: int | None) -> None:
+        event.fence = fence
+        event.fired = True
+        event.set()
+
     def _wake_all(self) -> None:
         with self._mutex:
-            events = list(self._slots.values())
-        for event in events:
-            event.set()
+            for event in self._slots.values():
+                self._fire(event, event.fence)
 
-    def _idle(self) -> bool:
+    # -- the leader's side -------------------------------------------------------
+    def _connect(self, deadline: float) -> bool:
+        """Subscribe the channel by ``deadline``; False if that failed."""
+        if self._pubsub is not None:
+            return True
+        now = time.monotonic()
+        if now < self._retry_at:
+            return False
+        pubsub = None
+        try:
+            pubsub = self._client.pubsub()
+            pubsub.subscribe(self.channel)
+            while True:
+                message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+                if message is None:
+                    raise TimeoutError("no confirmation of SUBSCRIBE in time")
+                if message["type"] in ("subscribe", b"subscribe"):
+                    break
+        except Exception as exc:  # any failure: back off, waiters use their timers
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+            self._failed(exc)
+            return False
+        self._pubsub = pubsub
+        self._subscribed()
+        self._start_housekeeping()
+        return True
+
+    def _subscribed(self) -> None:
+        self._last_heard = time.monotonic()
+        self._ping_sent = None
+        self._backoff = BACKOFF_MIN
+        self._retry_at = 0.0
+        if self._failures:
+            logger.info("wake-up channel back after %d attempt(s)", self._failures)
+            self._failures = 0
+        if self._connected_before:
+            # Back after an outage: wake-ups may have been missed.
+            self._wake_all()
+        self._connected_before = True
+
+    def _failed(self, exc: BaseException) -> None:
+        self._failures += 1
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        # One warning per outage, and only if someone is waiting: an idle
+        # channel losing its connection affects nobody.
         with self._mutex:
-            return not self._slots and time.monotonic() - self._idle_since > IDLE_TIMEOUT
+            waiting = bool(self._slots)
+        log = logger.warning if self._failures == 1 and waiting else logger.debug
+        log("wake-up channel lost, reconnecting: %s", exc)
 
-    def _run(self) -> None:
-        backoff = 0.05
-        while True:
-            pubsub = None
-            try:
-                pubsub = self._client.pubsub()
-                pubsub.subscribe(self.channel)
-                self._listen(pubsub)
-                backoff = 0.05
-            except Exception as exc:  # any failure: reconnect, never die silently
-                self._failures += 1
-                # One warning per outage, and only if someone is waiting: an
-                # idle listener losing its connection affects nobody.
-                with self._mutex:
-                    waiting = bool(self._slots)
-                log = logger.warning if self._failures == 1 and waiting else logger.debug
-                log("wake-up channel lost, reconnecting: %s", exc)
-            finally:
-                self._ready.clear()
-                if pubsub is not None:
-                    # Already broken, perhaps: there is nothing left to release.
-                    with contextlib.suppress(Exception):
-                        pubsub.close()
-                # Waiters must not sleep on a channel nobody is reading.
-                self._wake_all()
-            with self._mutex:
-                # Nobody waiting and the channel broken (or long idle): stop;
-                # the next waiter starts a fresh listener.
-                if not self._slots and (
-                    self._failures or time.monotonic() - self._idle_since > IDLE_TIMEOUT
-                ):
-                    self._thread = None
-                    return
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+    def _drop(self, exc: BaseException | None) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            # Already broken, perhaps: there is nothing left to release.
+            with contextlib.suppress(Exception):
+                pubsub.close()
+        if exc is not None:
+            self._failed(exc)
+            # Waiters must not sleep on a channel nobody is reading.
+            self._wake_all()
 
-    def _listen(self, pubsub: Any) -> None:
-        last_heard = time.monotonic()
-        ping_sent: float | None = None
-        while True:
-            message = pubsub.get_message(timeout=1.0)
+    def _read(self, event: Wakeup, deadline: float) -> None:
+        """Read the channel until ``event`` fires or ``deadline`` passes."""
+        while not event.fired:
             now = time.monotonic()
-            if message is None:
-                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
-                    raise TimeoutError("no answer to PING on the wake-up channel")
-                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL:
-                    if self._idle():
-                        return
-                    pubsub.ping()
-                    ping_sent = now
-                continue
-            last_heard = now
-            ping_sent = None
-            kind = message["type"]
-            if kind == "message":
-                token, fence = parse_wakeup(message["data"])
+            if now >= deadline:
+                return
+            if self._pubsub is None and not self._connect(deadline):
+                # Backing off: sleep on our own event (a fire still wakes us).
+                event.wait(max(0.001, min(deadline, self._retry_at) - now))
                 with self._mutex:
-                    event = self._slots.get(token)
-                if event is not None:
-                    event.fence = fence
-                    event.set()
-            elif kind == "subscribe":
-                if self._failures:
-                    logger.info("wake-up channel back after %d attempt(s)", self._failures)
-                    self._failures = 0
-                self._ready.set()
-                if self._connected_before:
-                    # Back after an outage: wake-ups may have been missed.
-                    self._wake_all()
-                self._connected_before = True
+                    if not event.fired:
+                        event.clear()
+                continue
+            try:
+                self._read_once(min(deadline, self._next_check(now)) - now)
+            except Exception as exc:
+                self._drop(exc)
 
+    def _next_check(self, now: float) -> float:
+        if self._ping_sent is not None:
+            return self._ping_sent + LIVENESS_INTERVAL
+        return self._last_heard + LIVENESS_INTERVAL
 
-class Wakeup(threading.Event):
-    """A waiter's event; ``fence`` is set when the lease was handed to it."""
+    def _read_once(self, timeout: float) -> None:
+        message = self._pubsub.get_message(timeout=max(0.0, timeout))
+        now = time.monotonic()
+        if message is None:
+            if self._ping_sent is not None:
+                if now - self._ping_sent >= LIVENESS_INTERVAL:
+                    raise TimeoutError("no answer to PING on the wake-up channel")
+            elif now - self._last_heard >= LIVENESS_INTERVAL:
+                self._pubsub.ping()
+                self._ping_sent = now
+            return
+        self._last_heard = now
+        self._ping_sent = None
+        kind = message["type"]
+        if kind == "message":
+            token, fence = parse_wakeup(message["data"])
+            with self._mutex:
+                target = self._slots.get(token)
+                if target is not None:
+                    self._fire(target, fence)
+        elif kind == "subscribe":
+            # redis-py reconnected and subscribed again by itself.
+            self._subscribed()
 
-    fence: int | None = None
+    # -- housekeeping ------------------------------------------------------------
+    def _start_housekeeping(self) -> None:
+        with self._mutex:
+            if self._housekeeper is None or not self._housekeeper.is_alive():
+                self._housekeeper = threading.Thread(
+                    target=self._housekeep, name="redislock-notify", daemon=True
+                )
+                self._housekeeper.start()
+
+    def _housekeep(self) -> None:
+        """Close the channel once nobody has waited for IDLE_TIMEOUT."""
+        while True:
+            time.sleep(HOUSEKEEPING_INTERVAL)
+            with self._mutex:
+                if self._leading or self._slots:
+                    continue
+                if time.monotonic() - self._idle_since < IDLE_TIMEOUT:
+                    continue
+                self._leading = True
+            try:
+                self._drop(None)
+            finally:
+                with self._mutex:
+                    self._housekeeper = None
+                self._stop_leading()
+            return
 
 
 def parse_wakeup(data: bytes | str) -> tuple[str, int | None]:
@@ -179,8 +325,6 @@ def parse_wakeup(data: bytes | str) -> tuple[str, int | None]:
     text = data.decode() if isinstance(data, bytes) else str(data)
     token, colon, fence = text.partition(":")
     return token, (int(fence) if colon else None)
-
-
 _registry: dict[tuple[int, str], tuple[Any, Any]] = {}
 _registry_lock = threading.Lock()
 

@@ -258,6 +258,15 @@ class ShardedNotifier(_ShardedBase):
                 if state.users <= 0:
                     state.idle_since = time.monotonic()
 
+    def wait(self, event: Wakeup, timeout: float) -> int | None:
+        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
+        fence of a lease handed over, else None."""
+        event.wait(timeout)
+        with self._mutex:
+            fence, event.fence = event.fence, None
+            event.clear()
+        return fence
+
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         if state is None:
