@@ -138,8 +138,12 @@ class Notifier:
                 remaining = deadline - time.monotonic()
                 if event.fired or remaining <= 0:
                     fence, event.fence = event.fence, None
+                    promoted = event.promoted
                     event.fired = event.promoted = False
                     event.clear()
+                    if promoted:
+                        # Asked to read for the others, but done waiting: pass it on.
+                        self._promote(exclude=event)
                     return fence
                 if event.promoted:
                     event.promoted = False
@@ -152,21 +156,22 @@ class Notifier:
             try:
                 self._read(event, deadline)
             finally:
-                self._stop_leading()
+                self._stop_leading(event)
 
     # -- leadership (under the mutex) ----------------------------------------
-    def _stop_leading(self) -> None:
+    def _stop_leading(self, leaving: Wakeup | None = None) -> None:
         with self._mutex:
             self._leading = False
-            self._promote()
+            self._promote(exclude=leaving)
             self._led.notify_all()
 
-    def _promote(self) -> None:
-        """Ask a sleeping waiter to read the channel (caller holds the mutex)."""
+    def _promote(self, exclude: Wakeup | None = None) -> None:
+        """Ask a sleeping waiter to read the channel (caller holds the mutex);
+        never ``exclude``, the waiter that is done reading."""
         if self._leading:
             return
         for event in self._slots.values():
-            if not event.is_set():
+            if event is not exclude and not event.is_set():
                 event.promoted = True
                 event.set()
                 return
