@@ -56,7 +56,7 @@ def test_acquire_release_and_state(r: redis.Redis) -> None:
     lease = r.hgetall(lock.keys.lease)
     assert lease[b"t"] == lock.token.encode()
     assert int(lease[b"f"]) == lock.fence
-    assert lease[b"n"] == b"basic"
+    assert b"n" not in lease  # the key shows a short name; only long ones are stored
     assert 0 < r.pttl(lock.keys.lease) <= 10_000
     audit_keyspace(r)
     lock.release()
@@ -459,6 +459,45 @@ def test_hundreds_of_waiters_do_not_exhaust_the_pool(redis_server: Any) -> None:
         client.close()
 
 
+def test_a_waiter_that_gives_up_hands_the_channel_to_the_next(r: redis.Redis) -> None:
+    # Waiters read the wake-up channel themselves, one at a time. When the one
+    # reading gives up, another must take over: otherwise the next wake-up
+    # would wait for nobody, and its waiter would sleep out the holder's
+    # whole 30 s lease.
+    from django_redislock.core.notify import get_notifier
+
+    holder = Lock(r, "relay", ttl=30, wait=0)
+    assert holder.acquire()
+    notifier = get_notifier(r, holder.keyspace)
+    impatient = Lock(r, "relay", ttl=30, wait=1.5)
+    patient = Lock(r, "relay", ttl=30, wait=20)
+    results: dict[str, Any] = {}
+
+    def run(name: str, lock: Lock) -> None:
+        results[name] = lock.acquire()
+        results[name + "_at"] = time.monotonic()
+        if results[name]:
+            lock.release()
+
+    first = threading.Thread(target=run, args=("impatient", impatient))
+    first.start()
+    second = threading.Thread(target=run, args=("patient", patient))
+    try:
+        wait_until(lambda: r.llen(holder.keys.queue) == 1 and notifier._leading)
+        second.start()
+        wait_until(lambda: r.llen(holder.keys.queue) == 2)
+        first.join(10)  # gave up after its 1.5 s, while reading for both
+        assert results["impatient"] is False
+        released_at = time.monotonic()
+        holder.release()
+        second.join(10)
+        assert results["patient"] is True
+        assert results["patient_at"] - released_at < 2
+    finally:
+        first.join(10)
+        second.join(25)
+
+
 # -- invariant 6 and Redis failures ---------------------------------------------------------------
 def test_late_acquire_reply_is_not_an_acquisition(redis_factory: Any) -> None:
     server = redis_factory(port=free_port(), unix=False).start()
@@ -565,11 +604,11 @@ def test_a_repeated_release_reports_success_never_a_new_holders_lease(r: redis.R
     lock = Lock(r, "repeat", ttl=5, wait=0)
     assert lock.acquire()
     keys, token = lock._key_tuple, lock.token
-    assert scripts.run(r, scripts.RELEASE, keys, (token, 2000)) == 1
-    assert scripts.run(r, scripts.RELEASE, keys, (token, 2000)) == 1
+    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
+    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
     other = Lock(r, "repeat", ttl=5, wait=0)
     assert other.acquire()
-    assert scripts.run(r, scripts.RELEASE, keys, (token, 2000)) == 0
+    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 0
     assert other.owned()
     other.release()
 

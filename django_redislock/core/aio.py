@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from . import scripts
-from .base import STATE_KEEP_MS, LockBase, may_have_run, same_token
+from .base import STATE_KEEP_MS, LockBase, acquire_reply, may_have_run, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -512,11 +512,11 @@ class AsyncLock(AsyncHandle):
         self, token: str, keys: tuple[bytes, ...], args: tuple
     ) -> tuple[int, int]:
         if not self.replicas:
-            granted, value = await scripts.run_async(self.client, scripts.ACQUIRE, keys, args)
-            return granted, value
-        (granted, value), acked = await scripts.run_acked_async(
+            return acquire_reply(await scripts.run_async(self.client, scripts.ACQUIRE, keys, args))
+        reply, acked = await scripts.run_acked_async(
             self.client, scripts.ACQUIRE, keys, args, self.replicas, self.replicas_timeout
         )
+        granted, value = acquire_reply(reply)
         if granted == 1 and acked < self.replicas:
             # Give back a grant a failover could lose (see Lock._run_acquire).
             await self._cancel(token)
@@ -528,7 +528,7 @@ class AsyncLock(AsyncHandle):
     async def _cancel(self, token: str) -> None:
         """Give back whatever this token may hold: lease, reserved turn, queue place."""
         call = scripts.run_async(
-            self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms)
+            self.client, scripts.CANCEL, self._key_tuple, (token,)
         )
         try:
             await complete(call, _CLEANUP_TIMEOUT)
@@ -547,7 +547,7 @@ class AsyncLock(AsyncHandle):
     async def _release_call(self, token: str) -> int:
         return int(
             await scripts.run_async(
-                self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms)
+                self.client, scripts.RELEASE, self._key_tuple, (token,)
             )
         )
 

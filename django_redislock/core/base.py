@@ -16,9 +16,16 @@ from typing import Any
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .exceptions import LockLost
-from .keys import KeySpace, LockKeys
+from .keys import KeySpace, LockKeys, shows_name
 
-__all__ = ["LockBase", "Observer", "check_seconds", "may_have_run", "same_token"]
+__all__ = [
+    "LockBase",
+    "Observer",
+    "acquire_reply",
+    "check_seconds",
+    "may_have_run",
+    "same_token",
+]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 log_release = logging.getLogger("django_redislock.release")
@@ -60,6 +67,14 @@ def same_token(current: bytes | str | None, token: str) -> bool:
     if current is None:
         return False
     return (current.decode() if isinstance(current, bytes) else current) == token
+
+
+def acquire_reply(reply: Any) -> tuple[int, int]:
+    """``(1, fence)`` or ``(0, ms until the state can change)`` from the acquire
+    script's reply: the fence comes as text, the wait as an integer."""
+    if isinstance(reply, int):
+        return 0, reply
+    return 1, int(reply)
 
 
 def may_have_run(exc: BaseException) -> bool:
@@ -117,6 +132,8 @@ class LockBase:
         self.keys: LockKeys = self.keyspace.lock(name)
         self.name = name
         self._name_b = name.encode("utf-8", "surrogatepass")
+        # What the lease stores of the name: nothing when its keys show it.
+        self._stored_name = b"" if shows_name(self._name_b) else self._name_b
         self.ttl = check_seconds("ttl", ttl, allow_zero=False)
         self.wait = check_seconds("wait", wait, allow_zero=True)
         self.label = label
@@ -256,12 +273,11 @@ class LockBase:
         return (
             token,
             ttl_ms,
-            self._name_b,
+            self._stored_name,
             self._owner(who),
             wait_ms,
             address,
-            self._grace_ms,
-            STATE_KEEP_MS,
+            ttl_ms + STATE_KEEP_MS,
         )
 
     @property

@@ -303,14 +303,16 @@ def _read_replies(client: Any, keyspace: KeySpace, kind: str, keys: list[bytes])
 def _parse_lock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
     if not reply:
         return None
-    token, fence, stored, owner, acquired, pttl, waiting, now = reply
+    token, fence, stored, owner, pttl, waiting, now = reply
     own = _own_name(keyspace, "lock", key, stored)
     if own is None:
         logger.debug("skipping %r: not a key of this library", key)
         return None
     host, pid, thread, label = _owner(owner)
-    acquired_ms = _int(acquired)
-    held_for = _seconds(now - acquired_ms) if acquired_ms is not None else 0.0
+    fence_us = _int(fence)
+    # A fence is the server's microsecond clock at the grant (a little more
+    # only if that clock had fallen behind the previous fence).
+    held_for = _seconds(now - fence_us // 1000) if fence_us is not None else 0.0
     lease_left = None if int(pttl) < 0 else _seconds(int(pttl))
     holder = Holder(host, pid, thread, label, held_for, lease_left, token.decode("latin-1"))
     return HeldLock(
@@ -320,7 +322,7 @@ def _parse_lock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
         pid=pid,
         thread=thread,
         label=label,
-        fence=_int(fence),
+        fence=fence_us,
         held_for=held_for,
         lease_left=lease_left,
         waiters=int(waiting),

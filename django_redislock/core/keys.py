@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["KeySpace", "LockKeys", "encode_name", "validate_prefix"]
+__all__ = ["KeySpace", "LockKeys", "encode_name", "shows_name", "validate_prefix"]
 
 # Long enough for any name a person types, short enough that a key stays cheap.
 READABLE_LIMIT = 120
@@ -54,6 +54,12 @@ def encode_name(name: str) -> bytes:
     if not name:
         raise ValueError("lock name must not be empty")
     return name.encode("utf-8", "surrogatepass")
+
+
+def shows_name(raw: bytes) -> bool:
+    """Whether the keys of the name ``raw`` (encoded) hold it readably; longer
+    names are hashed, and their lease stores the name itself for operators."""
+    return len(raw) <= READABLE_LIMIT
 
 
 def decode_name(raw: bytes) -> str:
@@ -85,7 +91,7 @@ class KeySpace:
     def _suffix(self, raw: bytes) -> tuple[bytes, bytes]:
         digest = hashlib.sha256(raw).hexdigest().encode()
         tag = b"{" + digest[:16] + b"}"
-        if len(raw) <= READABLE_LIMIT:
+        if shows_name(raw):
             return tag, tag + b":=" + raw
         return tag, tag + b":#" + digest
 

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from . import renewal, scripts
-from .base import STATE_KEEP_MS, LockBase, may_have_run, same_token
+from .base import STATE_KEEP_MS, LockBase, acquire_reply, may_have_run, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -92,7 +92,8 @@ class SyncHandle(LockBase):
         if self.token is not None and self._thread == threading.get_ident():
             raise self._already_held()
         started = time.monotonic()
-        got_gate = self._gate.acquire(timeout=wait_s) if wait_s > 0 else self._gate.acquire(False)
+        # The gate is almost always free: try it before paying for a timed wait.
+        got_gate = self._gate.acquire(False) or (wait_s > 0 and self._gate.acquire(timeout=wait_s))
         if not got_gate:
             self.observer.busy(self, time.monotonic() - started)
             return False
@@ -251,11 +252,11 @@ class Lock(SyncHandle):
 
     def _run_acquire(self, token: str, keys: tuple[bytes, ...], args: tuple) -> tuple[int, int]:
         if not self.replicas:
-            granted, value = scripts.run(self.client, scripts.ACQUIRE, keys, args)
-            return granted, value
-        (granted, value), acked = scripts.run_acked(
+            return acquire_reply(scripts.run(self.client, scripts.ACQUIRE, keys, args))
+        reply, acked = scripts.run_acked(
             self.client, scripts.ACQUIRE, keys, args, self.replicas, self.replicas_timeout
         )
+        granted, value = acquire_reply(reply)
         if granted == 1 and acked < self.replicas:
             # A failover now could hand the lock to a replica that never saw
             # this lease: give it back rather than report a fragile grant.
@@ -270,7 +271,7 @@ class Lock(SyncHandle):
 
     def _cancel(self, token: str) -> None:
         try:
-            scripts.run(self.client, scripts.CANCEL, self._key_tuple, (token, self._grace_ms))
+            scripts.run(self.client, scripts.CANCEL, self._key_tuple, (token,))
         except RedisUnavailable as exc:
             # Our queue entry expires at its deadline; a lease handed to us
             # unheard expires with its TTL.
@@ -278,7 +279,7 @@ class Lock(SyncHandle):
 
     def _release_call(self, token: str) -> int:
         return int(
-            scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token, self._grace_ms))
+            scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,))
         )
 
     # -- release / extend ---------------------------------------------------------

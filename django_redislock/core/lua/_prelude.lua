@@ -1,104 +1,135 @@
 -- Shared by every lock script (scripts.py prepends it).
 --
--- KEYS[1] lease  hash  t=token f=fence n=name o=owner a=acquired ms x=ttl ms
+-- KEYS[1] lease  hash  t=token f=fence o=owner, and n=name when the key
+--                cannot hold it readably (long names); the fence is the
+--                server's microsecond clock when it was granted
 -- KEYS[2] queue  list  waiting tokens, oldest first
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
 --                      n=lock name, d=last token released,
 --                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<owner>
 --                      for each waiter
 -- A token is in the queue exactly when the state hash has a field for it.
--- The uncontended paths read `q` instead of touching the queue, and the
--- server clock only when they need it: every redis.call costs microseconds.
+--
+-- Every run of a script pays for what it does, and the uncontended paths are
+-- kept to the least: they read `q` instead of touching the queue, read the
+-- server clock only when they need it, keep numbers as text (Lua converts
+-- between numbers and strings with printf and strtod, dearer than a
+-- redis.call), and make no closure they do not call: the contended paths'
+-- helpers are made on first use, by contended().
 
 local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
 -- How long the state (last fence) outlives a lease; STATE_KEEP_MS in base.py.
 local KEEP = 10000
 local clock, now_ms
+local issued -- the last fence this run issued: the clock is read only once
+local slow   -- the contended paths' helpers, once contended() made them
 
-local function read_clock()
-  if not clock then
-    clock = redis.call('TIME')
-    now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+-- Write a lease for `token` and return its fence, as text. Fences follow the
+-- server clock in microseconds and exceed the last one issued (`last`), so
+-- they keep increasing after the state expires or Redis restarts empty, as
+-- long as the server clock does not step back. `ttl` and `state_ttl` (the
+-- state's TTL) are text; `name` is '' when the key holds it. `waiters`: whether anyone may be queued (then the
+-- state's TTL may only grow, it covers their deadlines).
+local function give(token, ttl, state_ttl, name, owner, last, waiters)
+  clock = clock or redis.call('TIME')
+  local us = clock[2]
+  us = string.rep('0', 6 - #us) .. us
+  -- Decimal integers without leading zeros: longer is larger, else compare text.
+  local f = clock[1] .. us
+  if issued and (not last or #issued > #last or (#issued == #last and issued > last)) then
+    last = issued
   end
-  return now_ms
-end
-
--- Raise a key's TTL to at least ms; never shortens it, never makes it eternal.
-local function bump_ttl(key, ms)
-  if redis.call('PTTL', key) < ms then
-    redis.call('PEXPIRE', key, ms)
+  if last and not (#f > #last or (#f == #last and f > last)) then
+    f = string.format('%.0f', tonumber(last) + 1)
   end
-end
-
--- Write a lease for `token` and return its fence. Fences follow the server
--- clock in microseconds and exceed the last one issued (`last`), so they keep
--- increasing after the state expires or Redis restarts empty, as long as the
--- server clock does not step back. `waiters`: whether anyone may be queued
--- (then the state's TTL may only grow, it covers their deadlines).
-local function give(token, ttl, name, owner, last, waiters)
-  read_clock()
-  local fence = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  last = tonumber(last or '0')
-  if last >= fence then
-    fence = last + 1
+  issued = f
+  if name == '' then
+    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
+  else
+    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
   end
-  local f = string.format('%.0f', fence)
-  redis.call('HSET', lease, 't', token, 'f', f, 'n', name, 'o', owner, 'a', now_ms, 'x', ttl)
   redis.call('PEXPIRE', lease, ttl)
   redis.call('HSET', state, 'f', f)
   if waiters then
-    bump_ttl(state, ttl + KEEP)
+    -- Only reached through contended(), which made `slow`.
+    slow.bump_ttl(state, tonumber(state_ttl))
   else
-    redis.call('PEXPIRE', state, ttl + KEEP)
+    redis.call('PEXPIRE', state, state_ttl)
   end
-  return fence
+  return f
 end
 
--- The lock is free and someone may be queued: hand the lease straight to the
--- oldest live waiter and wake it with "<token>:<fence>", so it holds the lock
--- the moment it wakes, with no second round trip. Waiters whose deadline
--- passed, or whose wake-up channel nobody listens on (their process died),
--- are dropped on the way. Returns the new holder's token, or false when
--- nobody was left. When the oldest live waiter is `self` (the caller of this
--- very script), it is popped and returned without a lease: the caller takes
--- it itself.
-local function hand_off(self)
-  read_clock()
-  while true do
-    local head = redis.call('LPOP', queue)
-    if not head then
-      redis.call('HDEL', state, 'q')
-      return false
+local function contended()
+  if slow then
+    return slow
+  end
+  slow = {}
+
+  -- The server clock in milliseconds, as a number (deadlines).
+  function slow.read_clock()
+    if not now_ms then
+      clock = clock or redis.call('TIME')
+      now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
     end
-    local info = redis.call('HGET', state, head)
-    redis.call('HDEL', state, head)
-    if info then
-      local s1 = string.find(info, '|', 1, true)
-      local s2 = string.find(info, '|', s1 + 1, true)
-      local s3 = string.find(info, '|', s2 + 1, true)
-      if tonumber(string.sub(info, 1, s1 - 1)) > now_ms then
-        if head == self then
-          return head
+    return now_ms
+  end
+
+  -- Raise a key's TTL to at least ms; never shortens it, never makes it eternal.
+  function slow.bump_ttl(key, ms)
+    if redis.call('PTTL', key) < ms then
+      redis.call('PEXPIRE', key, ms)
+    end
+  end
+
+  -- The lock is free and someone may be queued: hand the lease straight to
+  -- the oldest live waiter and wake it with "<token>:<fence>", so it holds the
+  -- lock the moment it wakes, with no second round trip. Waiters whose
+  -- deadline passed, or whose wake-up channel nobody listens on (their
+  -- process died), are dropped on the way. Returns the new holder's token, or
+  -- false when nobody was left. When the oldest live waiter is `self` (the
+  -- caller of this very script), it is popped and returned without a lease:
+  -- the caller takes it itself.
+  function slow.hand_off(self)
+    local now = slow.read_clock()
+    while true do
+      local head = redis.call('LPOP', queue)
+      if not head then
+        redis.call('HDEL', state, 'q')
+        return false
+      end
+      local info = redis.call('HGET', state, head)
+      redis.call('HDEL', state, head)
+      if info then
+        local s1 = string.find(info, '|', 1, true)
+        local s2 = string.find(info, '|', s1 + 1, true)
+        local s3 = string.find(info, '|', s2 + 1, true)
+        if tonumber(string.sub(info, 1, s1 - 1)) > now then
+          if head == self then
+            return head
+          end
+          local mode = string.sub(info, s1 + 1, s1 + 1)
+          local channel = string.sub(info, s1 + 2, s2 - 1)
+          local ttl = string.sub(info, s2 + 1, s3 - 1)
+          local st = redis.call('HMGET', state, 'f', 'n')
+          local fence = give(head, ttl, tostring(tonumber(ttl) + KEEP), st[2] or '',
+            string.sub(info, s3 + 1), st[1], true)
+          local message = head .. ':' .. fence
+          local heard = 1
+          if mode == 'p' then
+            heard = redis.call('PUBLISH', channel, message)
+          elseif mode == 's' then
+            heard = redis.call('SPUBLISH', channel, message)
+          end
+          if heard > 0 or mode == '-' then
+            -- A waiter without a channel finds its lease at its next retry.
+            return head
+          end
+          -- Nobody heard: its process died. Take the lease back, try the next.
+          redis.call('DEL', lease)
         end
-        local mode = string.sub(info, s1 + 1, s1 + 1)
-        local channel = string.sub(info, s1 + 2, s2 - 1)
-        local ttl = tonumber(string.sub(info, s2 + 1, s3 - 1))
-        local st = redis.call('HMGET', state, 'f', 'n')
-        local fence = give(head, ttl, st[2] or '', string.sub(info, s3 + 1), st[1], true)
-        local message = head .. ':' .. string.format('%.0f', fence)
-        local heard = 1
-        if mode == 'p' then
-          heard = redis.call('PUBLISH', channel, message)
-        elseif mode == 's' then
-          heard = redis.call('SPUBLISH', channel, message)
-        end
-        if heard > 0 or mode == '-' then
-          -- A waiter without a channel finds its lease at its next retry.
-          return head
-        end
-        -- Nobody heard: its process died. Take the lease back, try the next.
-        redis.call('DEL', lease)
       end
     end
   end
+
+  return slow
 end

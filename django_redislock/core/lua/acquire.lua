@@ -2,57 +2,57 @@
 -- KEYS: lease, queue, state (see the prelude)
 -- ARGV[1] token      random, unique to this acquisition
 -- ARGV[2] ttl        lease length, ms
--- ARGV[3] name       readable lock name, kept for operators
+-- ARGV[3] name       lock name, kept for operators; '' when the key shows it
 -- ARGV[4] owner      owner metadata (JSON), kept for operators
 -- ARGV[5] wait       ms the caller will wait; 0 = try once, never queue
 -- ARGV[6] channel    <p|s|-> followed by the caller's wake-up channel
--- ARGV[7] grace      unused since leases are handed over directly; kept so
---                    callers of either version agree on the arguments
--- ARGV[8] keep       ms the state (last fence) outlives the lease
--- Returns {1, fence} when acquired, {0, ms} when busy: ms is when the state can
--- change by itself (the holder's lease end), the waiter's fallback timer.
+-- ARGV[7] state ttl  ms the state (last fence) lives: ttl + STATE_KEEP_MS
+-- Numbers arrive as text and stay text where they can (see the prelude).
+-- Returns the fence, as text, when acquired; when busy, the ms until the
+-- state can change by itself (the holder's lease end) as an integer: the
+-- waiter's fallback timer.
 
 local token = ARGV[1]
-local ttl = tonumber(ARGV[2])
-local wait = tonumber(ARGV[5])
-local keep = tonumber(ARGV[8])
-
 local st = redis.call('HMGET', state, 'q', 'f')
-local queued = st[1]
+local holder = redis.call('HGET', lease, 't')
+if not holder and not st[1] then
+  -- Free, nobody queued: the common case.
+  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], false)
+end
+
+local slow = contended()
 
 local function enqueue()
+  local wait = tonumber(ARGV[5])
   if wait <= 0 then
     return
   end
-  read_clock()
+  local now = slow.read_clock()
   if redis.call('HEXISTS', state, token) == 0 then
     redis.call('RPUSH', queue, token)
   end
   redis.call('HSET', state, token,
-    (now_ms + wait) .. '|' .. ARGV[6] .. '|' .. ttl .. '|' .. ARGV[4], 'q', '1', 'n', ARGV[3])
-  bump_ttl(queue, wait + keep)
-  bump_ttl(state, wait + keep)
+    (now + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[4], 'q', '1', 'n', ARGV[3])
+  slow.bump_ttl(queue, wait + KEEP)
+  slow.bump_ttl(state, wait + KEEP)
 end
 
-local holder = redis.call('HGET', lease, 't')
 if holder then
   if holder == token then
     -- Handed to us while we slept (and we missed the wake-up), or a retry of
     -- an acquire whose reply was lost: it is ours. Its validity starts now.
-    redis.call('HSET', lease, 'x', ttl)
-    redis.call('PEXPIRE', lease, ttl)
-    return {1, tonumber(redis.call('HGET', lease, 'f'))}
+    redis.call('PEXPIRE', lease, ARGV[2])
+    return redis.call('HGET', lease, 'f')
   end
   enqueue()
-  return {0, redis.call('PTTL', lease)}
+  return redis.call('PTTL', lease)
 end
 
-if queued then
-  local head = hand_off(token)
-  if head and head ~= token then
-    -- An earlier waiter holds it now; queue behind it.
-    enqueue()
-    return {0, redis.call('PTTL', lease)}
-  end
+-- Free, and someone may be queued: the oldest live waiter goes first.
+local head = slow.hand_off(token)
+if head and head ~= token then
+  -- An earlier waiter holds it now; queue behind it.
+  enqueue()
+  return redis.call('PTTL', lease)
 end
-return {1, give(token, ttl, ARGV[3], ARGV[4], st[2], queued)}
+return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], true)

@@ -8,6 +8,6 @@ if not holder or (ARGV[2] ~= '' and holder ~= ARGV[2]) then
 end
 redis.call('DEL', lease)
 if redis.call('HGET', state, 'q') then
-  hand_off(false)
+  contended().hand_off(false)
 end
 return 1

@@ -4,8 +4,6 @@
 if redis.call('HGET', lease, 't') ~= ARGV[1] then
   return 0
 end
-local ttl = tonumber(ARGV[2])
-redis.call('HSET', lease, 'x', ttl)
-redis.call('PEXPIRE', lease, ttl)
-bump_ttl(state, ttl + tonumber(ARGV[3]))
+redis.call('PEXPIRE', lease, ARGV[2])
+contended().bump_ttl(state, tonumber(ARGV[2]) + tonumber(ARGV[3]))
 return 1

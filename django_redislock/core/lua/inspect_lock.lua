@@ -1,13 +1,14 @@
 -- Read one lock for operators (inspect.py); writes nothing.
 -- KEYS[1] lease hash, KEYS[2] queue list, KEYS[3] state hash (see the prelude)
 -- Returns false when KEYS[1] is not a held lease, otherwise
--- {token, fence, name, owner, acquired ms, lease ms left (-1: no TTL),
---  live waiters, server now ms}. Waiters whose deadline passed are still in
+-- {token, fence, name ('' when the key shows it), owner, lease ms left
+--  (-1: no TTL), live waiters, server now ms}. The fence is the server's
+-- microsecond clock when the lease was granted. Waiters whose deadline passed are still in
 -- the queue until the next release drops them; they are not counted.
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
   return false
 end
-local v = redis.call('HMGET', KEYS[1], 't', 'f', 'n', 'o', 'a')
+local v = redis.call('HMGET', KEYS[1], 't', 'f', 'n', 'o')
 if not v[1] then
   return false
 end
@@ -26,5 +27,4 @@ if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok =
     end
   end
 end
-return {v[1], v[2] or '', v[3] or '', v[4] or '', v[5] or '', redis.call('PTTL', KEYS[1]),
-        waiting, now_ms}
+return {v[1], v[2] or '', v[3] or '', v[4] or '', redis.call('PTTL', KEYS[1]), waiting, now_ms}

@@ -1,5 +1,5 @@
 -- Release the lease if the caller still owns it, and hand it to the next waiter.
--- KEYS: lease, queue, state. ARGV[1] token, ARGV[2] grace ms (unused).
+-- KEYS: lease, queue, state. ARGV[1] token.
 -- Returns 1 when released, 0 when the caller did not own the lease.
 -- Repeatable: state field d remembers the last token released, so a retry of
 -- a release whose reply was lost reports success, not a lost lease.
@@ -13,6 +13,6 @@ end
 redis.call('DEL', lease)
 redis.call('HSET', state, 'd', ARGV[1])
 if redis.call('HGET', state, 'q') then
-  hand_off(false)
+  contended().hand_off(false)
 end
 return 1
