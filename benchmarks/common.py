@@ -47,6 +47,8 @@ class PrivateRedis:
         self.port = free_port() if tcp else 0
         self.socket_path = None if tcp else str(self.dir / "redis.sock")
         self.proc: subprocess.Popen[bytes] | None = None
+        # A command the server runs under (valgrind, say): prepended as is.
+        self.wrapper: list[str] = []
 
     @property
     def url(self) -> str:
@@ -61,6 +63,7 @@ class PrivateRedis:
 
     def start(self, timeout: float = 10.0) -> PrivateRedis:
         args = [
+            *self.wrapper,
             self.binary,
             "--port", str(self.port),
             "--bind", "127.0.0.1",

@@ -1,0 +1,132 @@
+"""What an uncontended acquire+release costs the Redis server, in instructions.
+
+Usage::
+
+    python -m benchmarks.server_cost              # every implementation, ~2 min
+    python -m benchmarks.server_cost --ops 500 --impls ours,baseline
+
+Wall-clock figures on a shared machine move by several percent from one run
+to the next; instruction counts do not. For each implementation this starts a
+private ``redis-server`` under ``valgrind --tool=callgrind`` (on a unix socket,
+stopped by its PID), runs N acquire+release pairs through the implementation's
+own client code, then does the same with 2N pairs on a fresh server: the
+difference divided by N is what one pair costs the server, with start-up,
+connection and shutdown cancelled out. A PING is measured the same way as a
+unit. Needs ``valgrind`` (Debian/Ubuntu: ``apt install valgrind``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from .common import PrivateRedis, fmt, rst_table, table
+from .impls import IMPLS
+
+_TOTALS = re.compile(r"([\d,]+)\s+(?:\([\d.]+%\)\s+)?PROGRAM TOTALS")
+
+
+class CallgrindRedis(PrivateRedis):
+    """A private redis-server run under callgrind; ``instructions()`` after stop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = self.dir / "callgrind.out"
+
+    def start(self, timeout: float = 60.0) -> CallgrindRedis:
+        valgrind = _require("valgrind")
+        self.wrapper = [valgrind, "--tool=callgrind", f"--callgrind-out-file={self.out}"]
+        super().start(timeout)
+        return self
+
+    def stop_and_count(self) -> int:
+        proc = self.proc
+        if proc is not None:
+            self.proc = None
+            proc.terminate()
+            proc.wait(60)
+        report = subprocess.run(
+            ["callgrind_annotate", str(self.out)], capture_output=True, text=True, check=True
+        ).stdout
+        match = _TOTALS.search(report)
+        if match is None:
+            raise RuntimeError("callgrind_annotate printed no PROGRAM TOTALS")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return int(match.group(1).replace(",", ""))
+
+
+def _require(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise SystemExit(f"{binary} is not on PATH; this benchmark needs it")
+    return path
+
+
+def _count(key: str, pairs: int) -> int:
+    server = CallgrindRedis().start()
+    try:
+        client = server.client(socket_timeout=60.0)
+        if key == "PING":
+            for _ in range(pairs):
+                client.ping()
+        else:
+            handle = IMPLS[key].factory(client, f"cost:{key}", 30.0, 1.0)
+            for _ in range(pairs):
+                if not handle.acquire():
+                    raise RuntimeError(f"{key}: an uncontended acquire failed")
+                handle.release()
+        client.close()
+    except BaseException:
+        server.stop()
+        raise
+    return server.stop_and_count()
+
+
+def per_pair(key: str, ops: int) -> float:
+    return (_count(key, 2 * ops) - _count(key, ops)) / ops
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.server_cost", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--ops", type=int, default=1000, help="N, pairs in the shorter run")
+    p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated implementations")
+    p.add_argument("--rst", action="store_true", help="also print the table as reStructuredText")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(argv)
+    keys = [k for k in cfg.impls.split(",") if k]
+    unknown = [k for k in keys if k not in IMPLS]
+    if unknown:
+        raise SystemExit(f"unknown implementation(s) {unknown}; choose from {list(IMPLS)}")
+    keys = [k for k in keys if IMPLS[k].missing() is None]
+    results: dict[str, float] = {"PING": per_pair("PING", cfg.ops)}
+    for key in keys:
+        print(f"  {key} ...", file=sys.stderr, flush=True)
+        results[key] = per_pair(key, cfg.ops)
+    base = results.get("baseline")
+    rows: list[list[Any]] = []
+    for key, value in results.items():
+        label = "PING (one round trip)" if key == "PING" else IMPLS[key].label
+        rows.append([
+            label, f"{value:,.0f}", fmt(value / results["PING"], 1),
+            fmt(value / base, 2) if base else "-",
+        ])
+    headers = ["implementation", "instructions", "x PING", "x baseline"]
+    print("Server instructions per uncontended acquire+release (callgrind)\n")
+    print(table(headers, rows))
+    if cfg.rst:
+        print("\n" + rst_table(headers, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
