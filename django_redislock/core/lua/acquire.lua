@@ -20,7 +20,7 @@ if not holder and not st[1] then
   return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], false)
 end
 
-local slow = contended()
+contended() -- from here on, `slow` holds the contended paths' helpers
 
 local function enqueue()
   local wait = tonumber(ARGV[5])
