@@ -326,6 +326,29 @@ def test_fences_increase_across_expiry_and_state_loss(r: redis.Redis) -> None:
     lock.release()
 
 
+def test_fences_stay_above_the_last_one_when_the_server_clock_is_behind(r: redis.Redis) -> None:
+    # A fence is the server clock in microseconds unless the last fence of the
+    # name is not below it (a clock stepped back): then it is the last plus one.
+    lock = Lock(r, "fence-floor", ttl=10, wait=0)
+    assert lock.acquire()
+    now_us = lock.fence
+    lock.release()
+    assert now_us is not None
+    ahead = now_us + 10**12  # the last fence, 11 days ahead of the clock
+    r.hset(lock.keys.state, "f", str(ahead))
+    fences = []
+    for _ in range(3):
+        assert lock.acquire()
+        fences.append(lock.fence)
+        lock.release()
+    assert fences == [ahead + 1, ahead + 2, ahead + 3]
+    # A floor with fewer digits than the clock never wins.
+    r.hset(lock.keys.state, "f", "999")
+    assert lock.acquire()
+    assert lock.fence is not None and now_us < lock.fence < ahead
+    lock.release()
+
+
 def test_fences_increase_across_restart_without_persistence(redis_factory: Any) -> None:
     server = redis_factory(port=free_port(), unix=False, persistence=False).start()
     client = server.client(socket_timeout=5, socket_connect_timeout=5)
