@@ -521,6 +521,67 @@ def test_a_waiter_that_gives_up_hands_the_channel_to_the_next(r: redis.Redis) ->
         second.join(25)
 
 
+def test_a_waiter_queued_while_the_channel_was_down_queues_again_with_it(r: redis.Redis) -> None:
+    # The channel could not be subscribed in time (here: backing off for 3 s,
+    # longer than the 2 s the first contention waits for it), so the waiter
+    # queued without it. Once the channel is up it must queue again with it:
+    # otherwise a lease handed over would go unnoticed until the holder's
+    # whole 30 s lease had run out.
+    from django_redislock.core.notify import get_notifier
+
+    holder = Lock(r, "channel-late", ttl=30, wait=0)
+    assert holder.acquire()
+    notifier = get_notifier(r, holder.keyspace)
+    assert notifier._pubsub is None  # this test's own pool: not subscribed yet
+    notifier._retry_at = time.monotonic() + 3.0
+    waiter = Lock(r, "channel-late", ttl=30, wait=20)
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["ok"] = waiter.acquire()
+        result["at"] = time.monotonic()
+        if result["ok"]:
+            waiter.release()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        wait_until(lambda: notifier._pubsub is not None, timeout=10)
+        # Queued again, with the channel in its place in the queue.
+        wait_until(lambda: any(notifier.channel in v for v in r.hvals(holder.keys.state)), 5)
+        released_at = time.monotonic()
+        holder.release()
+        t.join(10)
+        assert result.get("ok") is True
+        assert result["at"] - released_at < 2
+    finally:
+        t.join(25)
+
+
+def test_a_short_sleeper_leaves_a_slow_subscribe_for_the_next(redis_factory: Any) -> None:
+    # A waiter about to sleep for a few milliseconds cannot wait for the
+    # SUBSCRIBE confirmation over a slow link (50 ms each way here): that is
+    # not a failure (no back-off, no warning); the subscription stays pending
+    # and the next waiter finishes it.
+    from django_redislock.core.notify import Notifier, Wakeup
+    from tests.faults.proxy import FaultProxy
+
+    server = redis_factory(port=free_port(), unix=False).start()
+    proxy = FaultProxy(("127.0.0.1", server.port))
+    client = redis.Redis.from_url(proxy.url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        notifier = Notifier(client, KeySpace("short-sleeper"))
+        with proxy.fault(latency=0.05):
+            assert notifier.wait(Wakeup(), 0.005) is None
+            assert notifier._failures == 0 and notifier._retry_at == 0.0
+            assert notifier._pending is not None
+            assert notifier.wait_ready(2.0)
+        assert notifier._failures == 0 and notifier._pending is None
+    finally:
+        client.close()
+        proxy.close()
+
+
 # -- invariant 6 and Redis failures ---------------------------------------------------------------
 def test_late_acquire_reply_is_not_an_acquisition(redis_factory: Any) -> None:
     server = redis_factory(port=free_port(), unix=False).start()

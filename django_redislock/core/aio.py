@@ -422,6 +422,9 @@ class AsyncHandle(LockBase):
                     if handed is not None and self._take_handed(sent, ttl_ms):
                         self._granted(token, handed, sent, ttl_ms)
                         return True
+                    if address == _NO_CHANNEL and notifier.is_ready(tag):
+                        # The channel came (back) while we slept: queue with it.
+                        address = notifier.address_for(tag)
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             await self._cancel(token)
             return False

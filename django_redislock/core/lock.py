@@ -118,12 +118,13 @@ class SyncHandle(LockBase):
         # Only a process already listening queues on the first attempt; the
         # uncontended path must not start a listener or wait for one.
         notifier = get_notifier(self.client, self.keyspace) if wait_ms else None
+        tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
         event = None
         address = _NO_CHANNEL
-        tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
-        if notifier is not None and notifier.wait_ready(0, tag):
-            event = notifier.register(token, tag)
-            address = notifier.address_for(tag)
+        if notifier is not None:
+            event = notifier.register_if_ready(token, tag)
+            if event is not None:
+                address = notifier.address_for(tag)
         try:
             while True:
                 sent = time.monotonic()
@@ -142,10 +143,14 @@ class SyncHandle(LockBase):
                         address = notifier.address_for(tag)
                 else:
                     # Sleep until woken, or until the state can change by itself.
+                    event.needs_channel = address == _NO_CHANNEL
                     handed = notifier.wait(event, min(remaining, max(value, 1) / 1000))
                     if handed is not None and self._take_handed(sent, ttl_ms):
                         self._granted(token, handed, sent, ttl_ms)
                         return True
+                    if address == _NO_CHANNEL and notifier.wait_ready(0, tag):
+                        # The channel came (back) while we slept: queue with it.
+                        address = notifier.address_for(tag)
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             self._cancel(token)
             return False

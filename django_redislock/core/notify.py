@@ -43,8 +43,13 @@ LIVENESS_INTERVAL = 5.0
 IDLE_TIMEOUT = 60.0
 # How often the housekeeping thread looks.
 HOUSEKEEPING_INTERVAL = 5.0
-# Reconnection back-off bounds, seconds.
+# Reconnection back-off bounds, seconds. The back-off starts again from the
+# bottom only after the channel stayed up for LIVENESS_INTERVAL: a connection
+# that drops as soon as it subscribes must not wake every waiter at 20 Hz.
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
+# How long a SUBSCRIBE may go unconfirmed before it counts as failed. A leader
+# whose own wait ends first leaves it pending for the next one to finish.
+SUBSCRIBE_TIMEOUT = LIVENESS_INTERVAL
 
 
 class Wakeup(threading.Event):
@@ -53,11 +58,14 @@ class Wakeup(threading.Event):
     ``fired``: its turn came (``fence`` set when the lease was handed to it)
     or the channel asks everyone to look again. ``promoted``: it is to read
     the channel for the others. Both change only under the notifier's mutex.
+    ``needs_channel``: set by the waiter while it is queued without the
+    channel (it was down): it is woken to queue again once the channel is up.
     """
 
     fence: int | None = None
     fired: bool = False
     promoted: bool = False
+    needs_channel: bool = False
 
 
 class Notifier:
@@ -76,6 +84,9 @@ class Notifier:
         self._leading = False
         # Touched only by the leader, or under the mutex while nobody leads.
         self._pubsub: Any = None
+        self._pending: Any = None  # a SUBSCRIBE sent, not yet confirmed
+        self._pending_since = 0.0
+        self._up_since: float | None = None
         self._connected_before = False
         self._failures = 0
         self._retry_at = 0.0
@@ -98,6 +109,16 @@ class Notifier:
             self._slots[token] = event
         return event
 
+    def register_if_ready(self, token: str, tag: bytes = b"") -> Wakeup | None:
+        """Register ``token`` if the channel is subscribed, else None: the
+        check and the registration are one step, so the channel cannot be
+        closed as idle in between."""
+        with self._mutex:
+            if self._pubsub is None:
+                return None
+            event = self._slots[token] = Wakeup()
+            return event
+
     def unregister(self, token: str) -> None:
         with self._mutex:
             event = self._slots.pop(token, None)
@@ -117,16 +138,25 @@ class Notifier:
         if timeout <= 0:
             return False
         deadline = time.monotonic() + timeout
-        with self._mutex:
-            while self._leading:
-                # The leader is connecting, or reading a live channel.
-                if self._pubsub is not None or not self._led.wait(deadline - time.monotonic()):
-                    return self._pubsub is not None
-            self._leading = True
+        lead = False
         try:
-            return self._connect(deadline)
+            with self._mutex:
+                while self._leading:
+                    # The leader is connecting, or reading a live channel.
+                    if self._pubsub is not None or not self._led.wait(deadline - time.monotonic()):
+                        return self._pubsub is not None
+                lead = self._leading = True
+            while not self._connect(deadline):
+                # Backing off, or the confirmation is slow: try again in time.
+                now = time.monotonic()
+                if self._pending is None and self._retry_at < deadline:
+                    time.sleep(max(0.0, self._retry_at - now))
+                    continue
+                return False
+            return True
         finally:
-            self._stop_leading()
+            if lead:
+                self._stop_leading()
 
     def wait(self, event: Wakeup, timeout: float) -> int | None:
         """Sleep until ``event`` fires or ``timeout`` passes; read the channel
@@ -134,29 +164,31 @@ class Notifier:
         over, else None (woken to look again, or timed out)."""
         deadline = time.monotonic() + timeout
         while True:
-            with self._mutex:
-                remaining = deadline - time.monotonic()
-                if event.fired or remaining <= 0:
-                    fence, event.fence = event.fence, None
-                    promoted = event.promoted
-                    event.fired = event.promoted = False
-                    event.clear()
-                    if promoted:
-                        # Asked to read for the others, but done waiting: pass it on.
-                        self._promote(exclude=event)
-                    return fence
-                if event.promoted:
-                    event.promoted = False
-                    event.clear()
-                lead = not self._leading
-                self._leading = True
-            if not lead:
-                event.wait(remaining)  # fired, or promoted to read
-                continue
+            lead = False
             try:
-                self._read(event, deadline)
+                with self._mutex:
+                    remaining = deadline - time.monotonic()
+                    if event.fired or remaining <= 0:
+                        fence, event.fence = event.fence, None
+                        promoted = event.promoted
+                        event.fired = event.promoted = False
+                        event.clear()
+                        if promoted:
+                            # Asked to read for the others, but done waiting: pass it on.
+                            self._promote(exclude=event)
+                        return fence
+                    if event.promoted:
+                        event.promoted = False
+                        event.clear()
+                    if not self._leading:
+                        lead = self._leading = True
+                if lead:
+                    self._read(event, deadline)
+                else:
+                    event.wait(remaining)  # fired, or promoted to read
             finally:
-                self._stop_leading(event)
+                if lead:
+                    self._stop_leading(event)
 
     # -- leadership (under the mutex) ----------------------------------------
     def _stop_leading(self, leaving: Wakeup | None = None) -> None:
@@ -188,49 +220,79 @@ class Notifier:
 
     # -- the leader's side -------------------------------------------------------
     def _connect(self, deadline: float) -> bool:
-        """Subscribe the channel by ``deadline``; False if that failed."""
+        """Subscribe the channel, waiting for the confirmation until
+        ``deadline``; False if it is not confirmed by then (still pending, or
+        failed and backing off)."""
         if self._pubsub is not None:
             return True
-        now = time.monotonic()
-        if now < self._retry_at:
-            return False
-        pubsub = None
+        if self._pending is None:
+            if time.monotonic() < self._retry_at:
+                return False
+            pubsub = None
+            try:
+                pubsub = self._client.pubsub()
+                pubsub.subscribe(self.channel)
+            except Exception as exc:  # any failure: back off, waiters use their timers
+                self._close(pubsub)
+                self._failed(exc)
+                return False
+            self._pending, self._pending_since = pubsub, time.monotonic()
+        pubsub = self._pending
+        give_up = self._pending_since + SUBSCRIBE_TIMEOUT
         try:
-            pubsub = self._client.pubsub()
-            pubsub.subscribe(self.channel)
             while True:
-                message = pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
-                if message is None:
-                    raise TimeoutError("no confirmation of SUBSCRIBE in time")
-                if message["type"] in ("subscribe", b"subscribe"):
+                message = pubsub.get_message(
+                    timeout=max(0.0, min(deadline, give_up) - time.monotonic())
+                )
+                if message is not None and message["type"] in ("subscribe", b"subscribe"):
                     break
-        except Exception as exc:  # any failure: back off, waiters use their timers
-            if pubsub is not None:
-                with contextlib.suppress(Exception):
-                    pubsub.close()
+                if message is None:
+                    if time.monotonic() < give_up:
+                        return False  # out of this caller's time; the next goes on
+                    raise TimeoutError("no confirmation of SUBSCRIBE in time")
+        except Exception as exc:
+            self._pending = None
+            self._close(pubsub)
             self._failed(exc)
             return False
+        self._pending = None
         self._pubsub = pubsub
         self._subscribed()
+        with self._mutex:
+            self._led.notify_all()  # wait_ready() callers: the channel is up
         self._start_housekeeping()
         return True
 
+    @staticmethod
+    def _close(pubsub: Any) -> None:
+        if pubsub is not None:
+            # Already broken, perhaps: there is nothing left to release.
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
     def _subscribed(self) -> None:
-        self._last_heard = time.monotonic()
+        self._last_heard = self._up_since = time.monotonic()
         self._ping_sent = None
-        self._backoff = BACKOFF_MIN
         self._retry_at = 0.0
         if self._failures:
             logger.info("wake-up channel back after %d attempt(s)", self._failures)
-            self._failures = 0
-        if self._connected_before:
-            # Back after an outage: wake-ups may have been missed.
-            self._wake_all()
+        with self._mutex:
+            for event in self._slots.values():
+                # Back after an outage, wake-ups may have been missed; and
+                # whoever queued without the channel can now queue with it.
+                if self._connected_before or event.needs_channel:
+                    self._fire(event, event.fence)
         self._connected_before = True
 
     def _failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self._up_since is not None and now - self._up_since >= LIVENESS_INTERVAL:
+            # Up for a while before this: a new outage, not the same one.
+            self._backoff = BACKOFF_MIN
+            self._failures = 0
+        self._up_since = None
         self._failures += 1
-        self._retry_at = time.monotonic() + self._backoff
+        self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX)
         # One warning per outage, and only if someone is waiting: an idle
         # channel losing its connection affects nobody.
@@ -239,16 +301,12 @@ class Notifier:
         log = logger.warning if self._failures == 1 and waiting else logger.debug
         log("wake-up channel lost, reconnecting: %s", exc)
 
-    def _drop(self, exc: BaseException | None) -> None:
+    def _drop(self, exc: BaseException) -> None:
         pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            # Already broken, perhaps: there is nothing left to release.
-            with contextlib.suppress(Exception):
-                pubsub.close()
-        if exc is not None:
-            self._failed(exc)
-            # Waiters must not sleep on a channel nobody is reading.
-            self._wake_all()
+        self._close(pubsub)
+        self._failed(exc)
+        # Waiters must not sleep on a channel nobody is reading.
+        self._wake_all()
 
     def _read(self, event: Wakeup, deadline: float) -> None:
         """Read the channel until ``event`` fires or ``deadline`` passes."""
@@ -256,13 +314,17 @@ class Notifier:
             now = time.monotonic()
             if now >= deadline:
                 return
-            if self._pubsub is None and not self._connect(deadline):
-                # Backing off: sleep on our own event (a fire still wakes us).
-                event.wait(max(0.001, min(deadline, self._retry_at) - now))
-                with self._mutex:
-                    if not event.fired:
-                        event.clear()
-                continue
+            if self._pubsub is None:
+                if not self._connect(deadline):
+                    # Backing off, or out of time: sleep on our own event (a
+                    # fire still wakes us) until the next attempt or our deadline.
+                    now = time.monotonic()
+                    if now < deadline:
+                        event.wait(max(0.001, min(deadline, self._retry_at) - now))
+                        with self._mutex:
+                            if not event.fired:
+                                event.clear()
+                continue  # connected: subscribing may have fired our own event
             try:
                 self._read_once(min(deadline, self._next_check(now)) - now)
             except Exception as exc:
@@ -311,17 +373,19 @@ class Notifier:
         while True:
             time.sleep(HOUSEKEEPING_INTERVAL)
             with self._mutex:
+                # Nobody leads, so nobody reads: the channel may be taken here,
+                # where register_if_ready() cannot slip in between.
                 if self._leading or self._slots:
                     continue
                 if time.monotonic() - self._idle_since < IDLE_TIMEOUT:
                     continue
-                self._leading = True
-            try:
-                self._drop(None)
-            finally:
-                with self._mutex:
-                    self._housekeeper = None
-                self._stop_leading()
+                pubsubs = (self._pubsub, self._pending)
+                self._pubsub = self._pending = None
+                # Closed on purpose: the next subscription recovers nothing.
+                self._connected_before = False
+                self._housekeeper = None
+            for pubsub in pubsubs:
+                self._close(pubsub)
             return
 
 

@@ -247,6 +247,13 @@ class ShardedNotifier(_ShardedBase):
                 self._route(state)
         return event
 
+    def register_if_ready(self, token: str, tag: bytes = b"") -> Wakeup | None:
+        """Register ``token`` if its tag's channel is subscribed, else None."""
+        with self._mutex:
+            if not self.wait_ready(0, tag):
+                return None
+            return self.register(token, tag)
+
     def unregister(self, token: str) -> None:
         with self._mutex:
             entry = self._slots.pop(token, None)
