@@ -13,6 +13,7 @@ import redis.asyncio
 
 from django_redislock.core import (
     AsyncLock,
+    Lock,
     LockError,
     LockLost,
     LockNotAcquired,
@@ -346,3 +347,50 @@ async def test_a_cancellation_during_the_final_cancel_is_not_swallowed(
     with pytest.raises(asyncio.CancelledError):
         await task
     await holder.release()
+
+
+async def test_a_task_queued_while_the_channel_was_down_queues_again_with_it(
+    redis_factory: Any,
+) -> None:
+    # Over a slow link (1.1 s each way) a SUBSCRIBE is not confirmed within
+    # the 2 s a first contention waits for it, so the task queues without the
+    # channel. Once the channel is up it must queue again with it: otherwise a
+    # lease handed over would go unnoticed until the task's own 25 s wait ran
+    # out.
+    from tests.faults.proxy import FaultProxy
+    from tests.servers import free_port
+
+    server = redis_factory(port=free_port(), unix=False).start()
+    direct = server.client(socket_timeout=5, socket_connect_timeout=5)
+    proxy = FaultProxy(("127.0.0.1", server.port))
+    slow = redis.asyncio.Redis.from_url(proxy.url, socket_timeout=10, socket_connect_timeout=10)
+    holder = Lock(direct, "late", ttl=30, wait=0)
+    try:
+        assert holder.acquire()
+        waiter = AsyncLock(slow, "late", ttl=30, wait=25)
+        # Two pooled connections (commands, pub/sub) made before the link slows.
+        await asyncio.gather(slow.ping(), slow.ping())
+
+        async def queued_with_channel() -> bool:
+            return any(b"|p" in v for v in direct.hvals(holder.keys.state))  # type: ignore[union-attr]
+
+        got: list[float] = []
+
+        async def take() -> bool:
+            if not await waiter.acquire():
+                return False
+            got.append(time.monotonic())
+            await waiter.release()
+            return True
+
+        with proxy.fault(latency=1.1):
+            task = asyncio.create_task(take())
+            await _until(queued_with_channel, timeout=18)
+            released_at = time.monotonic()
+            holder.release()
+            assert await asyncio.wait_for(task, 10)
+            assert got[0] - released_at < 5
+    finally:
+        await slow.aclose()
+        direct.close()
+        proxy.close()

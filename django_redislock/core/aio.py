@@ -162,9 +162,12 @@ IDLE_TIMEOUT = 60.0
 
 
 class AsyncWakeup(asyncio.Event):
-    """A waiting task's event; ``fence`` is set when the lease was handed to it."""
+    """A waiting task's event; ``fence`` is set when the lease was handed to it.
+    ``needs_channel``: the task queued without the channel (it was down) and
+    is to be woken to queue again once the channel is up."""
 
     fence: int | None = None
+    needs_channel: bool = False
 
 
 class AsyncNotifier:
@@ -269,8 +272,11 @@ class AsyncNotifier:
                     log_notify.info("wake-up channel back after %d attempt(s)", self._failures)
                     self._failures = 0
                 self._ready.set()
-                if self._connected_before:
-                    self._wake_all()
+                for event in list(self._slots.values()):
+                    # Back after an outage, wake-ups may have been missed; and
+                    # whoever queued without the channel can now queue with it.
+                    if self._connected_before or event.needs_channel:
+                        event.set()
                 self._connected_before = True
 
 
@@ -414,7 +420,13 @@ class AsyncHandle(LockBase):
                     event = notifier.register(token, tag)
                     if await notifier.wait_ready(min(remaining, 2.0), tag):
                         address = notifier.address_for(tag)
+                elif address == _NO_CHANNEL and notifier.is_ready(tag):
+                    # Queued without the channel (it was down); it is up now:
+                    # queue again with it at once.
+                    address = notifier.address_for(tag)
                 else:
+                    # Marked so that the channel coming up wakes us to do that.
+                    event.needs_channel = address == _NO_CHANNEL
                     with contextlib.suppress(asyncio.TimeoutError):
                         await _wait_for(event.wait(), min(remaining, max(value, 1) / 1000))
                     handed, event.fence = event.fence, None
@@ -422,9 +434,6 @@ class AsyncHandle(LockBase):
                     if handed is not None and self._take_handed(sent, ttl_ms):
                         self._granted(token, handed, sent, ttl_ms)
                         return True
-                    if address == _NO_CHANNEL and notifier.is_ready(tag):
-                        # The channel came (back) while we slept: queue with it.
-                        address = notifier.address_for(tag)
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             await self._cancel(token)
             return False

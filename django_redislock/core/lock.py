@@ -142,15 +142,18 @@ class SyncHandle(LockBase):
                     if notifier.wait_ready(min(remaining, 2.0), tag):
                         address = notifier.address_for(tag)
                 else:
-                    # Sleep until woken, or until the state can change by itself.
+                    # Queued without the channel (it was down): mark it first,
+                    # so the channel coming up from now on wakes us; if it is
+                    # up already, queue again with it at once.
                     event.needs_channel = address == _NO_CHANNEL
-                    handed = notifier.wait(event, min(remaining, max(value, 1) / 1000))
-                    if handed is not None and self._take_handed(sent, ttl_ms):
-                        self._granted(token, handed, sent, ttl_ms)
-                        return True
-                    if address == _NO_CHANNEL and notifier.wait_ready(0, tag):
-                        # The channel came (back) while we slept: queue with it.
+                    if event.needs_channel and notifier.wait_ready(0, tag):
                         address = notifier.address_for(tag)
+                    else:
+                        # Sleep until woken, or until the state can change by itself.
+                        handed = notifier.wait(event, min(remaining, max(value, 1) / 1000))
+                        if handed is not None and self._take_handed(sent, ttl_ms):
+                            self._granted(token, handed, sent, ttl_ms)
+                            return True
                 wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
             self._cancel(token)
             return False

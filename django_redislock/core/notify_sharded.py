@@ -103,9 +103,9 @@ class _ShardedBase:
     def _node_of(self, channel: bytes) -> Any:
         return self._client.get_node_from_key(channel)
 
-    def _wake_tag(self, tag: bytes) -> None:
+    def _wake_tag(self, tag: bytes, *, channel_less_only: bool = False) -> None:
         for event, t in list(self._slots.values()):
-            if t == tag:
+            if t == tag and (event.needs_channel or not channel_less_only):
                 event.set()
 
     def _on_message(self, message: dict[str, Any], node: str) -> None:
@@ -124,9 +124,9 @@ class _ShardedBase:
             return
         if kind == "ssubscribe" and state.node == node:
             state.ready.set()
-            if state.confirmed_before:
-                # Subscribed again after losing it: wake-ups may have been missed.
-                self._wake_tag(tag)  # type: ignore[arg-type]
+            # Subscribed again after losing it, wake-ups may have been missed;
+            # and whoever queued without the channel can now queue with it.
+            self._wake_tag(tag, channel_less_only=not state.confirmed_before)  # type: ignore[arg-type]
             state.confirmed_before = True
         elif kind == "sunsubscribe" and state.node == node:
             # Not asked for (we forget a tag before unsubscribing it): the

@@ -166,8 +166,9 @@ class FaultProxy:
         return self.direction in ("both", direction)
 
     def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket, direction: str) -> None:
-        src.settimeout(_TICK)
         try:
+            # Inside the try: the pair may have been reset before this thread ran.
+            src.settimeout(_TICK)
             while not pair.closed.is_set() and not self._stop.is_set():
                 try:
                     data = src.recv(65536)
