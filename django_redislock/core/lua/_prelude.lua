@@ -27,9 +27,10 @@ local slow   -- the contended paths' helpers, once contended() made them
 -- Write a lease for `token` and return its fence, as text. Fences follow the
 -- server clock in microseconds and exceed the last one issued (`last`), so
 -- they keep increasing after the state expires or Redis restarts empty, as
--- long as the server clock does not step back. `ttl` and `state_ttl` (the
--- state's TTL) are text; `name` is '' when the key holds it. `waiters`: whether anyone may be queued (then the
--- state's TTL may only grow, it covers their deadlines).
+-- long as the server clock does not step back. `ttl` is text; `state_ttl`
+-- (the state's TTL) is text, or a number when `waiters`; `name` is '' when
+-- the key holds it. `waiters`: whether anyone may be queued (then the state's
+-- TTL may only grow, it covers their deadlines).
 local function give(token, ttl, state_ttl, name, owner, last, waiters)
   clock = clock or redis.call('TIME')
   local us = clock[2]
@@ -111,7 +112,7 @@ local function contended()
           local channel = string.sub(info, s1 + 2, s2 - 1)
           local ttl = string.sub(info, s2 + 1, s3 - 1)
           local st = redis.call('HMGET', state, 'f', 'n')
-          local fence = give(head, ttl, tostring(tonumber(ttl) + KEEP), st[2] or '',
+          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '',
             string.sub(info, s3 + 1), st[1], true)
           local message = head .. ':' .. fence
           local heard = 1
