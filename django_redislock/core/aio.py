@@ -297,7 +297,8 @@ def get_async_notifier(client: Any, keyspace: KeySpace) -> Any:
     key = (id(pool), keyspace.prefix)
     entry = per_loop.get(key)
     if entry is None or entry[0] is not pool:
-        from .notify_sharded import AsyncShardedNotifier, is_cluster
+        from .notify_sharded import AsyncShardedNotifier
+        from .topology import is_cluster
 
         kind = AsyncShardedNotifier if is_cluster(client) else AsyncNotifier
         entry = (pool, kind(client, keyspace))

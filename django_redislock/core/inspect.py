@@ -32,6 +32,7 @@ from . import scripts
 from .base import DEFAULT_GRACE
 from .exceptions import RedisUnavailable
 from .keys import KeySpace, decode_name
+from .topology import is_cluster
 
 __all__ = [
     "KINDS",
@@ -162,10 +163,6 @@ def matches(name: str, pattern: str | None, *, literal: bool = False) -> bool:
 
 
 # -- scanning -------------------------------------------------------------------
-def _is_cluster(client: Any) -> bool:
-    return callable(getattr(client, "get_primaries", None))
-
-
 def scan_keys(client: Any, match: bytes) -> Iterator[bytes]:
     """Every key matching ``match``, on every primary of a Cluster.
 
@@ -173,7 +170,7 @@ def scan_keys(client: Any, match: bytes) -> Iterator[bytes]:
     keyspace changes); callers de-duplicate.
     """
     try:
-        if _is_cluster(client):
+        if is_cluster(client):
             for node in client.get_primaries():
                 cursor = 0
                 while True:
@@ -281,7 +278,7 @@ READ_BATCH = 200
 def _read_replies(client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]) -> list[Any]:
     """The inspect script's reply for each key, in order."""
     script = _SCRIPTS[kind]
-    if _is_cluster(client) or len(keys) < 2:
+    if is_cluster(client) or len(keys) < 2:
         # A Cluster pipeline would split by node anyway; keep it simple there.
         return [scripts.run(client, script, _siblings(keyspace, kind, k), ()) for k in keys]
     try:

@@ -413,7 +413,8 @@ def get_notifier(client: Any, keyspace: KeySpace) -> Any:
     with _registry_lock:
         entry = _registry.get(key)
         if entry is None or entry[0] is not pool:
-            from .notify_sharded import ShardedNotifier, is_cluster
+            from .notify_sharded import ShardedNotifier
+            from .topology import is_cluster
 
             kind = ShardedNotifier if is_cluster(client) else Notifier
             entry = (pool, kind(client, keyspace))

@@ -34,7 +34,7 @@ from .aio import AsyncWakeup
 from .keys import KeySpace
 from .notify import Wakeup, parse_wakeup
 
-__all__ = ["AsyncShardedNotifier", "ShardedNotifier", "is_cluster"]
+__all__ = ["AsyncShardedNotifier", "ShardedNotifier"]
 
 logger = logging.getLogger("django_redislock.notify")
 
@@ -44,16 +44,6 @@ LIVENESS_INTERVAL = 5.0
 TAG_IDLE = 30.0
 # A listener with no tags left closes its connection after this long.
 IDLE_TIMEOUT = 60.0
-
-
-def is_cluster(client: Any) -> bool:
-    """True for redis-py's sync or asyncio ``RedisCluster``."""
-    try:
-        from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-        from redis.cluster import RedisCluster
-    except ImportError:  # pragma: no cover - redis-py without cluster support
-        return False
-    return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
 def _text(value: Any) -> str:

@@ -18,6 +18,7 @@ from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .exceptions import RedisUnavailable
+from .topology import is_cluster
 
 __all__ = ["Script", "load", "run", "run_acked", "run_acked_async", "run_async"]
 
@@ -92,8 +93,6 @@ def run_acked(
     pipeline: still a single round trip. On a Cluster WAIT must reach the node
     that owns the keys' slot, which a pipeline cannot address: two round trips.
     """
-    from .notify_sharded import is_cluster
-
     try:
         if is_cluster(client):
             result = run(client, script, keys, args)
@@ -127,8 +126,6 @@ async def run_acked_async(
     timeout: float,
 ) -> tuple[Any, int]:
     """``run_acked`` for a ``redis.asyncio`` client."""
-    from .notify_sharded import is_cluster
-
     try:
         if is_cluster(client):
             result = await run_async(client, script, keys, args)
