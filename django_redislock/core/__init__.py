@@ -1,6 +1,5 @@
 """The Redis-only lock engine. Nothing in this package imports Django."""
 
-from .aio import AsyncLock
 from .exceptions import (
     LockError,
     LockLost,
@@ -11,6 +10,7 @@ from .exceptions import (
 )
 from .keys import KeySpace
 from .lock import Lock
+from .lock_async import AsyncLock
 
 __all__ = [
     "AsyncLock",

@@ -13,17 +13,14 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from .exceptions import LockLost
 from .keys import KeySpace, LockKeys, shows_name
+from .protocol import validity
 
 __all__ = [
     "LockBase",
     "Observer",
-    "acquire_reply",
     "check_seconds",
-    "may_have_run",
     "same_token",
 ]
 
@@ -67,23 +64,6 @@ def same_token(current: bytes | str | None, token: str) -> bool:
     if current is None:
         return False
     return (current.decode() if isinstance(current, bytes) else current) == token
-
-
-def acquire_reply(reply: Any) -> tuple[int, int]:
-    """``(1, fence)`` or ``(0, ms until the state can change)`` from the acquire
-    script's reply: the fence comes as text, the wait as an integer."""
-    if isinstance(reply, int):
-        return 0, reply
-    return 1, int(reply)
-
-
-def may_have_run(exc: BaseException) -> bool:
-    """Whether a failed script call may still have run on the server.
-
-    A timeout leaves it open (the request may have arrived); a refused
-    connection does not.
-    """
-    return isinstance(exc.__cause__, (RedisTimeoutError, TimeoutError))
 
 
 def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
@@ -160,8 +140,15 @@ class LockBase:
         self.lost = False
         self._valid_until = 0.0
         self._acquired_at = 0.0
+        # The number of the acquire attempt in flight (protocol.Acquisition):
+        # a lease handed over names it, and only the latest counts.
+        self._round = 0
+        self._init_driver()
         self._pid = os.getpid()
         self._owner_cache: tuple[int, str, str, str] | None = None
+
+    def _init_driver(self) -> None:
+        """What the sync or asyncio driver keeps per handle (gate, owner)."""
 
     def __repr__(self) -> str:
         state = "held" if self.token else "free"
@@ -191,8 +178,7 @@ class LockBase:
         return text
 
     def _validity(self, sent: float, ttl_ms: int) -> float:
-        ttl = ttl_ms / 1000
-        return sent + ttl - ttl * self.drift_factor - 0.002
+        return validity(sent, ttl_ms, self.drift_factor)
 
     # -- state ----------------------------------------------------------------
     @property
@@ -201,33 +187,22 @@ class LockBase:
 
         Judged on this process's monotonic clock from the moment the acquire
         or extend was sent, so it turns False a little before Redis would
-        expire the key: never after.
+        expire the key: never after. False from the moment the handle learns
+        that the lease is gone (a renewal, extend or release found it taken,
+        cleared or expired), whatever time was left.
         """
-        # A forked child inherits the handle, never the lease.
-        if self.token is None or self._pid != os.getpid():
-            return False
-        return time.monotonic() < self._valid_until
+        return self.remaining > 0
 
     @property
     def remaining(self) -> float:
-        """Seconds of conservative validity left (0 when not held)."""
-        if self.token is None or self._pid != os.getpid():
+        """Seconds of conservative validity left (0 when not held or lost)."""
+        # A forked child inherits the handle, never the lease.
+        if self.token is None or self.lost or self._pid != os.getpid():
             return 0.0
         return max(0.0, self._valid_until - time.monotonic())
 
     def _new_token(self) -> str:
         return secrets.token_hex(16)
-
-    def _take_handed(self, sent: float, ttl_ms: int) -> bool:
-        """Whether a lease handed over while we waited can be taken as it is.
-
-        It was granted after our last acquire call ran, so its validity counts
-        conservatively from that call's send time. With more than half of it
-        left, no round trip is needed; otherwise (or when replicas must
-        acknowledge it) the caller runs acquire again, which finds the lease
-        already ours and restarts it from now.
-        """
-        return not self.replicas and self._validity(sent, ttl_ms) - time.monotonic() > ttl_ms / 2000
 
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         self.token = token
@@ -257,6 +232,10 @@ class LockBase:
         self.observer.released(self, held)
 
     def _mark_lost(self, reason: str) -> None:
+        # From here on the handle holds nothing (invariant 11), whatever time
+        # its lease had left: `held` is False and `remaining` 0 before anyone
+        # hears of it, the decorator's pre-commit check included.
+        self._valid_until = 0.0
         if self.lost:
             return
         self.lost = True
@@ -278,7 +257,11 @@ class LockBase:
             wait_ms,
             address,
             ttl_ms + STATE_KEEP_MS,
+            self._round,
         )
+
+    def _cancel_args(self, token: str) -> tuple:
+        return (token,)
 
     @property
     def _key_tuple(self) -> tuple[bytes, bytes, bytes]:

@@ -11,6 +11,10 @@ Protocol, one round trip each when uncontended:
 
 Because a freed lock goes straight to the oldest waiter, nobody can barge in
 and waits are first come first served across processes.
+
+This module is the sync driver: it sends, receives and waits. What a reply
+means and what to do next is decided in ``protocol.py``, which the asyncio
+driver (``lock_async.py``, same order of definitions) calls the same way.
 """
 
 from __future__ import annotations
@@ -20,12 +24,12 @@ import os
 import threading
 import time
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from redis.exceptions import RedisError
 
-from . import renewal, scripts
-from .base import STATE_KEEP_MS, LockBase, acquire_reply, may_have_run, same_token
+from . import giveback, renewal, scripts
+from .base import STATE_KEEP_MS, LockBase, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -35,12 +39,21 @@ from .exceptions import (
     ReplicationTimeout,
 )
 from .notify import get_notifier
+from .protocol import (
+    Acquisition,
+    Move,
+    acquire_reply,
+    may_have_run,
+    renew_interval,
+    retry_renewal_in,
+    short_of_replicas,
+)
 
-__all__ = ["Lock"]
+__all__ = ["Lock", "SyncHandle"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
+log_release = logging.getLogger("django_redislock.release")
 
-_NO_CHANNEL = b"-"
 _H = TypeVar("_H", bound="SyncHandle")
 
 
@@ -51,11 +64,13 @@ class SyncHandle(LockBase):
     Shared between threads, a handle behaves like ``threading.Lock``: a second
     thread waits for the first to release, and only the thread that acquired
     may release. Subclasses say how to try (``_attempt``), how to give back
-    (``_cancel``) and what holding starts (``_on_acquired``).
+    (``_cancel``, ``_cancel_script``) and what holding starts (``_on_acquired``).
     """
 
-    def __init__(self, client: Any, name: str, **options: Any) -> None:
-        super().__init__(client, name, **options)
+    # Gives back whatever a token may hold or be queued for; safe to repeat.
+    _cancel_script: scripts.Script
+
+    def _init_driver(self) -> None:
         self._gate = threading.Lock()
         self._thread: int | None = None
         self.retry_after: float | None = None
@@ -114,54 +129,69 @@ class SyncHandle(LockBase):
     def _acquire(self, deadline: float, ttl_ms: int) -> bool:
         token = self._new_token()
         who = threading.current_thread().name
-        wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+        now = time.monotonic()
+        acq = Acquisition(
+            ttl_ms=ttl_ms,
+            deadline=deadline,
+            drift_factor=self.drift_factor,
+            can_take_handed=not self.replicas,
+            now=now,
+        )
         # Only a process already listening queues on the first attempt; the
-        # uncontended path must not start a listener or wait for one.
-        notifier = get_notifier(self.client, self.keyspace) if wait_ms else None
+        # uncontended path must not start a channel or wait for one.
+        notifier = get_notifier(self.client, self.keyspace) if deadline > now else None
         tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
         event = None
-        address = _NO_CHANNEL
         if notifier is not None:
             event = notifier.register_if_ready(token, tag)
             if event is not None:
-                address = notifier.address_for(tag)
+                acq.listening_on(notifier.address_for(tag))
         try:
             while True:
-                sent = time.monotonic()
-                granted, value = self._attempt(token, ttl_ms, who, wait_ms if event else 0, address)
-                if granted == 1:
-                    return self._accept(token, value, sent, ttl_ms)
-                self.retry_after = max(value, 0) / 1000
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or notifier is None:
-                    break
-                if event is None:
+                if (
+                    event is not None
+                    and notifier is not None
+                    and acq.queued_without_channel
+                    and notifier.wait_ready(0, tag)
+                ):
+                    # Queued while the channel was down; it is up now: queue
+                    # again with it, so that our turn wakes us.
+                    acq.channel_up(notifier.address_for(tag))
+                self._round, wait_ms = acq.attempt(time.monotonic())
+                granted, value = self._attempt(token, ttl_ms, who, wait_ms, acq.address)
+                step = acq.on_reply(granted, value, time.monotonic())
+                self.retry_after = acq.retry_after
+                if step.move is Move.LISTEN and notifier is not None:
                     # First contention in this process: start listening, then
-                    # queue at once (the listener must hear our turn).
+                    # queue at once (the channel must be there to hear our turn).
                     event = notifier.register(token, tag)
-                    if notifier.wait_ready(min(remaining, 2.0), tag):
-                        address = notifier.address_for(tag)
-                else:
-                    # Queued without the channel (it was down): mark it first,
-                    # so the channel coming up from now on wakes us; if it is
-                    # up already, queue again with it at once.
-                    event.needs_channel = address == _NO_CHANNEL
+                    up = notifier.wait_ready(step.timeout, tag)
+                    acq.listening_on(notifier.address_for(tag) if up else None)
+                    continue
+                if step.move is Move.SLEEP and event is not None and notifier is not None:
+                    # Marked first, so that the channel coming up wakes us;
+                    # if it came up meanwhile, queue again with it at once.
+                    event.needs_channel = acq.queued_without_channel
                     if event.needs_channel and notifier.wait_ready(0, tag):
-                        address = notifier.address_for(tag)
-                    else:
-                        # Sleep until woken, or until the state can change by itself.
-                        handed = notifier.wait(event, min(remaining, max(value, 1) / 1000))
-                        if handed is not None and self._take_handed(sent, ttl_ms):
-                            self._granted(token, handed, sent, ttl_ms)
-                            return True
-                wait_ms = int(max(0.0, deadline - time.monotonic()) * 1000) or 1
-            self._cancel(token)
-            return False
+                        continue
+                    handed = notifier.wait(event, step.timeout)
+                    step = acq.on_wakeup(handed, time.monotonic())
+                    if step.move is Move.RETRY:
+                        continue
+                if step.move is Move.ACCEPT:
+                    self._granted(token, step.fence, acq.sent, ttl_ms)
+                    return True
+                if step.move is Move.GIVE_BACK:
+                    log_acquire.warning("acquire reply for %r came after its validity", self.name)
+                    self._cancel(token)
+                elif acq.queued:
+                    self._cancel(token)  # out of time: leave the queue
+                return False
         except RedisUnavailable as exc:
             if may_have_run(exc):
-                # The script may have granted or queued us all the same:
-                # give it back rather than block others for a whole TTL.
-                self._cancel(token)
+                # The script may have granted or queued us, or may yet, once
+                # Redis reads it: give it back, off the caller's path.
+                self._give_back_later(token)
             raise
         except BaseException:
             self._cancel(token)
@@ -170,15 +200,19 @@ class SyncHandle(LockBase):
             if event is not None and notifier is not None:
                 notifier.unregister(token)
 
-    def _accept(self, token: str, fence: int, sent: float, ttl_ms: int) -> bool:
-        if time.monotonic() >= self._validity(sent, ttl_ms):
-            # The reply came so late that the lease may already be over:
-            # that is not an acquisition (invariant 6). Give it back.
-            log_acquire.warning("acquire reply for %r arrived after its validity", self.name)
-            self._cancel(token)
-            return False
-        self._granted(token, fence, sent, ttl_ms)
-        return True
+    def _give_back_later(self, token: str) -> None:
+        """Give back whatever ``token`` may hold, retried off the caller's
+        path until Redis answers or the lease would have ended anyway."""
+        giveback.submit(
+            self.client,
+            self._cancel_script,
+            self._key_tuple,
+            self._cancel_args(token),
+            within=self.ttl,
+        )
+
+    def _cancel_call(self, token: str) -> None:
+        scripts.run(self.client, self._cancel_script, self._key_tuple, self._cancel_args(token))
 
     def _detach_after_fork(self) -> None:
         # A child inherits the parent's handle, not what it holds: it starts free.
@@ -219,7 +253,9 @@ class SyncHandle(LockBase):
         """Called before releasing; renewing handles stop their watchdog."""
 
     def release(self) -> None:
-        """Give it back. Raises ``LockLost`` if it had been lost meanwhile."""
+        """Give it back. Raises ``LockLost`` if it had been lost meanwhile,
+        ``RedisUnavailable`` if Redis did not answer (the give-back then goes
+        on off the caller's path until Redis answers or the lease ends)."""
         token = self._check_owner("release")
         self._stop_renewal()
         held = time.monotonic() - self._acquired_at
@@ -228,6 +264,9 @@ class SyncHandle(LockBase):
         self._forget()
         try:
             released = self._release_call(token)
+        except RedisUnavailable:
+            self._give_back_later(token)
+            raise
         finally:
             self._thread = None
             self._gate.release()
@@ -243,52 +282,50 @@ class Lock(SyncHandle):
     and only the thread that acquired may release or extend. Not reentrant.
     """
 
-    def __init__(self, client: Any, name: str, **options: Any) -> None:
-        super().__init__(client, name, **options)
+    _cancel_script = scripts.CANCEL
+
+    def _init_driver(self) -> None:
+        super()._init_driver()
         self._ttl_ms_held = 0
 
     def _attempt(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple[int, int]:
         args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
-        return self._run_acquire(token, self._key_tuple, args)
-
-    def _on_acquired(self, ttl_ms: int) -> None:
-        self._ttl_ms_held = ttl_ms
-        if self.renew:
-            renewal.watchdog.add(self, ttl_ms / 3000)
-
-    def _run_acquire(self, token: str, keys: tuple[bytes, ...], args: tuple) -> tuple[int, int]:
         if not self.replicas:
-            return acquire_reply(scripts.run(self.client, scripts.ACQUIRE, keys, args))
+            return acquire_reply(scripts.run(self.client, scripts.ACQUIRE, self._key_tuple, args))
         reply, acked = scripts.run_acked(
-            self.client, scripts.ACQUIRE, keys, args, self.replicas, self.replicas_timeout
+            self.client,
+            scripts.ACQUIRE,
+            self._key_tuple,
+            args,
+            self.replicas,
+            self.replicas_timeout,
         )
         granted, value = acquire_reply(reply)
-        if granted == 1 and acked < self.replicas:
-            # A failover now could hand the lock to a replica that never saw
-            # this lease: give it back rather than report a fragile grant.
-            try:
-                self._release_call(token)
-            except RedisUnavailable as exc:
-                log_acquire.info("could not give back %r after WAIT: %s", self.name, exc)
+        if short_of_replicas(granted, acked, self.replicas):
+            self._cancel(token)
             raise ReplicationTimeout(
                 self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
             )
         return granted, value
 
+    def _on_acquired(self, ttl_ms: int) -> None:
+        self._ttl_ms_held = ttl_ms
+        if self.renew:
+            renewal.watchdog.add(self, renew_interval(ttl_ms))
+
     def _cancel(self, token: str) -> None:
         try:
-            scripts.run(self.client, scripts.CANCEL, self._key_tuple, (token,))
+            self._cancel_call(token)
         except RedisUnavailable as exc:
-            # Our queue entry expires at its deadline; a lease handed to us
-            # unheard expires with its TTL.
+            # Our queue entry expires at its deadline, a lease handed to us
+            # unheard with its TTL; until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
+            self._give_back_later(token)
 
     def _release_call(self, token: str) -> int:
-        return int(
-            scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,))
-        )
+        return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,)))
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:
@@ -309,19 +346,24 @@ class Lock(SyncHandle):
             raise LockLost(f"lock {self.name!r} was already lost")
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
-        ok = scripts.run(
-            self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
-        )
-        if not ok:
+        if not self._extend_call(token, ttl_ms):
             self._mark_lost("the lease was gone at extend (expired, cleared or lost by Redis)")
             raise LockLost(f"lock {self.name!r} was lost before it could be extended")
         self._ttl_ms_held = ttl_ms
-        self._valid_until = self._validity(sent, ttl_ms)
+        if self.token == token and not self.lost:
+            self._valid_until = self._validity(sent, ttl_ms)
+
+    def _extend_call(self, token: str, ttl_ms: int) -> bool:
+        return bool(
+            scripts.run(
+                self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
+            )
+        )
 
     def owned(self) -> bool:
         """Ask Redis whether this handle still holds the lease (one round trip)."""
         token = self.token
-        if token is None or self._pid != os.getpid() or not self.held:
+        if token is None or not self.held:
             return False
         try:
             current = self.client.hget(self.keys.lease, "t")
@@ -330,6 +372,7 @@ class Lock(SyncHandle):
         return same_token(current, token) and self.held
 
     def _renew_once(self) -> float | None:
+        """One renewal, from the watchdog: seconds until the next, or None to stop."""
         token = self.token
         if token is None or self.lost or self._pid != os.getpid():
             return None
@@ -339,24 +382,17 @@ class Lock(SyncHandle):
         ttl_ms = self._ttl_ms_held
         sent = time.monotonic()
         try:
-            ok = scripts.run(
-                self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
-            )
+            ok = self._extend_call(token, ttl_ms)
         except RedisUnavailable as exc:
-            now = time.monotonic()
-            left = self._valid_until - now
-            # The next attempt may block as long as this one did. Report the loss
-            # now, while Redis still has the key, unless that attempt can end
-            # inside the lease with as much again to spare.
-            spent = now - sent
-            if left <= 2 * spent:
+            delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)
+            if delay is None and self.token == token:
                 self._mark_lost(f"could not renew before the lease ran out: {exc}")
-                return None
-            return min(left - 2 * spent, max(0.05, ttl_ms / 10000))
+            return delay
         if self.token != token:
             return None  # released while we were renewing: nothing to report
         if not ok:
             self._mark_lost("the lease was gone at renewal (expired, cleared or lost by Redis)")
             return None
-        self._valid_until = self._validity(sent, ttl_ms)
-        return ttl_ms / 3000
+        if not self.lost:
+            self._valid_until = self._validity(sent, ttl_ms)
+        return renew_interval(ttl_ms)

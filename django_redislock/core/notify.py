@@ -30,6 +30,9 @@ import time
 from typing import Any
 
 from .keys import KeySpace
+from .notify_sharded import ShardedNotifier
+from .topology import is_cluster
+from .wakeup import Handed, Wakeup, parse_wakeup
 
 __all__ = ["Notifier", "get_notifier"]
 
@@ -50,22 +53,6 @@ BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
 # How long a SUBSCRIBE may go unconfirmed before it counts as failed. A leader
 # whose own wait ends first leaves it pending for the next one to finish.
 SUBSCRIBE_TIMEOUT = LIVENESS_INTERVAL
-
-
-class Wakeup(threading.Event):
-    """A waiter's event.
-
-    ``fired``: its turn came (``fence`` set when the lease was handed to it)
-    or the channel asks everyone to look again. ``promoted``: it is to read
-    the channel for the others. Both change only under the notifier's mutex.
-    ``needs_channel``: set by the waiter while it is queued without the
-    channel (it was down): it is woken to queue again once the channel is up.
-    """
-
-    fence: int | None = None
-    fired: bool = False
-    promoted: bool = False
-    needs_channel: bool = False
 
 
 class Notifier:
@@ -158,10 +145,11 @@ class Notifier:
             if lead:
                 self._stop_leading()
 
-    def wait(self, event: Wakeup, timeout: float) -> int | None:
+    def wait(self, event: Wakeup, timeout: float) -> Handed | None:
         """Sleep until ``event`` fires or ``timeout`` passes; read the channel
         meanwhile if nobody else does. Returns the fence of a lease handed
-        over, else None (woken to look again, or timed out)."""
+        over (with the attempt it answers), else None (woken to look again, or
+        timed out)."""
         deadline = time.monotonic() + timeout
         while True:
             lead = False
@@ -169,14 +157,14 @@ class Notifier:
                 with self._mutex:
                     remaining = deadline - time.monotonic()
                     if event.fired or remaining <= 0:
-                        fence, event.fence = event.fence, None
+                        handed, event.handed = event.handed, None
                         promoted = event.promoted
                         event.fired = event.promoted = False
                         event.clear()
                         if promoted:
                             # Asked to read for the others, but done waiting: pass it on.
                             self._promote(exclude=event)
-                        return fence
+                        return handed
                     if event.promoted:
                         event.promoted = False
                         event.clear()
@@ -208,15 +196,15 @@ class Notifier:
                 event.set()
                 return
 
-    def _fire(self, event: Wakeup, fence: int | None) -> None:
-        event.fence = fence
+    def _fire(self, event: Wakeup, handed: Handed | None) -> None:
+        event.handed = handed
         event.fired = True
         event.set()
 
     def _wake_all(self) -> None:
         with self._mutex:
             for event in self._slots.values():
-                self._fire(event, event.fence)
+                self._fire(event, event.handed)
 
     # -- the leader's side -------------------------------------------------------
     def _connect(self, deadline: float) -> bool:
@@ -281,7 +269,7 @@ class Notifier:
                 # Back after an outage, wake-ups may have been missed; and
                 # whoever queued without the channel can now queue with it.
                 if self._connected_before or event.needs_channel:
-                    self._fire(event, event.fence)
+                    self._fire(event, event.handed)
         self._connected_before = True
 
     def _failed(self, exc: BaseException) -> None:
@@ -350,11 +338,11 @@ class Notifier:
         self._ping_sent = None
         kind = message["type"]
         if kind == "message":
-            token, fence = parse_wakeup(message["data"])
+            token, handed = parse_wakeup(message["data"])
             with self._mutex:
                 target = self._slots.get(token)
                 if target is not None:
-                    self._fire(target, fence)
+                    self._fire(target, handed)
         elif kind == "subscribe":
             # redis-py reconnected and subscribed again by itself.
             self._subscribed()
@@ -389,11 +377,6 @@ class Notifier:
             return
 
 
-def parse_wakeup(data: bytes | str) -> tuple[str, int | None]:
-    """``b"<token>"`` or ``b"<token>:<fence>"`` (a lease handed over) -> parts."""
-    text = data.decode() if isinstance(data, bytes) else str(data)
-    token, colon, fence = text.partition(":")
-    return token, (int(fence) if colon else None)
 _registry: dict[tuple[int, str], tuple[Any, Any]] = {}
 _registry_lock = threading.Lock()
 
@@ -413,9 +396,6 @@ def get_notifier(client: Any, keyspace: KeySpace) -> Any:
     with _registry_lock:
         entry = _registry.get(key)
         if entry is None or entry[0] is not pool:
-            from .notify_sharded import ShardedNotifier
-            from .topology import is_cluster
-
             kind = ShardedNotifier if is_cluster(client) else Notifier
             entry = (pool, kind(client, keyspace))
             _registry[key] = entry

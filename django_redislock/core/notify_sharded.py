@@ -30,9 +30,8 @@ from typing import Any
 
 from redis.asyncio.client import PubSub as AsyncPubSub
 
-from .aio import AsyncWakeup
 from .keys import KeySpace
-from .notify import Wakeup, parse_wakeup
+from .wakeup import NO_CHANNEL, AsyncWakeup, Handed, Wakeup, parse_wakeup
 
 __all__ = ["AsyncShardedNotifier", "ShardedNotifier"]
 
@@ -80,7 +79,7 @@ class _ShardedBase:
     # Callers that pass no tag cannot be woken on a Cluster (a channel outside
     # the keys' slot would fail the script): they queue without an address
     # and fall back to their timer, which is bounded by the state's own clock.
-    address = b"-"
+    address = NO_CHANNEL
     ready = False
 
     def channel(self, tag: bytes) -> bytes:
@@ -102,10 +101,10 @@ class _ShardedBase:
         kind = _text(message["type"])
         channel = _channel_bytes(message.get("channel", b""))
         if kind == "smessage":
-            token, fence = parse_wakeup(message["data"])
+            token, handed = parse_wakeup(message["data"])
             entry = self._slots.get(token)
             if entry is not None:
-                entry[0].fence = fence
+                entry[0].handed = handed
                 entry[0].set()
             return
         tag = self._by_channel.get(channel)
@@ -255,14 +254,14 @@ class ShardedNotifier(_ShardedBase):
                 if state.users <= 0:
                     state.idle_since = time.monotonic()
 
-    def wait(self, event: Wakeup, timeout: float) -> int | None:
+    def wait(self, event: Wakeup, timeout: float) -> Handed | None:
         """Sleep until a listener sets ``event`` or ``timeout`` passes; the
         fence of a lease handed over, else None."""
         event.wait(timeout)
         with self._mutex:
-            fence, event.fence = event.fence, None
+            handed, event.handed = event.handed, None
             event.clear()
-        return fence
+        return handed
 
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)

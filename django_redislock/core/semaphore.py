@@ -138,6 +138,9 @@ class SemaphoreBase(LockBase):
     def _release_args(self, token: str) -> tuple:
         return (token, self._grace_ms, self._limit)
 
+    def _cancel_args(self, token: str) -> tuple:
+        return self._release_args(token)
+
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         super()._granted(token, fence, sent, ttl_ms)
         self.fence = None  # permits are shared: no order for a fence to express
@@ -169,12 +172,16 @@ class Semaphore(SemaphoreBase, SyncHandle):
             "thread; release it first, or use one handle per concurrent holder"
         )
 
+    _cancel_script = CANCEL
+
     def _cancel(self, token: str) -> None:
         try:
-            scripts.run(self.client, CANCEL, self._key_tuple, self._release_args(token))
+            self._cancel_call(token)
         except RedisUnavailable as exc:
-            # The queue entry expires at its deadline, a permit at its TTL.
+            # The queue entry expires at its deadline, a permit at its TTL;
+            # until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
+            self._give_back_later(token)
 
     # -- release / refresh ------------------------------------------------------
     def _check_owner(self, action: str) -> str:

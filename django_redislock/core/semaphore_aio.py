@@ -13,10 +13,11 @@ import time
 from typing import Any
 
 from . import scripts
-from .aio import AsyncHandle, complete
+from .aio_calls import CLEANUP_TIMEOUT, complete
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from .keys import KeySpace
+from .lock_async import AsyncHandle
 from .semaphore import ACQUIRE, CANCEL, CLEAR, REFRESH, RELEASE, SemaphoreBase
 
 __all__ = ["AsyncSemaphore", "clear_semaphore_async"]
@@ -46,12 +47,16 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
             "task; release it first, or use one handle per concurrent holder"
         )
 
+    _cancel_script = CANCEL
+
     async def _cancel(self, token: str) -> None:
-        call = scripts.run_async(self.client, CANCEL, self._key_tuple, self._release_args(token))
         try:
-            await complete(call, _CLEANUP_TIMEOUT)
+            await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
         except (RedisUnavailable, asyncio.TimeoutError) as exc:
+            # The queue entry expires at its deadline, a permit at its TTL;
+            # until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
+            self._give_back_later(token)
 
     def _check_owner(self, action: str) -> str:
         if self.token is None:

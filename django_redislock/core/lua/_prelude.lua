@@ -5,10 +5,15 @@
 --                server's microsecond clock when it was granted
 -- KEYS[2] queue  list  waiting tokens, oldest first
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
---                      n=lock name, d=last token released,
---                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<owner>
+--                      n=lock name,
+--                      d=the last RECENT tokens released or given back,
+--                        newest first, space-separated (at most 527 bytes),
+--                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<round>|<owner>
 --                      for each waiter
 -- A token is in the queue exactly when the state hash has a field for it.
+-- The state's TTL is never shorter than the lease's: every path that sets the
+-- lease's TTL raises the state's to at least the same plus KEEP, so a lease
+-- never outlives its state and no write to the state finds it gone.
 --
 -- Every run of a script pays for what it does, and the uncontended paths are
 -- kept to the least: they read `q` instead of touching the queue, read the
@@ -20,7 +25,27 @@
 local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
 -- How long the state (last fence) outlives a lease; STATE_KEEP_MS in base.py.
 local KEEP = 10000
+-- How many released or given-back tokens `d` remembers: a release retried
+-- after its reply was lost reports success while its token is among them,
+-- and an acquire that arrives after its caller gave it back grants nothing.
+-- Both come within moments of the first call; 16 covers far more handoffs
+-- than one name sees in that time.
+local RECENT = 16
 local clock, now_ms
+
+-- Whether `token` is among the recent tokens `d` (the field's value or false).
+-- Tokens are 32 hex digits, so a match cannot straddle a separator.
+local function recent(token, d)
+  return d and string.find(d, token, 1, true) ~= nil
+end
+
+-- Add `token` in front of the recent tokens `d`, dropping the oldest.
+local function remember(token, d)
+  if d then
+    token = token .. ' ' .. string.sub(d, 1, (RECENT - 1) * 33 - 1)
+  end
+  redis.call('HSET', state, 'd', token)
+end
 local issued -- the last fence this run issued: the clock is read only once
 local slow   -- the contended paths' helpers, once contended() made them
 
@@ -83,8 +108,10 @@ local function contended()
   end
 
   -- The lock is free and someone may be queued: hand the lease straight to
-  -- the oldest live waiter and wake it with "<token>:<fence>", so it holds the
-  -- lock the moment it wakes, with no second round trip. Waiters whose
+  -- the oldest live waiter and wake it with "<token>:<fence>:<round>", so it holds the
+  -- lock the moment it wakes, with no second round trip. The message also
+  -- names the acquire attempt (round) that queued the waiter: a lease handed
+  -- in answer to an older attempt is never taken as it is. Waiters whose
   -- deadline passed, or whose wake-up channel nobody listens on (their
   -- process died), are dropped on the way. Returns the new holder's token, or
   -- false when nobody was left. When the oldest live waiter is `self` (the
@@ -104,6 +131,7 @@ local function contended()
         local s1 = string.find(info, '|', 1, true)
         local s2 = string.find(info, '|', s1 + 1, true)
         local s3 = string.find(info, '|', s2 + 1, true)
+        local s4 = string.find(info, '|', s3 + 1, true)
         if tonumber(string.sub(info, 1, s1 - 1)) > now then
           if head == self then
             return head
@@ -113,8 +141,8 @@ local function contended()
           local ttl = string.sub(info, s2 + 1, s3 - 1)
           local st = redis.call('HMGET', state, 'f', 'n')
           local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '',
-            string.sub(info, s3 + 1), st[1], true)
-          local message = head .. ':' .. fence
+            string.sub(info, s4 + 1), st[1], true)
+          local message = head .. ':' .. fence .. ':' .. string.sub(info, s3 + 1, s4 - 1)
           local heard = 1
           if mode == 'p' then
             heard = redis.call('PUBLISH', channel, message)

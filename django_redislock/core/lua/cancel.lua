@@ -1,12 +1,18 @@
--- A waiter gives up (timeout, cancellation, interrupt): give back a lease that
--- was granted or handed to it without its hearing of it, and leave the queue.
+-- A waiter gives up (timeout, cancellation, interrupt, a reply that never
+-- came): give back a lease that was granted or handed to it without its
+-- hearing of it, leave the queue, and remember the token (see `d` in the
+-- prelude) so that its acquire, if it is still on its way, grants nothing.
 -- KEYS: lease, queue, state. ARGV[1] token.
 -- Returns 1 when a lease was passed on, 0 otherwise.
 local token = ARGV[1]
+local st = redis.call('HMGET', state, 'd', 'q')
+remember(token, st[1])
+-- The state may not have existed: it must not be left without a TTL.
+contended().bump_ttl(state, KEEP)
 if redis.call('HGET', lease, 't') == token then
   redis.call('DEL', lease)
-  if redis.call('HGET', state, 'q') then
-    contended().hand_off(false)
+  if st[2] then
+    slow.hand_off(false)
   end
   return 1
 end

@@ -1,0 +1,163 @@
+"""Wake-ups for asyncio waiters: one pub/sub reader task per event loop and pool.
+
+The asyncio counterpart of ``notify.py``: hundreds of waiting tasks cost one
+connection. The reader sets the event of the task whose turn came (with the
+lease, when it was handed over) and, when the channel comes back after an
+outage, wakes every task to look again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import weakref
+from typing import Any
+
+from .aio_calls import wait_for
+from .keys import KeySpace
+from .notify_sharded import AsyncShardedNotifier
+from .topology import is_cluster
+from .wakeup import AsyncWakeup, parse_wakeup
+
+__all__ = ["AsyncNotifier", "get_async_notifier"]
+
+log_notify = logging.getLogger("django_redislock.notify")
+
+LIVENESS_INTERVAL = 5.0
+IDLE_TIMEOUT = 60.0
+
+
+class AsyncNotifier:
+    """The wake-up channel of this process for one event loop and pool."""
+
+    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+        self._client = client
+        self.channel = keyspace.channel(secrets.token_hex(8))
+        self.address = b"p" + self.channel
+        self._slots: dict[str, AsyncWakeup] = {}
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._idle_since = time.monotonic()
+        self._connected_before = False
+        self._failures = 0
+
+    def address_for(self, tag: bytes = b"") -> bytes:
+        return self.address
+
+    def is_ready(self, tag: bytes = b"") -> bool:
+        return self._ready.is_set()
+
+    def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
+        event = AsyncWakeup()
+        self._slots[token] = event
+        if self._task is None or self._task.done():
+            self._ready.clear()
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="redislock-notify"
+            )
+        return event
+
+    def unregister(self, token: str) -> None:
+        self._slots.pop(token, None)
+        if not self._slots:
+            self._idle_since = time.monotonic()
+
+    async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await wait_for(self._ready.wait(), timeout)
+        return self._ready.is_set()
+
+    def _wake_all(self) -> None:
+        for event in list(self._slots.values()):
+            event.set()
+
+    def _idle(self) -> bool:
+        return not self._slots and time.monotonic() - self._idle_since > IDLE_TIMEOUT
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                await self._listen(pubsub)
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failures += 1
+                # One warning per outage; each retry after it is only a debug line.
+                first = self._failures == 1 and bool(self._slots)
+                log = log_notify.warning if first else log_notify.debug
+                log("wake-up channel lost, reconnecting: %s", exc)
+            finally:
+                self._ready.clear()
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                self._wake_all()
+            if self._idle() or (self._failures and not self._slots):
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _listen(self, pubsub: Any) -> None:
+        last_heard = time.monotonic()
+        ping_sent: float | None = None
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            now = time.monotonic()
+            if message is None:
+                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
+                    raise TimeoutError("no answer to PING on the wake-up channel")
+                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL:
+                    if self._idle():
+                        return
+                    await pubsub.ping()
+                    ping_sent = now
+                continue
+            last_heard = now
+            ping_sent = None
+            kind = message["type"]
+            if kind == "message":
+                token, handed = parse_wakeup(message["data"])
+                event = self._slots.get(token)
+                if event is not None:
+                    event.handed = handed
+                    event.set()
+            elif kind == "subscribe":
+                if self._failures:
+                    log_notify.info("wake-up channel back after %d attempt(s)", self._failures)
+                    self._failures = 0
+                self._ready.set()
+                for event in list(self._slots.values()):
+                    # Back after an outage, wake-ups may have been missed; and
+                    # whoever queued without the channel can now queue with it.
+                    if self._connected_before or event.needs_channel:
+                        event.set()
+                self._connected_before = True
+
+
+_notifiers: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[tuple[int, str], tuple[Any, Any]]
+] = weakref.WeakKeyDictionary()
+
+
+def get_async_notifier(client: Any, keyspace: KeySpace) -> Any:
+    """The notifier of the running loop for the client's pool and prefix.
+
+    An asyncio ``RedisCluster`` gets an ``AsyncShardedNotifier``.
+    """
+    per_loop = _notifiers.setdefault(asyncio.get_running_loop(), {})
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        pool = client
+    key = (id(pool), keyspace.prefix)
+    entry = per_loop.get(key)
+    if entry is None or entry[0] is not pool:
+        kind = AsyncShardedNotifier if is_cluster(client) else AsyncNotifier
+        entry = (pool, kind(client, keyspace))
+        per_loop[key] = entry
+    return entry[1]

@@ -1,0 +1,211 @@
+"""The lock protocol's decisions, with no I/O.
+
+The sync drivers (``lock.py``, ``semaphore.py``) and the asyncio drivers
+(``lock_async.py``, ``semaphore_async.py``) only send, receive and wait; what a
+reply means and what to do next is decided here, once, for both:
+
+* what an acquire reply says, and whether a grant arrived too late to count;
+* in a wait loop: listen first, queue again with the channel, or sleep, and
+  whether a lease handed over while sleeping may be taken as it is;
+* what a failed call leaves behind (``may_have_run``) and so whether a
+  give-back must follow it;
+* after a failed renewal: try again, or report the loss while Redis still
+  has the key.
+
+Nothing here reads a clock: times are passed in, so every decision can be
+tested with plain numbers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .wakeup import NO_CHANNEL, Handed
+
+__all__ = [
+    "Acquisition",
+    "Move",
+    "Step",
+    "acquire_reply",
+    "may_have_run",
+    "renew_interval",
+    "retry_renewal_in",
+    "short_of_replicas",
+    "validity",
+]
+
+# Longest a first contended acquire waits for its process's wake-up channel
+# to come up before it queues without one (and relies on its timer).
+LISTEN_TIMEOUT = 2.0
+
+
+def acquire_reply(reply: Any) -> tuple[int, int]:
+    """``(1, fence)`` or ``(0, ms until the state can change)`` from the acquire
+    script's reply: the fence comes as text, the wait as an integer."""
+    if isinstance(reply, int):
+        return 0, reply
+    return 1, int(reply)
+
+
+def may_have_run(exc: BaseException) -> bool:
+    """Whether a failed script call may still have run on the server.
+
+    A timeout leaves it open (the request may have arrived, or may still
+    arrive, and run); a refused connection does not.
+    """
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return isinstance(cause, (RedisTimeoutError, TimeoutError))
+
+
+def validity(sent: float, ttl_ms: int, drift_factor: float) -> float:
+    """Until when (monotonic clock) a lease granted by a call sent at ``sent``
+    counts as held: conservative by the drift allowance and 2 ms."""
+    ttl = ttl_ms / 1000
+    return sent + ttl - ttl * drift_factor - 0.002
+
+
+def short_of_replicas(granted: int, acked: int, wanted: int) -> bool:
+    """A grant fewer replicas acknowledged than asked: a failover now could
+    hand the lock to a replica that never saw it, so it is given back."""
+    return granted == 1 and acked < wanted
+
+
+def renew_interval(ttl_ms: int) -> float:
+    """Renew a third of the way into the lease: two more tries before it ends."""
+    return ttl_ms / 3000
+
+
+def retry_renewal_in(valid_until: float, sent: float, now: float, ttl_ms: int) -> float | None:
+    """After a renewal that could not reach Redis: seconds until the next try,
+    or None to report the lease lost now.
+
+    The next attempt may block as long as this one did. The loss is reported
+    while Redis may still hold the key, unless that attempt can end inside
+    the lease with as much again to spare.
+    """
+    left = valid_until - now
+    spent = now - sent
+    if left <= 2 * spent:
+        return None
+    return min(left - 2 * spent, max(0.05, ttl_ms / 10000))
+
+
+class Move(enum.Enum):
+    ACCEPT = "accept"  # hold it: Step.fence
+    GIVE_BACK = "give back"  # granted, but it does not count: give it back
+    GIVE_UP = "give up"  # out of time: leave the queue, report busy
+    LISTEN = "listen"  # first contention: start the wake-up channel (Step.timeout)
+    SLEEP = "sleep"  # wait for a wake-up, at most Step.timeout
+    RETRY = "retry"  # run the acquire script again
+
+
+@dataclass(frozen=True)
+class Step:
+    move: Move
+    fence: int = 0
+    timeout: float = 0.0
+
+
+class Acquisition:
+    """The wait loop of one ``acquire()`` call, as decisions.
+
+    The driver calls ``attempt`` before each acquire script it sends,
+    ``on_reply`` with the script's reply, and ``on_wakeup`` after each sleep.
+    Attempts are numbered (``round``); the number travels with the queue
+    entry, and a lease handed over names the attempt it answers. Only a
+    lease handed in answer to the latest attempt, whose reply has arrived,
+    can be taken as it is: it was granted after that attempt's send time, so
+    counting its validity from there is conservative. Anything else (a
+    message that was in flight while a later attempt went out, a fence from
+    an earlier round whose lease may since have expired and gone to someone
+    else) is only a reason to look again.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl_ms: int,
+        deadline: float,
+        drift_factor: float,
+        can_take_handed: bool,
+        now: float,
+    ) -> None:
+        self.ttl_ms = ttl_ms
+        self.deadline = deadline
+        self.drift_factor = drift_factor
+        # With replicas to wait for, a handed lease is never taken as it is:
+        # only an acquire that runs WAIT after it can say it was replicated.
+        self.can_take_handed = can_take_handed
+        self.round = 0
+        self.sent = now
+        self.replied = False
+        # Whether some attempt may have left a queue entry to take back.
+        self.queued = False
+        self.listening = False
+        self.address = NO_CHANNEL
+        self.retry_after: float | None = None
+
+    def attempt(self, now: float) -> tuple[int, int]:
+        """An acquire script is about to be sent: ``(round, wait ms)``.
+
+        The script queues the caller only when asked to wait, and the caller
+        asks only while it listens for its turn (an uncontended acquire must
+        not start a channel, and a queued waiter nobody can wake would only
+        cost the others its turn).
+        """
+        self.round += 1
+        self.sent = now
+        self.replied = False
+        wait_ms = max(1, int((self.deadline - now) * 1000)) if self.listening else 0
+        self.queued = self.queued or wait_ms > 0
+        return self.round, wait_ms
+
+    def on_reply(self, granted: int, value: int, now: float) -> Step:
+        """After the acquire script answered ``acquire_reply``'s ``(granted, value)``."""
+        self.replied = True
+        if granted == 1:
+            if now >= validity(self.sent, self.ttl_ms, self.drift_factor):
+                # The reply came so late that the lease may already be over:
+                # not an acquisition (invariant 6).
+                return Step(Move.GIVE_BACK)
+            return Step(Move.ACCEPT, fence=value)
+        self.retry_after = max(value, 0) / 1000
+        remaining = self.deadline - now
+        if remaining <= 0:
+            return Step(Move.GIVE_UP)
+        if not self.listening:
+            return Step(Move.LISTEN, timeout=min(remaining, LISTEN_TIMEOUT))
+        # Sleep until woken, or until the state can change by itself.
+        return Step(Move.SLEEP, timeout=min(remaining, max(value, 1) / 1000))
+
+    def listening_on(self, address: bytes | None) -> None:
+        """The driver registered for wake-ups; ``address`` if the channel is up."""
+        self.listening = True
+        if address is not None:
+            self.address = address
+
+    @property
+    def queued_without_channel(self) -> bool:
+        return self.address == NO_CHANNEL
+
+    def channel_up(self, address: bytes) -> None:
+        """The channel came up after the caller queued without it: the next
+        attempt queues again, with it, at once."""
+        self.address = address
+
+    def on_wakeup(self, handed: Handed | None, now: float) -> Step:
+        if (
+            handed is not None
+            and self.can_take_handed
+            and self.replied
+            and handed.round == self.round
+            # With more than half of it left no round trip is needed;
+            # otherwise the next attempt finds the lease ours and restarts it.
+            and validity(self.sent, self.ttl_ms, self.drift_factor) - now > self.ttl_ms / 2000
+        ):
+            return Step(Move.ACCEPT, fence=handed.fence)
+        return Step(Move.RETRY)
