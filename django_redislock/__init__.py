@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core.aio import AsyncLock
 from .core.exceptions import (
     LockError,
     LockLost,
@@ -14,6 +13,7 @@ from .core.exceptions import (
     ReplicationTimeout,
 )
 from .core.lock import Lock
+from .core.lock_async import AsyncLock
 
 __version__ = "0.1.0"
 

@@ -41,10 +41,10 @@ from django.http import HttpRequest
 
 from .conf import conf
 from .core import renewal
-from .core.aio import AsyncLock
 from .core.base import LockBase, check_seconds
 from .core.exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
 from .core.lock import Lock
+from .core.lock_async import AsyncLock
 from .http import error_response
 from .locks import get_async_lock, get_lock
 from .signals import send_unavailable

@@ -6,9 +6,9 @@ from typing import Any
 
 from .conf import conf
 from .connection import check_eviction, get_async_client, get_client
-from .core.aio import AsyncLock
 from .core.keys import KeySpace
 from .core.lock import Lock
+from .core.lock_async import AsyncLock
 from .signals import observer
 
 __all__ = ["get_async_lock", "get_lock", "keyspace"]

@@ -684,7 +684,8 @@ def test_lost_wakeup_is_recovered_when_the_channel_reconnects(r: redis.Redis) ->
 
 def test_a_repeated_release_reports_success_never_a_new_holders_lease(r: redis.Redis) -> None:
     # A release whose reply was lost may be sent again (a client retry): the
-    # second run must say "released", and must never free a later holder.
+    # second run must say "released" whatever happened to the lease after
+    # (invariant 14), and must never free a later holder.
     lock = Lock(r, "repeat", ttl=5, wait=0)
     assert lock.acquire()
     keys, token = lock._key_tuple, lock.token
@@ -692,9 +693,42 @@ def test_a_repeated_release_reports_success_never_a_new_holders_lease(r: redis.R
     assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
     other = Lock(r, "repeat", ttl=5, wait=0)
     assert other.acquire()
-    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 0
+    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
     assert other.owned()
     other.release()
+    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
+
+
+def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
+    r: redis.Redis,
+) -> None:
+    # The first release handed the lease straight to a queued waiter; the
+    # retry of that release (its reply was lost) used to find another holder
+    # and report a false LockLost.
+    lock = Lock(r, "repeat-handed", ttl=5, wait=0)
+    assert lock.acquire()
+    keys, token = lock._key_tuple, lock.token
+    waiter = Lock(r, "repeat-handed", ttl=5, wait=10)
+    got = threading.Event()
+    queued = threading.Event()
+
+    def wait_for_it() -> None:
+        if waiter.acquire():
+            got.set()
+            queued.wait(10)
+            waiter.release()
+
+    t = threading.Thread(target=wait_for_it)
+    t.start()
+    try:
+        wait_until(lambda: r.llen(lock.keys.queue) == 1, timeout=10)
+        assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1  # handed to the waiter
+        assert got.wait(10)
+        assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1  # the retry
+        assert waiter.owned()
+    finally:
+        queued.set()
+        t.join(10)
 
 
 def test_owned_works_with_a_decoding_client(redis_server: Any) -> None:

@@ -27,7 +27,6 @@ import redis.asyncio
 import redis.asyncio.retry
 import redis.backoff
 
-from django_redislock.core.aio import AsyncLock
 from django_redislock.core.exceptions import (
     LockLost,
     LockNotOwned,
@@ -35,6 +34,7 @@ from django_redislock.core.exceptions import (
 )
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
+from django_redislock.core.lock_async import AsyncLock
 
 from .harness import Bound, ServerPool, Worker, bounded_client, call_bound, wait_until
 from .oracles import FenceTable, KeyspaceAudit, SharedOracles
