@@ -136,7 +136,8 @@ class SemaphoreBase(LockBase):
         return f"permit of semaphore {self.name!r}"
 
     def _release_args(self, token: str) -> tuple:
-        return (token, self._grace_ms, self._limit)
+        # sem_cancel.lua reads the first three; sem_release.lua also the keep.
+        return (token, self._grace_ms, self._limit, STATE_KEEP_MS)
 
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         super()._granted(token, fence, sent, ttl_ms)
@@ -228,7 +229,7 @@ def release_permit(client: Any, keyspace: KeySpace, name: str, token: str) -> bo
             client,
             RELEASE,
             (keys.lease, keys.queue, keys.state),
-            (token, int(DEFAULT_GRACE * 1000), 1),
+            (token, int(DEFAULT_GRACE * 1000), 1, STATE_KEEP_MS),
         )
     )
 

@@ -8,7 +8,11 @@
 --                       o:<token>=owner JSON, a:<token>=acquired ms (holders),
 --                       r:<token>=1 (reservation not yet claimed),
 --                       w:<token>=<deadline ms>|<p|s|->channel (waiters)
+--                       and d0..d63 = the last 64 tokens released, d = the
+--                       slot the next one takes (see sem_release.lua)
 -- A token is in the queue exactly when the state hash has its w: field.
+-- Every key has a TTL: each script that writes a key raises its TTL to cover
+-- what it wrote (bump_ttl), so no path leaves a key without one.
 
 local holders, queue, state = KEYS[1], KEYS[2], KEYS[3]
 local clock = redis.call('TIME')

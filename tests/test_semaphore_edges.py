@@ -1,0 +1,218 @@
+"""Semaphores at the edges: a retried release."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from django_redislock import signals
+from django_redislock.core import scripts
+from django_redislock.core.base import STATE_KEEP_MS
+from django_redislock.core.keys import KeySpace
+from django_redislock.core.semaphore import (
+    RELEASE,
+    Semaphore,
+    clear_semaphore,
+    release_permit,
+)
+from django_redislock.core.semaphore_aio import AsyncSemaphore
+from django_redislock.signals import observer
+from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
+from tests.servers import free_port
+
+# These tests fork on purpose; the children touch nothing the parent's threads hold.
+pytestmark = pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
+
+ctx = multiprocessing.get_context("fork")
+KS = KeySpace()
+
+
+def keys(name: str) -> Any:
+    return KS.semaphore(name)
+
+
+def key_tuple(name: str) -> tuple[bytes, bytes, bytes]:
+    k = keys(name)
+    return (k.lease, k.queue, k.state)
+
+
+@pytest.fixture(autouse=True)
+def _sentinel(r: redis.Redis) -> None:
+    plant_sentinel(r)  # audit_keyspace checks that nothing outside the prefix was touched
+
+
+@pytest.fixture
+def lost_signals() -> Iterator[list[dict[str, Any]]]:
+    seen: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    signals.lock_lost.connect(receiver)
+    yield seen
+    signals.lock_lost.disconnect(receiver)
+
+
+class QueuedWaiter:
+    """A thread whose handle waits for a permit of ``name``, holds it until
+    ``finish()``, then releases it (only the acquiring thread may)."""
+
+    def __init__(self, r: redis.Redis, name: str) -> None:
+        before = r.llen(keys(name).queue)
+        self.sem = Semaphore(r, name, 1, wait=15)
+        self.ok: bool | None = None
+        self.got = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+        wait_until(lambda: r.llen(keys(name).queue) > before)
+
+    def _run(self) -> None:
+        self.ok = self.sem.acquire()
+        self.got.set()
+        if self.ok:
+            self._done.wait(15)
+            self.sem.release()
+
+    def finish(self) -> None:
+        self._done.set()
+        self._thread.join(15)
+        assert not self._thread.is_alive()
+
+
+# -- a retried release is a release (invariant 14) -----------------------------------------
+def test_release_script_run_twice_reports_released(r: redis.Redis) -> None:
+    # A release whose reply was lost runs again: the second run must not say
+    # "not held" (LockLost) for a permit this token did give back.
+    sem = Semaphore(r, "twice", 2, ttl=30, wait=0)
+    assert sem.acquire()
+    args = sem._release_args(sem.token)
+    assert scripts.run(r, RELEASE, key_tuple("twice"), args) == 1
+    assert scripts.run(r, RELEASE, key_tuple("twice"), args) == 1
+    assert r.zcard(keys("twice").lease) == 0
+    audit_keyspace(r)
+
+
+def test_release_retried_after_the_permit_went_to_a_waiter(r: redis.Redis) -> None:
+    holder = Semaphore(r, "handed", 1, ttl=60, wait=0)
+    assert holder.acquire()
+    waiter = QueuedWaiter(r, "handed")
+    args = holder._release_args(holder.token)
+    assert scripts.run(r, RELEASE, key_tuple("handed"), args) == 1
+    assert waiter.got.wait(10) and waiter.ok is True
+    held_by = [waiter.sem.token.encode()]
+    assert r.zrange(keys("handed").lease, 0, -1) == held_by
+    # The retry finds the permit held by someone else: still ours was released.
+    assert scripts.run(r, RELEASE, key_tuple("handed"), args) == 1
+    assert r.zrange(keys("handed").lease, 0, -1) == held_by
+    waiter.finish()
+    audit_keyspace(r)
+
+
+def test_a_permit_lost_before_release_is_still_reported_lost(r: redis.Redis) -> None:
+    # The memory of releases must not hide a real loss: a cleared permit (and
+    # a token never granted) is not released by anyone.
+    sem = Semaphore(r, "cleared", 1, ttl=30, wait=0)
+    assert sem.acquire()
+    token = sem.token
+    assert clear_semaphore(r, KS, "cleared") == 1
+    args = sem._release_args(token)
+    assert scripts.run(r, RELEASE, key_tuple("cleared"), args) == 0
+    assert scripts.run(r, RELEASE, key_tuple("cleared"), ("f" * 32, 2000, 1, 10000)) == 0
+
+
+def test_memory_of_releases_is_bounded(r: redis.Redis) -> None:
+    sem = Semaphore(r, "ring", 1, ttl=30, wait=0)
+    assert sem.acquire()
+    first = sem.token
+    sem.release()
+    # 64 later releases push the first token out of the memory: its retry
+    # would report a loss, as it did before the memory existed.
+    for _ in range(63):
+        assert sem.acquire()
+        sem.release()
+    state = keys("ring").state
+    assert release_permit(r, KS, "ring", first) is True
+    assert sem.acquire()
+    sem.release()
+    assert release_permit(r, KS, "ring", first) is False
+    fields = [f for f in r.hkeys(state) if f.startswith(b"d")]
+    assert len(fields) == 65  # d0..d63 and the next slot d
+    assert 0 < r.pttl(state) <= STATE_KEEP_MS + 60_000
+
+
+def _retrying_client(url: str) -> redis.Redis:
+    # As connection.py builds them: one retry on a broken connection, none on a timeout.
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=5,
+        socket_connect_timeout=5,
+        retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 1),
+        retry_on_error=[redis.ConnectionError],
+    )
+
+
+@pytest.mark.parametrize("contended", [False, True], ids=["alone", "waiter"])
+def test_lost_release_reply_retried_through_a_proxy_is_a_release(
+    redis_factory: Any, contended: bool, lost_signals: list[dict[str, Any]]
+) -> None:
+    # The release runs on Redis, its reply never arrives and the connection
+    # breaks: the client sends it again on a new connection. The handle must
+    # report a release, not LockLost, and send no lock_lost signal; with a
+    # waiter, the first run gave the permit straight to it.
+    from tests.faults.proxy import FaultProxy
+
+    server = redis_factory(port=free_port(), unix=False).start()
+    direct = server.client(socket_timeout=5, socket_connect_timeout=5)
+    plant_sentinel(direct)
+    proxy = FaultProxy(("127.0.0.1", server.port))
+    client = _retrying_client(proxy.url)
+    try:
+        warm = Semaphore(client, "warm", 1, ttl=5, wait=0)
+        assert warm.acquire()
+        warm.release()  # the release script is cached: the run below is EVALSHA
+        holder = Semaphore(client, "proxied", 1, ttl=60, wait=0, observer=observer)
+        assert holder.acquire()
+        waiter = QueuedWaiter(direct, "proxied") if contended else None
+        proxy.drop_replies = 1
+
+        def break_after_drop() -> None:
+            wait_until(lambda: proxy.drop_replies == 0, timeout=10)
+            proxy.reset()
+
+        breaker = threading.Thread(target=break_after_drop)
+        breaker.start()
+        connections = proxy.connections_seen
+        holder.release()
+        breaker.join(10)
+        assert proxy.connections_seen > connections  # the retry, on a new connection
+        assert not holder.lost and lost_signals == []
+        if waiter is not None:
+            assert waiter.got.wait(10) and waiter.ok is True
+            waiter.finish()
+        audit_keyspace(direct)
+    finally:
+        client.close()
+        direct.close()
+        proxy.close()
+
+
+async def test_async_release_retried_reports_released(redis_server: Any) -> None:
+    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
+    try:
+        sem = AsyncSemaphore(client, "atwice", 1, ttl=30, wait=0)
+        assert await sem.acquire()
+        token = sem.token
+        await sem.release()
+        # The retry of that release, as the client would send it again.
+        assert await sem._release_call(token) == 1
+    finally:
+        await client.aclose()
