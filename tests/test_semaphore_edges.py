@@ -1,9 +1,13 @@
-"""Semaphores at the edges: a retried release."""
+"""Semaphores at the edges: a retried release, a woken waiter that never claims."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +22,7 @@ from django_redislock.core import scripts
 from django_redislock.core.base import STATE_KEEP_MS
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.semaphore import (
+    ACQUIRE,
     RELEASE,
     Semaphore,
     clear_semaphore,
@@ -216,3 +221,141 @@ async def test_async_release_retried_reports_released(redis_server: Any) -> None
         assert await sem._release_call(token) == 1
     finally:
         await client.aclose()
+
+
+# -- a dead woken waiter costs the grace, not a TTL ---------------------------------------
+GRACE = 0.5
+
+
+def _woken_then_frozen(url: str, name: str) -> None:
+    client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    Semaphore(client, name, 1, ttl=60, wait=60, grace=GRACE).acquire()
+    time.sleep(60)  # frozen, then killed, long before this
+
+
+def _next_in_line(url: str, name: str, kind: str, out: Any) -> None:
+    try:
+        if kind == "sync":
+            client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+            sem = Semaphore(client, name, 1, ttl=60, wait=15, grace=GRACE)
+            ok = sem.acquire()
+            out.send((ok, time.monotonic()))
+            if ok:
+                sem.release()
+            return
+
+        async def run() -> None:
+            client = redis.asyncio.Redis.from_url(url, socket_timeout=10)
+            asem = AsyncSemaphore(client, name, 1, ttl=60, wait=15, grace=GRACE)
+            ok = await asem.acquire()
+            out.send((ok, time.monotonic()))
+            if ok:
+                await asem.release()
+            await client.aclose()
+
+        asyncio.run(run())
+    except BaseException as exc:
+        out.send((repr(exc), time.monotonic()))
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_woken_waiter_that_never_claims_costs_the_grace(
+    redis_server: Any, r: redis.Redis, kind: str
+) -> None:
+    # A holds a place first in line, B second; the holder's permit lasts 60 s.
+    # A is frozen (its process still subscribed, so the wake-up is heard and
+    # the permit reserved for it) and never claims. B must get the permit
+    # about GRACE after the release, not when its timer from before (the
+    # holder's expiry, 60 s) or its own wait (15 s) runs out.
+    name = f"frozen-{kind}"
+    k = keys(name)
+    holder = Semaphore(r, name, 1, ttl=60, wait=0, grace=GRACE)
+    assert holder.acquire()
+    a = ctx.Process(target=_woken_then_frozen, args=(redis_server.url, name))
+    a.start()
+    parent_end, child_end = ctx.Pipe()
+    b = None
+    try:
+        wait_until(lambda: r.llen(k.queue) == 1, timeout=10)
+        (first,) = r.lrange(k.queue, 0, -1)
+        assert b"|p" in r.hget(k.state, b"w:" + first)  # queued with its channel
+        b = ctx.Process(target=_next_in_line, args=(redis_server.url, name, kind, child_end))
+        b.start()
+        wait_until(lambda: r.llen(k.queue) == 2, timeout=10)
+        wait_until(lambda: b"|p" in r.hget(k.state, b"w:" + r.lindex(k.queue, 1)), timeout=10)
+        os.kill(a.pid, signal.SIGSTOP)
+        released_at = time.monotonic()
+        holder.release()
+        # The permit went to A as a reservation: A was heard.
+        assert r.zrange(k.lease, 0, -1) == [first]
+        assert parent_end.poll(20), "B never reported"
+        ok, at = parent_end.recv()
+        assert ok is True, ok
+        assert at - released_at < GRACE + 1.0, at - released_at
+        b.join(10)
+        assert b.exitcode == 0
+    finally:
+        os.kill(a.pid, signal.SIGKILL)
+        a.join(10)
+        if b is not None and b.is_alive():
+            os.kill(b.pid, signal.SIGKILL)
+            b.join(10)
+    audit_keyspace(r)
+
+
+def test_next_in_line_is_told_of_a_reservation(r: redis.Redis) -> None:
+    # At the release, the waiter behind the reserved one is woken to look
+    # again: its next fallback timer is the reservation's expiry.
+    holder = Semaphore(r, "told", 1, ttl=60, wait=0)
+    assert holder.acquire()
+    k = keys("told")
+    pubsub = r.pubsub()
+    try:
+        pubsub.subscribe("ch-a", "ch-b")
+        for _ in range(2):
+            assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+        deadline = int(r.time()[0]) * 1000 + 30_000
+        for token, channel in (("ta", "ch-a"), ("tb", "ch-b")):
+            r.rpush(k.queue, token)
+            r.hset(k.state, f"w:{token}", f"{deadline}|p{channel}")
+        holder.release()
+        heard = [pubsub.get_message(timeout=5) for _ in range(2)]
+        assert [(m["channel"], m["data"]) for m in heard] == [
+            (b"ch-a", b"ta"),
+            (b"ch-b", b"tb"),
+        ]
+        assert r.hexists(k.state, "r:ta") and r.lrange(k.queue, 0, -1) == [b"tb"]
+        # tb runs acquire again: its fallback timer is now ta's reservation.
+        reply = scripts.run(
+            r, ACQUIRE, key_tuple("told"),
+            ("tb", 60_000, b"told", "{}", 30_000, b"pch-b", 2000, STATE_KEEP_MS, 1),
+        )
+        assert reply[0] == 0 and 0 < reply[1] <= 2000
+    finally:
+        pubsub.close()
+
+
+def test_dead_waiters_behind_a_reservation_leave_the_queue(r: redis.Redis) -> None:
+    holder = Semaphore(r, "behind", 1, ttl=60, wait=0)
+    assert holder.acquire()
+    k = keys("behind")
+    pubsub = r.pubsub()
+    try:
+        pubsub.subscribe("alive")
+        assert pubsub.get_message(timeout=5)["type"] == "subscribe"
+        now = int(r.time()[0]) * 1000
+        for token, info in (
+            ("first", f"{now + 30_000}|palive"),
+            ("gone", f"{now + 30_000}|pnobody-listens"),
+            ("late", f"{now - 1}|palive"),
+            ("next", f"{now + 30_000}|palive"),
+        ):
+            r.rpush(k.queue, token)
+            r.hset(k.state, f"w:{token}", info)
+        r.pexpire(k.queue, 40_000)
+        holder.release()
+        assert r.lrange(k.queue, 0, -1) == [b"next"]
+        assert not r.hexists(k.state, "w:gone") and not r.hexists(k.state, "w:late")
+    finally:
+        pubsub.close()
+    audit_keyspace(r)
