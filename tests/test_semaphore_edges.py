@@ -1,4 +1,5 @@
-"""Semaphores at the edges: a retried release, a woken waiter that never claims."""
+"""Semaphores at the edges: a retried release, a woken waiter that never claims,
+and a TTL on every key whatever path wrote it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from django_redislock.core.base import STATE_KEEP_MS
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.semaphore import (
     ACQUIRE,
+    CANCEL,
     RELEASE,
     Semaphore,
     clear_semaphore,
@@ -358,4 +360,59 @@ def test_dead_waiters_behind_a_reservation_leave_the_queue(r: redis.Redis) -> No
         assert not r.hexists(k.state, "w:gone") and not r.hexists(k.state, "w:late")
     finally:
         pubsub.close()
+    audit_keyspace(r)
+
+
+# -- every key keeps a TTL, in every path --------------------------------------------------
+def server_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _acquire_args(token: str, wait_ms: int, channel: bytes, ttl_ms: int = 60_000) -> tuple:
+    return (token, ttl_ms, b"audit", "{}", wait_ms, channel, 300, STATE_KEEP_MS, 1)
+
+
+def test_every_path_leaves_every_key_with_a_ttl(r: redis.Redis) -> None:
+    kt = key_tuple("audit")
+    k = keys("audit")
+
+    def run(script: Any, args: tuple) -> Any:
+        reply = scripts.run(r, script, kt, args)
+        audit_keyspace(r)
+        return reply
+
+    assert run(ACQUIRE, _acquire_args("holder", 0, b"-"))[0] == 1
+    # A waiter queued without a wake-up channel, and one with a channel
+    # nobody listens on.
+    assert run(ACQUIRE, _acquire_args("deaf", 20_000, b"-"))[0] == 0
+    assert run(ACQUIRE, _acquire_args("dead", 20_000, b"pnobody"))[0] == 0
+    # Released: the channel-less waiter gets a reservation it cannot hear of.
+    assert run(RELEASE, ("holder", 300, 1, STATE_KEEP_MS)) == 1
+    assert r.hexists(k.state, "r:deaf")
+    # A late retry of that release.
+    assert run(RELEASE, ("holder", 300, 1, STATE_KEEP_MS)) == 1
+    # The reservation runs out; the next script run drops it, and a newcomer
+    # gets the permit; then a retry of that acquire.
+    expiry = r.zscore(k.lease, "deaf")
+    wait_until(lambda: server_ms(r) > expiry, timeout=5)
+    assert run(ACQUIRE, _acquire_args("late", 0, b"-"))[0] == 1
+    assert run(ACQUIRE, _acquire_args("late", 0, b"-"))[0] == 1  # its retry
+    # The state expires (or is evicted) under a live permit; the release
+    # writes it again, with a TTL.
+    r.delete(k.state)
+    assert run(RELEASE, ("late", 300, 1, STATE_KEEP_MS)) == 1
+    assert 0 < r.pttl(k.state) <= STATE_KEEP_MS
+    assert run(RELEASE, ("late", 300, 1, STATE_KEEP_MS)) == 1
+    # A release script from before the keep argument (a rolling upgrade).
+    assert run(ACQUIRE, _acquire_args("old", 0, b"-"))[0] == 1
+    r.delete(k.state)
+    assert run(RELEASE, ("old", 300, 1)) == 1
+    # Cancel, clear, and a waiter that gives up, each after a grant.
+    assert run(ACQUIRE, _acquire_args("c", 0, b"-"))[0] == 1
+    assert run(ACQUIRE, _acquire_args("w", 20_000, b"-"))[0] == 0
+    assert run(CANCEL, ("w", 300, 1)) == 0
+    assert run(CANCEL, ("c", 300, 1)) == 1
+    assert run(ACQUIRE, _acquire_args("x", 0, b"-"))[0] == 1
+    assert clear_semaphore(r, KS, "audit") == 1
     audit_keyspace(r)
