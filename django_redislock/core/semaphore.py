@@ -31,7 +31,13 @@ from typing import Any
 
 from . import scripts
 from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
-from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
+from .exceptions import (
+    LockError,
+    LockLost,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
 from .keys import KeySpace
 from .lock import SyncHandle
 
@@ -84,6 +90,10 @@ class SemaphoreBase(LockBase):
         observer: Observer | None = None,
         drift_factor: float = 0.01,
         grace: float | None = None,
+        # WAIT for this many replicas to acknowledge each new permit (0: off);
+        # fewer in time and the permit is given back (ReplicationTimeout).
+        replicas: int = 0,
+        replicas_timeout: float = 0.1,
     ) -> None:
         options: dict[str, Any] = {}
         if grace is not None:
@@ -97,6 +107,8 @@ class SemaphoreBase(LockBase):
             label=label,
             observer=observer,
             drift_factor=drift_factor,
+            replicas=replicas,
+            replicas_timeout=replicas_timeout,
             **options,
         )
         self.keys = self.keyspace.semaphore(name)
@@ -156,12 +168,20 @@ class Semaphore(SemaphoreBase, SyncHandle):
     def _attempt(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple[int, int]:
-        granted, value = scripts.run(
-            self.client,
-            ACQUIRE,
-            self._key_tuple,
-            self._sem_args(token, ttl_ms, who, wait_ms, address),
+        args = self._sem_args(token, ttl_ms, who, wait_ms, address)
+        if not self.replicas:
+            granted, value = scripts.run(self.client, ACQUIRE, self._key_tuple, args)
+            return granted, value
+        (granted, value), acked = scripts.run_acked(
+            self.client, ACQUIRE, self._key_tuple, args, self.replicas, self.replicas_timeout
         )
+        if granted == 1 and acked < self.replicas:
+            # A failover now could promote a replica that never saw this
+            # permit, and one more holder than the limit would get in.
+            self._cancel(token)
+            raise ReplicationTimeout(
+                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
+            )
         return granted, value
 
     def _already_held(self) -> LockError:
