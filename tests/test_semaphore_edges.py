@@ -162,7 +162,9 @@ def _retrying_client(url: str) -> redis.Redis:
         url,
         socket_timeout=5,
         socket_connect_timeout=5,
-        retry=Retry(ExponentialBackoff(cap=0.1, base=0.01), 1),
+        retry=Retry(
+            ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=(redis.ConnectionError,)
+        ),
         retry_on_error=[redis.ConnectionError],
     )
 
