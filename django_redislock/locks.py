@@ -1,4 +1,4 @@
-"""Lock handles configured from ``REDISLOCK``: the Django face of the core."""
+"""Lock and semaphore handles configured from ``REDISLOCK``: the Django face of the core."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from .connection import check_eviction, get_async_client, get_client
 from .core.keys import KeySpace
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
+from .core.semaphore import Semaphore
+from .core.semaphore_aio import AsyncSemaphore
 from .signals import observer
 
-__all__ = ["get_async_lock", "get_lock", "keyspace"]
+__all__ = ["get_async_lock", "get_async_semaphore", "get_lock", "get_semaphore", "keyspace"]
 
 _keyspaces: dict[str, KeySpace] = {}
 
@@ -78,3 +80,53 @@ def get_async_lock(
     """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
     client = get_async_client(alias)
     return AsyncLock(client, name, **_options(timeout, wait, renew, renew_max, label, extra))
+
+
+def _semaphore_options(
+    timeout: float | None, wait: float | None, label: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "ttl": conf.PERMIT_TIMEOUT if timeout is None else timeout,
+        "wait": conf.WAIT if wait is None else wait,
+        "label": label,
+        "keyspace": keyspace(),
+        "observer": observer,
+        "replicas": conf.REPLICAS,
+        "replicas_timeout": conf.REPLICAS_TIMEOUT,
+        **extra,
+    }
+
+
+def get_semaphore(
+    name: str,
+    limit: int,
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    **extra: Any,
+) -> Semaphore:
+    """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``;
+    a permit lasts ``timeout`` seconds (default ``REDISLOCK['PERMIT_TIMEOUT']``)."""
+    client = get_client(alias)
+    check_eviction(client)
+    return Semaphore(client, name, limit, **_semaphore_options(timeout, wait, label, extra))
+
+
+def get_async_semaphore(
+    name: str,
+    limit: int,
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    **extra: Any,
+) -> AsyncSemaphore:
+    """An ``AsyncSemaphore`` for the running event loop, configured as ``get_semaphore``."""
+    # The check runs on the sync twin of the client, in a thread of its own:
+    # an ASGI site that only throttles would otherwise never be warned.
+    check_eviction(get_client(alias))
+    client = get_async_client(alias)
+    return AsyncSemaphore(client, name, limit, **_semaphore_options(timeout, wait, label, extra))

@@ -24,13 +24,13 @@ from django.http import HttpRequest, HttpResponseBase
 from redis.exceptions import RedisError
 
 from .conf import conf
-from .connection import get_async_client, get_client
+from .connection import get_client
 from .core.exceptions import LockError, RedisUnavailable
 from .core.semaphore import Semaphore, SemaphoreBase, release_permit
 from .core.semaphore_aio import AsyncSemaphore
 from .http import error_response
-from .locks import keyspace
-from .signals import observer, request_throttled, send_unavailable
+from .locks import get_async_semaphore, get_semaphore
+from .signals import request_throttled, send_unavailable
 from .throttle import Rule, current_rules, make_rule, matching_rules
 
 __all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited"]
@@ -203,15 +203,12 @@ def _run_sync(
             key = _key_sync(rule, request)
             if key is _ANONYMOUS:
                 continue  # the key callable exempted this request
-            sem = Semaphore(
-                get_client(),
+            sem = get_semaphore(
                 _semaphore_name(rule, key),  # type: ignore[arg-type]
                 rule.limit,
-                ttl=_timeout(rule),
+                timeout=_timeout(rule),
                 wait=rule.wait,
-                keyspace=keyspace(),
                 label=_label(request),
-                observer=observer,
             )
             acquired = sem.acquire()
         except (RedisUnavailable, RedisError) as exc:
@@ -254,15 +251,12 @@ async def _run_async(
             key = await _key_async(rule, request)
             if key is _ANONYMOUS:
                 continue
-            sem = AsyncSemaphore(
-                get_async_client(),
+            sem = get_async_semaphore(
                 _semaphore_name(rule, key),  # type: ignore[arg-type]
                 rule.limit,
-                ttl=_timeout(rule),
+                timeout=_timeout(rule),
                 wait=rule.wait,
-                keyspace=keyspace(),
                 label=_label(request),
-                observer=observer,
             )
             acquired = await sem.acquire()
         except (RedisUnavailable, RedisError) as exc:

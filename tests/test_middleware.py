@@ -468,3 +468,50 @@ def test_valid_rules_pass_checks(settings: Any) -> None:
         ]
     }
     assert check_settings() == []
+
+
+# -- throttling handles come from the same factory as locks -----------------------------
+def test_replicas_apply_to_throttling(get: Any, throttle: Any, r: redis.Redis) -> None:
+    # The test server has no replica: with REPLICAS=1 no permit is acknowledged,
+    # so it is given back and the request is refused as Redis unavailable.
+    from django_redislock import ReplicationTimeout
+
+    rules(throttle, REPORTS, REPLICAS=1, REPLICAS_TIMEOUT=0.05, THROTTLE_FAIL_OPEN=False)
+    seen: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    signals.redis_unavailable.connect(receiver)
+    try:
+        response = get("/reports/slow/")
+    finally:
+        signals.redis_unavailable.disconnect(receiver)
+    assert response.status_code == 503
+    assert len(seen) == 1 and isinstance(seen[0]["error"], ReplicationTimeout), seen
+    assert holders(r, "throttle:reports") == 0
+    rules(throttle, REPORTS, THROTTLE_FAIL_OPEN=False)
+    assert get("/reports/slow/").status_code == 200
+
+
+def test_eviction_policy_is_checked_for_throttling(
+    get: Any, throttle: Any, redis_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = redis_factory(
+        port=free_port(), unix=False, extra=("--maxmemory-policy", "allkeys-lru")
+    ).start()
+    throttle.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": server.url,
+            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        }
+    }
+    rules(throttle, REPORTS)
+    connection.reset()
+    caplog.set_level(logging.WARNING, logger="django_redislock.connection")
+    assert get("/reports/slow/").status_code == 200
+    for thread in list(connection._eviction_checks.values()):
+        thread.join(10)
+    warned = [rec for rec in caplog.records if "allkeys-lru" in rec.getMessage()]
+    assert len(warned) == 1, caplog.records

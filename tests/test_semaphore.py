@@ -517,3 +517,14 @@ def test_waiter_nobody_listens_for_is_skipped(r: redis.Redis) -> None:
     holder.release()
     assert holders(r, "deaf") == [] and r.llen(k.queue) == 0
     assert Semaphore(r, "deaf", 1, wait=0).acquire()
+
+
+def test_replicas_unacknowledged_permit_is_given_back(r: redis.Redis) -> None:
+    from django_redislock.core.exceptions import ReplicationTimeout
+
+    # The test server has no replica: nobody acknowledges the permit.
+    sem = Semaphore(r, "unreplicated", 1, ttl=30, wait=0, replicas=1, replicas_timeout=0.05)
+    with pytest.raises(ReplicationTimeout):
+        sem.acquire()
+    assert not sem.held and holders(r, "unreplicated") == []
+    assert Semaphore(r, "unreplicated", 1, wait=0).acquire()

@@ -155,3 +155,14 @@ async def test_context_manager_busy(ar: redis.asyncio.Redis) -> None:
             async with AsyncSemaphore(ar, "ctx", 1, wait=0):
                 pass  # pragma: no cover
         assert info.value.retry_after is not None and info.value.retry_after > 0
+
+
+async def test_replicas_unacknowledged_permit_is_given_back(
+    ar: redis.asyncio.Redis, r: redis.Redis
+) -> None:
+    from django_redislock.core.exceptions import ReplicationTimeout
+
+    sem = AsyncSemaphore(ar, "unreplicated", 1, ttl=30, wait=0, replicas=1, replicas_timeout=0.05)
+    with pytest.raises(ReplicationTimeout):
+        await sem.acquire()
+    assert not sem.held and r.zcard(KS.semaphore("unreplicated").lease) == 0

@@ -31,7 +31,13 @@ from typing import Any
 
 from . import scripts
 from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
-from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
+from .exceptions import (
+    LockError,
+    LockLost,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
 from .keys import KeySpace
 from .lock import SyncHandle
 
@@ -39,7 +45,6 @@ __all__ = ["Semaphore", "SemaphoreBase", "check_limit", "clear_semaphore", "rele
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 
-_NO_CHANNEL = b"-"
 # Permits last this long unless told otherwise (the PERMIT_TIMEOUT default).
 DEFAULT_PERMIT_TTL = 60.0
 
@@ -84,6 +89,10 @@ class SemaphoreBase(LockBase):
         observer: Observer | None = None,
         drift_factor: float = 0.01,
         grace: float | None = None,
+        # WAIT for this many replicas to acknowledge each new permit (0: off);
+        # fewer in time and the permit is given back (ReplicationTimeout).
+        replicas: int = 0,
+        replicas_timeout: float = 0.1,
     ) -> None:
         options: dict[str, Any] = {}
         if grace is not None:
@@ -97,6 +106,8 @@ class SemaphoreBase(LockBase):
             label=label,
             observer=observer,
             drift_factor=drift_factor,
+            replicas=replicas,
+            replicas_timeout=replicas_timeout,
             **options,
         )
         self.keys = self.keyspace.semaphore(name)
@@ -136,7 +147,8 @@ class SemaphoreBase(LockBase):
         return f"permit of semaphore {self.name!r}"
 
     def _release_args(self, token: str) -> tuple:
-        return (token, self._grace_ms, self._limit)
+        # sem_cancel.lua reads the first three; sem_release.lua also the keep.
+        return (token, self._grace_ms, self._limit, STATE_KEEP_MS)
 
     def _cancel_args(self, token: str) -> tuple:
         return self._release_args(token)
@@ -158,12 +170,20 @@ class Semaphore(SemaphoreBase, SyncHandle):
     def _attempt(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple[int, int]:
-        granted, value = scripts.run(
-            self.client,
-            ACQUIRE,
-            self._key_tuple,
-            self._sem_args(token, ttl_ms, who, wait_ms, address),
+        args = self._sem_args(token, ttl_ms, who, wait_ms, address)
+        if not self.replicas:
+            granted, value = scripts.run(self.client, ACQUIRE, self._key_tuple, args)
+            return granted, value
+        (granted, value), acked = scripts.run_acked(
+            self.client, ACQUIRE, self._key_tuple, args, self.replicas, self.replicas_timeout
         )
+        if granted == 1 and acked < self.replicas:
+            # A failover now could promote a replica that never saw this
+            # permit, and one more holder than the limit would get in.
+            self._cancel(token)
+            raise ReplicationTimeout(
+                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
+            )
         return granted, value
 
     def _already_held(self) -> LockError:
@@ -235,7 +255,7 @@ def release_permit(client: Any, keyspace: KeySpace, name: str, token: str) -> bo
             client,
             RELEASE,
             (keys.lease, keys.queue, keys.state),
-            (token, int(DEFAULT_GRACE * 1000), 1),
+            (token, int(DEFAULT_GRACE * 1000), 1, STATE_KEEP_MS),
         )
     )
 

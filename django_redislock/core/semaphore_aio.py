@@ -15,7 +15,13 @@ from typing import Any
 from . import scripts
 from .aio_calls import CLEANUP_TIMEOUT, complete
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
+from .exceptions import (
+    LockError,
+    LockLost,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
 from .keys import KeySpace
 from .lock_async import AsyncHandle
 from .semaphore import ACQUIRE, CANCEL, CLEAR, REFRESH, RELEASE, SemaphoreBase
@@ -23,9 +29,6 @@ from .semaphore import ACQUIRE, CANCEL, CLEAR, REFRESH, RELEASE, SemaphoreBase
 __all__ = ["AsyncSemaphore", "clear_semaphore_async"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
-
-_NO_CHANNEL = b"-"
-_CLEANUP_TIMEOUT = 2.0
 
 
 class AsyncSemaphore(SemaphoreBase, AsyncHandle):
@@ -38,7 +41,18 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple[int, int]:
         args = self._sem_args(token, ttl_ms, who, wait_ms, address)
-        granted, value = await scripts.run_async(self.client, ACQUIRE, self._key_tuple, args)
+        if not self.replicas:
+            granted, value = await scripts.run_async(self.client, ACQUIRE, self._key_tuple, args)
+            return granted, value
+        (granted, value), acked = await scripts.run_acked_async(
+            self.client, ACQUIRE, self._key_tuple, args, self.replicas, self.replicas_timeout
+        )
+        if granted == 1 and acked < self.replicas:
+            # Give back a permit a failover could lose (see Semaphore._attempt).
+            await self._cancel(token)
+            raise ReplicationTimeout(
+                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
+            )
         return granted, value
 
     def _already_held(self) -> LockError:
