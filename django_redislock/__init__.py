@@ -26,7 +26,7 @@ _LAZY = {
     "get_lock": "locks",
     "get_async_lock": "locks",
     "Semaphore": "core.semaphore",
-    "AsyncSemaphore": "core.semaphore_aio",
+    "AsyncSemaphore": "core.semaphore_async",
     "concurrency_limited": "middleware",
 }
 

@@ -10,7 +10,7 @@ from .core.keys import KeySpace
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
 from .core.semaphore import Semaphore
-from .core.semaphore_aio import AsyncSemaphore
+from .core.semaphore_async import AsyncSemaphore
 from .signals import observer
 
 __all__ = ["get_async_lock", "get_async_semaphore", "get_lock", "get_semaphore", "keyspace"]

@@ -27,7 +27,7 @@ from .conf import conf
 from .connection import get_client
 from .core.exceptions import LockError, RedisUnavailable
 from .core.semaphore import Semaphore, SemaphoreBase, release_permit
-from .core.semaphore_aio import AsyncSemaphore
+from .core.semaphore_async import AsyncSemaphore
 from .http import error_response
 from .locks import get_async_semaphore, get_semaphore
 from .signals import request_throttled, send_unavailable

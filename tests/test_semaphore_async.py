@@ -11,7 +11,7 @@ import redis.asyncio
 
 from django_redislock.core.exceptions import LockLost, LockNotAcquired, LockNotOwned
 from django_redislock.core.keys import KeySpace
-from django_redislock.core.semaphore_aio import AsyncSemaphore, clear_semaphore_async
+from django_redislock.core.semaphore_async import AsyncSemaphore, clear_semaphore_async
 from tests.servers import RedisServer
 
 KS = KeySpace()

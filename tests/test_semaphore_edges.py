@@ -30,7 +30,7 @@ from django_redislock.core.semaphore import (
     clear_semaphore,
     release_permit,
 )
-from django_redislock.core.semaphore_aio import AsyncSemaphore
+from django_redislock.core.semaphore_async import AsyncSemaphore
 from django_redislock.signals import observer
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 from tests.servers import free_port

@@ -1,7 +1,7 @@
 """A watchdog thread that extends held leases until release, loss or a maximum hold.
 
 One daemon thread per process serves every renewing ``Lock`` (asyncio locks
-renew from a task of their own, see ``aio.py``). Each lock is renewed after a
+renew from a task of their own, see ``lock_async.py``). Each lock is renewed after a
 third of its TTL, so two renewals can fail before the lease runs out. A lock
 whose renewal finds the lease gone, or that cannot reach Redis before its
 conservative validity ends, is marked lost and renewal stops: loss is reported,

@@ -896,7 +896,7 @@ def _live_permits(admin: redis.Redis, name: str) -> int:
 
 
 async def _cancel_permit_points(url: str, admin: redis.Redis, limit: int) -> dict[str, int]:
-    from django_redislock.core.semaphore_aio import AsyncSemaphore
+    from django_redislock.core.semaphore_async import AsyncSemaphore
 
     client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
     tried = leaked = 0

@@ -1,6 +1,6 @@
 """``AsyncSemaphore`` over ``redis.asyncio``: the same scripts and protocol as ``Semaphore``.
 
-Waiting tasks share the event loop's one wake-up reader (``aio.get_async_notifier``),
+Waiting tasks share the event loop's one wake-up reader (``notify_async.get_async_notifier``),
 so hundreds of them cost one connection. An acquire cancelled at any await
 gives back whatever it may have been granted, shielded from the cancellation.
 """
