@@ -15,9 +15,10 @@ from typing import Any
 
 from .exceptions import LockLost
 from .keys import KeySpace, LockKeys, shows_name
-from .protocol import validity
+from .protocol import STATE_KEEP_MS, validity
 
 __all__ = [
+    "STATE_KEEP_MS",
     "LockBase",
     "Observer",
     "check_seconds",
@@ -33,11 +34,6 @@ log_lost = logging.getLogger("django_redislock.lost")
 # loaded host, short enough that a waiter that died in its queue costs little.
 # (Locks hand the lease itself to the next waiter and do not use it.)
 DEFAULT_GRACE = 2.0
-# The state hash (last fence, queue details) outlives the lease by this much:
-# long enough to make a retried release repeatable and to floor fences across
-# small clock corrections, short enough that a site taking a lock per request
-# on distinct names keeps few of them (one small hash per name for TTL + 10 s).
-STATE_KEEP_MS = 10_000
 
 
 class Observer:

@@ -29,7 +29,7 @@ from typing import TypeVar
 from redis.exceptions import RedisError
 
 from . import giveback, renewal, scripts
-from .base import STATE_KEEP_MS, LockBase, same_token
+from .base import LockBase, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -354,11 +354,7 @@ class Lock(SyncHandle):
             self._valid_until = self._validity(sent, ttl_ms)
 
     def _extend_call(self, token: str, ttl_ms: int) -> bool:
-        return bool(
-            scripts.run(
-                self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
-            )
-        )
+        return bool(scripts.run(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms)))
 
     def owned(self) -> bool:
         """Ask Redis whether this handle still holds the lease (one round trip)."""

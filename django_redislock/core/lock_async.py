@@ -28,7 +28,7 @@ from .aio_calls import (
     raise_if_cancelled_since,
     wait_for,
 )
-from .base import STATE_KEEP_MS, LockBase, same_token
+from .base import LockBase, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -376,9 +376,7 @@ class AsyncLock(AsyncHandle):
 
     async def _extend_call(self, token: str, ttl_ms: int) -> bool:
         return bool(
-            await scripts.run_async(
-                self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
-            )
+            await scripts.run_async(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms))
         )
 
     async def owned(self) -> bool:

@@ -27,6 +27,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .wakeup import NO_CHANNEL, Handed
 
 __all__ = [
+    "STATE_KEEP_MS",
     "Acquisition",
     "Move",
     "Step",
@@ -37,6 +38,13 @@ __all__ = [
     "short_of_replicas",
     "validity",
 ]
+
+# The state hash (last fence, recent releases, queue details) outlives the
+# lease by this much: long enough to make a retried release repeatable and to
+# floor fences across small clock corrections, short enough that a site taking
+# a lock per request on distinct names keeps few of them (one small hash per
+# name for TTL + 10 s). The Lua scripts get it as KEEP (scripts.load).
+STATE_KEEP_MS = 10_000
 
 # Longest a first contended acquire waits for its process's wake-up channel
 # to come up before it queues without one (and relies on its timer).

@@ -18,6 +18,7 @@ from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .exceptions import RedisUnavailable
+from .protocol import STATE_KEEP_MS
 from .topology import is_cluster
 
 __all__ = ["Script", "load", "run", "run_acked", "run_acked_async", "run_async"]
@@ -38,7 +39,8 @@ def load(name: str, *, prelude: str | None = "_prelude.lua") -> Script:
     text = _read(f"{name}.lua")
     if prelude:
         text = _read(prelude) + "\n" + text
-    source = text.encode()
+    # One source for the state's keep time: the scripts say @STATE_KEEP_MS@.
+    source = text.replace("@STATE_KEEP_MS@", str(STATE_KEEP_MS)).encode()
     return Script(name, source, hashlib.sha1(source).hexdigest())
 
 

@@ -23,8 +23,9 @@
 -- helpers are made on first use, by contended().
 
 local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
--- How long the state (last fence) outlives a lease; STATE_KEEP_MS in base.py.
-local KEEP = 10000
+-- How long the state (last fence) outlives a lease: STATE_KEEP_MS in
+-- protocol.py, written in by scripts.load.
+local KEEP = @STATE_KEEP_MS@
 -- How many released or given-back tokens `d` remembers: a release retried
 -- after its reply was lost reports success while its token is among them,
 -- and an acquire that arrives after its caller gave it back grants nothing.

@@ -14,7 +14,7 @@
 -- the permit lost, as before this memory existed.
 local RING = 64
 local token = ARGV[1]
-local keep = tonumber(ARGV[4] or '10000')
+local keep = tonumber(ARGV[4] or '@STATE_KEEP_MS@')
 local score = redis.call('ZSCORE', holders, token)
 local held = score and tonumber(score) > now_ms
   and redis.call('HEXISTS', state, 'r:' .. token) == 0
