@@ -32,18 +32,12 @@ from typing import Any
 from .keys import KeySpace
 from .notify_sharded import ShardedNotifier
 from .topology import is_cluster
-from .wakeup import Handed, Wakeup, parse_wakeup
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Wakeup, parse_wakeup
 
 __all__ = ["Notifier", "get_notifier"]
 
 logger = logging.getLogger("django_redislock.notify")
 
-# How long the reader may sit without hearing from Redis before it pings,
-# and then how long the pong may take before it reconnects: a blackholed
-# connection is noticed within about twice this.
-LIVENESS_INTERVAL = 5.0
-# A channel with no waiters for this long is closed.
-IDLE_TIMEOUT = 60.0
 # How often the housekeeping thread looks.
 HOUSEKEEPING_INTERVAL = 5.0
 # Reconnection back-off bounds, seconds. The back-off starts again from the

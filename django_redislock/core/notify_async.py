@@ -18,16 +18,14 @@ from typing import Any
 
 from .aio_calls import wait_for
 from .keys import KeySpace
-from .notify_sharded import AsyncShardedNotifier
+from .notify_sharded_async import AsyncShardedNotifier
 from .topology import is_cluster
-from .wakeup import AsyncWakeup, parse_wakeup
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, parse_wakeup
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
 
 log_notify = logging.getLogger("django_redislock.notify")
 
-LIVENESS_INTERVAL = 5.0
-IDLE_TIMEOUT = 60.0
 
 
 class AsyncNotifier:

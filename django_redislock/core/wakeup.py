@@ -18,7 +18,22 @@ import asyncio
 import threading
 from typing import NamedTuple
 
-__all__ = ["NO_CHANNEL", "AsyncWakeup", "Handed", "Wakeup", "parse_wakeup"]
+__all__ = [
+    "IDLE_TIMEOUT",
+    "LIVENESS_INTERVAL",
+    "NO_CHANNEL",
+    "AsyncWakeup",
+    "Handed",
+    "Wakeup",
+    "parse_wakeup",
+]
+
+# How long a channel reader may sit without hearing from Redis before it
+# pings, and then how long the pong may take before it reconnects: a
+# blackholed connection is noticed within about twice this.
+LIVENESS_INTERVAL = 5.0
+# A channel (or a Cluster node's listener) with no waiters for this long is closed.
+IDLE_TIMEOUT = 60.0
 
 # The channel address of a waiter that queued without a wake-up channel: the
 # scripts write its lease all the same, and it finds it at its next attempt.

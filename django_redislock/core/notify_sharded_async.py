@@ -1,0 +1,267 @@
+"""Wake-ups on a Redis Cluster for asyncio waiters: ``notify_sharded.py``'s twin.
+
+The same sharded channels, one per lock slot, read by one task per node per
+event loop instead of a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from redis.asyncio.client import PubSub as AsyncPubSub
+
+from . import notify_sharded
+from .keys import KeySpace
+from .notify_sharded import _ShardedBase, _Tag, logger
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup
+
+__all__ = ["AsyncShardedNotifier"]
+
+
+class _AsyncNodeListener:
+    def __init__(self, owner: AsyncShardedNotifier, name: str, redis_client: Any) -> None:
+        self.owner = owner
+        self.name = name
+        self.redis = redis_client
+        self.wanted: set[bytes] = set()
+        self.pubsub: Any = None
+        self.empty_since = time.monotonic()
+        self.task: asyncio.Task[None] | None = None
+
+    async def add(self, channel: bytes) -> None:
+        self.wanted.add(channel)
+        if self.pubsub is not None:
+            try:
+                await self.pubsub.ssubscribe(channel)
+            except Exception as exc:
+                logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
+
+    async def remove(self, channel: bytes) -> None:
+        self.wanted.discard(channel)
+        if not self.wanted:
+            self.empty_since = time.monotonic()
+        if self.pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self.pubsub.sunsubscribe(channel)
+
+    async def run(self) -> None:
+        backoff = 0.05
+        try:
+            while True:
+                pubsub = _async_pubsub(self.redis)
+                try:
+                    for channel in sorted(self.wanted):
+                        await pubsub.ssubscribe(channel)
+                    self.pubsub = pubsub
+                    backoff = 0.05
+                    if await self._listen():
+                        return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    logger.warning("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                finally:
+                    self.pubsub = None
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+                    await self.owner._listener_down(self)
+                if self.owner._retire(self):
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+
+    async def _listen(self) -> bool:
+        last_heard = time.monotonic()
+        last_check = last_heard
+        ping_sent: float | None = None
+        while True:
+            if self.pubsub.connection is None:
+                await asyncio.sleep(0.05)
+                message = None
+            else:
+                message = await self.pubsub.get_message(timeout=1.0)
+            now = time.monotonic()
+            if message is not None:
+                last_heard = now
+                ping_sent = None
+                self.owner._on_message(message, self.name)
+            if now - last_check >= 1.0:
+                last_check = now
+                await self.owner._maintain(self)
+                if not self.wanted and now - self.empty_since > IDLE_TIMEOUT:
+                    return self.owner._retire(self)
+            if message is None and self.pubsub.connection is not None:
+                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
+                    raise TimeoutError("no answer to PING on the wake-up channel")
+                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL and self.wanted:
+                    await self.pubsub.ping()
+                    ping_sent = now
+
+
+class _ShardedPubSub(AsyncPubSub):
+    """Sharded pub/sub for redis-py before 5.1, whose asyncio ``PubSub`` lacks it.
+
+    The raw commands work there (their replies come back from ``get_message()``
+    as "ssubscribe"/"smessage" messages); what is missing is subscribing the
+    channels again when the connection comes back, done here as later
+    redis-py versions do it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sharded: set[bytes] = set()
+
+    # Only ever instantiated where the base class has no such methods.
+    async def ssubscribe(self, channel: bytes) -> None:  # type: ignore[override]
+        await self.execute_command("SSUBSCRIBE", channel)
+        # Recorded after sending, as redis-py does: a reconnect while sending
+        # must not subscribe it twice.
+        self._sharded.add(channel)
+
+    async def sunsubscribe(self, channel: bytes) -> None:  # type: ignore[override]
+        self._sharded.discard(channel)
+        await self.execute_command("SUNSUBSCRIBE", channel)
+
+    async def on_connect(self, connection: Any) -> None:
+        await super().on_connect(connection)
+        for channel in sorted(self._sharded):
+            await self.execute_command("SSUBSCRIBE", channel)
+
+
+def _async_pubsub(client: Any) -> Any:
+    pubsub = client.pubsub()
+    if hasattr(pubsub, "ssubscribe"):
+        return pubsub
+    return _ShardedPubSub(client.connection_pool)
+
+
+def _async_node_client(node: Any) -> Any:
+    """A ``redis.asyncio.Redis`` for one cluster node, with the cluster's settings."""
+    import redis.asyncio
+
+    kwargs = {
+        k: v
+        for k, v in node.connection_kwargs.items()
+        if k not in ("event_dispatcher", "response_callbacks", "connection_pool")
+    }
+    pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, **kwargs)
+    return redis.asyncio.Redis(connection_pool=pool)
+
+
+class AsyncShardedNotifier(_ShardedBase):
+    """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
+
+    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+        super().__init__(client, keyspace)
+        self._listeners: dict[str, _AsyncNodeListener] = {}
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
+        event = AsyncWakeup()
+        self._slots[token] = (event, tag)
+        if not tag:
+            return event
+        state = self._tags.get(tag)
+        if state is None:
+            state = _Tag(self.channel(tag), asyncio.Event())
+            self._tags[tag] = state
+            self._by_channel[state.channel] = tag
+        state.users += 1
+        if state.node is None:
+            self._spawn(self._route(state))
+        return event
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def unregister(self, token: str) -> None:
+        entry = self._slots.pop(token, None)
+        if entry is None:
+            return
+        state = self._tags.get(entry[1])
+        if state is not None:
+            state.users -= 1
+            if state.users <= 0:
+                state.idle_since = time.monotonic()
+
+    def is_ready(self, tag: bytes = b"") -> bool:
+        state = self._tags.get(tag)
+        return state is not None and state.ready.is_set()
+
+    async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
+        state = self._tags.get(tag)
+        if state is None:
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(state.ready.wait(), timeout)
+        return state.ready.is_set()
+
+    async def _route(self, state: _Tag) -> None:
+        if state.node is not None:
+            return
+        try:
+            node = self._node_of(state.channel)
+        except Exception as exc:
+            logger.info("no node for wake-up channel %r yet: %s", state.channel, exc)
+            return
+        state.node = node.name
+        listener = self._listeners.get(node.name)
+        if listener is None or listener.task is None or listener.task.done():
+            listener = _AsyncNodeListener(self, node.name, _async_node_client(node))
+            self._listeners[node.name] = listener
+            listener.wanted.add(state.channel)
+            listener.task = asyncio.get_running_loop().create_task(
+                listener.run(), name=f"redislock-notify-{node.name}"
+            )
+            return
+        await listener.add(state.channel)
+
+    async def _maintain(self, listener: _AsyncNodeListener) -> None:
+        now = time.monotonic()
+        for tag, state in list(self._tags.items()):
+            if state.users <= 0 and now - state.idle_since > notify_sharded.TAG_IDLE:
+                del self._tags[tag]
+                self._by_channel.pop(state.channel, None)
+                owner = self._listeners.get(state.node or "")
+                if owner is not None:
+                    await owner.remove(state.channel)
+                continue
+            if state.node is None and state.users > 0:
+                await self._route(state)
+            elif state.node == listener.name:
+                with contextlib.suppress(Exception):
+                    if self._node_of(state.channel).name != listener.name:
+                        state.ready.clear()
+                        state.node = None
+                        await listener.remove(state.channel)
+                        await self._route(state)
+                        self._wake_tag(tag)
+
+    async def _listener_down(self, listener: _AsyncNodeListener) -> None:
+        for tag, state in self._tags.items():
+            if state.node == listener.name:
+                state.ready.clear()
+                state.node = None
+                self._wake_tag(tag)
+        listener.wanted.clear()
+        if self._listeners.get(listener.name) is listener:
+            del self._listeners[listener.name]
+        for state in list(self._tags.values()):
+            if state.node is None and state.users > 0:
+                await self._route(state)
+
+    def _retire(self, listener: _AsyncNodeListener) -> bool:
+        if self._listeners.get(listener.name) is not listener:
+            return True
+        if listener.wanted:
+            return False
+        del self._listeners[listener.name]
+        return True
