@@ -29,18 +29,10 @@ from django.utils.module_loading import import_string
 from .conf import conf
 from .connection import get_client
 from .core.exceptions import RedisUnavailable
-from .core.inspect import (
-    KINDS,
-    HeldLock,
-    duration,
-    find,
-    list_locks,
-    owner_text,
-    printable,
-    quoted,
-    release,
-)
+from .core.force import release
+from .core.inspect import KINDS, HeldLock, find, list_locks
 from .core.keys import decode_name, encode_name
+from .display import duration, owner_text, printable, quoted
 from .locks import keyspace
 
 __all__ = ["has_permission", "install"]

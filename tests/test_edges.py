@@ -18,7 +18,7 @@ import redis
 import redis.asyncio
 
 from django_redislock.core import AsyncLock, KeySpace, Lock, LockLost, lock_async, scripts
-from django_redislock.core.inspect import clear
+from django_redislock.core.force import clear
 from django_redislock.core.notify import Notifier
 from django_redislock.core.wakeup import NO_CHANNEL
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until

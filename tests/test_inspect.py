@@ -15,17 +15,11 @@ import redis
 from redis.cluster import RedisCluster
 
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.inspect import (
-    HeldLock,
-    clear,
-    duration,
-    list_locks,
-    matches,
-    printable,
-    width,
-)
+from django_redislock.core.force import clear
+from django_redislock.core.inspect import HeldLock, list_locks, matches
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
+from django_redislock.display import duration, printable, width
 from tests.servers import free_port
 
 KS = KeySpace("redislock")
@@ -165,7 +159,7 @@ def test_clear_named_not_held_and_dry_run(r: redis.Redis) -> None:
 
 
 def test_clear_leaves_a_new_holder_alone(r: redis.Redis) -> None:
-    from django_redislock.core.inspect import release
+    from django_redislock.core.force import release
 
     first = hold(r, "x", ttl=600)
     (row,) = list_locks(r, KS)

@@ -1,4 +1,4 @@
-"""List and force-release held locks and semaphores, for operators.
+"""List held locks and semaphores, for operators (``force.py`` releases them).
 
 Keys are found by SCAN (never KEYS, which blocks Redis), on every primary of a
 Redis Cluster, matching only this library's prefix and key kind. Each key found
@@ -10,11 +10,6 @@ Names are filtered in Python on the stored readable name, not on the key (long
 names appear in keys as a digest). Patterns are shell globs (``fnmatch``:
 ``*``, ``?``, ``[abc]``, ``[!abc]``; ``[*]`` matches a literal star), or plain
 strings compared exactly with ``literal=True``.
-
-Force-release of a lock runs the ``clear`` script with the token that was read:
-if the lock changed hands in between, the new holder is left alone. The next
-waiter is woken at once; the former holder finds out at its next extend or
-release (``LockLost``).
 """
 
 from __future__ import annotations
@@ -22,35 +17,24 @@ from __future__ import annotations
 import json
 import logging
 import re
-import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
 from . import scripts
-from .base import DEFAULT_GRACE
 from .exceptions import RedisUnavailable
 from .keys import KeySpace, decode_name
 from .topology import is_cluster
 
 __all__ = [
     "KINDS",
-    "ClearResult",
     "HeldLock",
     "Holder",
-    "clear",
-    "duration",
     "find",
     "list_locks",
     "matches",
-    "owner_text",
-    "printable",
-    "quoted",
-    "release",
     "scan_keys",
-    "select",
-    "width",
 ]
 
 logger = logging.getLogger("django_redislock.inspect")
@@ -138,19 +122,6 @@ class HeldLock:
             "limit": self.limit,
             "permits": [h.as_dict() for h in self.holders],
         }
-
-
-@dataclass
-class ClearResult:
-    """What a force-release did."""
-
-    # Rows as they were just before they were released.
-    released: list[HeldLock] = field(default_factory=list)
-    # Names asked for explicitly that were not held (as any kind asked for).
-    not_held: list[str] = field(default_factory=list)
-    # Rows that changed hands (or were released) between reading and releasing:
-    # left alone, so a new holder is never thrown out unseen.
-    changed: list[HeldLock] = field(default_factory=list)
 
 
 def matches(name: str, pattern: str | None, *, literal: bool = False) -> bool:
@@ -455,157 +426,3 @@ def find(
         if not found:
             missing.append(name)
     return rows, missing
-
-
-def _clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | None) -> int:
-    # Imported here: semaphores are optional for inspecting locks.
-    from .semaphore import clear_semaphore
-
-    return int(clear_semaphore(client, keyspace, name, token=token))
-
-
-def release(
-    client: Any, keyspace: KeySpace, rows: Iterable[HeldLock], *, grace: float = DEFAULT_GRACE
-) -> ClearResult:
-    """Force-release exactly these rows, as they were read.
-
-    A lock is released only if its token is still the one read; a semaphore
-    gives back only the permits read. The next waiter is woken at once.
-    """
-    result = ClearResult()
-    grace_ms = int(grace * 1000)
-    for row in rows:
-        if row.kind == "lock":
-            k = keyspace.lock(row.name)
-            done = int(
-                scripts.run(
-                    client, scripts.CLEAR, (k.lease, k.queue, k.state), (grace_ms, row.token)
-                )
-            )
-        else:
-            done = sum(_clear_semaphore(client, keyspace, row.name, h.token) for h in row.holders)
-        if done:
-            logger.warning(
-                "force-released %s %r (held by %s pid %s %s %r)",
-                row.kind,
-                row.name,
-                row.host,
-                row.pid,
-                row.thread,
-                row.label,
-            )
-            result.released.append(row)
-        else:
-            result.changed.append(row)
-    return result
-
-
-def select(
-    client: Any,
-    keyspace: KeySpace,
-    *,
-    names: Iterable[str] = (),
-    pattern: str | None = None,
-    literal: bool = False,
-    all: bool = False,  # noqa: A002  (mirrors the command's --all)
-    kinds: Iterable[str] = KINDS,
-) -> tuple[list[HeldLock], list[str]]:
-    """What ``clear`` would release: (rows, names asked for but not held)."""
-    names = list(names)
-    chosen = sum((bool(names), pattern is not None, bool(all)))
-    if chosen != 1:
-        raise ValueError("choose exactly one of names=, pattern= or all=True")
-    if names:
-        return find(client, keyspace, names, kinds=kinds)
-    return list_locks(client, keyspace, pattern, literal, kinds=kinds), []
-
-
-def clear(
-    client: Any,
-    keyspace: KeySpace,
-    *,
-    names: Iterable[str] = (),
-    pattern: str | None = None,
-    literal: bool = False,
-    all: bool = False,  # noqa: A002  (mirrors the command's --all)
-    kinds: Iterable[str] = KINDS,
-    dry_run: bool = False,
-) -> ClearResult:
-    """Force-release named locks, those matching ``pattern``, or ``all``.
-
-    Only keys of this library under ``keyspace``'s prefix are ever touched.
-    With ``dry_run`` nothing is released; ``released`` lists what would be.
-    """
-    rows, missing = select(
-        client, keyspace, names=names, pattern=pattern, literal=literal, all=all, kinds=kinds
-    )
-    if dry_run:
-        return ClearResult(released=rows, not_held=missing)
-    result = release(client, keyspace, rows)
-    result.not_held = missing
-    return result
-
-
-# -- display ------------------------------------------------------------------
-_NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def printable(text: str) -> str:
-    """``text`` safe for one line of a terminal or a table cell.
-
-    Control and format characters (newlines, escape sequences, bidi
-    overrides) and lone surrogates become backslash escapes, and so does the
-    backslash itself, so two different names never look the same. Printable
-    non-ASCII text is kept as it is.
-    """
-    out: list[str] = []
-    for ch in text:
-        if ch in _NAMED_ESCAPES:
-            out.append(_NAMED_ESCAPES[ch])
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
-            code = ord(ch)
-            out.append(
-                f"\\x{code:02x}"
-                if code < 0x100
-                else f"\\u{code:04x}"
-                if code < 0x10000
-                else f"\\U{code:08x}"
-            )
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def width(text: str) -> int:
-    """Terminal cells taken by printable ``text`` (wide CJK counts 2)."""
-    cells = 0
-    for ch in text:
-        if unicodedata.combining(ch):
-            continue
-        cells += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
-    return cells
-
-
-def duration(seconds: float | None) -> str:
-    """Whole seconds, readably: ``7s``, ``3m05s``, ``2h04m``, ``3d04h``."""
-    if seconds is None:
-        return "never"
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def quoted(text: str) -> str:
-    """A name or label for a message: escaped, in single quotes."""
-    return "'" + printable(text).replace("'", "\\'") + "'"
-
-
-def owner_text(row: HeldLock | Holder) -> str:
-    """``host:pid/thread`` of a holder, escaped for display."""
-    pid = "?" if row.pid is None else str(row.pid)
-    return printable(f"{row.host or '?'}:{pid}/{row.thread or '?'}")

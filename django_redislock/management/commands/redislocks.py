@@ -16,18 +16,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...connection import get_client
 from ...core.exceptions import RedisUnavailable
-from ...core.inspect import (
-    KINDS,
-    HeldLock,
-    duration,
-    list_locks,
-    owner_text,
-    printable,
-    quoted,
-    release,
-    select,
-    width,
-)
+from ...core.force import release, select
+from ...core.inspect import KINDS, HeldLock, list_locks
+from ...display import duration, owner_text, printable, quoted, width
 from ...locks import keyspace
 
 COLUMNS = (
