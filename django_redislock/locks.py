@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .conf import conf
@@ -33,7 +34,8 @@ def _options(
     renew: bool | None,
     renew_max: float | None,
     label: str,
-    extra: dict[str, Any],
+    on_lost: Callable[[Any], None] | None,
+    replicas: int | None,
 ) -> dict[str, Any]:
     return {
         "ttl": conf.TIMEOUT if timeout is None else timeout,
@@ -41,11 +43,11 @@ def _options(
         "renew": conf.RENEW if renew is None else renew,
         "renew_max": conf.RENEW_MAX if renew_max is None else renew_max,
         "label": label,
+        "on_lost": on_lost,
         "keyspace": keyspace(),
         "observer": observer,
-        "replicas": conf.REPLICAS,
+        "replicas": conf.REPLICAS if replicas is None else replicas,
         "replicas_timeout": conf.REPLICAS_TIMEOUT,
-        **extra,
     }
 
 
@@ -58,12 +60,13 @@ def get_lock(
     renew_max: float | None = None,
     label: str = "",
     alias: str | None = None,
-    **extra: Any,
+    on_lost: Callable[[Any], None] | None = None,
+    replicas: int | None = None,
 ) -> Lock:
     """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals."""
     client = get_client(alias)
     check_eviction(client)
-    return Lock(client, name, **_options(timeout, wait, renew, renew_max, label, extra))
+    return Lock(client, name, **_options(timeout, wait, renew, renew_max, label, on_lost, replicas))
 
 
 def get_async_lock(
@@ -75,16 +78,17 @@ def get_async_lock(
     renew_max: float | None = None,
     label: str = "",
     alias: str | None = None,
-    **extra: Any,
+    on_lost: Callable[[Any], None] | None = None,
+    replicas: int | None = None,
 ) -> AsyncLock:
     """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
     client = get_async_client(alias)
-    return AsyncLock(client, name, **_options(timeout, wait, renew, renew_max, label, extra))
+    return AsyncLock(
+        client, name, **_options(timeout, wait, renew, renew_max, label, on_lost, replicas)
+    )
 
 
-def _semaphore_options(
-    timeout: float | None, wait: float | None, label: str, extra: dict[str, Any]
-) -> dict[str, Any]:
+def _semaphore_options(timeout: float | None, wait: float | None, label: str) -> dict[str, Any]:
     return {
         "ttl": conf.PERMIT_TIMEOUT if timeout is None else timeout,
         "wait": conf.WAIT if wait is None else wait,
@@ -93,7 +97,6 @@ def _semaphore_options(
         "observer": observer,
         "replicas": conf.REPLICAS,
         "replicas_timeout": conf.REPLICAS_TIMEOUT,
-        **extra,
     }
 
 
@@ -105,13 +108,12 @@ def get_semaphore(
     wait: float | None = None,
     label: str = "",
     alias: str | None = None,
-    **extra: Any,
 ) -> Semaphore:
     """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``;
     a permit lasts ``timeout`` seconds (default ``REDISLOCK['PERMIT_TIMEOUT']``)."""
     client = get_client(alias)
     check_eviction(client)
-    return Semaphore(client, name, limit, **_semaphore_options(timeout, wait, label, extra))
+    return Semaphore(client, name, limit, **_semaphore_options(timeout, wait, label))
 
 
 def get_async_semaphore(
@@ -122,11 +124,10 @@ def get_async_semaphore(
     wait: float | None = None,
     label: str = "",
     alias: str | None = None,
-    **extra: Any,
 ) -> AsyncSemaphore:
     """An ``AsyncSemaphore`` for the running event loop, configured as ``get_semaphore``."""
     # The check runs on the sync twin of the client, in a thread of its own:
     # an ASGI site that only throttles would otherwise never be warned.
     check_eviction(get_client(alias))
     client = get_async_client(alias)
-    return AsyncSemaphore(client, name, limit, **_semaphore_options(timeout, wait, label, extra))
+    return AsyncSemaphore(client, name, limit, **_semaphore_options(timeout, wait, label))
