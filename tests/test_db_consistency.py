@@ -377,9 +377,9 @@ def test_fence_from_the_context_manager() -> None:
 @pytest.fixture(autouse=True)
 def _no_leftover_pending() -> Iterator[None]:
     yield
-    from django_redislock import decorators
+    from django_redislock import transactions
 
-    decorators._pending().clear()
+    transactions._pending().clear()
 
 
 @db_all
