@@ -36,17 +36,12 @@ from .context import _held, _push, _reentered, _task_owner, current_lock
 from .core.aio import AsyncLock
 from .core.exceptions import LockLost, RedisUnavailable
 from .core.lock import Lock
+from .deferred import Deferred, adopt
 from .locks import get_async_lock, get_lock
 from .naming import _describe, _Namer, _namer_for
 from .options import _check_key, _check_target, _django_task, _Options, _options
 from .outcomes import _arelease, _busy, _fail_open, _lost_response, _release, _unavailable
-from .transactions import (
-    _EVERY_ALIAS,
-    _adopt_pending,
-    _defer_release,
-    _lost_before_commit,
-    _Transactions,
-)
+from .transactions import _EVERY_ALIAS, _lost_before_commit, _Transactions
 
 __all__ = ["current_lock", "redis_lock", "redis_locked"]
 
@@ -87,11 +82,12 @@ def _call_sync(
                 return func(*args, **kwargs)
         finally:
             _held.reset(token)
-    # A lock an earlier call of this thread left waiting for a commit: it
-    # still holds the lease, and still covers that earlier call's writes.
-    lock = _adopt_pending(key)
-    adopted = lock is not None
-    if lock is None:
+    # A lock an earlier call of this thread left waiting for its transaction:
+    # it still holds the lease, and still covers that earlier call's writes.
+    deferred = adopt(key)
+    if deferred is not None:
+        lock = deferred.lock
+    else:
         lock = get_lock(name, **opts.lock_kwargs(label))
         try:
             acquired = lock.acquire()
@@ -105,26 +101,28 @@ def _call_sync(
             return _busy(opts, request, name, lock.retry_after, args, kwargs)
     token = _push(lock, key, owner)
     try:
+        if deferred is not None:
+            deferred.check()
         with txn.atomic():
             result = func(*args, **kwargs)
             if txn.opens and not lock.held:
                 raise _lost_before_commit(lock)
     except BaseException as exc:
         _held.reset(token)
-        if adopted and txn.outer:
-            # This call rolled back, but the earlier one's writes still wait
-            # for the outer commit: so does the lock.
-            _defer_release(lock, key, txn.outer)
-        else:
+        if deferred is None:
             # The call failed and its atomic blocks rolled back: nothing of it
             # can commit later, so the lock can go now. Its exception wins.
             _release(lock, quiet=True)
+        # Else this call rolled back, but the earlier one's writes still wait
+        # for the outer transaction: so does the lock.
         if isinstance(exc, LockLost) and request is not None and opts.on_busy != "raise":
             return _lost_response(request, name)
         raise
     _held.reset(token)
-    if txn.outer:
-        _defer_release(lock, key, txn.outer)
+    if deferred is not None:
+        deferred.cover(txn.outer)
+    elif txn.outer:
+        Deferred.start(lock, key, txn.outer)
     else:
         _release(lock, quiet=request is not None)
     return result
@@ -228,6 +226,14 @@ def redis_locked(
     without running) or a callable receiving the call's arguments, whose
     result is returned. Redis unreachable: 503 for a view, ``RedisUnavailable``
     otherwise, unless ``fail_open`` (default ``REDISLOCK['FAIL_OPEN']``).
+
+    Transactions: a sync view's ``ATOMIC_REQUESTS`` block is opened inside the
+    lock and committed only if the lock is still held. A call made inside a
+    transaction someone else opened keeps its lock (renewed, with ``renew``)
+    until that transaction commits or rolls back. If the lock is lost before,
+    ``lock_lost`` is sent and the transaction is marked for rollback: its next
+    SQL statement raises ``LockLost``; with no further statement, the
+    outermost ``atomic`` block rolls back instead of committing, silently.
     """
     _check_key(key)
     opts = _options(timeout, wait, renew, renew_max, on_busy, fail_open, alias, label)

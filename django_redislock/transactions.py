@@ -3,44 +3,21 @@
 A sync view is marked so that Django's ``ATOMIC_REQUESTS`` does not wrap it
 from outside; the decorator opens those atomic blocks itself, inside the
 lock (lock, atomic, view, commit or rollback, release). A call made inside a
-transaction someone else opened runs in a savepoint, and its lock is released
-when that transaction commits (``on_commit``).
+transaction someone else opened runs in a savepoint, and its lock waits for
+that transaction to end (``deferred.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 from django.db import connections, transaction
 
-from .core import renewal
 from .core.base import LockBase
 from .core.exceptions import LockLost
-from .core.lock import Lock
-from .outcomes import _release
-
-# Locks whose release waits for an outer transaction to commit, per thread
-# (database connections, and so commits, are per thread).
-_pending_local = threading.local()
-
-
-def _pending() -> dict[tuple[str, str], Lock]:
-    found: dict[tuple[str, str], Lock] | None = getattr(_pending_local, "locks", None)
-    if found is None:
-        found = _pending_local.locks = {}
-    return found
-
-
-def _adopt_pending(key: tuple[str, str]) -> Lock | None:
-    lock = _pending().pop(key, None)
-    if lock is not None and lock.held:
-        return lock
-    return None
 
 
 class _EveryAlias(frozenset[str]):
@@ -99,28 +76,6 @@ class _Transactions:
             for alias in self.opens:
                 stack.enter_context(transaction.atomic(using=alias))
             yield
-
-
-def _defer_release(lock: Lock, key: tuple[str, str], aliases: list[str]) -> None:
-    """Release when every outer transaction the call ran in has committed.
-
-    No hook exists for a rollback: then the lease simply runs out. Renewal
-    stops here, so a rolled-back caller can never keep the lock alive.
-    """
-    renewal.watchdog.discard(lock)
-    _pending()[key] = lock
-    waiting = set(aliases)
-
-    def committed(alias: str) -> None:
-        waiting.discard(alias)
-        if waiting:
-            return
-        if _pending().get(key) is lock:
-            del _pending()[key]
-        _release(lock, quiet=True)
-
-    for alias in aliases:
-        transaction.on_commit(functools.partial(committed, alias), using=alias)
 
 
 def _lost_before_commit(lock: LockBase) -> LockLost:
