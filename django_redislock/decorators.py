@@ -105,7 +105,9 @@ def _call_sync(
             deferred.check()
         with txn.atomic():
             result = func(*args, **kwargs)
-            if txn.opens and not lock.held:
+            # ``lost`` as well as ``held``: a loss must stop the commit even
+            # when it is heard of before the lease would have run out.
+            if txn.opens and (lock.lost or not lock.held):
                 raise _lost_before_commit(lock)
     except BaseException as exc:
         _held.reset(token)

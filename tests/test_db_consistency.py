@@ -21,7 +21,7 @@ from django.test import Client, override_settings
 from django_redislock import LockLost, current_lock, get_lock, redis_lock, redis_locked
 from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_update
 from django_redislock.signals import lock_lost, lock_released
-from tests.test_decorators import make_get
+from tests.test_decorators import force_release, make_get
 from tests.testapp import views_locked
 from tests.testapp.models import Order, Product
 
@@ -420,15 +420,6 @@ def test_a_call_inside_an_execute_wrapper_block_leaves_django_s_stack_intact() -
     assert conn.execute_wrappers == before
 
 
-def _lose(name: str) -> None:
-    """Force-release ``name`` as an operator would (``manage.py redislocks clear``)."""
-    from django_redislock.core import inspect as rl_inspect
-    from django_redislock.locks import keyspace
-
-    result = rl_inspect.clear(get_lock(name).client, keyspace(), names=[name])
-    assert [row.name for row in result.released] == [name]
-
-
 @pytest.fixture
 def heard_lost() -> Iterator[Callable[[str], bool]]:
     """``heard_lost(name)`` waits (bounded) for ``lock_lost`` about ``name``."""
@@ -455,7 +446,7 @@ def test_loss_before_commit_raises_at_the_next_statement_and_rolls_back(
     name = f"ledger:{alias}:5"
     with pytest.raises(LockLost, match="marked for rollback"), transaction.atomic(using=alias):
         post_entry(alias, 5)
-        _lose(name)
+        force_release(name)
         other = get_lock(name, wait=0)
         assert other.acquire()  # a second holder is in: our writes must not commit
         assert heard_lost(name)
@@ -473,7 +464,7 @@ def test_loss_before_commit_rolls_back_without_another_statement(
     name = f"ledger:{alias}:6"
     with transaction.atomic(using=alias):
         post_entry(alias, 6)
-        _lose(name)
+        force_release(name)
         assert heard_lost(name)
         deadline = time.monotonic() + 10
         while not connections[alias].needs_rollback and time.monotonic() < deadline:
@@ -494,7 +485,7 @@ def test_loss_inside_a_nested_block_still_dooms_the_whole_transaction(
     with pytest.raises(LockLost), transaction.atomic(using=alias):
         post_entry(alias, 7)
         with transaction.atomic(using=alias):
-            _lose(name)
+            force_release(name)
             assert heard_lost(name)
             # Leaving this block would roll back only its savepoint; the
             # loss concerns the outer writes, so it does not stop here.
@@ -514,7 +505,7 @@ def test_a_later_call_in_a_doomed_transaction_does_not_run(
     with pytest.raises(LockLost), transaction.atomic():
         post_entry("default", 9)
         again()  # the same thread, another name: runs
-        _lose("ledger:default:9")
+        force_release("ledger:default:9")
         assert heard_lost("ledger:default:9")
         post_entry("default", 9)
     assert ran == [1]

@@ -22,6 +22,8 @@ urlpatterns = [
     path("item-outlives-lease/<str:name>/", v.item_outlives_lease),
     path("item-gated/<str:name>/", v.item_gated),
     path("aitem-db/<str:name>/", v.aitem_db),
+    path("item-lost-midway/<str:name>/", v.item_lost_midway),
+    path("aitem-lost-midway/<str:name>/", v.aitem_lost_midway),
     path("acart/", v.acart),
     path("cbv/dispatch/<int:pk>/", v.DispatchLocked.as_view()),
     path("cbv/self/<int:pk>/", v.SelfLocked.as_view()),
