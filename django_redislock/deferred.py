@@ -163,7 +163,15 @@ class Deferred:
 
     def _ender(self, alias: str) -> Callable[[], None]:
         # Refers to self, never to the hook: see _Hook.
-        return lambda: self._end(alias)
+        def end() -> None:
+            # Never raise: a finaliser's exception goes nowhere useful, and
+            # Django's report of a failed robust hook needs a __qualname__.
+            try:
+                self._end(alias)
+            except Exception:
+                log_release.exception("could not release %r at its transaction's end", self.key[1])
+
+        return end
 
     def check(self) -> None:
         """Raise ``LockLost`` (and mark the transactions) if the lock is lost."""
