@@ -246,6 +246,19 @@ def test_handler_method_under_atomic_requests_releases_at_commit(
     assert is_free("cbv:5")
 
 
+@db_all
+def test_request_rolled_back_after_a_locked_handler_releases_at_once(
+    atomic_requests: Any, get: Any
+) -> None:
+    # Django's ATOMIC_REQUESTS transaction wraps the handler and rolls back
+    # when the view fails after it: the lock goes then, not after 30 s.
+    atomic_requests("default", True)
+    with pytest.raises(views_locked.Boom):
+        get("/cbv/self-then-fails/6/")
+    assert is_free("cbv:6")
+    assert not Product.objects.filter(name="cbv-6").exists()
+
+
 # -- functions inside someone else's transaction ------------------------------------------
 @redis_locked("account:{n}", wait=0)
 def credit(n: int, *, fail: bool = False) -> int:

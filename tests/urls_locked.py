@@ -27,6 +27,7 @@ urlpatterns = [
     path("acart/", v.acart),
     path("cbv/dispatch/<int:pk>/", v.DispatchLocked.as_view()),
     path("cbv/self/<int:pk>/", v.SelfLocked.as_view()),
+    path("cbv/self-then-fails/<int:pk>/", v.SelfLockedThenFails.as_view()),
     path("cbv/method-decorator/<int:pk>/", v.MethodDecorated.as_view()),
     path("cbv/method-decorator-self/<int:pk>/", v.MethodDecoratedSelf.as_view()),
     path("cbv/async/<int:pk>/", v.AsyncHandler.as_view()),

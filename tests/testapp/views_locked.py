@@ -159,6 +159,20 @@ class SelfLocked(View):
         return JsonResponse(_lock_info())
 
 
+class SelfLockedThenFails(View):
+    """Under ATOMIC_REQUESTS Django's transaction wraps the locked handler and
+    rolls back when the rest of the view fails."""
+
+    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        super().dispatch(request, *args, **kwargs)
+        raise Boom("after the locked handler")
+
+    @redis_locked("cbv:{self.kwargs[pk]}", timeout=30, wait=0)
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        Product.objects.create(name=f"cbv-{pk}", stock=1)
+        return JsonResponse(_lock_info())
+
+
 @method_decorator(redis_locked("cbv:{pk}", wait=0), name="dispatch")
 class MethodDecorated(View):
     def get(self, request: HttpRequest, pk: int) -> HttpResponse:
