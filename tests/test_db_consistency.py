@@ -20,8 +20,8 @@ from django.test import Client, override_settings
 
 from django_redislock import LockLost, current_lock, get_lock, redis_lock, redis_locked
 from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_update
-from django_redislock.signals import lock_released
-from tests.test_decorators import make_get
+from django_redislock.signals import lock_lost, lock_released
+from tests.test_decorators import force_release, make_get
 from tests.testapp import views_locked
 from tests.testapp.models import Order, Product
 
@@ -246,6 +246,19 @@ def test_handler_method_under_atomic_requests_releases_at_commit(
     assert is_free("cbv:5")
 
 
+@db_all
+def test_request_rolled_back_after_a_locked_handler_releases_at_once(
+    atomic_requests: Any, get: Any
+) -> None:
+    # Django's ATOMIC_REQUESTS transaction wraps the handler and rolls back
+    # when the view fails after it: the lock goes then, not after 30 s.
+    atomic_requests("default", True)
+    with pytest.raises(views_locked.Boom):
+        get("/cbv/self-then-fails/6/")
+    assert is_free("cbv:6")
+    assert not Product.objects.filter(name="cbv-6").exists()
+
+
 # -- functions inside someone else's transaction ------------------------------------------
 @redis_locked("account:{n}", wait=0)
 def credit(n: int, *, fail: bool = False) -> int:
@@ -291,18 +304,242 @@ def test_failed_call_inside_outer_transaction_is_undone_and_released() -> None:
     assert set(Product.objects.values_list("name", flat=True)) == {"before"}
 
 
-@pytest.mark.django_db(transaction=True)
-def test_outer_rollback_leaves_the_lease_to_expire() -> None:
-    @redis_locked("short:{n}", timeout=0.5, wait=0)
-    def work(n: int) -> None:
-        Product.objects.create(name="short", stock=1)
+# -- a lock waiting for someone else's transaction ----------------------------------------
+@redis_locked("ledger:{alias}:{n}", timeout=0.6, renew=True, wait=0)
+def post_entry(alias: str, n: int) -> None:
+    Product.objects.using(alias).create(name=f"entry-{n}", stock=1)
 
-    with pytest.raises(RuntimeError), transaction.atomic():
-        work(1)
+
+def entries(alias: str) -> int:
+    return Product.objects.using(alias).filter(name__startswith="entry-").count()
+
+
+def never_free_for(name: str, seconds: float) -> bool:
+    """Whether another handle fails to take ``name`` throughout ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if is_free(name):
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_deferred_lock_stays_held_past_its_lease_until_commit(alias: str) -> None:
+    # The call returns long before the outer transaction commits: its lock
+    # must keep renewing until then, or a second holder would read around
+    # writes not committed yet.
+    with transaction.atomic(using=alias):
+        post_entry(alias, 1)
+        assert never_free_for(f"ledger:{alias}:1", 2.0)  # more than three leases
+        assert entries(alias) == 1
+    assert is_free(f"ledger:{alias}:1")
+    assert entries(alias) == 1
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_outer_rollback_releases_at_once(alias: str) -> None:
+    @redis_locked("long:{alias}", timeout=30, wait=0)
+    def work(alias: str) -> None:
+        Product.objects.using(alias).create(name="long", stock=1)
+
+    with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+        work(alias)
+        assert not is_free(f"long:{alias}")
         raise RuntimeError("outer rollback")
-    # No hook runs on rollback: the lock is held until its lease runs out.
-    assert not is_free("short:1")
-    assert get_lock("short:1", wait=10).acquire()
+    # Not after the 30 s lease: at the rollback.
+    assert is_free(f"long:{alias}")
+    assert not Product.objects.using(alias).filter(name="long").exists()
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_savepoint_rollback_around_the_call_releases_at_once(alias: str) -> None:
+    with transaction.atomic(using=alias):
+        Product.objects.using(alias).create(name="kept", stock=1)
+        with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+            post_entry(alias, 2)
+            raise RuntimeError("inner rollback")
+        assert is_free(f"ledger:{alias}:2")
+    assert entries(alias) == 0
+    assert Product.objects.using(alias).filter(name="kept").exists()
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_rolled_back_transactions_leave_nothing_behind(alias: str) -> None:
+    from django_redislock.deferred import _pending
+
+    for n in range(20):
+        with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+            post_entry(alias, n)
+            raise RuntimeError("rollback")
+    assert _pending() == {}
+    assert all(is_free(f"ledger:{alias}:{n}") for n in range(20))
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_closing_the_connection_mid_transaction_releases(alias: str) -> None:
+    with transaction.atomic(using=alias):
+        post_entry(alias, 3)
+        connections[alias].close()  # the database rolls the transaction back
+        assert is_free(f"ledger:{alias}:3")
+    assert entries(alias) == 0
+
+
+@db_all
+@pytest.mark.parametrize("robust", [True, False])
+def test_a_failing_on_commit_hook_does_not_strand_the_lock(robust: bool) -> None:
+    def fail() -> None:
+        raise ValueError("hook failed")
+
+    def commit_with_failing_hook() -> None:
+        with transaction.atomic():
+            transaction.on_commit(fail, robust=robust)
+            post_entry("default", 4)
+
+    if robust:
+        commit_with_failing_hook()
+        assert is_free("ledger:default:4")
+    else:
+        # The commit happened; the hooks after the failing one did not run,
+        # and the exception's frames still hold them.
+        with pytest.raises(ValueError, match="hook failed") as info:
+            commit_with_failing_hook()
+        # A new transaction is not taken for the old one: the lock is given
+        # back and taken anew, and the new transaction commits.
+        with transaction.atomic():
+            post_entry("default", 4)
+        assert is_free("ledger:default:4")
+        del info
+    assert entries("default") == (1 if robust else 2)
+
+
+@db_all
+def test_a_call_inside_an_execute_wrapper_block_leaves_django_s_stack_intact() -> None:
+    def spy(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        return execute(sql, params, many, context)
+
+    conn = connections["default"]
+    before = list(conn.execute_wrappers)
+    with transaction.atomic():
+        with conn.execute_wrapper(spy):
+            post_entry("default", 8)
+        # The block popped its own wrapper, not the library's.
+        assert spy not in conn.execute_wrappers
+    assert conn.execute_wrappers == before
+
+
+@pytest.fixture
+def heard_lost() -> Iterator[Callable[[str], bool]]:
+    """``heard_lost(name)`` waits (bounded) for ``lock_lost`` about ``name``."""
+    events: dict[str, threading.Event] = {}
+    mutex = threading.Lock()
+
+    def event(name: str) -> threading.Event:
+        with mutex:
+            return events.setdefault(name, threading.Event())
+
+    def receiver(sender: Any, name: str, **kwargs: Any) -> None:
+        event(name).set()
+
+    lock_lost.connect(receiver)
+    yield lambda name: event(name).wait(10)
+    lock_lost.disconnect(receiver)
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_loss_before_commit_raises_at_the_next_statement_and_rolls_back(
+    alias: str, heard_lost: Callable[[str], bool]
+) -> None:
+    name = f"ledger:{alias}:5"
+    with pytest.raises(LockLost, match="marked for rollback"), transaction.atomic(using=alias):
+        post_entry(alias, 5)
+        force_release(name)
+        other = get_lock(name, wait=0)
+        assert other.acquire()  # a second holder is in: our writes must not commit
+        assert heard_lost(name)
+        Product.objects.using(alias).create(name="after", stock=1)
+    other.release()
+    assert entries(alias) == 0
+    assert not Product.objects.using(alias).filter(name="after").exists()
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_loss_before_commit_rolls_back_without_another_statement(
+    alias: str, heard_lost: Callable[[str], bool]
+) -> None:
+    name = f"ledger:{alias}:6"
+    with transaction.atomic(using=alias):
+        post_entry(alias, 6)
+        force_release(name)
+        assert heard_lost(name)
+        deadline = time.monotonic() + 10
+        while not connections[alias].needs_rollback and time.monotonic() < deadline:
+            time.sleep(0.01)
+    # No exception (Django has no hook before commit), but nothing committed,
+    # and the connection is fit for the next transaction.
+    assert entries(alias) == 0
+    assert not connections[alias].needs_rollback
+    assert Product.objects.using(alias).count() == 0
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_loss_inside_a_nested_block_still_dooms_the_whole_transaction(
+    alias: str, heard_lost: Callable[[str], bool]
+) -> None:
+    name = f"ledger:{alias}:7"
+    with pytest.raises(LockLost), transaction.atomic(using=alias):
+        post_entry(alias, 7)
+        with transaction.atomic(using=alias):
+            force_release(name)
+            assert heard_lost(name)
+            # Leaving this block would roll back only its savepoint; the
+            # loss concerns the outer writes, so it does not stop here.
+    assert entries(alias) == 0
+
+
+@db_all
+def test_a_later_call_in_a_doomed_transaction_does_not_run(
+    heard_lost: Callable[[str], bool],
+) -> None:
+    ran: list[int] = []
+
+    @redis_locked("ledger:doomed", timeout=0.6, renew=True, wait=0)
+    def again() -> None:
+        ran.append(1)
+
+    with pytest.raises(LockLost), transaction.atomic():
+        post_entry("default", 9)
+        again()  # the same thread, another name: runs
+        force_release("ledger:default:9")
+        assert heard_lost("ledger:default:9")
+        post_entry("default", 9)
+    assert ran == [1]
+    assert entries("default") == 0
+    assert is_free("ledger:doomed")
+
+
+@db_all
+@pytest.mark.parametrize("alias", ALIASES)
+def test_lease_run_out_without_renewal_dooms_the_transaction(alias: str) -> None:
+    @redis_locked("brief:{alias}", timeout=0.3, wait=0)
+    def work(alias: str) -> None:
+        Product.objects.using(alias).create(name="brief", stock=1)
+
+    with pytest.raises(LockLost), transaction.atomic(using=alias):
+        work(alias)
+        deadline = time.monotonic() + 10
+        while not is_free(f"brief:{alias}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        Product.objects.using(alias).count()
+    assert not Product.objects.using(alias).filter(name="brief").exists()
 
 
 @pytest.mark.django_db
@@ -377,9 +614,9 @@ def test_fence_from_the_context_manager() -> None:
 @pytest.fixture(autouse=True)
 def _no_leftover_pending() -> Iterator[None]:
     yield
-    from django_redislock import decorators
+    from django_redislock import deferred
 
-    decorators._pending().clear()
+    deferred._pending().clear()
 
 
 @db_all

@@ -32,6 +32,7 @@ from django_redislock.core import notify_async
 from django_redislock.signals import (
     lock_acquired,
     lock_busy,
+    lock_lost,
     lock_released,
     redis_unavailable,
 )
@@ -109,6 +110,15 @@ def is_free(name: str) -> bool:
         lock.release()
         return True
     return False
+
+
+def force_release(name: str) -> None:
+    """Take ``name`` away from its holder as an operator would (``redislocks clear``)."""
+    from django_redislock.core import force
+    from django_redislock.locks import keyspace
+
+    result = force.clear(get_lock(name).client, keyspace(), names=[name])
+    assert [row.name for row in result.released] == [name]
 
 
 @pytest.fixture
@@ -283,6 +293,49 @@ def test_lease_run_out_before_commit(
         assert response.status_code == 200
         assert Product.objects.filter(name="pear").exists()
         assert "lost 'item:pear'" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("view", "atomic_requests"),
+    # Django refuses ATOMIC_REQUESTS for async views: that one opens its own block.
+    [("item-lost-midway", True), ("aitem-lost-midway", False)],
+    ids=["sync", "async"],
+)
+def test_lock_taken_away_mid_view_rolls_back_and_answers_503(
+    get: Get, view: str, atomic_requests: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", atomic_requests)
+    views_locked.lost_inside.clear()
+    views_locked.lost_proceed.clear()
+    name = f"{view}-fig"
+    lock_name = f"item:{name}"
+    heard = threading.Event()
+
+    def receiver(sender: Any, name: str, **kwargs: Any) -> None:
+        if name == lock_name:
+            heard.set()
+
+    lock_lost.connect(receiver)
+    responses: list[Any] = []
+    thread = threading.Thread(target=lambda: responses.append(get(f"/{view}/{name}/")))
+    thread.start()
+    try:
+        assert views_locked.lost_inside.wait(10)
+        force_release(lock_name)
+        other = get_lock(lock_name, wait=0)
+        assert other.acquire()  # a second holder is in while the view still runs
+        assert heard.wait(10)  # the view's renewal has found its lease gone
+    finally:
+        views_locked.lost_proceed.set()
+        thread.join(30)
+        lock_lost.disconnect(receiver)
+    other.release()
+    assert not thread.is_alive()
+    (response,) = responses
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert not Product.objects.filter(name=name).exists()
 
 
 def test_concurrent_holder_keeps_others_out(client: Any) -> None:

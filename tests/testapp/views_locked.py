@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from django_redislock import current_lock, get_lock, redis_locked
+from django_redislock import LockLost, current_lock, get_lock, redis_locked
 from django_redislock.fencing import fenced_update
 
 from .models import Order, Product
@@ -159,6 +159,20 @@ class SelfLocked(View):
         return JsonResponse(_lock_info())
 
 
+class SelfLockedThenFails(View):
+    """Under ATOMIC_REQUESTS Django's transaction wraps the locked handler and
+    rolls back when the rest of the view fails."""
+
+    def dispatch(self, request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
+        super().dispatch(request, *args, **kwargs)
+        raise Boom("after the locked handler")
+
+    @redis_locked("cbv:{self.kwargs[pk]}", timeout=30, wait=0)
+    def get(self, request: HttpRequest, pk: int) -> HttpResponse:
+        Product.objects.create(name=f"cbv-{pk}", stock=1)
+        return JsonResponse(_lock_info())
+
+
 @method_decorator(redis_locked("cbv:{pk}", wait=0), name="dispatch")
 class MethodDecorated(View):
     def get(self, request: HttpRequest, pk: int) -> HttpResponse:
@@ -198,3 +212,35 @@ async def aitem_db(request: HttpRequest, name: str) -> HttpResponse:
 @redis_locked("purchase:{db}:{product_id}", timeout=30, wait=30)
 async def apurchase(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
     return await sync_to_async(_buy)(db, product_id)
+
+
+# Stops a holder after its write, while a test takes its lock away.
+lost_inside = threading.Event()
+lost_proceed = threading.Event()
+
+
+def _write_and_pause(name: str) -> None:
+    Product.objects.create(name=name, stock=1)
+    lost_inside.set()
+    lost_proceed.wait(10)
+
+
+@redis_locked("item:{name}", timeout=1, renew=True, wait=0)
+def item_lost_midway(request: HttpRequest, name: str) -> HttpResponse:
+    _write_and_pause(name)
+    return JsonResponse(_lock_info())
+
+
+def _write_all_or_nothing(name: str) -> None:
+    # What an async view does to commit only under its lock.
+    with transaction.atomic():
+        _write_and_pause(name)
+        lock = current_lock()
+        if lock is None or not lock.held:
+            raise LockLost(f"lock {name!r} lost before commit")
+
+
+@redis_locked("item:{name}", timeout=1, renew=True, wait=0)
+async def aitem_lost_midway(request: HttpRequest, name: str) -> HttpResponse:
+    await sync_to_async(_write_all_or_nothing)(name)
+    return JsonResponse(_lock_info())

@@ -1,0 +1,133 @@
+"""``redis_lock``: ``redis_locked``'s lock as a ``with`` / ``async with`` block."""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import Any
+
+from .conf import conf
+from .context import _held, _push, _reentered, _task_owner
+from .core.base import LockBase
+from .core.exceptions import LockError, LockNotAcquired
+from .core.lock import Lock
+from .core.lock_async import AsyncLock
+from .locks import get_async_lock, get_lock
+from .options import _options
+
+__all__ = ["redis_lock"]
+
+
+class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") as lock``
+    """``redis_locked``'s lock as a ``with`` / ``async with`` block.
+
+    Gives the held ``Lock`` (``AsyncLock`` under ``async with``), with
+    ``.name`` and ``.fence``, and makes it ``current_lock()`` inside the
+    block. Raises ``LockNotAcquired`` when busy past ``wait`` and
+    ``RedisUnavailable`` when Redis cannot be reached. With
+    ``REDISLOCK['ENABLED'] = False`` the block runs unlocked and gets None.
+    One object may be entered by several threads or tasks at once.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        wait: float | None = None,
+        renew: bool | None = None,
+        renew_max: float | None = None,
+        alias: str | None = None,
+        label: str = "",
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"redis_lock(): name must be a non-empty str, not {name!r}")
+        opts = _options(timeout, wait, renew, renew_max, None, None, alias, label)
+        self.name = name
+        self._opts = opts
+        # Entries per thread or task: the same object may be shared.
+        # Each entry: (lock, context token, whether this block acquired it).
+        self._entries: dict[object, list[tuple[LockBase | None, Any, bool]]] = {}
+        self._guard = threading.Lock()
+
+    def _enter(self, owner: object, entry: tuple[LockBase | None, Any, bool]) -> None:
+        with self._guard:
+            self._entries.setdefault(owner, []).append(entry)
+
+    def _exit(self, owner: object) -> tuple[LockBase | None, Any, bool]:
+        with self._guard:
+            stack = self._entries[owner]
+            entry = stack.pop()
+            if not stack:
+                del self._entries[owner]
+        return entry
+
+    def __enter__(self) -> Lock | None:
+        owner = threading.get_ident()
+        if not conf.ENABLED:
+            self._enter(owner, (None, None, False))
+            return None
+        key = (self._opts.cache_alias, self.name)
+        entered = _reentered(key, owner)
+        if entered is not None:
+            # This thread holds it already (an enclosing block or decorated
+            # call): run under it; the enclosing one releases.
+            assert isinstance(entered, Lock)
+            self._enter(owner, (entered, _push(entered, key, owner), False))
+            return entered
+        lock = get_lock(self.name, **self._opts.lock_kwargs(self._opts.label or ""))
+        if not lock.acquire():
+            raise LockNotAcquired(self.name, retry_after=lock.retry_after)
+        self._enter(owner, (lock, _push(lock, key, owner), True))
+        return lock
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock, token, acquired = self._exit(threading.get_ident())
+        if lock is None:
+            return
+        _held.reset(token)
+        if not acquired:
+            return
+        assert isinstance(lock, Lock)
+        try:
+            lock.release()
+        except LockError:
+            if exc_type is None:
+                raise
+
+    async def __aenter__(self) -> AsyncLock | None:
+        owner = _task_owner()
+        if not conf.ENABLED:
+            self._enter(owner, (None, None, False))
+            return None
+        key = (self._opts.cache_alias, self.name)
+        entered = _reentered(key, owner)
+        if entered is not None:
+            assert isinstance(entered, AsyncLock)
+            self._enter(owner, (entered, _push(entered, key, owner), False))
+            return entered
+        lock = get_async_lock(self.name, **self._opts.lock_kwargs(self._opts.label or ""))
+        if not await lock.acquire():
+            raise LockNotAcquired(self.name, retry_after=lock.retry_after)
+        self._enter(owner, (lock, _push(lock, key, owner), True))
+        return lock
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lock, token, acquired = self._exit(_task_owner())
+        if lock is None:
+            return
+        _held.reset(token)
+        if not acquired:
+            return
+        assert isinstance(lock, AsyncLock)
+        try:
+            await lock.release()
+        except LockError:
+            if exc_type is None:
+                raise

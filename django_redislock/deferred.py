@@ -1,0 +1,279 @@
+"""A lock held until the transactions its call wrote in have ended.
+
+A decorated call made inside a transaction someone else opened returns before
+its writes commit. Its lock must stay held, and stay valid, until then:
+
+* **Renewal goes on.** A renewing lock stays in the watchdog until the end
+  (up to ``renew_max``), so an outer transaction may outlive the lease.
+* **Commit** runs an ``on_commit`` hook: the lock is released.
+* **Rollback** has no hook in Django, but Django drops the hooks registered in
+  a transaction (or savepoint) that rolls back, or on a connection that is
+  closed. The hook is a small object referenced by nothing but Django's list;
+  CPython finalises it the moment that list lets go, and its finaliser
+  releases the lock. Commit and rollback run the same finaliser, once.
+* **A loss before the end** (the lease gone at renewal, renewal unable to
+  reach Redis in time, the lease run out with renewal off or past
+  ``renew_max``) dooms the transaction: it is marked for rollback, and the
+  next SQL statement on its connection raises ``LockLost``. A guard in the
+  watchdog thread notices the loss when no statement runs; a statement
+  notices it by itself.
+
+The deferred locks of a thread are kept by name, so that a later call for the
+same lock in the same transaction takes the lock over instead of waiting for
+itself. An entry leaves the map when its transactions end, however they end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .core import renewal
+from .core.exceptions import LockLost
+from .core.lock import Lock
+from .outcomes import _release
+
+log_lost = logging.getLogger("django_redislock.lost")
+log_release = logging.getLogger("django_redislock.release")
+
+Key = tuple[str, str]  # (cache alias, lock name)
+
+# Per thread: database connections, and so transactions, are per thread.
+_pending_local = threading.local()
+
+
+def _pending() -> dict[Key, Deferred]:
+    found: dict[Key, Deferred] | None = getattr(_pending_local, "locks", None)
+    if found is None:
+        found = _pending_local.locks = {}
+    return found
+
+
+def _lost_in_transaction(lock: Lock) -> LockLost:
+    return LockLost(
+        f"lock {lock.name!r} was lost while the transaction its call wrote in was still "
+        "open; that transaction is marked for rollback (raise the timeout, pass "
+        "renew=True, or commit sooner)"
+    )
+
+
+class _Hook:
+    """Registered with ``on_commit``; see the module docstring.
+
+    It must hold no reference that leads back to itself, or it would outlive
+    Django's list and the release would wait for the garbage collector.
+    """
+
+    __slots__ = ("done", "__weakref__")
+
+    def __init__(self, end: Callable[[], None]) -> None:
+        self.done = weakref.finalize(self, end)
+        # A hook still pending at interpreter exit belongs to a transaction
+        # that never ended; its lease runs out by itself.
+        self.done.atexit = False
+
+    def __call__(self) -> None:  # the commit
+        self.done()
+
+
+class _Guard:
+    """Watches a deferred lock from the watchdog thread (``renewal.Renewable``)."""
+
+    def __init__(self, deferred: Deferred) -> None:
+        self.deferred = deferred
+
+    def _renew_once(self) -> float | None:
+        deferred = self.deferred
+        lock = deferred.lock
+        if deferred.ended:
+            return None
+        if lock.lost or not lock.held:
+            deferred.lose()
+            return None
+        # Renewal moves the end of the lease on; look again a little after it
+        # would otherwise run out, or sooner to hear of a renewal's loss.
+        return max(0.01, min(lock.remaining + 0.01, lock.ttl / 3))
+
+
+class _Watch:
+    """One outer transaction a deferred lock waits for."""
+
+    __slots__ = ("conn", "hook")
+
+    def __init__(self, conn: BaseDatabaseWrapper, hook: _Hook) -> None:
+        self.conn = conn
+        self.hook = weakref.ref(hook)
+
+    def open(self) -> bool:
+        """Whether that transaction has neither committed nor rolled back yet.
+
+        Its hook still waiting in the connection's list says so exactly: a
+        new transaction on the same connection (opened while a traceback
+        still holds the hooks of a finished one) does not count.
+        """
+        hook = self.hook()
+        if hook is None or not self.conn.in_atomic_block:
+            return False
+        return any(entry[1] is hook for entry in self.conn.run_on_commit)
+
+
+class Deferred:
+    """One lock waiting for the end of the outer transactions of its calls."""
+
+    def __init__(self, lock: Lock, key: Key) -> None:
+        self.lock = lock
+        self.key = key
+        self.ended = False
+        self.lost = False
+        self._pending = _pending()
+        self._thread = threading.get_ident()
+        # Serialises the watchdog thread's ``lose`` with the owner's ``_end``.
+        self._mutex = threading.Lock()
+        self._open: dict[str, _Watch] = {}
+        self._marked: set[str] = set()  # aliases whose rollback flag ``lose`` set
+
+    @classmethod
+    def start(cls, lock: Lock, key: Key, aliases: Iterable[str]) -> Deferred:
+        deferred = cls(lock, key)
+        deferred._pending[key] = deferred
+        deferred.cover(aliases)
+        renewal.watchdog.add(_Guard(deferred), 0.0)
+        return deferred
+
+    def cover(self, aliases: Iterable[str]) -> None:
+        """Wait for the transaction open on each alias as well."""
+        for alias in aliases:
+            if alias in self._open:
+                continue
+            conn = connections[alias]
+            hook = _Hook(self._ender(alias))
+            self._open[alias] = _Watch(conn, hook)
+            # First in the list, so outermost; and not last, where the
+            # ``execute_wrapper()`` block the call may run in pops its own.
+            conn.execute_wrappers.insert(0, self._check)
+            # robust: a failure here must not keep other hooks from running.
+            conn.on_commit(hook, robust=True)
+
+    def _ender(self, alias: str) -> Callable[[], None]:
+        # Refers to self, never to the hook: see _Hook.
+        def end() -> None:
+            # Never raise: a finaliser's exception goes nowhere useful, and
+            # Django's report of a failed robust hook needs a __qualname__.
+            try:
+                self._end(alias)
+            except Exception:
+                log_release.exception("could not release %r at its transaction's end", self.key[1])
+
+        return end
+
+    def check(self) -> None:
+        """Raise ``LockLost`` (and mark the transactions) if the lock is lost."""
+        if self.lost or self.lock.lost or not self.lock.held:
+            self.lose()
+            raise _lost_in_transaction(self.lock)
+
+    def alive(self) -> bool:
+        """Whether a transaction it waits for is still open."""
+        return any(watch.open() for watch in list(self._open.values()))
+
+    # -- loss -----------------------------------------------------------------------
+    def lose(self) -> None:
+        """Mark every transaction still open for rollback. Any thread may call it."""
+        with self._mutex:
+            if self.ended or self.lost:
+                return
+            self.lost = True
+            for alias, watch in self._open.items():
+                if watch.open():
+                    # Read by the owner's thread at its next statement or at
+                    # the end of its outermost atomic block: a plain flag.
+                    watch.conn.needs_rollback = True
+                    self._marked.add(alias)
+        log_lost.warning(
+            "lock %r was lost before the transaction on %s committed; that transaction "
+            "is marked for rollback",
+            self.lock.name,
+            ", ".join(sorted(self._marked)) or "(none open)",
+        )
+
+    def _check(
+        self, execute: Callable[..., Any], sql: Any, params: Any, many: bool,
+        context: dict[str, Any],
+    ) -> Any:
+        """An execute wrapper: no statement runs in a doomed transaction."""
+        if self.ended or not (self.lost or self.lock.lost or not self.lock.held):
+            return execute(sql, params, many, context)
+        conn = context["connection"]
+        if not any(w.conn is conn and w.open() for w in list(self._open.values())):
+            # A statement after the end (another on_commit hook) or in a
+            # later transaction: not ours to judge.
+            return execute(sql, params, many, context)
+        self.lose()
+        # Again: an inner atomic block leaving clears the flag first, to roll
+        # back only its savepoint; this keeps the whole transaction doomed.
+        conn.needs_rollback = True
+        raise _lost_in_transaction(self.lock)
+
+    # -- the end ------------------------------------------------------------------
+    def _end(self, alias: str) -> None:
+        """The transaction on ``alias`` committed, rolled back, or lost its connection."""
+        with self._mutex:
+            watch = self._open.pop(alias, None)
+            if watch is None:
+                return
+            self._unwatch(watch.conn)
+            if alias in self._marked and not watch.conn.in_atomic_block:
+                # ``lose`` raced the commit: its flag must not outlive the
+                # transaction, or the connection's next query would refuse to run.
+                watch.conn.needs_rollback = False
+            if self._open:
+                return
+            self.ended = True
+        if self._pending.get(self.key) is self:
+            del self._pending[self.key]
+        self.finish()
+
+    def _unwatch(self, conn: BaseDatabaseWrapper) -> None:
+        with contextlib.suppress(ValueError):
+            conn.execute_wrappers.remove(self._check)
+
+    def finish(self) -> None:
+        """Let the lock go now."""
+        with self._mutex:
+            self.ended = True
+            still_open = [watch.conn for watch in self._open.values()]
+        for conn in still_open:
+            self._unwatch(conn)
+        if self.lock.token is None:
+            return
+        if threading.get_ident() != self._thread:
+            # Finalised elsewhere (a garbage collection in another thread):
+            # only the owner may release. Stop renewing; the lease runs out.
+            renewal.watchdog.discard(self.lock)
+            log_release.warning(
+                "could not release %r from another thread; its lease will expire",
+                self.lock.name,
+            )
+            return
+        _release(self.lock, quiet=True)
+
+
+def adopt(key: Key) -> Deferred | None:
+    """This thread's deferred lock ``key``, if a transaction it waits for is open."""
+    deferred = _pending().get(key)
+    if deferred is None:
+        return None
+    if not deferred.alive():
+        # Its transactions are over, but their hooks were not let go yet (a
+        # failed on_commit hook's traceback still holds them): release now.
+        del _pending()[key]
+        deferred.finish()
+        return None
+    return deferred

@@ -1,0 +1,143 @@
+"""Lock names from a call's arguments: a ``str.format`` template or a callable.
+
+A template is checked when the decorator is applied: its placeholders must
+name parameters of the decorated callable (or may arrive in its ``**kwargs``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import string
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_formatter = string.Formatter()
+_ROOT = re.compile(r"[^.\[]*")
+
+
+def _template_fields(template: str) -> Iterator[str]:
+    for _literal, field, spec, _conversion in _formatter.parse(template):
+        if field is None:
+            continue
+        yield field
+        if spec:
+            # "{amount:{width}}": nested fields are arguments too.
+            yield from _template_fields(spec)
+
+
+def _parse_template(template: str) -> list[str]:
+    """The root names a template uses, checked for syntax; raises ValueError."""
+    try:
+        fields = list(_template_fields(template))
+    except ValueError as exc:
+        raise ValueError(
+            f"redis_locked(): lock key {template!r} is not a valid str.format template "
+            f"({exc}); write placeholders as {{name}} and double literal braces ({{{{ }}}})"
+        ) from None
+    roots = []
+    for field in fields:
+        match = _ROOT.match(field)
+        root = match.group() if match else ""
+        if not root or root.isdigit():
+            raise ValueError(
+                f"redis_locked(): lock key {template!r} has a positional placeholder "
+                f"{{{field}}}; name the parameter instead, as in 'purchase:{{product_id}}'"
+            )
+        roots.append(root)
+    return roots
+
+
+def _describe(func: Callable[..., Any]) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+
+
+class _Namer:
+    """Computes the lock name of one call of one callable."""
+
+    def __init__(self, key: str | Callable[..., Any], func: Callable[..., Any]) -> None:
+        self.key = key
+        self.where = _describe(func)
+        self.extra: dict[str, Any] = {}
+        target = func
+        if isinstance(func, functools.partial) and inspect.ismethod(func.func):
+            # method_decorator hands decorators a partial of the bound method:
+            # it is called without self, but self is still worth naming.
+            target = func.func
+            self.extra["self"] = func.func.__self__
+        self.signature: inspect.Signature | None = None
+        self.var_keyword: str | None = None
+        if not isinstance(key, str):
+            return
+        roots = _parse_template(key)
+        if not roots:
+            return  # a constant name: nothing to bind
+        try:
+            self.signature = inspect.signature(target)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"redis_locked(): cannot read the signature of {self.where} ({exc}); "
+                "pass a callable key instead of a template"
+            ) from None
+        params = self.signature.parameters
+        for param in params.values():
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                self.var_keyword = param.name
+        known = set(params) | set(self.extra)
+        for root in roots:
+            if root in known or self.var_keyword is not None:
+                # With **kwargs, a name may arrive there (URL kwargs in dispatch).
+                continue
+            raise ValueError(
+                f"redis_locked(): lock key {key!r} uses {{{root}}}, which is not a "
+                f"parameter of {self.where}{self.signature}; use one of "
+                f"{', '.join(sorted(known)) or '(none)'}, or pass a callable key"
+            )
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        key = self.key
+        if not isinstance(key, str):
+            name = key(*args, **kwargs)
+            if not isinstance(name, str) or not name:
+                raise TypeError(
+                    f"the lock key callable of {self.where} returned {name!r}; "
+                    "it must return a non-empty str"
+                )
+            return name
+        if self.signature is None:
+            return key.format()
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = dict(bound.arguments)
+        if self.var_keyword is not None:
+            for k, v in values.get(self.var_keyword, {}).items():
+                values.setdefault(k, v)
+        values.update(self.extra)
+        try:
+            return _formatter.vformat(key, (), values)
+        except KeyError as exc:
+            raise TypeError(
+                f"lock key {key!r} of {self.where} needs {{{exc.args[0]}}}, but this call "
+                f"has no such argument (only {', '.join(sorted(values))})"
+            ) from None
+
+
+# Decorators applied through method_decorator are applied again on every call:
+# keep the checked template per underlying function.
+_namers: weakref.WeakKeyDictionary[Any, dict[Any, _Namer]] = weakref.WeakKeyDictionary()
+
+
+def _namer_for(key: str | Callable[..., Any], func: Callable[..., Any]) -> _Namer:
+    if not (isinstance(func, functools.partial) and inspect.ismethod(func.func)):
+        return _Namer(key, func)
+    per_method = _namers.setdefault(func.func.__func__, {})
+    checked = per_method.get(key)
+    if checked is None:
+        checked = per_method[key] = _Namer(key, func)
+    # A copy per call: ``extra`` holds this call's ``self``.
+    namer = object.__new__(_Namer)
+    namer.__dict__.update(checked.__dict__)
+    namer.extra = {"self": func.func.__self__}
+    return namer

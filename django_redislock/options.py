@@ -1,0 +1,140 @@
+"""What ``redis_locked`` accepts: its arguments, checked once, and its targets."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+from .conf import conf
+from .core.base import check_seconds
+from .naming import _describe, _parse_template
+
+_ON_BUSY_CHOICES = (None, "raise", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    timeout: float | None
+    wait: float | None
+    renew: bool | None
+    renew_max: float | None
+    on_busy: Any
+    fail_open: bool | None
+    alias: str | None
+    label: str | None
+
+    def lock_kwargs(self, label: str) -> dict[str, Any]:
+        return {
+            "timeout": self.timeout,
+            "wait": self.wait,
+            "renew": self.renew,
+            "renew_max": self.renew_max,
+            "label": self.label if self.label is not None else label,
+            "alias": self.alias,
+        }
+
+    @property
+    def cache_alias(self) -> str:
+        return self.alias or conf.CACHE
+
+    @property
+    def failing_open(self) -> bool:
+        return conf.FAIL_OPEN if self.fail_open is None else self.fail_open
+
+
+def _optional_seconds(what: str, value: object, *, allow_zero: bool) -> float | None:
+    if value is None:
+        return None
+    try:
+        return check_seconds(what, value, allow_zero=allow_zero)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"redis_locked(): {exc}") from None
+
+
+def _optional_bool(what: str, value: object) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"redis_locked(): {what} must be True, False or None, not {value!r}")
+    return value
+
+
+def _check_key(key: object) -> None:
+    if isinstance(key, str):
+        if not key:
+            raise ValueError(
+                "redis_locked(): the lock key is empty; give a name such as 'purchase:{product_id}'"
+            )
+        _parse_template(key)
+    elif not callable(key):
+        raise TypeError(
+            "redis_locked(): key must be a str.format template such as 'purchase:{product_id}' "
+            f"or a callable returning the lock name; got {key!r}"
+        )
+
+
+def _options(
+    timeout: object,
+    wait: object,
+    renew: object,
+    renew_max: object,
+    on_busy: object,
+    fail_open: object,
+    alias: object,
+    label: object,
+) -> _Options:
+    if on_busy not in _ON_BUSY_CHOICES and not callable(on_busy):
+        raise ValueError(
+            f"redis_locked(): on_busy must be None, 'raise', 'skip' or a callable; got {on_busy!r}"
+        )
+    if alias is not None and (not isinstance(alias, str) or not alias):
+        raise TypeError(f"redis_locked(): alias must name a CACHES entry, not {alias!r}")
+    if label is not None and not isinstance(label, str):
+        raise TypeError(f"redis_locked(): label must be a str, not {label!r}")
+    return _Options(
+        timeout=_optional_seconds("timeout", timeout, allow_zero=False),
+        wait=_optional_seconds("wait", wait, allow_zero=True),
+        renew=_optional_bool("renew", renew),
+        renew_max=_optional_seconds("renew_max", renew_max, allow_zero=False),
+        on_busy=on_busy,
+        fail_open=_optional_bool("fail_open", fail_open),
+        alias=alias,
+        label=label,
+    )
+
+
+def _django_task(obj: object) -> Any:
+    """``obj`` if it is a task of ``django.tasks`` (Django 6) or the ``django_tasks`` backport."""
+    if isinstance(obj, type) or not dataclasses.is_dataclass(obj):
+        return None
+    for cls in inspect.getmro(type(obj)):
+        module = cls.__module__
+        if cls.__name__ == "Task" and (
+            module.startswith("django.tasks") or module.startswith("django_tasks")
+        ):
+            return obj
+    return None
+
+
+def _check_target(func: object) -> None:
+    if isinstance(func, type):
+        raise TypeError(
+            f"redis_locked() cannot decorate the class {func.__qualname__}: decorate its "
+            "dispatch() (or a handler method such as post()) instead"
+        )
+    if isinstance(func, (classmethod, staticmethod)):
+        raise TypeError(
+            f"redis_locked() must go below @{type(func).__name__}: put @{type(func).__name__} "
+            "on top, so that redis_locked wraps the function itself"
+        )
+    if hasattr(func, "apply_async") and hasattr(func, "run"):
+        raise TypeError(
+            "redis_locked() must go below @app.task (Celery), so that it wraps the function "
+            "the worker runs: put @redis_locked(...) under @app.task"
+        )
+    if not callable(func):
+        raise TypeError(f"redis_locked() can only decorate a callable, not {func!r}")
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"redis_locked() cannot decorate the generator {_describe(func)}: the lock would "
+            "be released before the generator runs; lock inside it with redis_lock()"
+        )

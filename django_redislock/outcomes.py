@@ -1,0 +1,89 @@
+"""How a call ends when it does not simply run: busy, Redis unavailable, lost, released."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .conf import conf
+from .core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
+from .core.lock import Lock
+from .core.lock_async import AsyncLock
+from .http import error_response
+from .options import _Options
+from .signals import send_unavailable
+
+log_unavailable = logging.getLogger("django_redislock.unavailable")
+log_release = logging.getLogger("django_redislock.release")
+log_busy = logging.getLogger("django_redislock.busy")
+
+# Redis down says nothing about when it will be back: ask clients to pause a
+# little rather than retry at once and pile onto a recovering server.
+UNAVAILABLE_RETRY_AFTER = 5.0
+
+def _busy(
+    opts: _Options, request: Any, name: str, retry_after: float | None,
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> Any:
+    if opts.on_busy == "skip":
+        log_busy.info("skipped %r: lock busy", name)
+        return None
+    if callable(opts.on_busy):
+        return opts.on_busy(*args, **kwargs)
+    if request is not None and opts.on_busy is None:
+        return error_response(
+            request, status=conf.BUSY_STATUS, retry_after=retry_after, reason="busy",
+            name=name, handler=conf.BUSY_RESPONSE,
+        )
+    raise LockNotAcquired(name, retry_after=retry_after)
+
+
+def _unavailable(
+    opts: _Options, request: Any, name: str, exc: RedisUnavailable, sender: type
+) -> Any:
+    """Fail closed: a response for a view, else the exception."""
+    log_unavailable.warning("Redis unavailable for lock %r, not running the call: %s", name, exc)
+    send_unavailable(sender, name=name, error=exc, fail_open=False)
+    if request is not None and opts.on_busy != "raise":
+        return error_response(
+            request, status=503, retry_after=UNAVAILABLE_RETRY_AFTER, reason="unavailable",
+            name=name, handler=conf.UNAVAILABLE_RESPONSE,
+        )
+    raise exc
+
+
+def _fail_open(name: str, exc: RedisUnavailable, sender: type) -> None:
+    log_unavailable.warning("Redis unavailable for lock %r, running unlocked: %s", name, exc)
+    send_unavailable(sender, name=name, error=exc, fail_open=True)
+
+
+def _lost_response(request: Any, name: str) -> Any:
+    return error_response(
+        request, status=503, retry_after=1, reason="unavailable", name=name,
+        handler=conf.UNAVAILABLE_RESPONSE,
+    )
+
+
+def _release(lock: Lock, *, quiet: bool) -> None:
+    if lock.token is None:
+        return
+    try:
+        lock.release()
+    except LockLost:
+        # lock_lost was sent and logged already; a view's response stands.
+        if not quiet:
+            raise
+    except RedisUnavailable as exc:
+        log_release.warning("could not release %r (%s); its lease will expire", lock.name, exc)
+
+
+async def _arelease(lock: AsyncLock, *, quiet: bool) -> None:
+    if lock.token is None:
+        return
+    try:
+        await lock.release()
+    except LockLost:
+        if not quiet:
+            raise
+    except RedisUnavailable as exc:
+        log_release.warning("could not release %r (%s); its lease will expire", lock.name, exc)
