@@ -7,13 +7,13 @@ the system checks (``checks.py``) without touching the network.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
 
+from .core.base import is_seconds
 from .core.keys import validate_prefix
 
 __all__ = ["DEFAULTS", "Problem", "conf", "problems"]
@@ -162,12 +162,6 @@ class Problem:
     hint: str
 
 
-def _is_seconds(value: object, *, allow_zero: bool) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
-
-
 def _is_callable_or_path(value: object) -> bool:
     return value is None or callable(value) or (isinstance(value, str) and "." in value)
 
@@ -205,7 +199,7 @@ def problems() -> list[Problem]:
         ("PERMIT_TIMEOUT", False),
         ("REPLICAS_TIMEOUT", False),
     ):
-        if not _is_seconds(value(key), allow_zero=allow_zero):
+        if not is_seconds(value(key), allow_zero=allow_zero):
             bound = "0 or more" if allow_zero else "more than 0"
             found.append(
                 Problem(
@@ -215,7 +209,7 @@ def problems() -> list[Problem]:
                     f"Set REDISLOCK[{key!r}] to a number such as {DEFAULTS[key]!r}.",
                 )
             )
-    if value("RENEW_MAX") is not None and not _is_seconds(value("RENEW_MAX"), allow_zero=False):
+    if value("RENEW_MAX") is not None and not is_seconds(value("RENEW_MAX"), allow_zero=False):
         found.append(
             Problem(
                 "django_redislock.E003",
@@ -299,8 +293,8 @@ def problems() -> list[Problem]:
             )
     if (
         value("SOCKET_TIMEOUT") is not None
-        and _is_seconds(value("TIMEOUT"), allow_zero=False)
-        and _is_seconds(value("SOCKET_TIMEOUT"), allow_zero=False)
+        and is_seconds(value("TIMEOUT"), allow_zero=False)
+        and is_seconds(value("SOCKET_TIMEOUT"), allow_zero=False)
         and value("SOCKET_TIMEOUT") * 3 > value("TIMEOUT")
     ):
         found.append(

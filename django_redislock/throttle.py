@@ -11,7 +11,6 @@ at request time with a logged error, never turned into a 500.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from django.utils.module_loading import import_string
 
 from .checks import register_problems
 from .conf import Problem, conf
+from .core.base import is_seconds
 from .core.semaphore import check_limit
 
 __all__ = ["PER_CHOICES", "Rule", "current_rules", "make_rule", "matching_rules", "rule_problems"]
@@ -67,12 +67,6 @@ class Rule:
     @property
     def needs_resolve(self) -> bool:
         return self.url_names is not None
-
-
-def _seconds(value: object, *, allow_zero: bool) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
 
 
 def _strings(value: object) -> list[str] | None:
@@ -144,11 +138,11 @@ def make_rule(
         bad(25, f"'limit' must be a whole number of permits, 1 or more; got {limit!r}.",
             "Set 'limit' to how many requests may run at once, e.g. 'limit': 2.")
     wait = spec.get("wait", 0)
-    if not _seconds(wait, allow_zero=True):
+    if not is_seconds(wait, allow_zero=True):
         bad(26, f"'wait' must be a finite number of seconds, 0 or more; got {wait!r}.",
             "Set 'wait' to how long a request may queue for a permit, e.g. 'wait': 0.5.")
     timeout = spec.get("timeout")
-    if timeout is not None and not _seconds(timeout, allow_zero=False):
+    if timeout is not None and not is_seconds(timeout, allow_zero=False):
         bad(27, f"'timeout' must be a number of seconds, more than 0; got {timeout!r}.",
             "Set 'timeout' to the longest a request may hold its permit, or remove it to use "
             "REDISLOCK['PERMIT_TIMEOUT'].")
@@ -171,7 +165,7 @@ def make_rule(
         else:
             url_names = frozenset(items)
     retry_after = spec.get("retry_after")
-    if retry_after is not None and not _seconds(retry_after, allow_zero=False):
+    if retry_after is not None and not is_seconds(retry_after, allow_zero=False):
         bad(30, f"'retry_after' must be a number of seconds, more than 0; got {retry_after!r}.",
             "Set 'retry_after' to the Retry-After a throttled client gets, or remove it.")
     if found:

@@ -22,6 +22,7 @@ __all__ = [
     "LockBase",
     "Observer",
     "check_seconds",
+    "is_seconds",
     "same_token",
 ]
 
@@ -62,15 +63,22 @@ def same_token(current: bytes | str | None, token: str) -> bool:
     return (current.decode() if isinstance(current, bytes) else current) == token
 
 
+def is_seconds(value: object, *, allow_zero: bool) -> bool:
+    """Whether ``value`` is a finite number of seconds, more than 0 (or 0 when
+    ``allow_zero``): the one test every duration setting and argument passes."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
+
+
 def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
     """Validate a duration argument, with an error that names the fix."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {value!r}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+    if not is_seconds(value, allow_zero=allow_zero):
         bound = "0 or more" if allow_zero else "more than 0"
         raise ValueError(f"{what} must be a finite number of seconds, {bound}; got {value!r}")
-    return seconds
+    return float(value)
 
 
 @cache
