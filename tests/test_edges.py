@@ -312,3 +312,38 @@ def test_a_lease_found_already_handed_keeps_its_state_alive(r: redis.Redis) -> N
     assert r.pttl(holder.keys.state) >= r.pttl(holder.keys.lease) > 30_000
     assert scripts.run(r, scripts.RELEASE, waiter._key_tuple, (token,)) == 1
     audit_keyspace(r)
+
+
+def test_a_waiter_queued_by_the_previous_version_is_still_handed_the_lease(
+    r: redis.Redis,
+) -> None:
+    # During a rolling upgrade a waiter of the previous version may be queued
+    # (its entry has no round): it is handed the lease with the message that
+    # version understands, "<token>:<fence>".
+    plant_sentinel(r)
+    holder = Lock(r, "upgrade", ttl=5, wait=0)
+    assert holder.acquire()
+    token = "00112233445566778899aabbccddeeff"
+    channel = b"redislock:P:test-upgrade"
+    pubsub = r.pubsub()
+    pubsub.subscribe(channel)
+    try:
+        assert wait_until(lambda: pubsub.get_message(timeout=0.1) is not None, timeout=5)
+        deadline = int(r.time()[0]) * 1000 + 60_000
+        owner = '{"host":"h","pid":1,"thread":"t","label":"old"}'
+        r.rpush(holder.keys.queue, token)
+        r.hset(
+            holder.keys.state,
+            mapping={token: f"{deadline}|p{channel.decode()}|5000|{owner}", "q": "1"},
+        )
+        holder.release()
+        message = wait_until(lambda: pubsub.get_message(timeout=0.1), timeout=5)
+        assert message["type"] == "message"
+        handed_token, _, fence = message["data"].decode().partition(":")
+        assert handed_token == token and fence.isdigit()
+        assert r.hget(holder.keys.lease, "t") == token.encode()
+        assert r.hget(holder.keys.lease, "o") == owner.encode()
+    finally:
+        pubsub.close()
+    assert scripts.run(r, scripts.RELEASE, holder._key_tuple, (token,)) == 1
+    audit_keyspace(r)

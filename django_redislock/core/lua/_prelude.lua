@@ -140,10 +140,23 @@ local function contended()
           local mode = string.sub(info, s1 + 1, s1 + 1)
           local channel = string.sub(info, s1 + 2, s2 - 1)
           local ttl = string.sub(info, s2 + 1, s3 - 1)
+          -- An entry written before attempts were numbered has the owner
+          -- (JSON, never digits) where the round is: it is woken as before,
+          -- with no round, and looks again.
+          local round = s4 and string.sub(info, s3 + 1, s4 - 1)
+          local owner
+          if round and string.find(round, '^%d+$') then
+            owner = string.sub(info, s4 + 1)
+          else
+            round = nil
+            owner = string.sub(info, s3 + 1)
+          end
           local st = redis.call('HMGET', state, 'f', 'n')
-          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '',
-            string.sub(info, s4 + 1), st[1], true)
-          local message = head .. ':' .. fence .. ':' .. string.sub(info, s3 + 1, s4 - 1)
+          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], true)
+          local message = head .. ':' .. fence
+          if round then
+            message = message .. ':' .. round
+          end
           local heard = 1
           if mode == 'p' then
             heard = redis.call('PUBLISH', channel, message)
