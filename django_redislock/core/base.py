@@ -206,7 +206,9 @@ class LockBase:
         return max(0.0, self._valid_until - time.monotonic())
 
     def _new_token(self) -> str:
-        return secrets.token_hex(16)
+        # 64 random bits: no two acquisitions of one name ever share one, and
+        # a short token keeps the state's memory of recent ones compact.
+        return secrets.token_hex(8)
 
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         self.token = token

@@ -7,7 +7,8 @@
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
 --                      n=lock name,
 --                      d=the last RECENT tokens released or given back,
---                        newest first, space-separated (at most 527 bytes),
+--                        newest first, space-separated (tokens are 16 hex
+--                        digits, so a match cannot straddle a separator)
 --                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<round>|<owner>
 --                      for each waiter
 -- A token is in the queue exactly when the state hash has a field for it.
@@ -29,26 +30,16 @@ local KEEP = @STATE_KEEP_MS@
 -- How many released or given-back tokens `d` remembers: a release retried
 -- after its reply was lost reports success while its token is among them,
 -- and an acquire that arrives after its caller gave it back grants nothing.
--- Both come within moments of the first call; 16 covers far more handoffs
--- than one name sees in that time.
-local RECENT = 16
+-- Both come within moments of the first call, in which a name sees few
+-- handoffs; more entries would push the state out of Redis's compact
+-- encoding (values up to 64 bytes) and make every lock script dearer.
+local RECENT = 3
 local clock, now_ms
-
--- Whether `token` is among the recent tokens `d` (the field's value or false).
--- Tokens are 32 hex digits, so a match cannot straddle a separator.
-local function recent(token, d)
-  return d and string.find(d, token, 1, true) ~= nil
-end
-
--- Add `token` in front of the recent tokens `d`, dropping the oldest.
-local function remember(token, d)
-  if d then
-    token = token .. ' ' .. string.sub(d, 1, (RECENT - 1) * 33 - 1)
-  end
-  redis.call('HSET', state, 'd', token)
-end
 local issued -- the last fence this run issued: the clock is read only once
 local slow   -- the contended paths' helpers, once contended() made them
+
+-- `d` keeps at most this much of its former value when a token is added.
+local RECENT_KEPT = (RECENT - 1) * 17 - 1
 
 -- Write a lease for `token` and return its fence, as text. Fences follow the
 -- server clock in microseconds and exceed the last one issued (`last`), so

@@ -16,7 +16,7 @@
 
 local token = ARGV[1]
 local st = redis.call('HMGET', state, 'q', 'f', 'd')
-if recent(token, st[3]) then
+if st[3] and string.find(st[3], token, 1, true) then
   -- Its caller gave this acquisition up already (a reply that never came,
   -- then a give-back that ran first): grant and queue nothing.
   return 0

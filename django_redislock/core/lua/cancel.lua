@@ -6,7 +6,7 @@
 -- Returns 1 when a lease was passed on, 0 otherwise.
 local token = ARGV[1]
 local st = redis.call('HMGET', state, 'd', 'q')
-remember(token, st[1])
+redis.call('HSET', state, 'd', st[1] and token .. ' ' .. string.sub(st[1], 1, RECENT_KEPT) or token)
 -- The state may not have existed: it must not be left without a TTL.
 contended().bump_ttl(state, KEEP)
 if redis.call('HGET', lease, 't') == token then

@@ -8,14 +8,14 @@ local token = ARGV[1]
 local holder = redis.call('HGET', lease, 't')
 local st = redis.call('HMGET', state, 'd', 'q')
 if holder ~= token then
-  if recent(token, st[1]) then
+  if st[1] and string.find(st[1], token, 1, true) then
     return 1
   end
   return 0
 end
 redis.call('DEL', lease)
 -- The lease existed, so the state does, with a TTL (see the prelude).
-remember(token, st[1])
+redis.call('HSET', state, 'd', st[1] and token .. ' ' .. string.sub(st[1], 1, RECENT_KEPT) or token)
 if st[2] then
   contended().hand_off(false)
 end
