@@ -26,6 +26,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.retry
 import redis.backoff
+import redis.retry
 
 from django_redislock.core.aio import AsyncLock
 from django_redislock.core.exceptions import (
@@ -36,7 +37,15 @@ from django_redislock.core.exceptions import (
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
 
-from .harness import Bound, ServerPool, Worker, bounded_client, call_bound, wait_until
+from .harness import (
+    Bound,
+    ServerPool,
+    Worker,
+    bounded_async_client,
+    bounded_client,
+    call_bound,
+    wait_until,
+)
 from .oracles import FenceTable, KeyspaceAudit, SharedOracles
 from .worker import contend
 
@@ -487,11 +496,7 @@ async def _renew_async(
     on_lost: Any, seen: dict[str, float],
 ) -> tuple[float, int]:
     flagged = asyncio.Event()
-    client = redis.asyncio.Redis.from_url(
-        proxy.url, socket_timeout=0.2, socket_connect_timeout=0.2,
-        retry=redis.asyncio.retry.Retry(redis.backoff.ExponentialBackoff(cap=0.1, base=0.01), 1),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-    )
+    client = bounded_async_client(proxy.url, timeout=0.2)
 
     def report(lock: Any) -> None:
         on_lost(lock)
@@ -516,15 +521,36 @@ async def _renew_async(
 
 
 # -- 8. the connection misbehaves but Redis is fine -----------------------------------
+def _retrying_client(url: str) -> redis.Redis:
+    """A client that retries timeouts too, as redis-py's default policy does (and
+    a caller's own client may): a lost reply makes it send the script again."""
+    return redis.Redis.from_url(
+        url, socket_timeout=0.5, socket_connect_timeout=0.5,
+        retry=redis.retry.Retry(redis.backoff.ExponentialBackoff(cap=0.1, base=0.01), 1),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    )
+
+
 def flaky_connection(pool: ServerPool, rng: random.Random, repeats: int) -> dict[str, Any]:
-    """Frames split into tiny chunks, connections reset, a reply dropped."""
+    """Frames split into tiny chunks, connections reset, a reply dropped.
+
+    A dropped reply is tried with the library's own client (which does not
+    retry a timeout) and with a client that does. Either way the caller is
+    told the truth: an acquire either holds or leaves nothing behind, and a
+    release whose reply was lost never reports a false ``LockLost``.
+    """
     server = pool.server()
     admin = server.admin()
     AUDIT.plant(admin)
     proxy = pool.proxy(server)
-    client = bounded_client(proxy.url, timeout=0.5)
-    out: dict[str, Any] = {"split_ok": 0, "reset_ok": 0, "dropped_acquire_ok": 0,
-                           "dropped_release": []}
+    clients = {"library": bounded_client(proxy.url, timeout=0.5),
+               "retrying": _retrying_client(proxy.url)}
+    client = clients["library"]
+    out: dict[str, Any] = {"split_ok": 0, "reset_ok": 0}
+    for kind in clients:
+        out[f"dropped_acquire_{kind}"] = []
+        out[f"dropped_release_{kind}"] = []
+    out["left_behind"] = 0
     for n in range(repeats):
         with proxy.fault(split=rng.choice([1, 2, 3, 7])):
             lock = Lock(client, f"split:{n}", ttl=5)
@@ -538,27 +564,40 @@ def flaky_connection(pool: ServerPool, rng: random.Random, repeats: int) -> dict
         lock.extend()  # one retry on a new connection
         lock.release()
         out["reset_ok"] += 1
-        # The acquire ran but its reply was lost: the retry finds the lease
-        # already under its token and takes it.
-        lock = Lock(client, f"drop-acquire:{n}", ttl=5, wait=0)
-        proxy.drop_replies = 1
-        assert lock.acquire()
-        proxy.heal()
-        lock.release()
-        out["dropped_acquire_ok"] += 1
-        # The release ran but its reply was lost: the retry finds no lease.
-        lock = Lock(client, f"drop-release:{n}", ttl=5, wait=0)
-        assert lock.acquire()
-        proxy.drop_replies = 1
-        try:
-            lock.release()
-            outcome = "released"
-        except LockLost:
-            outcome = "LockLost"
-        proxy.heal()
-        out["dropped_release"].append(outcome)
-        assert not admin.exists(KS.lock(f"drop-release:{n}").lease)
-    client.close()
+        for kind, dropping in clients.items():
+            # The acquire ran but its reply was lost.
+            name = f"drop-acquire:{kind}:{n}"
+            lock = Lock(dropping, name, ttl=5, wait=0)
+            proxy.drop_replies = 1
+            try:
+                outcome = "acquired" if lock.acquire() else "busy"
+            except RedisUnavailable:
+                outcome = "unavailable"
+            proxy.heal()
+            if outcome == "acquired":
+                assert lock.owned()
+                lock.release()
+            else:
+                # Not acquired: nothing may be left granted to nobody.
+                out["left_behind"] += bool(admin.exists(KS.lock(name).lease))
+            out[f"dropped_acquire_{kind}"].append(outcome)
+            # The release ran but its reply was lost.
+            name = f"drop-release:{kind}:{n}"
+            lock = Lock(dropping, name, ttl=5, wait=0)
+            assert lock.acquire()
+            proxy.drop_replies = 1
+            try:
+                lock.release()
+                outcome = "released"
+            except LockLost:
+                outcome = "LockLost"
+            except RedisUnavailable:
+                outcome = "unavailable"
+            proxy.heal()
+            out[f"dropped_release_{kind}"].append(outcome)
+            assert not admin.exists(KS.lock(name).lease)
+    for c in clients.values():
+        c.close()
     out["audit"] = _audit(admin)
     return out
 
@@ -573,7 +612,7 @@ async def _cancel_points(
     process holds the lock, so the acquire queues and waits), up to ``limit``.
     After each, no lease of ours and no queue entry may be left.
     """
-    client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    client = bounded_async_client(url, timeout=2)
     name = f"cancel:{'contended' if contended else 'free'}"
     holder = Lock(bounded_client(url), name, ttl=60)
     if contended:
@@ -898,7 +937,7 @@ def _live_permits(admin: redis.Redis, name: str) -> int:
 async def _cancel_permit_points(url: str, admin: redis.Redis, limit: int) -> dict[str, int]:
     from django_redislock.core.semaphore_aio import AsyncSemaphore
 
-    client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    client = bounded_async_client(url, timeout=2)
     tried = leaked = 0
     try:
         for contended in (False, True):

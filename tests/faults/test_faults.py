@@ -6,16 +6,18 @@ captured output); ``REDISLOCK_FAULT_SEED=<seed>`` replays one.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import sys
 import time
+from typing import Any
 
 import pytest
 import redis
 
 from . import scenarios
-from .harness import ServerPool, bounded_client, make_rng
+from .harness import ServerPool, bounded_async_client, bounded_client, make_rng
 from .oracles import KeyspaceAudit
 
 pytestmark = pytest.mark.timeout(90)
@@ -52,6 +54,48 @@ def test_proxy_faults_are_real(pool: ServerPool) -> None:
     with proxy.fault(refuse=True), pytest.raises(redis.ConnectionError):
         bounded_client(proxy.url, timeout=0.3).ping()
     client.close()
+
+
+def test_harness_clients_are_the_librarys(pool: ServerPool) -> None:
+    """The scenarios' clients are built as the library builds its own from
+    settings (same timeouts, same retry policy: a timeout is never retried), so
+    the bounds they measure are the ones users get."""
+    from django.test import override_settings
+
+    from django_redislock import connection
+
+    server = pool.server()
+    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url}}
+    keys = ("socket_timeout", "socket_connect_timeout", "retry", "retry_on_error",
+            "decode_responses", "host", "port", "db")
+
+    async def async_kwargs() -> tuple[dict[str, Any], dict[str, Any]]:
+        ours = bounded_async_client(server.url, timeout=0.7, connect_timeout=0.4)
+        theirs = connection.get_async_client()
+        try:
+            return (dict(ours.connection_pool.connection_kwargs),
+                    dict(theirs.connection_pool.connection_kwargs))
+        finally:
+            await ours.aclose()
+
+    with override_settings(
+        CACHES=caches, REDISLOCK={"SOCKET_TIMEOUT": 0.7, "CONNECT_TIMEOUT": 0.4}
+    ):
+        connection.reset()
+        try:
+            theirs = connection.get_client().connection_pool
+            ours = bounded_client(server.url, timeout=0.7, connect_timeout=0.4).connection_pool
+            assert ours.connection_class is theirs.connection_class
+            for key in keys:
+                assert ours.connection_kwargs.get(key) == theirs.connection_kwargs.get(key), key
+            policy = ours.connection_kwargs["retry"]
+            assert policy.get_retries() == 1
+            assert redis.TimeoutError not in policy._supported_errors
+            ours_async, theirs_async = asyncio.run(async_kwargs())
+            for key in keys:
+                assert ours_async.get(key) == theirs_async.get(key), key
+        finally:
+            connection.reset()
 
 
 @pytest.mark.slow
@@ -191,10 +235,15 @@ def test_blackholed_renewal_flags_loss_before_expiry(
 
 def test_flaky_connection(pool: ServerPool, rng: random.Random) -> None:
     result = scenarios.flaky_connection(pool, rng, repeats=2)
-    assert result["split_ok"] == result["reset_ok"] == result["dropped_acquire_ok"] == 2
-    # A release whose reply is lost is retried: the script remembers its own
-    # earlier release and says so (the lock is free: checked in the scenario).
-    assert set(result["dropped_release"]) == {"released"}
+    assert result["split_ok"] == result["reset_ok"] == 2
+    for kind in ("library", "retrying"):
+        # A lost acquire reply: held, or told "unavailable" with nothing left behind.
+        assert set(result[f"dropped_acquire_{kind}"]) <= {"acquired", "unavailable"}, result
+        # A lost release reply: never a false LockLost (the lease is gone: checked
+        # in the scenario). A client that sends it again is told "released":
+        # the script remembers its own earlier release.
+        assert "LockLost" not in result[f"dropped_release_{kind}"], result
+    assert result["left_behind"] == 0
     assert result["audit"] == []
 
 
