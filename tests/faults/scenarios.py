@@ -46,8 +46,8 @@ from .harness import (
     call_bound,
     wait_until,
 )
-from .oracles import FenceTable, KeyspaceAudit, SharedOracles
-from .worker import contend
+from .oracles import FenceTable, FreezeTiming, KeyspaceAudit, SharedOracles, TokenLedger
+from .worker import contend, contend_through_freeze
 
 KS = KeySpace()
 AUDIT = KeyspaceAudit()
@@ -1052,4 +1052,122 @@ def permit_cancellation(pool: ServerPool, *, limit: int = 12) -> dict[str, Any]:
     admin = server.admin()
     result: dict[str, Any] = dict(asyncio.run(_cancel_permit_points(server.url, admin, limit)))
     result["audit"] = _audit(admin, foreign=False)
+    return result
+
+
+# -- 15. Redis frozen past the socket timeout, under contention ----------------------------
+# How long after Redis resumes (or after its attempt ended, if later) a lease
+# granted to nobody may still be seen: a round trip, and a generous margin for
+# the resumed server and the processes giving the lease back to be scheduled.
+ORPHAN_MARGIN = 0.5
+
+
+def frozen_redis(
+    pool: ServerPool,
+    rng: random.Random,
+    *,
+    freezes: int = 3,
+    socket_timeout: float = 0.5,
+    processes: int = 4,
+    names: int = 2,
+    wait: float = 1.0,
+    ttl: float = 5.0,
+    calm: float = 1.5,
+) -> dict[str, Any]:
+    """Processes contend for a few locks, with the library's own clients, while
+    Redis is SIGSTOPped again and again, each time for 2 to 4 socket timeouts
+    (shorter than the lease TTL), then SIGCONTed.
+
+    Judged: every call ends within its bound (``freeze_bound``: the socket
+    timeout plus slack, plus the wait for a waiting acquire); the oracles see no
+    overlap and no lost update; and no lease stays granted to nobody: every
+    lease in Redis belongs to a live attempt (``TokenLedger``), or is gone within
+    ``ORPHAN_MARGIN`` of Redis resuming (or of its attempt ending, if later).
+    """
+    server = pool.server()
+    admin = server.admin()
+    AUDIT.plant(admin)
+    ctx = multiprocessing.get_context("spawn")
+    oracles = SharedOracles(ctx, names)
+    ledger = TokenLedger(ctx, processes)
+    timing = FreezeTiming(ctx, processes)
+    stop = ctx.Event()
+    lock_names = [f"frozen:{i}" for i in range(names)]
+    leases = [KS.lock(n).lease for n in lock_names]
+    seed = rng.randrange(2**32)
+    procs = [
+        ctx.Process(
+            target=contend_through_freeze,
+            args=(server.url, lock_names, oracles, ledger, timing, seed + n, n, stop,
+                  socket_timeout, wait, ttl),
+            daemon=True,
+        )
+        for n in range(processes)
+    ]
+    orphans: dict[bytes, float] = {}
+    resumed = {"at": 0.0}
+    frozen_for: list[float] = []
+    gained: list[int] = []
+
+    def watch(seconds: float, *, until_empty: bool = False) -> None:
+        """Read every lease about every 5 ms; age each one granted to nobody."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            read_at = time.monotonic()
+            pipe = admin.pipeline(transaction=False)
+            for key in leases:
+                pipe.hget(key, "t")
+            tokens = [t for t in pipe.execute() if t is not None]
+            for token in tokens:
+                died = ledger.died_at(token)
+                if died is not None and died < read_at:
+                    age = read_at - max(died, resumed["at"])
+                    orphans[token] = max(orphans.get(token, 0.0), age)
+            if until_empty and not tokens:
+                return
+            time.sleep(0.005)
+
+    for p in procs:
+        p.start()
+    try:
+        wait_until(lambda: sum(oracles.entries) >= 20 * processes, 60,
+                   "the contending processes to start")
+        watch(calm)
+        for _ in range(freezes):
+            length = rng.uniform(2 * socket_timeout, 4 * socket_timeout)
+            with server.paused():
+                time.sleep(length)
+                before = sum(oracles.entries)
+            resumed["at"] = time.monotonic()
+            frozen_for.append(length)
+            watch(calm)
+            gained.append(sum(oracles.entries) - before)  # work resumed with Redis
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(wait + 4 * socket_timeout + 30)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    # Every attempt has ended: whatever lease is left is granted to nobody.
+    watch(ttl + 1, until_empty=True)
+    ages = sorted(orphans.values(), reverse=True)
+    result: dict[str, Any] = dict(oracles.summary())
+    result.update(timing.summary())
+    result.update(
+        processes=processes,
+        locks=names,
+        socket_timeout=socket_timeout,
+        wait=wait,
+        ttl=ttl,
+        frozen_for=frozen_for,
+        acquisitions_after_each=gained,
+        orphans=len(ages),
+        orphan_longest=ages[0] if ages else 0.0,
+        orphan_ages=[round(a, 3) for a in ages[:10]],
+        orphan_margin=ORPHAN_MARGIN,
+        exit_codes=[p.exitcode for p in procs],
+        audit=_audit(admin),
+    )
+    admin.close()
     return result

@@ -18,7 +18,7 @@ import redis
 
 from . import scenarios
 from .harness import ServerPool, bounded_async_client, bounded_client, make_rng
-from .oracles import KeyspaceAudit
+from .oracles import FreezeTiming, KeyspaceAudit, TokenLedger
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -107,6 +107,23 @@ def test_oracles_catch_overlap_without_the_lock(pool: ServerPool) -> None:
     assert result["occupancy"] > 0
     assert result["lost_updates"] > 0
     assert result["fence_order"] > 0
+
+
+def test_token_ledger_tells_live_attempts_from_ended_ones() -> None:
+    """The frozen-Redis oracle relies on it: a token is live until retired."""
+    import multiprocessing
+
+    ledger = TokenLedger(multiprocessing.get_context("spawn"), 2, ring=4)
+    token = ledger.issue(1)
+    assert ledger.parse(token) == (1, 1)
+    assert ledger.died_at(token) is None
+    ledger.retire(1, token)
+    died = ledger.died_at(token.encode())
+    assert died is not None and 0 < died <= time.monotonic()
+    for _ in range(5):
+        ledger.retire(1, ledger.issue(1))
+    assert ledger.died_at(token) == 0.0  # ended long ago, entry reused
+    assert ledger.died_at("f" * 32) is None and ledger.died_at(b"not a ledger token") is None
 
 
 def test_keyspace_audit_catches_problems(pool: ServerPool) -> None:
@@ -314,6 +331,24 @@ def test_redis_down_at_request_time(pool: ServerPool) -> None:
             for path in ("sync", "async"):
                 assert statuses[f"{how} {what} {path}"] == [status], (how, what, path)
     assert result["hangs"] == 0, result["took"]
+
+
+@pytest.mark.timeout(150)
+def test_redis_frozen_past_the_socket_timeout(pool: ServerPool, rng: random.Random) -> None:
+    """Redis SIGSTOPped for 2 to 4 socket timeouts, five times, under contended
+    locked work in four processes, with the library's own clients."""
+    result = scenarios.frozen_redis(pool, rng, freezes=5, calm=1.0)
+    print(f"[faults] frozen: {result}")
+    assert result["exit_codes"] == [0] * result["processes"]
+    # No double holder, no lost update, fences in order.
+    assert (result["occupancy"], result["lost_updates"], result["fence_order"]) == (0, 0, 0)
+    # No call outlived its bound: one socket timeout plus slack (plus the wait).
+    for kind in FreezeTiming.KINDS:
+        assert result[kind]["over_bound"] == 0, (kind, result[kind])
+    # No lease granted to nobody once Redis is back, beyond a round trip and a margin.
+    assert result["orphan_longest"] <= result["orphan_margin"], result["orphan_ages"]
+    assert all(n > 0 for n in result["acquisitions_after_each"]), result
+    assert result["audit"] == []
 
 
 def test_permits_never_over_granted_nor_leaked(pool: ServerPool, rng: random.Random) -> None:
