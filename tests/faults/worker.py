@@ -42,7 +42,9 @@ def _serve(url: str) -> None:
             elif op == "permit":
                 from django_redislock.core.semaphore import Semaphore
 
-                permit = Semaphore(client, cmd["name"], cmd["limit"], ttl=cmd["ttl"], wait=0)
+                permit = Semaphore(
+                    client, cmd["name"], cmd["limit"], ttl=cmd["ttl"], wait=cmd.get("wait", 0)
+                )
                 out["ok"] = permit.acquire()
             elif op == "write":
                 assert lock is not None and lock.fence is not None
