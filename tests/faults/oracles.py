@@ -132,10 +132,12 @@ class TokenLedger:
 
 
 class FreezeTiming:
-    """Per process and kind of call: calls, longest, and calls over their bound."""
+    """Per process and kind of call: calls, longest, and calls over their bound;
+    and each process's slowest calls (kind, duration, start), for diagnosis."""
 
     KINDS = ("acquire", "acquire-wait", "release")
     COUNTS = ("busy", "unavailable", "lost")
+    SLOWEST = 4  # kept per process
 
     def __init__(self, ctx: Any, processes: int) -> None:
         n = processes * len(self.KINDS)
@@ -144,10 +146,18 @@ class FreezeTiming:
         self.longest = ctx.RawArray("d", n)
         self.bound = ctx.RawArray("d", n)
         self.counts = ctx.RawArray("q", processes * len(self.COUNTS))
+        # (kind index, seconds taken, monotonic start) per kept call.
+        self.slow = ctx.RawArray("d", processes * self.SLOWEST * 3)
         self.processes = processes
 
     def record(self, slot: int, kind: str, took: float, bound: float) -> None:
-        i = slot * len(self.KINDS) + self.KINDS.index(kind)
+        k = self.KINDS.index(kind)
+        i = slot * len(self.KINDS) + k
+        base = slot * self.SLOWEST * 3
+        fastest = min(range(self.SLOWEST), key=lambda j: self.slow[base + 3 * j + 1])
+        if took > self.slow[base + 3 * fastest + 1]:
+            at = base + 3 * fastest
+            self.slow[at : at + 3] = [float(k), took, time.monotonic() - took]
         self.calls[i] += 1
         self.bound[i] = bound
         if took > self.longest[i]:
@@ -168,6 +178,12 @@ class FreezeTiming:
                 "longest": max(self.longest[i] for i in idx),
                 "bound": max(self.bound[i] for i in idx),
             }
+        kept = [tuple(self.slow[j : j + 3]) for j in range(0, len(self.slow), 3)]
+        out["slowest"] = [
+            {"kind": self.KINDS[int(k)], "took": took, "started": started}
+            for k, took, started in sorted(kept, key=lambda c: -c[1])
+            if took > 0
+        ][:10]
         for c, what in enumerate(self.COUNTS):
             out[what] = sum(
                 self.counts[p * len(self.COUNTS) + c] for p in range(self.processes)

@@ -275,7 +275,12 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "wait, for a waiting acquire): " + _frozen_calls(fz) + ". Leases left granted to "
         "nobody (their attempt had ended) after Redis resumed: "
         f"{fz.get('orphans')}, the longest seen for {fz.get('orphan_longest', 0):.2f} s "
-        f"(allowed: {fz.get('orphan_margin')} s).",
+        f"(allowed: {fz.get('orphan_margin')} s). Slowest calls: "
+        + "; ".join(
+            f"{c['kind']} {c['took']:.2f} s, started {c['since_freeze']:.2f} s after a "
+            "freeze began" for c in fz.get("slowest", [])[:3]
+            if c.get("since_freeze") is not None
+        ) + ".",
         "",
         "Redis stalled, blackholed, reset, killed",
         f"  Acquire, waiting acquire, extend, owned and release, against each: all "

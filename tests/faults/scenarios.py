@@ -1107,6 +1107,7 @@ def frozen_redis(
     orphans: dict[bytes, float] = {}
     resumed = {"at": 0.0}
     frozen_for: list[float] = []
+    frozen_at: list[float] = []
     gained: list[int] = []
 
     def watch(seconds: float, *, until_empty: bool = False) -> None:
@@ -1135,6 +1136,7 @@ def frozen_redis(
         watch(calm)
         for _ in range(freezes):
             length = rng.uniform(2 * socket_timeout, 4 * socket_timeout)
+            frozen_at.append(time.monotonic())
             with server.paused():
                 time.sleep(length)
                 before = sum(oracles.entries)
@@ -1154,6 +1156,13 @@ def frozen_redis(
     ages = sorted(orphans.values(), reverse=True)
     result: dict[str, Any] = dict(oracles.summary())
     result.update(timing.summary())
+    for call in result["slowest"]:
+        # When the call started, against the start of the last freeze before it
+        # (negative: it started before the first freeze).
+        started = call.pop("started")
+        before = [at for at in frozen_at if at <= started] or frozen_at[:1]
+        call["since_freeze"] = round(started - before[-1], 3) if before else None
+        call["took"] = round(call["took"], 3)
     result.update(
         processes=processes,
         locks=names,
