@@ -277,8 +277,9 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         f"{fz.get('orphans')}, the longest seen for {fz.get('orphan_longest', 0):.2f} s "
         f"(allowed: {fz.get('orphan_margin')} s). Slowest calls: "
         + "; ".join(
-            f"{c['kind']} {c['took']:.2f} s, started {c['since_freeze']:.2f} s after a "
-            "freeze began" for c in fz.get("slowest", [])[:3]
+            f"{c['kind']} {c['took']:.2f} s, started {abs(c['since_freeze']):.3f} s "
+            f"{'after' if c['since_freeze'] >= 0 else 'before'} a freeze began"
+            for c in fz.get("slowest", [])[:3]
             if c.get("since_freeze") is not None
         ) + ".",
         "",

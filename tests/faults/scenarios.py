@@ -1157,11 +1157,11 @@ def frozen_redis(
     result: dict[str, Any] = dict(oracles.summary())
     result.update(timing.summary())
     for call in result["slowest"]:
-        # When the call started, against the start of the last freeze before it
-        # (negative: it started before the first freeze).
+        # When the call started, against the start of the nearest freeze
+        # (negative: before it).
         started = call.pop("started")
-        before = [at for at in frozen_at if at <= started] or frozen_at[:1]
-        call["since_freeze"] = round(started - before[-1], 3) if before else None
+        nearest = min(frozen_at, key=lambda at: abs(started - at), default=None)
+        call["since_freeze"] = None if nearest is None else round(started - nearest, 3)
         call["took"] = round(call["took"], 3)
     result.update(
         processes=processes,
