@@ -97,19 +97,25 @@ def test_a_woken_semaphore_waiter_that_stops_costs_at_most_the_grace(
         stopped.send(json.dumps({"op": "permit", "name": name, "limit": 1, "ttl": 30, "wait": 30}))
         wait_until(lambda: r.llen(queue) == 1, 10, "the first waiter to queue")
         stopped.stop()  # woken later, it cannot claim: as if it died after the wake-up
-        nxt = Semaphore(redis_server.client(socket_timeout=5), name, 1, ttl=30, wait=30)
+        other = redis_server.client(socket_timeout=5)
+        # Its wait ends well before the test does, whatever happens.
+        nxt = Semaphore(other, name, 1, ttl=30, wait=DEFAULT_GRACE + 8)
 
         def second() -> None:
-            if nxt.acquire():
-                got["at"] = time.monotonic()
-                nxt.release()
+            try:
+                if nxt.acquire():
+                    got["at"] = time.monotonic()
+                    nxt.release()
+            finally:
+                other.close()
 
         thread = threading.Thread(target=second, daemon=True)
         thread.start()
         wait_until(lambda: r.llen(queue) == 2, 10, "the second waiter to queue")
         released = time.monotonic()
         holder.release()
-        thread.join(DEFAULT_GRACE + 15)
+        thread.join(DEFAULT_GRACE + 20)
+        assert not thread.is_alive()
         assert "at" in got, "the next waiter never got the permit"
         # The grace, plus a generous allowance for a loaded host.
         assert got["at"] - released <= DEFAULT_GRACE + 1.0, got["at"] - released
@@ -155,3 +161,16 @@ async def test_async_held_turns_false_at_once_when_a_loss_is_known(
         assert lock.held is False and lock.remaining == 0
     finally:
         await client.aclose()
+
+
+def test_validity_ends_a_hundredth_of_the_ttl_and_2_ms_early(r: redis.Redis) -> None:
+    """README, Implementation: "``held`` turns false at ``sent + ttl - ttl/100 - 2 ms``"."""
+    lock = Lock(r, "validity-claim", ttl=2, wait=0)
+    before = time.monotonic()
+    assert lock.acquire()
+    after = time.monotonic()
+    # The end of validity, seen from now, lies between the two send-time bounds.
+    end = time.monotonic() + lock.remaining
+    assert before + 2 - 0.02 - 0.002 - 0.01 <= end <= after + 2 - 0.02 - 0.002 + 0.01
+    assert "``sent + ttl - ttl/100 - 2 ms``" in README
+    lock.release()
