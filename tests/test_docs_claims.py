@@ -174,3 +174,19 @@ def test_validity_ends_a_hundredth_of_the_ttl_and_2_ms_early(r: redis.Redis) -> 
     assert before + 2 - 0.02 - 0.002 - 0.01 <= end <= after + 2 - 0.02 - 0.002 + 0.01
     assert "``sent + ttl - ttl/100 - 2 ms``" in README
     lock.release()
+
+
+def test_a_repeated_semaphore_release_reports_success(r: redis.Redis) -> None:
+    """README, semaphores: "``LockLost`` at release or refresh means the permit
+    had expired or was force-released meanwhile": a release sent again after
+    its reply was lost (a retrying client) must not report a false loss."""
+    sem = Semaphore(r, "repeat-permit", 1, ttl=5, wait=0)
+    assert sem.acquire()
+    keys, token = sem._key_tuple, sem.token
+    assert token is not None
+    assert sem._release_call(token) == 1
+    assert sem._release_call(token) == 1  # the same release, run again
+    other = Semaphore(r, "repeat-permit", 1, ttl=5, wait=0)
+    assert other.acquire()
+    assert keys == other._key_tuple and other.owned()
+    other.release()
