@@ -14,51 +14,97 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
+import redis.asyncio
+import redis.asyncio.retry
 
+from django_redislock import connection as library_connection
 from tests.servers import RedisServer, free_port
 
 __all__ = [
     "Bound",
     "FaultServer",
     "ServerPool",
+    "bounded_async_client",
     "bounded_client",
     "call_bound",
+    "freeze_bound",
     "make_rng",
     "wait_until",
 ]
 
-# The retry policy django_redislock.connection gives its own clients: one quick
-# retry, backoff capped at 0.1 s. Core scenarios build clients the same way, so
-# the bound they check is the one the library promises.
+# The scenarios judge what users get, so their clients are the ones
+# django_redislock.connection builds from settings: the same retry policy (one
+# quick retry on a broken connection, never on a timeout, backoff capped at
+# 0.1 s), taken from that module rather than copied, and the same timeouts.
+# test_faults.test_harness_clients_are_the_librarys checks they stay equal.
 RETRIES = 1
 BACKOFF_CAP = 0.1
-# What a redis-py Retry retries by default.
-RETRIED_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# Scheduling slack allowed on top of the socket timeout when Redis is frozen:
+# enough for a loaded 2-core host, far less than a second socket timeout.
+FREEZE_SLACK = 0.25
 
 
 def bounded_client(
     url: str, *, timeout: float = 0.5, connect_timeout: float | None = None
 ) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=connect_timeout if connect_timeout is not None else timeout,
-        retry=Retry(ExponentialBackoff(cap=BACKOFF_CAP, base=0.01), RETRIES),
-        # redis-py 5.0 (unlike 8) retries only the errors listed here, whatever the Retry says.
-        retry_on_error=list(RETRIED_ERRORS),
+    """A client built as ``django_redislock.connection.get_client`` builds one
+    for a cache at ``url`` with ``SOCKET_TIMEOUT=timeout``."""
+    pool = redis.ConnectionPool.from_url(url)
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = timeout
+    kwargs["socket_connect_timeout"] = connect_timeout if connect_timeout is not None else timeout
+    kwargs["retry"] = library_connection._retry()
+    kwargs["retry_on_error"] = list(library_connection._RETRIED)
+    kwargs["decode_responses"] = False
+    client = redis.Redis(
+        connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
     )
+    client.auto_close_connection_pool = True  # close() closes the sockets: the pool is ours
+    return client
+
+
+def bounded_async_client(
+    url: str, *, timeout: float = 0.5, connect_timeout: float | None = None
+) -> redis.asyncio.Redis:
+    """The asyncio twin, as ``django_redislock.connection.get_async_client`` builds it."""
+    sync = bounded_client(url, timeout=timeout, connect_timeout=connect_timeout)
+    policy = sync.connection_pool.connection_kwargs["retry"]
+    kwargs = {
+        k: v
+        for k, v in sync.connection_pool.connection_kwargs.items()
+        if k in library_connection._ASYNC_KEEP
+    }
+    connection_class = library_connection._SYNC_TO_ASYNC[sync.connection_pool.connection_class]
+    sync.close()
+    kwargs["retry"] = redis.asyncio.retry.Retry(
+        policy._backoff, policy.get_retries(), supported_errors=library_connection._RETRIED
+    )
+    kwargs["retry_on_error"] = list(library_connection._RETRIED)
+    pool = redis.asyncio.ConnectionPool(connection_class=connection_class, **kwargs)
+    client = redis.asyncio.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
 
 
 def call_bound(timeout: float, connect_timeout: float | None = None) -> float:
     """Longest a single library call may take against a dead or stalled Redis.
 
-    Each attempt may spend the connect timeout and then the socket timeout;
-    there are ``1 + RETRIES`` attempts and one backoff between them.
+    A broken connection is retried once: each of the ``1 + RETRIES`` attempts
+    may spend the connect timeout and then the socket timeout, with one
+    backoff between them. (A timeout is not retried; this is the worst case
+    over every way a connection can fail.)
     """
     connect = connect_timeout if connect_timeout is not None else timeout
     return (1 + RETRIES) * (connect + timeout) + BACKOFF_CAP
+
+
+def freeze_bound(timeout: float) -> float:
+    """Longest a call that needs no wait may take against a frozen (SIGSTOPped) Redis.
+
+    The kernel still accepts connections to a frozen Redis, so nothing fails
+    fast and nothing is retried: one socket timeout, plus scheduling slack.
+    """
+    return timeout + FREEZE_SLACK
 
 
 class FaultServer(RedisServer):

@@ -9,6 +9,10 @@
   ``UPDATE ... WHERE fence < ?``, the storage-side guard fencing tokens exist for.
 * ``KeyspaceAudit``: after a scenario, no library key is left without a TTL and
   no key outside the library's prefix was touched.
+* ``TokenLedger``: which process issued each lock token and when that process
+  stopped holding or waiting with it, so that a lease found in Redis can be
+  judged: held by a live attempt, or granted to nobody.
+* ``FreezeTiming``: every call's duration against the bound promised for it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 import redis
 
-__all__ = ["FenceTable", "KeyspaceAudit", "SharedOracles"]
+__all__ = ["FenceTable", "FreezeTiming", "KeyspaceAudit", "SharedOracles", "TokenLedger"]
 
 
 class SharedOracles:
@@ -70,6 +74,121 @@ class SharedOracles:
             "fence_order": self.violations[self.FENCE_ORDER],
             "lost_updates": entries - sum(self.counter),
         }
+
+
+class TokenLedger:
+    """Tokens of the form ``<process slot: 4 hex><attempt: 28 hex>``, and when
+    each stopped being live, in shared memory.
+
+    A token is live from the moment its process starts an acquire with it until
+    that acquire returns without the lease, or the release of its lease returns.
+    A lease whose token died before Redis was read is granted to nobody. Death
+    times are ``time.monotonic()`` (one clock for every process on the host);
+    each process keeps its last ``ring`` deaths.
+    """
+
+    def __init__(self, ctx: Any, processes: int, ring: int = 4096) -> None:
+        self.ring = ring
+        self.issued = ctx.RawArray("q", processes)
+        self.ring_seq = ctx.RawArray("q", processes * ring)
+        self.ring_died = ctx.RawArray("d", processes * ring)
+
+    def issue(self, slot: int) -> str:
+        self.issued[slot] += 1
+        return f"{slot:04x}{self.issued[slot]:028x}"
+
+    @staticmethod
+    def parse(token: bytes | str) -> tuple[int, int] | None:
+        text = token.decode() if isinstance(token, bytes) else token
+        if len(text) != 32:
+            return None
+        try:
+            return int(text[:4], 16), int(text[4:], 16)
+        except ValueError:
+            return None
+
+    def retire(self, slot: int, token: str) -> None:
+        parsed = self.parse(token)
+        if parsed is None:
+            return
+        index = slot * self.ring + parsed[1] % self.ring
+        # The time first: a reader that sees the sequence number sees its time.
+        self.ring_died[index] = time.monotonic()
+        self.ring_seq[index] = parsed[1]
+
+    def died_at(self, token: bytes | str) -> float | None:
+        """When ``token`` stopped being live; None while it is live (or unknown)."""
+        parsed = self.parse(token)
+        if parsed is None or parsed[0] >= len(self.issued):
+            return None
+        slot, seq = parsed
+        index = slot * self.ring + seq % self.ring
+        seen = self.ring_seq[index]
+        if seen == seq:
+            return float(self.ring_died[index])
+        if seen > seq:
+            return 0.0  # retired so long ago that its entry was reused
+        return None
+
+
+class FreezeTiming:
+    """Per process and kind of call: calls, longest, and calls over their bound;
+    and each process's slowest calls (kind, duration, start), for diagnosis."""
+
+    KINDS = ("acquire", "acquire-wait", "release")
+    COUNTS = ("busy", "unavailable", "lost")
+    SLOWEST = 4  # kept per process
+
+    def __init__(self, ctx: Any, processes: int) -> None:
+        n = processes * len(self.KINDS)
+        self.calls = ctx.RawArray("q", n)
+        self.over = ctx.RawArray("q", n)
+        self.longest = ctx.RawArray("d", n)
+        self.bound = ctx.RawArray("d", n)
+        self.counts = ctx.RawArray("q", processes * len(self.COUNTS))
+        # (kind index, seconds taken, monotonic start) per kept call.
+        self.slow = ctx.RawArray("d", processes * self.SLOWEST * 3)
+        self.processes = processes
+
+    def record(self, slot: int, kind: str, took: float, bound: float) -> None:
+        k = self.KINDS.index(kind)
+        i = slot * len(self.KINDS) + k
+        base = slot * self.SLOWEST * 3
+        fastest = min(range(self.SLOWEST), key=lambda j: self.slow[base + 3 * j + 1])
+        if took > self.slow[base + 3 * fastest + 1]:
+            at = base + 3 * fastest
+            self.slow[at : at + 3] = [float(k), took, time.monotonic() - took]
+        self.calls[i] += 1
+        self.bound[i] = bound
+        if took > self.longest[i]:
+            self.longest[i] = took
+        if took > bound:
+            self.over[i] += 1
+
+    def count(self, slot: int, what: str) -> None:
+        self.counts[slot * len(self.COUNTS) + self.COUNTS.index(what)] += 1
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, kind in enumerate(self.KINDS):
+            idx = [p * len(self.KINDS) + k for p in range(self.processes)]
+            out[kind] = {
+                "calls": sum(self.calls[i] for i in idx),
+                "over_bound": sum(self.over[i] for i in idx),
+                "longest": max(self.longest[i] for i in idx),
+                "bound": max(self.bound[i] for i in idx),
+            }
+        kept = [tuple(self.slow[j : j + 3]) for j in range(0, len(self.slow), 3)]
+        out["slowest"] = [
+            {"kind": self.KINDS[int(k)], "took": took, "started": started}
+            for k, took, started in sorted(kept, key=lambda c: -c[1])
+            if took > 0
+        ][:10]
+        for c, what in enumerate(self.COUNTS):
+            out[what] = sum(
+                self.counts[p * len(self.COUNTS) + c] for p in range(self.processes)
+            )
+        return out
 
 
 class FenceTable:

@@ -30,11 +30,11 @@ DOC = ROOT / "docs" / "reliability.rst"
 
 QUICK = {
     "contended_seconds": 30, "contended_quota": 10**9, "repeats": 3, "renewal": 2,
-    "cancel_limit": 40,
+    "cancel_limit": 40, "freezes": 5,
 }
 LONG = {
     "contended_seconds": 4 * 3600, "contended_quota": 1_000_000, "repeats": 20, "renewal": 6,
-    "cancel_limit": 120,
+    "cancel_limit": 120, "freezes": 20,
 }
 
 
@@ -64,6 +64,7 @@ def run(params: dict[str, Any], seed: int, log: Any) -> dict[str, Any]:
         ("permits", lambda p: s.permits(p, rng)),
         ("permit_cancel", s.permit_cancellation),
         ("request", s.request_time),
+        ("frozen", lambda p: s.frozen_redis(p, rng, freezes=params["freezes"])),
     ]
     for name, step in steps:
         started = time.monotonic()
@@ -109,10 +110,26 @@ def _ok(cond: bool) -> str:
     return "met" if cond else "**missed**"
 
 
+FROZEN_KINDS = ("acquire", "acquire-wait", "release")
+
+
+def _frozen_calls(fz: dict[str, Any]) -> str:
+    labels = {"acquire": "acquire trying once", "acquire-wait": "waiting acquire",
+              "release": "release"}
+    return "; ".join(
+        f"{labels[kind]}: {fz[kind]['calls']:,} calls, {fz[kind]['over_bound']} over "
+        f"{fz[kind]['bound']:.2f} s, longest {fz[kind]['longest']:.2f} s"
+        for kind in FROZEN_KINDS if kind in fz
+    )
+
+
 def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
     c, k, p, st, rq = f["contended"], f["killed"], f["paused"], f["stalled"], f["request"]
     plain, aof, ren, fl = f["restart_plain"], f["restart_aof"], f["renewal"], f["flaky"]
     ev, nm, pm, pc, cx = f["eviction"], f["names"], f["permits"], f["permit_cancel"], f["cancel"]
+    fz = f.get("frozen", {})
+    fz_calls = sum(fz.get(kind, {}).get("calls", 0) for kind in FROZEN_KINDS)
+    fz_over = sum(fz.get(kind, {}).get("over_bound", 0) for kind in FROZEN_KINDS)
     failed = [name for name, v in f.items() if isinstance(v, dict) and "failed" in v]
     stale_attempted = p.get("attempted", 0) + int(plain.get("second_got_in", False))
     stale_rejected = p.get("rejected", 0) + int(plain.get("first_stale_write") is False)
@@ -156,6 +173,12 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
          _ok(cx["free"]["leaked"] + cx["contended"]["leaked"] == 0)),
         ("Async cancellation points tried (semaphore), leaks",
          f"{pc.get('tried')}, {pc.get('leaked')}", "0 leaks", _ok(pc.get("leaked") == 0)),
+        ("Redis frozen past the socket timeout: calls over their bound",
+         f"{fz_over} of {fz_calls:,}", "0", _ok(fz_calls > 0 and fz_over == 0)),
+        ("Redis frozen: leases granted to nobody after it resumed",
+         f"{fz.get('orphans')}, longest {fz.get('orphan_longest', 0):.2f} s",
+         f"none past {fz.get('orphan_margin', 0):.1f} s",
+         _ok(fz_calls > 0 and fz.get("orphan_longest", 1e9) <= fz.get("orphan_margin", 0))),
         ("Bad inputs tried (hostile names + bad arguments)", str(bad_inputs),
          "all mapped safely or refused", _ok(not nm.get("problems") and
                                              nm.get("refused") == nm.get("bad_arguments"))),
@@ -173,8 +196,10 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "connections, and holder processes it pauses and kills. Mutual exclusion is",
         "judged by oracles that do not trust the lock: an occupancy counter and a",
         "read-modify-write counter in shared memory (a lost update is a violation),",
-        "the order of fencing tokens, a fenced SQL table, and an audit of the keyspace",
-        "after every scenario (no library key without a TTL, no foreign key touched).",
+        "the order of fencing tokens, a fenced SQL table, a ledger of lock tokens (a",
+        "lease whose holder has given up on it is granted to nobody), and an audit of",
+        "the keyspace after every scenario (no library key without a TTL, no foreign",
+        "key touched).",
         "",
         "Regenerating this page",
         "----------------------",
@@ -230,16 +255,41 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "``django_redislock.fencing.fenced_update`` (``StaleFence``; test suite).",
         "",
         "Late reply",
-        f"  The acquire's reply arrives after the lease could have ended (proxy latency "
-        f"longer than the TTL, or Redis SIGSTOPped with the request in flight): "
+        f"  The acquire's reply arrives after the lease could have ended but before the "
+        f"socket timeout (proxy latency longer than the TTL, or Redis SIGSTOPped with the "
+        f"request in flight, for less than the socket timeout): "
         f"{f['late'].get('not_acquired')} of {f['late'].get('tried')} counted as not acquired, "
-        f"{f['late'].get('left_behind')} leases left behind (the late grant is handed back).",
+        f"{f['late'].get('left_behind')} leases left behind (the late grant is handed back). "
+        "A freeze longer than the socket timeout is the next scenario.",
+        "",
+        "Redis frozen past the socket timeout",
+        f"  {fz.get('processes')} processes contend for {fz.get('locks')} locks with the "
+        f"library's own clients (socket timeout {fz.get('socket_timeout')} s; half the "
+        f"acquires try once, half wait up to {fz.get('wait')} s; TTL {fz.get('ttl')} s) "
+        f"while Redis is SIGSTOPped {len(fz.get('frozen_for', []))} times, for "
+        + ", ".join(f"{x:.2f}" for x in fz.get("frozen_for", [])) + " s, then SIGCONTed. "
+        f"{fz.get('acquisitions', 0):,} acquisitions; violations (occupancy / lost updates "
+        f"/ fence order): {fz.get('occupancy')} / {fz.get('lost_updates')} / "
+        f"{fz.get('fence_order')}; {fz.get('unavailable')} calls raised "
+        "``RedisUnavailable``. Bound of a call: the socket timeout plus 0.25 s (plus the "
+        "wait, for a waiting acquire): " + _frozen_calls(fz) + ". Leases left granted to "
+        "nobody (their attempt had ended) after Redis resumed: "
+        f"{fz.get('orphans')}, the longest seen for {fz.get('orphan_longest', 0):.2f} s "
+        f"(allowed: {fz.get('orphan_margin')} s). Slowest calls: "
+        + "; ".join(
+            f"{c['kind']} {c['took']:.2f} s, started {abs(c['since_freeze']):.3f} s "
+            f"{'after' if c['since_freeze'] >= 0 else 'before'} a freeze began"
+            for c in fz.get("slowest", [])[:3]
+            if c.get("since_freeze") is not None
+        ) + ".",
         "",
         "Redis stalled, blackholed, reset, killed",
         f"  Acquire, waiting acquire, extend, owned and release, against each: all "
         f"{st.get('calls')} calls raised ``RedisUnavailable``; longest "
         f"{st.get('longest', 0):.2f} s against a bound of {st.get('promised', 0):.2f} s "
-        "(two attempts of connect + socket timeout 0.3 s, plus the backoff).",
+        "(the worst case over every way a connection can fail: a broken connection is "
+        "retried once, so two attempts of connect + socket timeout 0.3 s, plus the "
+        "backoff; a timeout is never retried).",
         "",
         "Redis down at request time",
         "  Requests through the test client and the async test client while Redis is "
@@ -272,8 +322,12 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "Connection faults",
         f"  Frames split into 1 to 7 byte pieces ({fl.get('split_ok')} runs), the pooled "
         f"connection reset under a holder ({fl.get('reset_ok')}), the acquire's reply "
-        f"swallowed ({fl.get('dropped_acquire_ok')}): each time the lock behaved; the "
-        "retried acquire finds the lease under its own token and keeps it.",
+        f"swallowed ({len(fl.get('dropped_acquire_library', []))} with the library's "
+        f"client, {len(fl.get('dropped_acquire_retrying', []))} with a client that "
+        "retries timeouts): each time the lock behaved. The library's client reports "
+        "``RedisUnavailable`` and gives the lease back (leases left behind: "
+        f"{fl.get('left_behind')}); a retrying client's second run of the acquire finds "
+        "the lease under its own token and keeps it.",
         "",
         "Async cancellation",
         f"  ``AsyncLock.acquire`` cancelled after 0, 1, 2, ... event-loop iterations, free "
@@ -341,17 +395,26 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "stale write that reaches the resource first is accepted.",
         "",
         "A release whose reply is lost",
-        "  The library's own clients do not retry a timed-out call (it may have run): the "
-        "caller gets ``RedisUnavailable`` and the lease is either freed or runs out. A "
-        "client that does retry is told the truth: the release script remembers the last "
-        "token it released, so the retry reports success "
-        f"({fl.get('dropped_release', []).count('released')} of "
-        f"{len(fl.get('dropped_release', []))} runs), never a false ``LockLost``.",
+        "  The library's own clients retry once on a broken connection and never on a "
+        "timeout (the call may have run): with the release's reply swallowed, the caller "
+        "got ``RedisUnavailable`` "
+        f"({fl.get('dropped_release_library', []).count('unavailable')} of "
+        f"{len(fl.get('dropped_release_library', []))} runs) although the release ran. "
+        "A client that retries timeouts (redis-py's default policy does) is told the "
+        "truth: the release script remembers the last token it released, so the retry "
+        f"reports success ({fl.get('dropped_release_retrying', []).count('released')} of "
+        f"{len(fl.get('dropped_release_retrying', []))} runs). ``LockLost`` reported for "
+        "a release that did run: "
+        + str(fl.get("dropped_release_library", []).count("LockLost")
+              + fl.get("dropped_release_retrying", []).count("LockLost"))
+        + " (``tests/faults`` ``test_flaky_connection``; ``tests/test_lock.py`` "
+        "``test_a_repeated_release_reports_success_never_a_new_holders_lease``).",
         "",
         "A holder that ignores the loss",
         "  The library reports a lost lease (``on_lost``, ``lock_lost``, ``held`` turning "
-        "False, ``LockLost`` at the next extend or release) but cannot stop the holder's "
-        "code. Work that carries on after the report overlaps the next holder's; fence "
+        "False, ``LockLost`` at the next extend or release; "
+        "``tests/test_docs_claims.py``) but cannot stop the holder's code. Work that "
+        "carries on after the report overlaps the next holder's; fence "
         "the writes that matter.",
         "",
     ]

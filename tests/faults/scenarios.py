@@ -26,6 +26,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.retry
 import redis.backoff
+import redis.retry
 
 from django_redislock.core.exceptions import (
     LockLost,
@@ -36,9 +37,17 @@ from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
 from django_redislock.core.lock_async import AsyncLock
 
-from .harness import Bound, ServerPool, Worker, bounded_client, call_bound, wait_until
-from .oracles import FenceTable, KeyspaceAudit, SharedOracles
-from .worker import contend
+from .harness import (
+    Bound,
+    ServerPool,
+    Worker,
+    bounded_async_client,
+    bounded_client,
+    call_bound,
+    wait_until,
+)
+from .oracles import FenceTable, FreezeTiming, KeyspaceAudit, SharedOracles, TokenLedger
+from .worker import contend, contend_through_freeze
 
 KS = KeySpace()
 AUDIT = KeyspaceAudit()
@@ -487,11 +496,7 @@ async def _renew_async(
     on_lost: Any, seen: dict[str, float],
 ) -> tuple[float, int]:
     flagged = asyncio.Event()
-    client = redis.asyncio.Redis.from_url(
-        proxy.url, socket_timeout=0.2, socket_connect_timeout=0.2,
-        retry=redis.asyncio.retry.Retry(redis.backoff.ExponentialBackoff(cap=0.1, base=0.01), 1),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-    )
+    client = bounded_async_client(proxy.url, timeout=0.2)
 
     def report(lock: Any) -> None:
         on_lost(lock)
@@ -516,15 +521,36 @@ async def _renew_async(
 
 
 # -- 8. the connection misbehaves but Redis is fine -----------------------------------
+def _retrying_client(url: str) -> redis.Redis:
+    """A client that retries timeouts too, as redis-py's default policy does (and
+    a caller's own client may): a lost reply makes it send the script again."""
+    return redis.Redis.from_url(
+        url, socket_timeout=0.5, socket_connect_timeout=0.5,
+        retry=redis.retry.Retry(redis.backoff.ExponentialBackoff(cap=0.1, base=0.01), 1),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+    )
+
+
 def flaky_connection(pool: ServerPool, rng: random.Random, repeats: int) -> dict[str, Any]:
-    """Frames split into tiny chunks, connections reset, a reply dropped."""
+    """Frames split into tiny chunks, connections reset, a reply dropped.
+
+    A dropped reply is tried with the library's own client (which does not
+    retry a timeout) and with a client that does. Either way the caller is
+    told the truth: an acquire either holds or leaves nothing behind, and a
+    release whose reply was lost never reports a false ``LockLost``.
+    """
     server = pool.server()
     admin = server.admin()
     AUDIT.plant(admin)
     proxy = pool.proxy(server)
-    client = bounded_client(proxy.url, timeout=0.5)
-    out: dict[str, Any] = {"split_ok": 0, "reset_ok": 0, "dropped_acquire_ok": 0,
-                           "dropped_release": []}
+    clients = {"library": bounded_client(proxy.url, timeout=0.5),
+               "retrying": _retrying_client(proxy.url)}
+    client = clients["library"]
+    out: dict[str, Any] = {"split_ok": 0, "reset_ok": 0}
+    for kind in clients:
+        out[f"dropped_acquire_{kind}"] = []
+        out[f"dropped_release_{kind}"] = []
+    out["left_behind"] = 0
     for n in range(repeats):
         with proxy.fault(split=rng.choice([1, 2, 3, 7])):
             lock = Lock(client, f"split:{n}", ttl=5)
@@ -538,27 +564,46 @@ def flaky_connection(pool: ServerPool, rng: random.Random, repeats: int) -> dict
         lock.extend()  # one retry on a new connection
         lock.release()
         out["reset_ok"] += 1
-        # The acquire ran but its reply was lost: the retry finds the lease
-        # already under its token and takes it.
-        lock = Lock(client, f"drop-acquire:{n}", ttl=5, wait=0)
-        proxy.drop_replies = 1
-        assert lock.acquire()
-        proxy.heal()
-        lock.release()
-        out["dropped_acquire_ok"] += 1
-        # The release ran but its reply was lost: the retry finds no lease.
-        lock = Lock(client, f"drop-release:{n}", ttl=5, wait=0)
-        assert lock.acquire()
-        proxy.drop_replies = 1
-        try:
-            lock.release()
-            outcome = "released"
-        except LockLost:
-            outcome = "LockLost"
-        proxy.heal()
-        out["dropped_release"].append(outcome)
-        assert not admin.exists(KS.lock(f"drop-release:{n}").lease)
-    client.close()
+        for kind, dropping in clients.items():
+            # The acquire ran but its reply was lost.
+            name = f"drop-acquire:{kind}:{n}"
+            lock = Lock(dropping, name, ttl=5, wait=0)
+            proxy.drop_replies = 1
+            try:
+                outcome = "acquired" if lock.acquire() else "busy"
+            except RedisUnavailable:
+                outcome = "unavailable"
+            proxy.heal()
+            if outcome == "acquired":
+                assert lock.owned()
+                lock.release()
+            else:
+                # Not acquired: nothing may be left granted to nobody, once the
+                # give-back (off the caller's path) had a round trip or two.
+                lease = KS.lock(name).lease
+                try:
+                    wait_until(lambda lease=lease: not admin.exists(lease), 1.0, "the give-back")
+                except AssertionError:
+                    out["left_behind"] += 1
+            out[f"dropped_acquire_{kind}"].append(outcome)
+            # The release ran but its reply was lost.
+            name = f"drop-release:{kind}:{n}"
+            lock = Lock(dropping, name, ttl=5, wait=0)
+            assert lock.acquire()
+            proxy.drop_replies = 1
+            try:
+                lock.release()
+                outcome = "released"
+            except LockLost:
+                outcome = "LockLost"
+            except RedisUnavailable:
+                outcome = "unavailable"
+            proxy.heal()
+            out[f"dropped_release_{kind}"].append(outcome)
+            lease = KS.lock(name).lease
+            wait_until(lambda lease=lease: not admin.exists(lease), 1.0, "the release")
+    for c in clients.values():
+        c.close()
     out["audit"] = _audit(admin)
     return out
 
@@ -573,7 +618,7 @@ async def _cancel_points(
     process holds the lock, so the acquire queues and waits), up to ``limit``.
     After each, no lease of ours and no queue entry may be left.
     """
-    client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    client = bounded_async_client(url, timeout=2)
     name = f"cancel:{'contended' if contended else 'free'}"
     holder = Lock(bounded_client(url), name, ttl=60)
     if contended:
@@ -898,7 +943,7 @@ def _live_permits(admin: redis.Redis, name: str) -> int:
 async def _cancel_permit_points(url: str, admin: redis.Redis, limit: int) -> dict[str, int]:
     from django_redislock.core.semaphore_async import AsyncSemaphore
 
-    client = redis.asyncio.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    client = bounded_async_client(url, timeout=2)
     tried = leaked = 0
     try:
         for contended in (False, True):
@@ -1013,4 +1058,131 @@ def permit_cancellation(pool: ServerPool, *, limit: int = 12) -> dict[str, Any]:
     admin = server.admin()
     result: dict[str, Any] = dict(asyncio.run(_cancel_permit_points(server.url, admin, limit)))
     result["audit"] = _audit(admin, foreign=False)
+    return result
+
+
+# -- 15. Redis frozen past the socket timeout, under contention ----------------------------
+# How long after Redis resumes (or after its attempt ended, if later) a lease
+# granted to nobody may still be seen: a round trip, and a generous margin for
+# the resumed server and the processes giving the lease back to be scheduled.
+ORPHAN_MARGIN = 0.5
+
+
+def frozen_redis(
+    pool: ServerPool,
+    rng: random.Random,
+    *,
+    freezes: int = 3,
+    socket_timeout: float = 0.5,
+    processes: int = 4,
+    names: int = 2,
+    wait: float = 1.0,
+    ttl: float = 5.0,
+    calm: float = 1.5,
+) -> dict[str, Any]:
+    """Processes contend for a few locks, with the library's own clients, while
+    Redis is SIGSTOPped again and again, each time for 2 to 4 socket timeouts
+    (shorter than the lease TTL), then SIGCONTed.
+
+    Judged: every call ends within its bound (``freeze_bound``: the socket
+    timeout plus slack, plus the wait for a waiting acquire); the oracles see no
+    overlap and no lost update; and no lease stays granted to nobody: every
+    lease in Redis belongs to a live attempt (``TokenLedger``), or is gone within
+    ``ORPHAN_MARGIN`` of Redis resuming (or of its attempt ending, if later).
+    """
+    server = pool.server()
+    admin = server.admin()
+    AUDIT.plant(admin)
+    ctx = multiprocessing.get_context("spawn")
+    oracles = SharedOracles(ctx, names)
+    ledger = TokenLedger(ctx, processes)
+    timing = FreezeTiming(ctx, processes)
+    stop = ctx.Event()
+    lock_names = [f"frozen:{i}" for i in range(names)]
+    leases = [KS.lock(n).lease for n in lock_names]
+    seed = rng.randrange(2**32)
+    procs = [
+        ctx.Process(
+            target=contend_through_freeze,
+            args=(server.url, lock_names, oracles, ledger, timing, seed + n, n, stop,
+                  socket_timeout, wait, ttl),
+            daemon=True,
+        )
+        for n in range(processes)
+    ]
+    orphans: dict[bytes, float] = {}
+    resumed = {"at": 0.0}
+    frozen_for: list[float] = []
+    frozen_at: list[float] = []
+    gained: list[int] = []
+
+    def watch(seconds: float, *, until_empty: bool = False) -> None:
+        """Read every lease about every 5 ms; age each one granted to nobody."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            read_at = time.monotonic()
+            pipe = admin.pipeline(transaction=False)
+            for key in leases:
+                pipe.hget(key, "t")
+            tokens = [t for t in pipe.execute() if t is not None]
+            for token in tokens:
+                died = ledger.died_at(token)
+                if died is not None and died < read_at:
+                    age = read_at - max(died, resumed["at"])
+                    orphans[token] = max(orphans.get(token, 0.0), age)
+            if until_empty and not tokens:
+                return
+            time.sleep(0.005)
+
+    for p in procs:
+        p.start()
+    try:
+        wait_until(lambda: sum(oracles.entries) >= 20 * processes, 60,
+                   "the contending processes to start")
+        watch(calm)
+        for _ in range(freezes):
+            length = rng.uniform(2 * socket_timeout, 4 * socket_timeout)
+            frozen_at.append(time.monotonic())
+            with server.paused():
+                time.sleep(length)
+                before = sum(oracles.entries)
+            resumed["at"] = time.monotonic()
+            frozen_for.append(length)
+            watch(calm)
+            gained.append(sum(oracles.entries) - before)  # work resumed with Redis
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(wait + 4 * socket_timeout + 30)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    # Every attempt has ended: whatever lease is left is granted to nobody.
+    watch(ttl + 1, until_empty=True)
+    ages = sorted(orphans.values(), reverse=True)
+    result: dict[str, Any] = dict(oracles.summary())
+    result.update(timing.summary())
+    for call in result["slowest"]:
+        # When the call started, against the start of the nearest freeze
+        # (negative: before it).
+        started = call.pop("started")
+        nearest = min(frozen_at, key=lambda at: abs(started - at), default=None)
+        call["since_freeze"] = None if nearest is None else round(started - nearest, 3)
+        call["took"] = round(call["took"], 3)
+    result.update(
+        processes=processes,
+        locks=names,
+        socket_timeout=socket_timeout,
+        wait=wait,
+        ttl=ttl,
+        frozen_for=frozen_for,
+        acquisitions_after_each=gained,
+        orphans=len(ages),
+        orphan_longest=ages[0] if ages else 0.0,
+        orphan_ages=[round(a, 3) for a in ages[:10]],
+        orphan_margin=ORPHAN_MARGIN,
+        exit_codes=[p.exitcode for p in procs],
+        audit=_audit(admin),
+    )
+    admin.close()
     return result

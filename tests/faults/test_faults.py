@@ -6,17 +6,19 @@ captured output); ``REDISLOCK_FAULT_SEED=<seed>`` replays one.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import sys
 import time
+from typing import Any
 
 import pytest
 import redis
 
 from . import scenarios
-from .harness import ServerPool, bounded_client, make_rng
-from .oracles import KeyspaceAudit
+from .harness import ServerPool, bounded_async_client, bounded_client, make_rng
+from .oracles import FreezeTiming, KeyspaceAudit, TokenLedger
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -54,6 +56,48 @@ def test_proxy_faults_are_real(pool: ServerPool) -> None:
     client.close()
 
 
+def test_harness_clients_are_the_librarys(pool: ServerPool) -> None:
+    """The scenarios' clients are built as the library builds its own from
+    settings (same timeouts, same retry policy: a timeout is never retried), so
+    the bounds they measure are the ones users get."""
+    from django.test import override_settings
+
+    from django_redislock import connection
+
+    server = pool.server()
+    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url}}
+    keys = ("socket_timeout", "socket_connect_timeout", "retry", "retry_on_error",
+            "decode_responses", "host", "port", "db")
+
+    async def async_kwargs() -> tuple[dict[str, Any], dict[str, Any]]:
+        ours = bounded_async_client(server.url, timeout=0.7, connect_timeout=0.4)
+        theirs = connection.get_async_client()
+        try:
+            return (dict(ours.connection_pool.connection_kwargs),
+                    dict(theirs.connection_pool.connection_kwargs))
+        finally:
+            await ours.aclose()
+
+    with override_settings(
+        CACHES=caches, REDISLOCK={"SOCKET_TIMEOUT": 0.7, "CONNECT_TIMEOUT": 0.4}
+    ):
+        connection.reset()
+        try:
+            theirs = connection.get_client().connection_pool
+            ours = bounded_client(server.url, timeout=0.7, connect_timeout=0.4).connection_pool
+            assert ours.connection_class is theirs.connection_class
+            for key in keys:
+                assert ours.connection_kwargs.get(key) == theirs.connection_kwargs.get(key), key
+            policy = ours.connection_kwargs["retry"]
+            assert policy.get_retries() == 1
+            assert redis.TimeoutError not in policy._supported_errors
+            ours_async, theirs_async = asyncio.run(async_kwargs())
+            for key in keys:
+                assert ours_async.get(key) == theirs_async.get(key), key
+        finally:
+            connection.reset()
+
+
 @pytest.mark.slow
 def test_oracles_catch_overlap_without_the_lock(pool: ServerPool) -> None:
     """The same contending loop, unlocked: every oracle must see violations."""
@@ -63,6 +107,23 @@ def test_oracles_catch_overlap_without_the_lock(pool: ServerPool) -> None:
     assert result["occupancy"] > 0
     assert result["lost_updates"] > 0
     assert result["fence_order"] > 0
+
+
+def test_token_ledger_tells_live_attempts_from_ended_ones() -> None:
+    """The frozen-Redis oracle relies on it: a token is live until retired."""
+    import multiprocessing
+
+    ledger = TokenLedger(multiprocessing.get_context("spawn"), 2, ring=4)
+    token = ledger.issue(1)
+    assert ledger.parse(token) == (1, 1)
+    assert ledger.died_at(token) is None
+    ledger.retire(1, token)
+    died = ledger.died_at(token.encode())
+    assert died is not None and 0 < died <= time.monotonic()
+    for _ in range(5):
+        ledger.retire(1, ledger.issue(1))
+    assert ledger.died_at(token) == 0.0  # ended long ago, entry reused
+    assert ledger.died_at("f" * 32) is None and ledger.died_at(b"not a ledger token") is None
 
 
 def test_keyspace_audit_catches_problems(pool: ServerPool) -> None:
@@ -191,10 +252,15 @@ def test_blackholed_renewal_flags_loss_before_expiry(
 
 def test_flaky_connection(pool: ServerPool, rng: random.Random) -> None:
     result = scenarios.flaky_connection(pool, rng, repeats=2)
-    assert result["split_ok"] == result["reset_ok"] == result["dropped_acquire_ok"] == 2
-    # A release whose reply is lost is retried: the script remembers its own
-    # earlier release and says so (the lock is free: checked in the scenario).
-    assert set(result["dropped_release"]) == {"released"}
+    assert result["split_ok"] == result["reset_ok"] == 2
+    for kind in ("library", "retrying"):
+        # A lost acquire reply: held, or told "unavailable" with nothing left behind.
+        assert set(result[f"dropped_acquire_{kind}"]) <= {"acquired", "unavailable"}, result
+        # A lost release reply: never a false LockLost (the lease is gone: checked
+        # in the scenario). A client that sends it again is told "released":
+        # the script remembers its own earlier release.
+        assert "LockLost" not in result[f"dropped_release_{kind}"], result
+    assert result["left_behind"] == 0
     assert result["audit"] == []
 
 
@@ -265,6 +331,24 @@ def test_redis_down_at_request_time(pool: ServerPool) -> None:
             for path in ("sync", "async"):
                 assert statuses[f"{how} {what} {path}"] == [status], (how, what, path)
     assert result["hangs"] == 0, result["took"]
+
+
+@pytest.mark.timeout(150)
+def test_redis_frozen_past_the_socket_timeout(pool: ServerPool, rng: random.Random) -> None:
+    """Redis SIGSTOPped for 2 to 4 socket timeouts, five times, under contended
+    locked work in four processes, with the library's own clients."""
+    result = scenarios.frozen_redis(pool, rng, freezes=5, calm=1.0)
+    print(f"[faults] frozen: {result}")
+    assert result["exit_codes"] == [0] * result["processes"]
+    # No double holder, no lost update, fences in order.
+    assert (result["occupancy"], result["lost_updates"], result["fence_order"]) == (0, 0, 0)
+    # No call outlived its bound: one socket timeout plus slack (plus the wait).
+    for kind in FreezeTiming.KINDS:
+        assert result[kind]["over_bound"] == 0, (kind, result[kind])
+    # No lease granted to nobody once Redis is back, beyond a round trip and a margin.
+    assert result["orphan_longest"] <= result["orphan_margin"], result["orphan_ages"]
+    assert all(n > 0 for n in result["acquisitions_after_each"]), result
+    assert result["audit"] == []
 
 
 def test_permits_never_over_granted_nor_leaked(pool: ServerPool, rng: random.Random) -> None:
