@@ -1,0 +1,272 @@
+"""Give back, off the caller's path, what a call with an unknown outcome may hold.
+
+An acquire whose reply did not come in time may still run when Redis
+resumes and grant a lease to nobody: the name would be blocked for the whole
+lease. The caller must not wait for Redis to come back, so it only enqueues a
+give-back (the cancel script for its token); it runs here, again and again
+with a short back-off, until Redis answers or the lease it guards is over.
+
+Ordering matters: the late acquire is still in Redis's buffer on its own
+connection. A cancel sent on another connection could run first and the late
+acquire after it. So that connection is kept (``drain``) until its replies are
+read, and a give-back that follows such a call (``after=``) starts only then.
+
+Sync code has one daemon thread per process (started on first use, started
+anew in a forked child); asyncio code runs each give-back as a task on the
+running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+if TYPE_CHECKING:
+    from .transport import Pending
+
+__all__ = ["drain", "submit", "submit_async"]
+
+logger = logging.getLogger("django_redislock.giveback")
+
+# Back-off between attempts: short, so that a Redis that comes back is
+# answered within about one round trip; each attempt against a stalled Redis
+# already waits a socket timeout, so this does not hammer it.
+_FIRST_DELAY = 0.02
+_MAX_DELAY = 0.25
+# How long one wait for a late reply lasts before the deadline is checked again.
+_POLL = 0.5
+
+
+def _pending_of(after: BaseException | None) -> Pending | None:
+    return getattr(after, "pending", None) if after is not None else None
+
+
+# -- sync ------------------------------------------------------------------------
+
+
+class _Worker:
+    """The process's give-back thread and its queue, both made on first use."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def put(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+        if self.thread is None:
+            with self.lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(
+                        target=self.run, name="redislock-giveback", daemon=True
+                    )
+                    self.thread.start()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                job()
+            except Exception:  # a give-back must never stop the ones behind it
+                logger.exception("give-back job failed")
+
+
+_worker = _Worker()
+
+
+def _after_fork_in_child() -> None:
+    # The parent's thread does not exist here, and the queued jobs use the
+    # parent's connections: the child starts with nothing to give back.
+    global _worker
+    _worker = _Worker()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _read_late_replies(pending: Pending) -> None:
+    conn = pending.conn
+    try:
+        while pending.unread:
+            left = pending.deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                if not conn.can_read(timeout=min(_POLL, left)):
+                    continue
+                conn.read_response(disconnect_on_error=False)
+            except ResponseError:
+                pass
+            except (TimeoutError, RedisTimeoutError):
+                continue
+            except Exception:
+                # Closed by Redis (or Redis restarted): what was unread is gone.
+                logger.debug("connection with late replies closed", exc_info=True)
+                break
+            pending.unread -= 1
+        pending.answered = pending.unread == 0
+    finally:
+        if not pending.answered:
+            conn.disconnect()
+        try:
+            pending.release()
+        finally:
+            pending.done.set()
+
+
+def drain(pending: Pending) -> None:
+    """Take over a connection whose replies are late: read them, then free it."""
+    if pending.asynchronous:
+        _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
+    else:
+        _worker.put(lambda: _read_late_replies(pending))
+
+
+def _retry_until(call: Callable[[], Any], deadline: float, what: str) -> None:
+    delay = _FIRST_DELAY
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            call()
+        except Exception as exc:
+            if time.monotonic() + delay >= deadline:
+                logger.warning(
+                    "gave up giving back %s after %d attempt(s): %s", what, attempts, exc
+                )
+                return
+            logger.debug("giving back %s failed (%s); trying again", what, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_DELAY)
+            continue
+        if attempts > 1:
+            logger.info("gave back %s after %d attempts", what, attempts)
+        return
+
+
+def submit(
+    call: Callable[[], Any],
+    *,
+    within: float,
+    after: BaseException | None = None,
+    what: str = "a lease",
+) -> None:
+    """Run ``call`` in the background until it succeeds or ``within`` seconds pass.
+
+    ``after``: the failed call this one gives back for; if its connection
+    still waits for late replies, ``call`` runs only once they are read.
+    Returns at once.
+    """
+    deadline = time.monotonic() + within
+    pending = _pending_of(after)
+    if pending is not None:
+        pending.keep_until(deadline)
+    # The drain of ``after`` was queued before this, on the same thread:
+    # by the time this job runs, the late replies were read or given up on.
+    _worker.put(lambda: _retry_until(call, deadline, what))
+
+
+# -- asyncio ---------------------------------------------------------------------
+
+_tasks: set[asyncio.Task[Any]] = set()
+
+
+def _spawn(coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+    task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(
+        coro, name=name  # type: ignore[arg-type]
+    )
+    # The loop holds tasks weakly: keep them until they are done.
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    return task
+
+
+async def _read_late_replies_async(pending: Pending) -> None:
+    conn = pending.conn
+    try:
+        while pending.unread:
+            left = pending.deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                await conn.read_response(timeout=min(_POLL, left), disconnect_on_error=False)
+            except ResponseError:
+                pass
+            except (RedisTimeoutError, asyncio.TimeoutError):
+                continue
+            except Exception:
+                logger.debug("connection with late replies closed", exc_info=True)
+                break
+            pending.unread -= 1
+        pending.answered = pending.unread == 0
+    finally:
+        if not pending.answered:
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+        try:
+            released = pending.release()
+            if inspect.isawaitable(released):
+                await released
+        finally:
+            pending.done.set()
+
+
+async def _retry_until_async(
+    make_call: Callable[[], Awaitable[Any]],
+    deadline: float,
+    what: str,
+    pending: Pending | None,
+) -> None:
+    while pending is not None and not pending.done.is_set():
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.01)
+    delay = _FIRST_DELAY
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            await make_call()
+        except Exception as exc:
+            if time.monotonic() + delay >= deadline:
+                logger.warning(
+                    "gave up giving back %s after %d attempt(s): %s", what, attempts, exc
+                )
+                return
+            logger.debug("giving back %s failed (%s); trying again", what, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_DELAY)
+            continue
+        if attempts > 1:
+            logger.info("gave back %s after %d attempts", what, attempts)
+        return
+
+
+def submit_async(
+    make_call: Callable[[], Awaitable[Any]],
+    *,
+    within: float,
+    after: BaseException | None = None,
+    what: str = "a lease",
+) -> asyncio.Task[Any]:
+    """``submit`` for asyncio: a task on the running loop (returned, for tests).
+
+    ``make_call`` makes a new awaitable for each attempt.
+    """
+    deadline = time.monotonic() + within
+    pending = _pending_of(after)
+    if pending is not None:
+        pending.keep_until(deadline)
+    return _spawn(_retry_until_async(make_call, deadline, what, pending), "redislock-giveback")
