@@ -201,7 +201,14 @@ async def _read_late_replies_async(pending: Pending) -> None:
             if left <= 0:
                 break
             try:
-                await conn.read_response(timeout=min(_POLL, left), disconnect_on_error=False)
+                # Bounded by the connection's socket timeout, which raises. (Given
+                # a timeout of its own, read_response returns None instead: that
+                # could not be told from a nil reply.)
+                read = conn.read_response(disconnect_on_error=False)
+                if getattr(conn, "socket_timeout", None) is None:
+                    await asyncio.wait_for(read, left)
+                else:
+                    await read
             except ResponseError:
                 pass
             except (RedisTimeoutError, asyncio.TimeoutError):
