@@ -19,11 +19,14 @@ import pytest
 import redis
 import redis.asyncio
 from django.test import override_settings
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from django_redislock import connection
 from django_redislock.core import RedisUnavailable, scripts
 from tests.servers import RedisServer
-from tests.topologies import wait_until
+from tests.topologies import SERVICE, SentinelTopology, wait_until
 
 # Generous on a loaded 2-core host: one 0.5 s timeout plus a small constant,
 # far below what a second timeout and a back-off would take.
@@ -146,3 +149,38 @@ def test_refused_connection_did_not_run(redis_factory: Any) -> None:
         assert not scripts.may_have_run(info.value)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def sentinel_topology() -> Iterator[SentinelTopology]:
+    topology = SentinelTopology().start()
+    yield topology
+    topology.stop()
+
+
+def test_sentinel_client_with_retries_is_bounded(sentinel_topology: SentinelTopology) -> None:
+    # A Sentinel-managed client given a retry policy that retries timeouts:
+    # lock scripts go through a twin Sentinel pool without retries.
+    sentinel = Sentinel(sentinel_topology.sentinel_addresses, socket_timeout=0.5)
+    client = sentinel.master_for(
+        SERVICE, socket_timeout=0.5, retry=Retry(ExponentialBackoff(cap=1, base=0.1), 10)
+    )
+    primary = sentinel_topology.primary()
+    try:
+        assert scripts.run(client, COUNT, (COUNTER,), ()) == 1
+        # Short: the sentinels must not start a failover (down-after is 1 s).
+        primary.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(RedisUnavailable):
+                scripts.run(client, COUNT, (COUNTER,), ())
+            took = time.monotonic() - started
+        finally:
+            primary.resume()
+        assert took < BOUND, f"took {took:.2f}s"
+        assert _settled_runs(primary, 2) == 2
+        assert scripts.run(client, COUNT, (COUNTER,), ()) == 3
+    finally:
+        client.close()
+        with primary.client(socket_timeout=5) as c:
+            c.delete(COUNTER)

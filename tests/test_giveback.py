@@ -5,6 +5,8 @@ after it, within about one round trip, and free the name."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -142,3 +144,35 @@ async def test_async_give_back_lands_after_the_late_acquire(server: RedisServer)
         await asyncio.sleep(0)  # let the drained connection go back to the pool
         await client.aclose()
         lock.client.close()
+
+
+def _give_back_in_child(socket_path: str, key: bytes, done: Any) -> None:
+    client = redis.Redis(unix_socket_path=socket_path, socket_timeout=2)
+
+    def mark() -> None:
+        client.set(key, b"child")
+        done.set()
+
+    giveback.submit(mark, within=5)
+    done.wait(10)
+    client.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
+def test_a_forked_child_gets_its_own_worker(server: RedisServer) -> None:
+    # The parent's worker thread exists before the fork; the child has none of
+    # its threads, so it must start one of its own, with an empty queue.
+    ran = threading.Event()
+    giveback.submit(ran.set, within=5)
+    assert ran.wait(5)
+    ctx = multiprocessing.get_context("fork")
+    done = ctx.Event()
+    child = ctx.Process(
+        target=_give_back_in_child, args=(server.socket_path, b"redislock-test:forked", done)
+    )
+    child.start()
+    child.join(20)
+    assert child.exitcode == 0
+    assert done.is_set()
+    with server.client(socket_timeout=5) as c:
+        assert c.get(b"redislock-test:forked") == b"child"
