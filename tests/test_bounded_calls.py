@@ -184,3 +184,68 @@ def test_sentinel_client_with_retries_is_bounded(sentinel_topology: SentinelTopo
         client.close()
         with primary.client(socket_timeout=5) as c:
             c.delete(COUNTER)
+
+
+def _connections_received(server: RedisServer) -> int:
+    with server.client(socket_timeout=5) as c:
+        return int(c.info("stats")["total_connections_received"])
+
+
+def _caches(server: RedisServer) -> dict[str, Any]:
+    return {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": server.url,
+            "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        }
+    }
+
+
+def test_library_client_never_retries_a_timeout(frozen_server: RedisServer) -> None:
+    # Its one retry is for a broken pooled connection; a timeout is not retried,
+    # for any command, so one socket timeout bounds it.
+    connection.reset()
+    try:
+        with override_settings(CACHES=_caches(frozen_server), REDISLOCK={"SOCKET_TIMEOUT": 0.5}):
+            client = connection.get_client()
+            assert client.hget(COUNTER, b"x") is None
+            frozen_server.pause()
+            try:
+                for _ in range(2):  # pooled connection, then a new one
+                    started = time.monotonic()
+                    with pytest.raises(redis.TimeoutError):
+                        client.hget(COUNTER, b"x")
+                    assert time.monotonic() - started < BOUND
+            finally:
+                frozen_server.resume()
+    finally:
+        connection.reset()
+
+
+async def test_library_async_client_is_bounded(frozen_server: RedisServer) -> None:
+    connection.reset()
+    try:
+        with override_settings(CACHES=_caches(frozen_server), REDISLOCK={"SOCKET_TIMEOUT": 0.5}):
+            client = connection.get_async_client()
+            assert await scripts.run_async(client, COUNT, (COUNTER,), ()) == 1
+            assert await client.hget(b"redislock-test:none", b"x") is None
+            connections = _connections_received(frozen_server)
+            frozen_server.pause()
+            try:
+                started = time.monotonic()
+                with pytest.raises(RedisUnavailable):
+                    await scripts.run_async(client, COUNT, (COUNTER,), ())
+                assert time.monotonic() - started < BOUND
+                started = time.monotonic()
+                # A new connection whose handshake times out: not tried again.
+                with pytest.raises(redis.TimeoutError):
+                    await client.hget(b"redislock-test:none", b"x")
+                assert time.monotonic() - started < BOUND
+            finally:
+                frozen_server.resume()
+            # One attempt, and the client asking this.
+            assert _connections_received(frozen_server) == connections + 2
+            assert _settled_runs(frozen_server, 2) == 2
+            await client.aclose()
+    finally:
+        connection.reset()
