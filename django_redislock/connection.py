@@ -78,14 +78,56 @@ _ASYNC_KEEP = {
 
 
 _RETRIED = (redis.exceptions.ConnectionError,)
+_TIMEOUTS = (redis.exceptions.TimeoutError, TimeoutError)
+
+
+def _as_timeout(exc: redis.exceptions.ConnectionError) -> BaseException:
+    # redis-py's asyncio connect reports a handshake that timed out as a
+    # ConnectionError: say what it is, so that it is not retried.
+    if isinstance(exc.__cause__, _TIMEOUTS):
+        return redis.exceptions.TimeoutError(str(exc))
+    return exc
+
+
+class _BoundedRetry(Retry):
+    """``Retry`` that never retries a timeout, even one reported as a ConnectionError."""
+
+    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        def once() -> Any:
+            try:
+                return do()
+            except redis.exceptions.ConnectionError as exc:
+                error = _as_timeout(exc)
+                if error is exc:
+                    raise
+                raise error from exc
+
+        return super().call_with_retry(once, fail, *args, **kwargs)
+
+
+class _BoundedAsyncRetry(redis.asyncio.retry.Retry):
+    """``_BoundedRetry`` for ``redis.asyncio`` connections."""
+
+    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
+        async def once() -> Any:
+            try:
+                return await do()
+            except redis.exceptions.ConnectionError as exc:
+                error = _as_timeout(exc)
+                if error is exc:
+                    raise
+                raise error from exc
+
+        return await super().call_with_retry(once, fail, *args, **kwargs)
 
 
 def _retry() -> Retry:
     # One quick retry covers a pooled connection that died with a restarted
     # Redis; more would stretch the caller's bound for little gain. Timeouts
     # are not retried: the command may have run, and the caller is better
-    # told "unavailable" than handed the result of running it twice.
-    return Retry(ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED)
+    # told "unavailable" than handed the result of running it twice. (Lock
+    # scripts do not use this policy at all: see core/transport.py.)
+    return _BoundedRetry(ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED)
 
 
 def _cache_client(alias: str) -> Any:
@@ -212,7 +254,7 @@ def _build_async(alias: str) -> Any:
     from redis.sentinel import SentinelConnectionPool
 
     kwargs = {k: v for k, v in sync_pool.connection_kwargs.items() if k in _ASYNC_KEEP}
-    kwargs["retry"] = redis.asyncio.retry.Retry(
+    kwargs["retry"] = _BoundedAsyncRetry(
         ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED
     )
     kwargs["retry_on_error"] = list(_RETRIED)

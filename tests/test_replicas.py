@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 import threading
@@ -12,12 +13,14 @@ import pytest
 import redis
 import redis.asyncio
 from django.test import override_settings
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
 from django_redislock import ReplicationTimeout
 from django_redislock.core import AsyncLock, Lock, LockError, RedisUnavailable
 from django_redislock.locks import get_lock
 from tests.servers import RedisServer, free_port
-from tests.topologies import wait_until
+from tests.topologies import ClusterTopology, wait_until
 
 
 class Pair:
@@ -70,37 +73,34 @@ def primary(pair: Pair) -> Iterator[redis.Redis]:
     client.close()
 
 
-class CountingRedis(redis.Redis):
-    """Counts commands sent on their own and pipelines executed."""
+def _calls(client: redis.Redis) -> dict[str, int]:
+    """Script and WAIT calls so far on the server (the commands scripts run
+    inside are counted too, so only these are compared)."""
+    stats = client.info("commandstats")
+    return {
+        name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+        for name in ("eval", "evalsha", "wait")
+    }
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.commands: list[Any] = []
-        self.pipelines = 0
 
-    def execute_command(self, *args: Any, **options: Any) -> Any:
-        self.commands.append(args[0])
-        return super().execute_command(*args, **options)
-
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        self.pipelines += 1
-        return super().pipeline(transaction, shard_hint)
+def _ran_since(client: redis.Redis, before: dict[str, int]) -> dict[str, int]:
+    after = _calls(client)
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
 def test_acknowledged_lease_is_on_the_replica(pair: Pair, primary: redis.Redis) -> None:
-    counting = CountingRedis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
-    lock = Lock(counting, "acked", ttl=10, wait=0, replicas=1, replicas_timeout=2)
+    client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
+    lock = Lock(client, "acked", ttl=10, wait=0, replicas=1, replicas_timeout=2)
     assert lock.acquire()  # the first may need EVAL after NOSCRIPT: warm up
     lock.release()
-    counting.commands.clear()
-    counting.pipelines = 0
+    before = _calls(primary)
     assert lock.acquire()
-    # One pipeline (EVALSHA + WAIT), nothing else: still one round trip.
-    assert (counting.pipelines, counting.commands) == (1, [])
+    # EVALSHA and WAIT, nothing sent again.
+    assert _ran_since(primary, before) == {"evalsha": 1, "wait": 1}
     with pair.replica.client(socket_timeout=2) as c:
         assert c.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
     lock.release()
-    counting.close()
+    client.close()
 
 
 def test_script_reloaded_inside_the_pipeline(pair: Pair, primary: redis.Redis) -> None:
@@ -206,14 +206,211 @@ def test_settings_apply_to_get_lock() -> None:
 
 
 def test_off_by_default_sends_no_wait(primary: redis.Redis, pair: Pair) -> None:
-    counting = CountingRedis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
-    lock = Lock(counting, "plain", ttl=10, wait=0)
+    client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
+    lock = Lock(client, "plain", ttl=10, wait=0)
     assert lock.acquire()
     lock.release()
-    counting.commands.clear()
+    before = _calls(primary)
     assert lock.acquire()
-    assert counting.pipelines == 0
-    assert counting.commands == ["EVALSHA"]
+    assert _ran_since(primary, before) == {"evalsha": 1}
     lock.release()
-    counting.close()
+    client.close()
 
+
+# -- WAIT runs on the connection that carried the write ---------------------------
+#
+# WAIT counts only the writes made on its own connection: sent on another
+# pooled connection (one that wrote nothing), it answers at once with every
+# replica and confirms an acknowledgement that never happened. With the only
+# replica paused, every acquire asking for one must raise ReplicationTimeout,
+# however many threads or tasks share the client.
+
+# Many connections in the pool, then fewer callers: a stray WAIT would
+# find an idle connection whose last write was acknowledged long ago.
+WARM = 8
+WORKERS = 3
+ROUNDS = 8
+
+
+def _sync_attempts(client: Any, names: list[str], patience: float = 0.2) -> list[object]:
+    outcomes: list[object] = []
+    mutex = threading.Lock()
+    start = threading.Barrier(len(names), timeout=20)
+    rounds = ROUNDS if patience < 1 else 1
+
+    def worker(name: str) -> None:
+        start.wait()
+        for _ in range(rounds):
+            lock = Lock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=patience)
+            try:
+                outcome: object = lock.acquire()
+                if lock.held:
+                    lock.release()
+            except Exception as exc:  # reported below
+                outcome = exc
+            with mutex:
+                outcomes.append(outcome)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    return outcomes
+
+
+async def _async_attempts(
+    client: Any, names: list[str], patience: float = 0.2
+) -> list[object]:
+    rounds = ROUNDS if patience < 1 else 1
+
+    async def worker(name: str) -> list[object]:
+        outcomes: list[object] = []
+        for _ in range(rounds):
+            lock = AsyncLock(
+                client, name, ttl=10, wait=0, replicas=1, replicas_timeout=patience
+            )
+            try:
+                outcome: object = await lock.acquire()
+                if lock.held:
+                    await lock.release()
+            except Exception as exc:  # reported below
+                outcome = exc
+            outcomes.append(outcome)
+        return outcomes
+
+    results = await asyncio.wait_for(asyncio.gather(*(worker(n) for n in names)), 60)
+    return [o for per_worker in results for o in per_worker]
+
+
+def _all_timed_out(outcomes: list[object]) -> None:
+    assert len(outcomes) == WORKERS * ROUNDS
+    wrong = [o for o in outcomes if not isinstance(o, ReplicationTimeout)]
+    assert wrong == [], f"{len(wrong)} of {len(outcomes)} attempts: {wrong[:3]}"
+    assert all(o.acked == 0 for o in outcomes)  # type: ignore[attr-defined]
+
+
+def _warm_sync(client: Any, names: list[str]) -> None:
+    # Several pooled connections, scripts cached: the conditions of the bug.
+    # A new replica can take a while to acknowledge its first writes.
+    _sync_ok = _sync_attempts(client, names, patience=5)
+    assert all(o is True for o in _sync_ok), _sync_ok[:3]
+
+
+def _acknowledged_all(port: int) -> None:
+    """Wait until the replica of the primary on ``port`` acknowledged every write.
+
+    Then every pooled connection's last write is acknowledged, as in a service
+    that has been running a while, and a WAIT on the wrong one answers at once.
+    """
+
+    def caught_up() -> bool:
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=2) as c:
+            info = c.info("replication")
+            return bool(info["slave0"]["offset"] >= info["master_repl_offset"])
+
+    wait_until("the replica to acknowledge every write", caught_up, 20)
+
+
+async def _warm_async(client: Any, names: list[str]) -> None:
+    warm = await _async_attempts(client, names, patience=5)
+    assert all(o is True for o in warm), warm[:3]
+
+
+def test_paused_replica_never_acknowledges_threads(pair: Pair, primary: redis.Redis) -> None:
+    client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
+    names = [f"paused-{i}" for i in range(WARM)]
+    try:
+        _warm_sync(client, names)
+        _acknowledged_all(pair.primary.port or 0)
+        pair.replica.pause()
+        try:
+            _all_timed_out(_sync_attempts(client, names[:WORKERS]))
+        finally:
+            pair.replica.resume()
+        wait_until("the replica to catch up", pair.linked, 20)
+        assert all(primary.exists(Lock(client, n).keys.lease) == 0 for n in names)
+    finally:
+        client.close()
+
+
+async def test_paused_replica_never_acknowledges_tasks(pair: Pair, primary: redis.Redis) -> None:
+    client = redis.asyncio.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
+    names = [f"paused-async-{i}" for i in range(WARM)]
+    try:
+        await _warm_async(client, names)
+        _acknowledged_all(pair.primary.port or 0)
+        pair.replica.pause()
+        try:
+            _all_timed_out(await _async_attempts(client, names[:WORKERS]))
+        finally:
+            pair.replica.resume()
+    finally:
+        await client.aclose()
+    wait_until("the replica to catch up", pair.linked, 20)
+
+
+@pytest.fixture(scope="module")
+def replicated_cluster() -> Iterator[ClusterTopology]:
+    """Three primaries with one replica each, for this module."""
+    cluster = ClusterTopology(primaries=3, replicas=1).start()
+    yield cluster
+    cluster.stop()
+
+
+def _names_on(client: Any, node_port: int, count: int, prefix: str) -> list[str]:
+    names: list[str] = []
+    i = 0
+    while len(names) < count:
+        name = f"{prefix}-{i}"
+        i += 1
+        if int(client.get_node_from_key(Lock(client, name).keys.lease).port) == node_port:
+            names.append(name)
+    return names
+
+
+@pytest.mark.cluster
+def test_paused_replica_never_acknowledges_on_a_cluster_threads(
+    replicated_cluster: ClusterTopology,
+) -> None:
+    port = replicated_cluster.nodes[0].port or 0
+    client = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        primary = int(client.get_primaries()[0].port)
+        names = _names_on(client, primary, WARM, "cl-paused")
+        _warm_sync(client, names)
+        _acknowledged_all(primary)
+        replica = replicated_cluster.replica_of(primary)
+        replica.pause()
+        try:
+            _all_timed_out(_sync_attempts(client, names[:WORKERS]))
+        finally:
+            replica.resume()
+        assert all(client.exists(Lock(client, n).keys.lease) == 0 for n in names)
+    finally:
+        client.close()
+
+
+@pytest.mark.cluster
+async def test_paused_replica_never_acknowledges_on_a_cluster_tasks(
+    replicated_cluster: ClusterTopology,
+) -> None:
+    port = replicated_cluster.nodes[0].port or 0
+    sync = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+    client = AsyncRedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        primary = int(sync.get_primaries()[0].port)
+        names = _names_on(sync, primary, WARM, "acl-paused")
+        await _warm_async(client, names)
+        _acknowledged_all(primary)
+        replica = replicated_cluster.replica_of(primary)
+        replica.pause()
+        try:
+            _all_timed_out(await _async_attempts(client, names[:WORKERS]))
+        finally:
+            replica.resume()
+        assert all(sync.exists(Lock(sync, n).keys.lease) == 0 for n in names)
+    finally:
+        await client.aclose()
+        sync.close()

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
-from django_redislock.core import AsyncLock, Lock, RedisUnavailable, scripts
+from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable, scripts
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
+from tests.topologies import ClusterTopology, wait_until
 
 
 def test_scripts_are_distinct_and_hashed() -> None:
@@ -65,3 +72,90 @@ def test_unreachable_becomes_unavailable() -> None:
     client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, socket_timeout=1)
     with pytest.raises(RedisUnavailable, match="could not be reached"):
         scripts.run(client, scripts.RELEASE, (b"a", b"b", b"c"), ("t",))
+
+
+# -- Cluster: a stale slot map is followed, the script runs once -----------------
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterTopology]:
+    topology = ClusterTopology(primaries=3, replicas=0).start()
+    yield topology
+    topology.stop()
+
+
+def _node_id(port: int) -> str:
+    with redis.Redis(host="127.0.0.1", port=port, socket_timeout=5) as c:
+        return str(c.execute_command("CLUSTER", "MYID").decode())
+
+
+def _assign(cluster: ClusterTopology, slot: int, port: int) -> None:
+    """Give the (empty) ``slot`` to the node on ``port``, on every node."""
+    owner = _node_id(port)
+    for node in cluster.nodes:
+        with node.client(socket_timeout=5) as c:
+            c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner)
+    wait_until("the slot to move", lambda: _owner_of(cluster, slot) == port, 20)
+
+
+def _owner_of(cluster: ClusterTopology, slot: int) -> int:
+    with cluster.nodes[0].client(socket_timeout=5) as c:
+        for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1])
+    raise LookupError(slot)
+
+
+@contextlib.contextmanager
+def _slot_moved_behind_the_clients_back(
+    cluster: ClusterTopology, client: Any, name: str
+) -> Iterator[tuple[int, int]]:
+    keys = KeySpace().lock(name)
+    lease = keys.lease
+    slot = int(client.keyslot(lease))
+    old = int(client.get_node_from_key(lease).port)
+    new = next(int(n.port or 0) for n in cluster.nodes if n.port != old)
+    _assign(cluster, slot, new)
+    try:
+        yield old, new
+    finally:
+        with redis.Redis(host="127.0.0.1", port=new, socket_timeout=5) as c:
+            # Empty again, or the slot could not be given back.
+            c.delete(keys.lease, keys.queue, keys.state)
+        _assign(cluster, slot, old)
+
+
+@pytest.mark.cluster
+def test_cluster_script_follows_moved(cluster: ClusterTopology) -> None:
+    client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port or 0, socket_timeout=5)
+    try:
+        lock = Lock(client, "moving", ttl=10, wait=0)
+        with _slot_moved_behind_the_clients_back(cluster, client, "moving") as (old, new):
+            assert int(client.get_node_from_key(lock.keys.lease).port) == old  # stale map
+            assert lock.acquire()
+            with redis.Redis(host="127.0.0.1", port=new, socket_timeout=5) as c:
+                assert c.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
+            # The client was told: its next calls go straight to the new owner.
+            assert int(client.get_node_from_key(lock.keys.lease).port) == new
+            lock.release()
+    finally:
+        client.close()
+
+
+@pytest.mark.cluster
+async def test_async_cluster_script_follows_moved(cluster: ClusterTopology) -> None:
+    port = cluster.nodes[0].port or 0
+    client = AsyncRedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+    sync = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        await client.initialize()
+        lock = AsyncLock(client, "moving-async", ttl=10, wait=0)
+        with _slot_moved_behind_the_clients_back(cluster, sync, "moving-async") as (old, new):
+            assert int(client.get_node_from_key(lock.keys.lease).port) == old
+            assert await lock.acquire()
+            with redis.Redis(host="127.0.0.1", port=new, socket_timeout=5) as c:
+                assert c.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
+            await lock.release()
+    finally:
+        await client.aclose()
+        sync.close()

@@ -1,154 +1,279 @@
-"""Give-backs that run off the caller's path until Redis answers.
+"""Give back, off the caller's path, what a call with an unknown outcome may hold.
 
-When a lock call fails without an answer (a timeout: the script may have run,
-or may still run once Redis reads it), what the call may have taken must be
-given back, or the name stays blocked for a whole lease. The caller must not
-wait for that: it already waited its bound. So the give-back (a cancel or
-release script, both safe to repeat) is handed to a worker that retries it
-until Redis answers or the lease it protects would have ended anyway.
+An acquire whose reply did not come in time may still run when Redis
+resumes and grant a lease to nobody: the name would be blocked for the whole
+lease. The caller must not wait for Redis to come back, so it only enqueues a
+give-back (the cancel script for its token); it runs here, again and again
+with a short back-off, until Redis answers or the lease it guards is over.
 
-A timed-out attempt is retried at once: the timeout itself paces it, and an
-attempt in flight when a frozen Redis resumes is answered within a round trip.
-A refused connection is retried after a short back-off.
+Ordering matters: the late acquire is still in Redis's buffer on its own
+connection. A cancel sent on another connection could run first and the late
+acquire after it. So that connection is kept (``drain``) until its replies are
+read, and a give-back that follows such a call (``after=``) starts only then.
+
+Sync code has one daemon thread per process (started on first use, started
+anew in a forked child); asyncio code runs each give-back as a task on the
+running loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 import os
+import queue
 import threading
 import time
-from collections import deque
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from . import scripts
-from .exceptions import RedisUnavailable
-from .protocol import may_have_run
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["pending", "submit", "submit_async"]
+if TYPE_CHECKING:
+    from .transport import Pending
+
+__all__ = ["drain", "submit", "submit_async"]
 
 logger = logging.getLogger("django_redislock.giveback")
 
-BACKOFF_MIN, BACKOFF_MAX = 0.05, 0.5
-
-_Job = tuple[Any, scripts.Script, tuple[bytes, ...], tuple[Any, ...], float]
-
-_mutex = threading.Lock()
-_jobs: deque[_Job] = deque()
-_worker: threading.Thread | None = None
-_tasks: set[asyncio.Task[None]] = set()
-
-
-def pending() -> int:
-    """How many give-backs are still to be done (sync and asyncio)."""
-    with _mutex:
-        return len(_jobs) + (1 if _worker is not None and _worker.is_alive() else 0) + len(_tasks)
+# Back-off between attempts: short, so that a Redis that comes back is
+# answered within about one round trip; each attempt against a stalled Redis
+# already waits a socket timeout, so this does not hammer it.
+_FIRST_DELAY = 0.02
+_MAX_DELAY = 0.25
+# How long one wait for a late reply lasts before the deadline is checked again.
+_POLL = 0.5
 
 
-def submit(
-    client: Any,
-    script: scripts.Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    *,
-    within: float,
-) -> None:
-    """Run ``script`` on a sync client off the caller's path, retried until
-    Redis answers or ``within`` seconds have passed."""
-    global _worker
-    with _mutex:
-        _jobs.append((client, script, keys, args, time.monotonic() + within))
-        if _worker is None or not _worker.is_alive():
-            _worker = threading.Thread(target=_work, name="redislock-giveback", daemon=True)
-            _worker.start()
+def _pending_of(after: BaseException | None) -> Pending | None:
+    return getattr(after, "pending", None) if after is not None else None
 
 
-def _work() -> None:
-    global _worker
-    while True:
-        with _mutex:
-            if not _jobs:
-                _worker = None
-                return
-            job = _jobs.popleft()
-        _run_sync(*job)
+# -- sync ------------------------------------------------------------------------
 
 
-def _run_sync(
-    client: Any,
-    script: scripts.Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    deadline: float,
-) -> None:
-    backoff = BACKOFF_MIN
-    while True:
-        try:
-            scripts.run(client, script, keys, args)
-            return
-        except Exception as exc:  # a worker that dies gives nothing back: keep trying
-            if time.monotonic() >= deadline:
-                logger.warning("gave up giving back %s after its lease: %s", script.name, exc)
-                return
-            if not (isinstance(exc, RedisUnavailable) and may_have_run(exc)):
-                time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                backoff = min(backoff * 2, BACKOFF_MAX)
+class _Worker:
+    """The process's give-back thread and its queue, both made on first use."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+
+    def put(self, job: Callable[[], None]) -> None:
+        self.jobs.put(job)
+        if self.thread is None:
+            with self.lock:
+                if self.thread is None:
+                    self.thread = threading.Thread(
+                        target=self.run, name="redislock-giveback", daemon=True
+                    )
+                    self.thread.start()
+
+    def run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            try:
+                job()
+            except Exception:  # a give-back must never stop the ones behind it
+                logger.exception("give-back job failed")
 
 
-def submit_async(
-    client: Any,
-    script: scripts.Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    *,
-    within: float,
-) -> None:
-    """``submit`` for a ``redis.asyncio`` client: a task on the running loop."""
-    task = asyncio.get_running_loop().create_task(
-        _run_async(client, script, keys, args, time.monotonic() + within),
-        name="redislock-giveback",
-    )
-    with _mutex:
-        _tasks.add(task)
-    task.add_done_callback(_task_done)
-
-
-def _task_done(task: asyncio.Task[None]) -> None:
-    with _mutex:
-        _tasks.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        logger.error("give-back failed", exc_info=task.exception())
-
-
-async def _run_async(
-    client: Any,
-    script: scripts.Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    deadline: float,
-) -> None:
-    backoff = BACKOFF_MIN
-    while True:
-        try:
-            await scripts.run_async(client, script, keys, args)
-            return
-        except Exception as exc:  # a worker that dies gives nothing back: keep trying
-            if time.monotonic() >= deadline:
-                logger.warning("gave up giving back %s after its lease: %s", script.name, exc)
-                return
-            if not (isinstance(exc, RedisUnavailable) and may_have_run(exc)):
-                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                backoff = min(backoff * 2, BACKOFF_MAX)
+_worker = _Worker()
 
 
 def _after_fork_in_child() -> None:
-    # The parent's give-backs are the parent's: a child must not run them twice.
-    global _mutex, _worker
-    _mutex = threading.Lock()
-    _jobs.clear()
-    _worker = None
-    _tasks.clear()
+    # The parent's thread does not exist here, and the queued jobs use the
+    # parent's connections: the child starts with nothing to give back.
+    global _worker
+    _worker = _Worker()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _read_late_replies(pending: Pending) -> None:
+    conn = pending.conn
+    try:
+        while pending.unread:
+            left = pending.deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                if not conn.can_read(timeout=min(_POLL, left)):
+                    continue
+                conn.read_response(disconnect_on_error=False)
+            except ResponseError:
+                pass
+            except (TimeoutError, RedisTimeoutError):
+                continue
+            except Exception:
+                # Closed by Redis (or Redis restarted): what was unread is gone.
+                logger.debug("connection with late replies closed", exc_info=True)
+                break
+            pending.unread -= 1
+        pending.answered = pending.unread == 0
+    finally:
+        if not pending.answered:
+            conn.disconnect()
+        try:
+            pending.release()
+        finally:
+            pending.done.set()
+
+
+def drain(pending: Pending) -> None:
+    """Take over a connection whose replies are late: read them, then free it."""
+    if pending.asynchronous:
+        _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
+    else:
+        _worker.put(lambda: _read_late_replies(pending))
+
+
+def _retry_until(call: Callable[[], Any], deadline: float, what: str) -> None:
+    delay = _FIRST_DELAY
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            call()
+        except Exception as exc:
+            if time.monotonic() + delay >= deadline:
+                logger.warning(
+                    "gave up giving back %s after %d attempt(s): %s", what, attempts, exc
+                )
+                return
+            logger.debug("giving back %s failed (%s); trying again", what, exc)
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_DELAY)
+            continue
+        if attempts > 1:
+            logger.info("gave back %s after %d attempts", what, attempts)
+        return
+
+
+def submit(
+    call: Callable[[], Any],
+    *,
+    within: float,
+    after: BaseException | None = None,
+    what: str = "a lease",
+) -> None:
+    """Run ``call`` in the background until it succeeds or ``within`` seconds pass.
+
+    ``after``: the failed call this one gives back for; if its connection
+    still waits for late replies, ``call`` runs only once they are read.
+    Returns at once.
+    """
+    deadline = time.monotonic() + within
+    pending = _pending_of(after)
+    if pending is not None:
+        pending.keep_until(deadline)
+    # The drain of ``after`` was queued before this, on the same thread:
+    # by the time this job runs, the late replies were read or given up on.
+    _worker.put(lambda: _retry_until(call, deadline, what))
+
+
+# -- asyncio ---------------------------------------------------------------------
+
+_tasks: set[asyncio.Task[Any]] = set()
+
+
+def _spawn(coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+    task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(
+        coro, name=name  # type: ignore[arg-type]
+    )
+    # The loop holds tasks weakly: keep them until they are done.
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    return task
+
+
+async def _read_late_replies_async(pending: Pending) -> None:
+    conn = pending.conn
+    try:
+        while pending.unread:
+            left = pending.deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                # Bounded by the connection's socket timeout, which raises. (Given
+                # a timeout of its own, read_response returns None instead: that
+                # could not be told from a nil reply.)
+                read = conn.read_response(disconnect_on_error=False)
+                if getattr(conn, "socket_timeout", None) is None:
+                    await asyncio.wait_for(read, left)
+                else:
+                    await read
+            except ResponseError:
+                pass
+            except (RedisTimeoutError, asyncio.TimeoutError):
+                continue
+            except Exception:
+                logger.debug("connection with late replies closed", exc_info=True)
+                break
+            pending.unread -= 1
+        pending.answered = pending.unread == 0
+    finally:
+        if not pending.answered:
+            with contextlib.suppress(Exception):
+                await conn.disconnect(nowait=True)
+        try:
+            released = pending.release()
+            if inspect.isawaitable(released):
+                await released
+        finally:
+            pending.done.set()
+
+
+async def _retry_until_async(
+    make_call: Callable[[], Awaitable[Any]],
+    deadline: float,
+    what: str,
+    pending: Pending | None,
+) -> None:
+    while pending is not None and not pending.done.is_set():
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(0.01)
+    delay = _FIRST_DELAY
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            await make_call()
+        except Exception as exc:
+            if time.monotonic() + delay >= deadline:
+                logger.warning(
+                    "gave up giving back %s after %d attempt(s): %s", what, attempts, exc
+                )
+                return
+            logger.debug("giving back %s failed (%s); trying again", what, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _MAX_DELAY)
+            continue
+        if attempts > 1:
+            logger.info("gave back %s after %d attempts", what, attempts)
+        return
+
+
+def submit_async(
+    make_call: Callable[[], Awaitable[Any]],
+    *,
+    within: float,
+    after: BaseException | None = None,
+    what: str = "a lease",
+) -> asyncio.Task[Any]:
+    """``submit`` for asyncio: a task on the running loop (returned, for tests).
+
+    ``make_call`` makes a new awaitable for each attempt.
+    """
+    deadline = time.monotonic() + within
+    pending = _pending_of(after)
+    if pending is not None:
+        pending.keep_until(deadline)
+    return _spawn(_retry_until_async(make_call, deadline, what, pending), "redislock-giveback")

@@ -191,7 +191,7 @@ class SyncHandle(LockBase):
             if may_have_run(exc):
                 # The script may have granted or queued us, or may yet, once
                 # Redis reads it: give it back, off the caller's path.
-                self._give_back_later(token)
+                self._give_back_later(token, after=exc)
             raise
         except BaseException:
             self._cancel(token)
@@ -200,15 +200,15 @@ class SyncHandle(LockBase):
             if event is not None and notifier is not None:
                 notifier.unregister(token)
 
-    def _give_back_later(self, token: str) -> None:
+    def _give_back_later(self, token: str, after: BaseException | None = None) -> None:
         """Give back whatever ``token`` may hold, retried off the caller's
-        path until Redis answers or the lease would have ended anyway."""
+        path until Redis answers or the lease would have ended anyway;
+        ``after``: the failed call it follows, whose late reply comes first."""
         giveback.submit(
-            self.client,
-            self._cancel_script,
-            self._key_tuple,
-            self._cancel_args(token),
+            lambda: self._cancel_call(token),
             within=self.ttl,
+            after=after,
+            what=self._label(),
         )
 
     def _cancel_call(self, token: str) -> None:
@@ -264,8 +264,8 @@ class SyncHandle(LockBase):
         self._forget()
         try:
             released = self._release_call(token)
-        except RedisUnavailable:
-            self._give_back_later(token)
+        except RedisUnavailable as exc:
+            self._give_back_later(token, after=exc)
             raise
         finally:
             self._thread = None
@@ -322,7 +322,7 @@ class Lock(SyncHandle):
             # Our queue entry expires at its deadline, a lease handed to us
             # unheard with its TTL; until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
-            self._give_back_later(token)
+            self._give_back_later(token, after=exc)
 
     def _release_call(self, token: str) -> int:
         return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,)))

@@ -208,7 +208,7 @@ class AsyncHandle(LockBase):
             if may_have_run(exc):
                 # The script may have granted or queued us, or may yet, once
                 # Redis reads it: give it back, off the caller's path.
-                self._give_back_later(token)
+                self._give_back_later(token, after=exc)
             raise
         except BaseException:
             # Cancelled or interrupted at some await: the script may have run
@@ -219,15 +219,15 @@ class AsyncHandle(LockBase):
             if event is not None and notifier is not None:
                 notifier.unregister(token)
 
-    def _give_back_later(self, token: str) -> None:
+    def _give_back_later(self, token: str, after: BaseException | None = None) -> None:
         """Give back whatever ``token`` may hold, retried off the caller's
-        path until Redis answers or the lease would have ended anyway."""
+        path until Redis answers or the lease would have ended anyway;
+        ``after``: the failed call it follows, whose late reply comes first."""
         giveback.submit_async(
-            self.client,
-            self._cancel_script,
-            self._key_tuple,
-            self._cancel_args(token),
+            lambda: self._cancel_call(token),
             within=self.ttl,
+            after=after,
+            what=self._label(),
         )
 
     async def _cancel_call(self, token: str) -> None:
@@ -278,10 +278,10 @@ class AsyncHandle(LockBase):
             # Runs to the end even if this task is cancelled (see complete).
             released = await complete(self._release_call(token), _RELEASE_TIMEOUT)
         except asyncio.TimeoutError as exc:
-            self._give_back_later(token)
+            self._give_back_later(token, after=exc)
             raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
-        except RedisUnavailable:
-            self._give_back_later(token)
+        except RedisUnavailable as exc:
+            self._give_back_later(token, after=exc)
             raise
         finally:
             self._task = None
@@ -342,7 +342,7 @@ class AsyncLock(AsyncHandle):
             # Our queue entry expires at its deadline, a lease handed to us
             # unheard with its TTL; until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
-            self._give_back_later(token)
+            self._give_back_later(token, after=exc)
 
     async def _release_call(self, token: str) -> int:
         return int(await scripts.run_async(self.client, scripts.RELEASE, self._key_tuple, (token,)))

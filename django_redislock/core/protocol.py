@@ -60,11 +60,16 @@ def acquire_reply(reply: Any) -> tuple[int, int]:
 
 
 def may_have_run(exc: BaseException) -> bool:
-    """Whether a failed script call may still have run on the server.
+    """Whether the failed script call that raised ``exc`` may still have run.
 
-    A timeout leaves it open (the request may have arrived, or may still
-    arrive, and run); a refused connection does not.
+    The transport says so when it knows (``exc.may_have_run``: a timeout, or a
+    connection that broke once the script was written); otherwise a timeout
+    leaves it open (the request may have arrived, or may still arrive, and
+    run) and a refused connection does not.
     """
+    known = getattr(exc, "may_have_run", None)
+    if known is not None:
+        return bool(known)
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     return isinstance(cause, (RedisTimeoutError, TimeoutError))
 

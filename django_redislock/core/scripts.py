@@ -14,14 +14,22 @@ from importlib import resources
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from . import transport
 from .exceptions import RedisUnavailable
-from .protocol import STATE_KEEP_MS
-from .topology import is_cluster
+from .protocol import STATE_KEEP_MS, may_have_run
 
-__all__ = ["Script", "load", "run", "run_acked", "run_acked_async", "run_async"]
+__all__ = [
+    "Script",
+    "load",
+    "may_have_run",
+    "run",
+    "run_acked",
+    "run_acked_async",
+    "run_async",
+]
 
 
 @dataclass(frozen=True)
@@ -44,36 +52,92 @@ def load(name: str, *, prelude: str | None = "_prelude.lua") -> Script:
     return Script(name, source, hashlib.sha1(source).hexdigest())
 
 
-def _unavailable(script: Script, exc: RedisError) -> RedisUnavailable:
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+def _unavailable(script: Script, exc: BaseException) -> RedisUnavailable:
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, TimeoutError)):
         what = "could not be reached in time"
     else:
         what = "answered with an error"
     return RedisUnavailable(f"Redis {what} running {script.name}: {exc}")
 
 
-def run(client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]) -> Any:
-    """Run ``script`` on a sync client; Redis failures become RedisUnavailable."""
+def _failed(script: Script, failed: transport.CallFailed) -> RedisUnavailable:
+    error = _unavailable(script, failed.cause)
+    # What ``may_have_run`` reads; ``pending`` orders a give-back after the late script.
+    error.may_have_run = failed.may_have_run  # type: ignore[attr-defined]
+    error.pending = failed.pending  # type: ignore[attr-defined]
+    return error
+
+
+def _batch(
+    script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...], extra: tuple[Any, ...], *,
+    by_sha: bool,
+) -> list[tuple[Any, ...]]:
+    head = ("EVALSHA", script.sha) if by_sha else ("EVAL", script.source)
+    return [(*head, len(keys), *keys, *args), *extra]
+
+
+def _checked(script: Script, replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise _unavailable(script, reply) from reply
+    return replies
+
+
+def _run(
+    client: Any,
+    script: Script,
+    keys: tuple[bytes, ...],
+    args: tuple[Any, ...],
+    extra: tuple[Any, ...] = (),
+) -> list[Any]:
+    slot_key = keys[0] if keys else b""
     try:
-        try:
-            return client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return client.eval(script.source, len(keys), *keys, *args)
-    except RedisError as exc:
-        raise _unavailable(script, exc) from exc
+        replies = transport.call(client, _batch(script, keys, args, extra, by_sha=True), slot_key)
+        if isinstance(replies[0], NoScriptError):
+            # It did not run: send the source, with what followed it, again.
+            replies = transport.call(
+                client, _batch(script, keys, args, extra, by_sha=False), slot_key
+            )
+    except transport.CallFailed as failed:
+        raise _failed(script, failed) from failed.cause
+    return _checked(script, replies)
+
+
+async def _run_async(
+    client: Any,
+    script: Script,
+    keys: tuple[bytes, ...],
+    args: tuple[Any, ...],
+    extra: tuple[Any, ...] = (),
+) -> list[Any]:
+    slot_key = keys[0] if keys else b""
+    try:
+        replies = await transport.call_async(
+            client, _batch(script, keys, args, extra, by_sha=True), slot_key
+        )
+        if isinstance(replies[0], NoScriptError):
+            replies = await transport.call_async(
+                client, _batch(script, keys, args, extra, by_sha=False), slot_key
+            )
+    except transport.CallFailed as failed:
+        raise _failed(script, failed) from failed.cause
+    return _checked(script, replies)
+
+
+def run(client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]) -> Any:
+    """Run ``script`` on a sync client; Redis failures become RedisUnavailable.
+
+    Bounded by the client's socket timeout whatever its retry policy (see
+    ``transport``); a script that may have run is never sent again.
+    """
+    return _run(client, script, keys, args)[0]
 
 
 async def run_async(
     client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]
 ) -> Any:
     """``run`` for a ``redis.asyncio`` client."""
-    try:
-        try:
-            return await client.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await client.eval(script.source, len(keys), *keys, *args)
-    except RedisError as exc:
-        raise _unavailable(script, exc) from exc
+    return (await _run_async(client, script, keys, args))[0]
 
 
 def _replicas_ms(timeout: float) -> int:
@@ -91,32 +155,14 @@ def run_acked(
 ) -> tuple[Any, int]:
     """``run``, then WAIT for ``replicas``; returns (result, replicas that acked).
 
-    On one server (or Sentinel) the script and WAIT go in one non-transactional
-    pipeline: still a single round trip. On a Cluster WAIT must reach the node
-    that owns the keys' slot, which a pipeline cannot address: two round trips.
+    The script and WAIT go together on one connection (of the node owning the
+    keys' slot, on a Cluster): WAIT counts only the writes made on its own
+    connection, so anywhere else it could confirm a write it never saw.
+    Still one round trip.
     """
-    try:
-        if is_cluster(client):
-            result = run(client, script, keys, args)
-            node = client.get_node_from_key(keys[0])
-            acked = client.execute_command(
-                "WAIT", replicas, _replicas_ms(timeout), target_nodes=node
-            )
-            return result, int(acked)
-        for command in ("evalsha", "eval"):
-            pipe = client.pipeline(transaction=False)
-            body = script.sha if command == "evalsha" else script.source
-            getattr(pipe, command)(body, len(keys), *keys, *args)
-            pipe.wait(replicas, _replicas_ms(timeout))
-            result, acked = pipe.execute(raise_on_error=False)
-            if not isinstance(result, NoScriptError):
-                break
-        for value in (result, acked):
-            if isinstance(value, Exception):
-                raise value
-        return result, int(acked)
-    except RedisError as exc:
-        raise _unavailable(script, exc) from exc
+    wait = (("WAIT", replicas, _replicas_ms(timeout)),)
+    result, acked = _run(client, script, keys, args, wait)
+    return result, int(acked)
 
 
 async def run_acked_async(
@@ -128,28 +174,9 @@ async def run_acked_async(
     timeout: float,
 ) -> tuple[Any, int]:
     """``run_acked`` for a ``redis.asyncio`` client."""
-    try:
-        if is_cluster(client):
-            result = await run_async(client, script, keys, args)
-            node = client.get_node_from_key(keys[0])
-            acked = await client.execute_command(
-                "WAIT", replicas, _replicas_ms(timeout), target_nodes=node
-            )
-            return result, int(acked)
-        for command in ("evalsha", "eval"):
-            pipe = client.pipeline(transaction=False)
-            body = script.sha if command == "evalsha" else script.source
-            getattr(pipe, command)(body, len(keys), *keys, *args)
-            pipe.wait(replicas, _replicas_ms(timeout))
-            result, acked = await pipe.execute(raise_on_error=False)
-            if not isinstance(result, NoScriptError):
-                break
-        for value in (result, acked):
-            if isinstance(value, Exception):
-                raise value
-        return result, int(acked)
-    except RedisError as exc:
-        raise _unavailable(script, exc) from exc
+    wait = (("WAIT", replicas, _replicas_ms(timeout)),)
+    result, acked = await _run_async(client, script, keys, args, wait)
+    return result, int(acked)
 
 
 ACQUIRE = load("acquire")

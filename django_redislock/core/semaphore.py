@@ -201,7 +201,7 @@ class Semaphore(SemaphoreBase, SyncHandle):
             # The queue entry expires at its deadline, a permit at its TTL;
             # until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
-            self._give_back_later(token)
+            self._give_back_later(token, after=exc)
 
     # -- release / refresh ------------------------------------------------------
     def _check_owner(self, action: str) -> str:

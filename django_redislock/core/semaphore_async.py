@@ -70,7 +70,7 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
             # The queue entry expires at its deadline, a permit at its TTL;
             # until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
-            self._give_back_later(token)
+            self._give_back_later(token, after=exc)
 
     def _check_owner(self, action: str) -> str:
         if self.token is None:

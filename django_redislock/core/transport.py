@@ -1,0 +1,502 @@
+"""How the library's scripts reach Redis: one connection, bounded, never re-sent blindly.
+
+``execute_command`` would apply the client's retry policy, and redis-py 8's
+default one (ten retries, timeouts included, with back-off) turns a frozen
+Redis into a call that lasts many socket timeouts and sends the same script
+again after a timeout, when the first one may still run. So a batch of
+commands (a script, or a script and the ``WAIT`` that must follow it on the
+same connection) is written here on a connection taken from the client's pool,
+with the library's own policy:
+
+* the batch is sent again once only when the connection failed before any of
+  it was written (connecting, or a pooled connection found dead);
+* after a timeout nothing is sent again, and the connection is not closed:
+  the batch is still in Redis's buffer and may run when Redis resumes. The
+  connection goes to ``giveback``, which reads the late replies and frees the
+  connection; a give-back asked for that call goes on after them, so it runs
+  after the late script, not before it.
+
+A pool whose connections could retry a timed-out connect (redis-py 8's default)
+gets a twin: a pool of the library's own with the same connection parameters
+and limits and no retries. On a Cluster the batch goes to the node that owns
+the key's slot, following MOVED and ASK; the script has not run where Redis
+answered with a redirection, so following it is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import AskError, MovedError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import giveback
+from .topology import is_cluster
+
+__all__ = ["CallFailed", "Pending", "call", "call_async"]
+
+logger = logging.getLogger("django_redislock.transport")
+
+Command = tuple[Any, ...]
+
+# A redirection is followed this many times at most: a slot moving while we
+# follow it is rare, a loop between two confused nodes must not hang a call.
+_MAX_REDIRECTS = 5
+# A connection whose replies are late is kept this long, at least, for them.
+_DRAIN_DEFAULT = 30.0
+
+
+class CallFailed(Exception):
+    """A batch did not complete. ``may_have_run``: some of it may have run.
+
+    ``pending`` is set when the batch was written but its replies are late: the
+    connection now belongs to ``giveback``, which reads them.
+    """
+
+    def __init__(self, cause: BaseException, *, may_have_run: bool) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.may_have_run = may_have_run
+        self.pending: Pending | None = None
+
+
+@dataclass(eq=False)
+class Pending:
+    """A connection with ``unread`` replies still owed by Redis."""
+
+    conn: Any
+    unread: int
+    release: Any  # how the connection goes back to its pool (sync or async callable)
+    asynchronous: bool
+    deadline: float = field(default_factory=lambda: time.monotonic() + _DRAIN_DEFAULT)
+    done: threading.Event = field(default_factory=threading.Event)
+    # True once the late replies were read: whatever the batch did is done.
+    answered: bool = False
+
+    def keep_until(self, deadline: float) -> None:
+        """Wait for the late replies at least until ``deadline`` (monotonic)."""
+        self.deadline = max(self.deadline, deadline)
+
+
+def _is_timeout_error(error: Any) -> bool:
+    if not isinstance(error, type):
+        return False
+    timeouts = (RedisTimeoutError, TimeoutError, socket.timeout)
+    # A class above TimeoutError (RedisError, Exception) catches timeouts too.
+    return issubclass(error, timeouts) or any(issubclass(t, error) for t in timeouts)
+
+
+def _connect_may_linger(kwargs: dict[str, Any]) -> bool:
+    """Whether connections made from ``kwargs`` may retry a connect that timed out,
+    or retry more than once: their pool cannot be used for a bounded call."""
+    if kwargs.get("retry_on_timeout"):
+        return True
+    extra = list(kwargs.get("retry_on_error") or ())
+    retry = kwargs.get("retry")
+    if retry is None:
+        # redis-py retries once on the listed errors, or not at all.
+        return any(_is_timeout_error(e) for e in extra)
+    retries = getattr(retry, "_retries", None)
+    if retries == 0:
+        return False
+    if not isinstance(retries, int) or retries < 0 or retries > 1:
+        return True
+    errors = tuple(getattr(retry, "_supported_errors", (Exception,))) + tuple(extra)
+    return any(_is_timeout_error(e) for e in errors)
+
+
+# -- sync pools ------------------------------------------------------------------
+
+_twins_lock = threading.Lock()
+_twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_wants_command_name: dict[type, bool] = {}
+
+
+def _twin_of(pool: Any) -> Any | None:
+    """A pool like ``pool`` whose connections never retry; None if it cannot be made."""
+    from redis.backoff import NoBackoff
+    from redis.connection import BlockingConnectionPool, ConnectionPool
+    from redis.retry import Retry
+
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["retry"] = Retry(NoBackoff(), 0)
+    kwargs.pop("retry_on_error", None)
+    kwargs.pop("retry_on_timeout", None)
+    limits = {"max_connections": pool.max_connections}
+    try:
+        from redis.sentinel import SentinelConnectionPool
+    except ImportError:  # pragma: no cover
+        SentinelConnectionPool = None  # type: ignore[assignment,misc]  # noqa: N806
+    if SentinelConnectionPool is not None and isinstance(pool, SentinelConnectionPool):
+        kwargs.pop("connection_pool", None)
+        return SentinelConnectionPool(
+            pool.service_name,
+            pool.sentinel_manager,
+            is_master=pool.is_master,
+            check_connection=pool.check_connection,
+            **limits,
+            **kwargs,
+        )
+    if type(pool) is BlockingConnectionPool:
+        return BlockingConnectionPool(
+            connection_class=pool.connection_class, timeout=pool.timeout, **limits, **kwargs
+        )
+    if type(pool) is ConnectionPool:
+        return ConnectionPool(connection_class=pool.connection_class, **limits, **kwargs)
+    return None
+
+
+def _bounded_pool(pool: Any) -> Any:
+    """``pool`` itself when its connections connect without lingering, else its twin."""
+    if not _connect_may_linger(pool.connection_kwargs):
+        return pool
+    twin = _twins.get(pool)
+    if twin is not None:
+        return twin
+    with _twins_lock:
+        twin = _twins.get(pool)
+        if twin is None:
+            twin = _twin_of(pool)
+            if twin is None:
+                logger.warning(
+                    "cannot mirror a %s without its retries: lock calls use it as it is "
+                    "and may last longer than one socket timeout",
+                    type(pool).__name__,
+                )
+                twin = pool
+            else:
+                # The twin's sockets close with the client's pool.
+                weakref.finalize(pool, twin.disconnect)
+            _twins[pool] = twin
+    return twin
+
+
+def _get_connection_args(pool: Any) -> tuple[str, ...]:
+    # redis-py before 5.3 requires a command name; later versions warn on one.
+    kind = type(pool)
+    wants = _wants_command_name.get(kind)
+    if wants is None:
+        parameter = inspect.signature(kind.get_connection).parameters.get("command_name")
+        wants = parameter is not None and parameter.default is inspect.Parameter.empty
+        _wants_command_name[kind] = wants
+    return ("EVALSHA",) if wants else ()
+
+
+def _exchange(conn: Any, commands: Sequence[Command]) -> list[Any]:
+    """Write ``commands`` on ``conn`` and read one reply each (errors as values)."""
+    try:
+        conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+    except BaseException as exc:
+        conn.disconnect()
+        # A part of the batch may have gone out: one command cut short does
+        # not run, but the first of several may be complete.
+        raise CallFailed(exc, may_have_run=len(commands) > 1) from exc
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(conn.read_response(disconnect_on_error=False))
+        except ResponseError as exc:
+            replies.append(exc)
+        except (TimeoutError, RedisTimeoutError) as exc:
+            failed = CallFailed(exc, may_have_run=True)
+            failed.pending = Pending(conn, len(commands) - len(replies), None, False)
+            raise failed from exc
+        except BaseException as exc:
+            conn.disconnect()
+            raise CallFailed(exc, may_have_run=True) from exc
+    return replies
+
+
+def _call_on_pool(pool: Any, commands: Sequence[Command]) -> list[Any]:
+    pool = _bounded_pool(pool)
+    args = _get_connection_args(pool)
+    for attempt in (1, 2):
+        try:
+            conn = pool.get_connection(*args)
+        except RedisConnectionError as exc:
+            # Nothing was written: one more try covers a pooled connection
+            # that died with a restarted Redis.
+            if attempt == 2:
+                raise CallFailed(exc, may_have_run=False) from exc
+            continue
+        except RedisError as exc:
+            raise CallFailed(exc, may_have_run=False) from exc
+        try:
+            return _exchange(conn, commands)
+        except CallFailed as failed:
+            if failed.pending is not None:
+                failed.pending.release = lambda c=conn: pool.release(c)
+                giveback.drain(failed.pending)
+                conn = None
+            raise
+        finally:
+            if conn is not None:
+                pool.release(conn)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# -- Cluster ---------------------------------------------------------------------
+
+_refresh: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _redirect_target(client: Any, error: AskError) -> Any:
+    """The node a MOVED/ASK names, with the client's slot map told of a MOVED."""
+    manager = client.nodes_manager
+    if isinstance(error, MovedError):
+        for method in ("move_slot", "update_moved_exception"):
+            if hasattr(manager, method):
+                outcome = getattr(manager, method)(error)
+                break
+        else:
+            manager._moved_exception = error
+            outcome = None
+        if inspect.isawaitable(outcome):
+            return outcome  # the asyncio manager: the caller awaits it first
+    return None
+
+
+def _node_at(client: Any, error: AskError) -> Any:
+    node = client.get_node(host=error.host, port=error.port)
+    if node is None and isinstance(error, MovedError):
+        node = client.nodes_manager.get_node_from_slot(error.slot_id)
+    if node is None:
+        raise CallFailed(error, may_have_run=False)
+    return node
+
+
+def _cluster_call(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+    if _refresh.pop(client, False):
+        try:
+            client.nodes_manager.initialize()
+        except RedisError as exc:
+            _refresh[client] = True
+            raise CallFailed(exc, may_have_run=False) from exc
+    node = client.get_node_from_key(key)
+    prefix: tuple[Command, ...] = ()
+    for _ in range(_MAX_REDIRECTS):
+        redis_node = node.redis_connection or client.get_redis_connection(node)
+        try:
+            replies = _call_on_pool(redis_node.connection_pool, (*prefix, *commands))
+        except CallFailed as failed:
+            if isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)):
+                # The node may be gone for good (failover): look again next time.
+                _refresh[client] = True
+            raise
+        replies = replies[len(prefix):]
+        first = replies[0]
+        if not isinstance(first, AskError):
+            return replies
+        # Redirected: the command did not run here; a WAIT after it has
+        # nothing to wait for. Send the whole batch where Redis says.
+        _redirect_target(client, first)
+        node = _node_at(client, first)
+        prefix = () if isinstance(first, MovedError) else (("ASKING",),)
+    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
+
+
+def call(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+    """Send ``commands`` as one batch on one connection; a reply each, errors as values.
+
+    On a Cluster the batch goes to the node owning ``key``'s slot. Raises
+    ``CallFailed``; it never sends a written batch again.
+    """
+    if is_cluster(client):
+        return _cluster_call(client, commands, key)
+    return _call_on_pool(client.connection_pool, commands)
+
+
+# -- asyncio ---------------------------------------------------------------------
+
+
+def _connect_bound(kwargs: dict[str, Any]) -> float | None:
+    """How long connecting may take: one connect timeout, and one socket
+    timeout for the handshake (HELLO, AUTH, CLIENT SETINFO)."""
+    timeout = kwargs.get("socket_timeout")
+    connect = kwargs.get("socket_connect_timeout") or timeout
+    if timeout is None or connect is None:
+        return None
+    return float(connect) + float(timeout)
+
+
+async def _exchange_async(conn: Any, commands: Sequence[Command]) -> list[Any]:
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands), False)
+    except BaseException as exc:
+        await _disconnect(conn)
+        raise CallFailed(exc, may_have_run=len(commands) > 1) from exc
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(await conn.read_response(disconnect_on_error=False))
+        except ResponseError as exc:
+            replies.append(exc)
+        except (RedisTimeoutError, asyncio.TimeoutError) as exc:
+            failed = CallFailed(exc, may_have_run=True)
+            failed.pending = Pending(conn, len(commands) - len(replies), None, True)
+            raise failed from exc
+        except BaseException as exc:
+            # Cancelled mid-read, or the connection broke: the batch may
+            # have run and the connection holds an unread reply.
+            await _disconnect(conn)
+            raise CallFailed(exc, may_have_run=True) from exc
+    return replies
+
+
+async def _disconnect(conn: Any) -> None:
+    try:
+        await conn.disconnect(nowait=True)
+    except Exception:  # closing a broken connection: nothing more to do
+        logger.debug("closing a failed connection failed", exc_info=True)
+
+
+async def _connected(conn: Any, bound: float | None) -> None:
+    """Connect ``conn`` (ours for now) without its retry policy."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    if getattr(conn, "is_connected", False):
+        return
+    saved = conn.retry
+    conn.retry = Retry(NoBackoff(), 0)
+    try:
+        if bound is None:
+            await conn.connect()
+        else:
+            await asyncio.wait_for(conn.connect(), bound)
+    except asyncio.TimeoutError as exc:
+        await _disconnect(conn)
+        raise RedisTimeoutError("Timeout connecting to server") from exc
+    finally:
+        conn.retry = saved
+
+
+async def _checkout_async(pool: Any) -> Any:
+    from redis.asyncio.connection import BlockingConnectionPool
+
+    bound = _connect_bound(pool.connection_kwargs)
+    if isinstance(pool, BlockingConnectionPool) or not hasattr(pool, "get_available_connection"):
+        # Waiting for a free connection is the pool's business; connecting
+        # (with whatever retries) must end within the bound all the same.
+        getter = pool.get_connection(*_get_connection_args(pool))
+        if bound is None:
+            return await getter
+        try:
+            return await asyncio.wait_for(getter, bound)
+        except asyncio.TimeoutError as exc:
+            raise RedisTimeoutError("Timeout getting a connection") from exc
+    conn = pool.get_available_connection()
+    try:
+        await _connected(conn, bound)
+        # ``can_read`` from redis-py 8 on; 5.x names it ``can_read_destructive``.
+        stale = getattr(conn, "can_read", None) or conn.can_read_destructive
+        if await stale():
+            # Data or EOF on an idle connection: it is stale, start afresh.
+            await _disconnect(conn)
+            await _connected(conn, bound)
+    except BaseException:
+        await pool.release(conn)
+        raise
+    return conn
+
+
+async def _call_on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
+    for attempt in (1, 2):
+        try:
+            conn = await _checkout_async(pool)
+        except RedisConnectionError as exc:
+            if attempt == 2:
+                raise CallFailed(exc, may_have_run=False) from exc
+            continue
+        except RedisError as exc:
+            raise CallFailed(exc, may_have_run=False) from exc
+        try:
+            return await _exchange_async(conn, commands)
+        except CallFailed as failed:
+            if failed.pending is not None:
+                failed.pending.release = lambda c=conn: pool.release(c)
+                giveback.drain(failed.pending)
+                conn = None
+            raise
+        finally:
+            if conn is not None:
+                await pool.release(conn)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _node_release(node: Any, conn: Any) -> Any:
+    if hasattr(node, "release"):
+        node.release(conn)
+    else:  # redis-py 5.0
+        node._free.append(conn)
+
+
+async def _call_on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
+    from redis.exceptions import MaxConnectionsError
+
+    try:
+        conn = node.acquire_connection()
+    except MaxConnectionsError as exc:
+        raise CallFailed(exc, may_have_run=False) from exc
+    try:
+        try:
+            await _connected(conn, _connect_bound(node.connection_kwargs))
+        except RedisError as exc:
+            raise CallFailed(exc, may_have_run=False) from exc
+        return await _exchange_async(conn, commands)
+    except CallFailed as failed:
+        if failed.pending is not None:
+            failed.pending.release = lambda: _node_release(node, conn)
+            giveback.drain(failed.pending)
+            conn = None
+        raise
+    finally:
+        if conn is not None:
+            _node_release(node, conn)
+
+
+async def _cluster_call_async(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+    if _refresh.pop(client, False):
+        try:
+            await client.nodes_manager.initialize()
+        except RedisError as exc:
+            _refresh[client] = True
+            raise CallFailed(exc, may_have_run=False) from exc
+    if getattr(client, "_initialize", False):
+        await client.initialize()
+    node = client.get_node_from_key(key)
+    prefix: tuple[Command, ...] = ()
+    for _ in range(_MAX_REDIRECTS):
+        try:
+            replies = await _call_on_node_async(node, (*prefix, *commands))
+        except CallFailed as failed:
+            if isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)):
+                _refresh[client] = True
+            raise
+        replies = replies[len(prefix):]
+        first = replies[0]
+        if not isinstance(first, AskError):
+            return replies
+        moved = _redirect_target(client, first)
+        if moved is not None:
+            await moved
+        node = _node_at(client, first)
+        prefix = () if isinstance(first, MovedError) else (("ASKING",),)
+    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
+
+
+async def call_async(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+    """``call`` for a ``redis.asyncio`` client."""
+    if is_cluster(client):
+        return await _cluster_call_async(client, commands, key)
+    return await _call_on_pool_async(client.connection_pool, commands)
