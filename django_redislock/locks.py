@@ -36,6 +36,7 @@ def _options(
     label: str,
     on_lost: Callable[[Any], None] | None,
     replicas: int | None,
+    replicas_timeout: float | None,
 ) -> dict[str, Any]:
     return {
         "ttl": conf.TIMEOUT if timeout is None else timeout,
@@ -47,7 +48,9 @@ def _options(
         "keyspace": keyspace(),
         "observer": observer,
         "replicas": conf.REPLICAS if replicas is None else replicas,
-        "replicas_timeout": conf.REPLICAS_TIMEOUT,
+        "replicas_timeout": (
+            conf.REPLICAS_TIMEOUT if replicas_timeout is None else replicas_timeout
+        ),
     }
 
 
@@ -62,11 +65,16 @@ def get_lock(
     alias: str | None = None,
     on_lost: Callable[[Any], None] | None = None,
     replicas: int | None = None,
+    replicas_timeout: float | None = None,
 ) -> Lock:
     """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals."""
     client = get_client(alias)
     check_eviction(client)
-    return Lock(client, name, **_options(timeout, wait, renew, renew_max, label, on_lost, replicas))
+    return Lock(
+        client,
+        name,
+        **_options(timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout),
+    )
 
 
 def get_async_lock(
@@ -80,11 +88,14 @@ def get_async_lock(
     alias: str | None = None,
     on_lost: Callable[[Any], None] | None = None,
     replicas: int | None = None,
+    replicas_timeout: float | None = None,
 ) -> AsyncLock:
     """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
     client = get_async_client(alias)
     return AsyncLock(
-        client, name, **_options(timeout, wait, renew, renew_max, label, on_lost, replicas)
+        client,
+        name,
+        **_options(timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout),
     )
 
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import inspect
+import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -44,8 +45,8 @@ logger = logging.getLogger("django_redislock.giveback")
 # already waits a socket timeout, so this does not hammer it.
 _FIRST_DELAY = 0.02
 _MAX_DELAY = 0.25
-# How long one wait for a late reply lasts before the deadline is checked again.
-_POLL = 0.5
+# How long a sync drain polls its connection per turn before the next one's turn.
+_DRAIN_POLL = 0.05
 
 
 def _pending_of(after: BaseException | None) -> Pending | None:
@@ -56,71 +57,99 @@ def _pending_of(after: BaseException | None) -> Pending | None:
 
 
 class _Worker:
-    """The process's give-back thread and its queue, both made on first use."""
+    """One of the process's background threads and its schedule, made on first use.
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+    A job does one step and returns when it wants to run again (monotonic
+    time), or None when it is done. Jobs take turns: a give-back that Redis
+    keeps refusing (a server gone for good) never holds up the others.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ready = threading.Condition(threading.Lock())
+        self.jobs: list[tuple[float, int, Callable[[], float | None]]] = []
+        self.count = itertools.count()
         self.thread: threading.Thread | None = None
 
-    def put(self, job: Callable[[], None]) -> None:
-        self.jobs.put(job)
-        if self.thread is None:
-            with self.lock:
-                if self.thread is None:
-                    self.thread = threading.Thread(
-                        target=self.run, name="redislock-giveback", daemon=True
-                    )
-                    self.thread.start()
+    def put(self, job: Callable[[], float | None], at: float = 0.0) -> None:
+        with self.ready:
+            heapq.heappush(self.jobs, (at, next(self.count), job))
+            self.ready.notify()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+                self.thread.start()
 
     def run(self) -> None:
         while True:
-            job = self.jobs.get()
+            with self.ready:
+                while not self.jobs or self.jobs[0][0] > time.monotonic():
+                    self.ready.wait(self.jobs[0][0] - time.monotonic() if self.jobs else None)
+                _, _, job = heapq.heappop(self.jobs)
             try:
-                job()
+                again = job()
             except Exception:  # a give-back must never stop the ones behind it
                 logger.exception("give-back job failed")
+                again = None
+            if again is not None:
+                self.put(job, again)
 
 
-_worker = _Worker()
+# Give-backs run on one thread, the reading of late replies on another: a
+# reply that never comes (lost on the way) must not hold up the give-backs
+# that need not wait for it.
+_worker = _Worker("redislock-giveback")
+_drainer = _Worker("redislock-drain")
 
 
 def _after_fork_in_child() -> None:
-    # The parent's thread does not exist here, and the queued jobs use the
+    # The parent's threads do not exist here, and the queued jobs use the
     # parent's connections: the child starts with nothing to give back.
-    global _worker
-    _worker = _Worker()
+    global _worker, _drainer
+    _worker = _Worker("redislock-giveback")
+    _drainer = _Worker("redislock-drain")
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _read_late_replies(pending: Pending) -> None:
-    conn = pending.conn
-    try:
-        while pending.unread:
-            left = pending.deadline - time.monotonic()
-            if left <= 0:
-                break
+class _Drain:
+    """Reads the late replies of one connection, a short poll per turn, so
+    that a reply that never comes does not hold up the other connections."""
+
+    def __init__(self, pending: Pending) -> None:
+        self.pending = pending
+
+    def __call__(self) -> float | None:
+        pending = self.pending
+        conn = pending.conn
+        left = pending.deadline - time.monotonic()
+        if pending.unread and left > 0:
             try:
-                if not conn.can_read(timeout=min(_POLL, left)):
-                    continue
+                if not conn.can_read(timeout=min(_DRAIN_POLL, left)):
+                    return time.monotonic()
                 conn.read_response(disconnect_on_error=False)
             except ResponseError:
                 pass
             except (TimeoutError, RedisTimeoutError):
-                continue
+                return time.monotonic()
             except Exception:
                 # Closed by Redis (or Redis restarted): what was unread is gone.
                 logger.debug("connection with late replies closed", exc_info=True)
-                break
+                self.finish()
+                return None
             pending.unread -= 1
+            if pending.unread:
+                return time.monotonic()
+        self.finish()
+        return None
+
+    def finish(self) -> None:
+        pending = self.pending
         pending.answered = pending.unread == 0
-    finally:
-        if not pending.answered:
-            conn.disconnect()
         try:
+            if not pending.answered:
+                pending.conn.disconnect()
             pending.release()
         finally:
             pending.done.set()
@@ -131,29 +160,37 @@ def drain(pending: Pending) -> None:
     if pending.asynchronous:
         _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
     else:
-        _worker.put(lambda: _read_late_replies(pending))
+        _drainer.put(_Drain(pending))
 
 
-def _retry_until(call: Callable[[], Any], deadline: float, what: str) -> None:
-    delay = _FIRST_DELAY
-    attempts = 0
-    while True:
-        attempts += 1
+class _GiveBack:
+    """One give-back: an attempt per turn, with a growing pause between them."""
+
+    def __init__(self, call: Callable[[], Any], deadline: float, what: str) -> None:
+        self.call = call
+        self.deadline = deadline
+        self.what = what
+        self.delay = _FIRST_DELAY
+        self.attempts = 0
+
+    def __call__(self) -> float | None:
+        self.attempts += 1
         try:
-            call()
+            self.call()
         except Exception as exc:
-            if time.monotonic() + delay >= deadline:
+            now = time.monotonic()
+            if now + self.delay >= self.deadline:
                 logger.warning(
-                    "gave up giving back %s after %d attempt(s): %s", what, attempts, exc
+                    "gave up giving back %s after %d attempt(s): %s", self.what, self.attempts, exc
                 )
-                return
-            logger.debug("giving back %s failed (%s); trying again", what, exc)
-            time.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY)
-            continue
-        if attempts > 1:
-            logger.info("gave back %s after %d attempts", what, attempts)
-        return
+                return None
+            logger.debug("giving back %s failed (%s); trying again", self.what, exc)
+            due = now + self.delay
+            self.delay = min(self.delay * 2, _MAX_DELAY)
+            return due
+        if self.attempts > 1:
+            logger.info("gave back %s after %d attempts", self.what, self.attempts)
+        return None
 
 
 def submit(
@@ -173,9 +210,14 @@ def submit(
     pending = _pending_of(after)
     if pending is not None:
         pending.keep_until(deadline)
-    # The drain of ``after`` was queued before this, on the same thread:
-    # by the time this job runs, the late replies were read or given up on.
-    _worker.put(lambda: _retry_until(call, deadline, what))
+    job = _GiveBack(call, deadline, what)
+    if pending is None:
+        _worker.put(job)
+    else:
+        # The drain of ``after`` was queued before this on the drain thread:
+        # once it is done (the late replies read, or given up on), the
+        # give-back joins the others.
+        _drainer.put(lambda: _worker.put(job))
 
 
 # -- asyncio ---------------------------------------------------------------------
@@ -184,9 +226,8 @@ _tasks: set[asyncio.Task[Any]] = set()
 
 
 def _spawn(coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-    task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(
-        coro, name=name  # type: ignore[arg-type]
-    )
+    loop = asyncio.get_running_loop()
+    task: asyncio.Task[Any] = loop.create_task(coro, name=name)  # type: ignore[arg-type]
     # The loop holds tasks weakly: keep them until they are done.
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)

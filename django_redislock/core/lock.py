@@ -69,6 +69,9 @@ class SyncHandle(LockBase):
 
     # Gives back whatever a token may hold or be queued for; safe to repeat.
     _cancel_script: scripts.Script
+    # Whether a give-back must wait for the late reply of the call it follows
+    # (else the late call could run after it and take what it gave back).
+    _give_back_after_late_reply = True
 
     def _init_driver(self) -> None:
         self._gate = threading.Lock()
@@ -207,7 +210,7 @@ class SyncHandle(LockBase):
         giveback.submit(
             lambda: self._cancel_call(token),
             within=self.ttl,
-            after=after,
+            after=after if self._give_back_after_late_reply else None,
             what=self._label(),
         )
 
@@ -283,6 +286,10 @@ class Lock(SyncHandle):
     """
 
     _cancel_script = scripts.CANCEL
+    # The lock's cancel remembers the token and its acquire then grants
+    # nothing: the give-back need not wait for a late reply that may never
+    # come (a reply lost on the way), it frees the name as soon as Redis answers.
+    _give_back_after_late_reply = False
 
     def _init_driver(self) -> None:
         super()._init_driver()

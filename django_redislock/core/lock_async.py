@@ -72,6 +72,9 @@ class AsyncHandle(LockBase):
 
     # Gives back whatever a token may hold or be queued for; safe to repeat.
     _cancel_script: scripts.Script
+    # Whether a give-back must wait for the late reply of the call it follows
+    # (else the late call could run after it and take what it gave back).
+    _give_back_after_late_reply = True
 
     def _init_driver(self) -> None:
         self._gate: asyncio.Lock | None = None
@@ -226,7 +229,7 @@ class AsyncHandle(LockBase):
         giveback.submit_async(
             lambda: self._cancel_call(token),
             within=self.ttl,
-            after=after,
+            after=after if self._give_back_after_late_reply else None,
             what=self._label(),
         )
 
@@ -297,6 +300,10 @@ class AsyncLock(AsyncHandle):
     """
 
     _cancel_script = scripts.CANCEL
+    # The lock's cancel remembers the token and its acquire then grants
+    # nothing: the give-back need not wait for a late reply that may never
+    # come (a reply lost on the way), it frees the name as soon as Redis answers.
+    _give_back_after_late_reply = False
 
     def _init_driver(self) -> None:
         super()._init_driver()

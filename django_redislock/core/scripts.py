@@ -37,19 +37,24 @@ class Script:
     name: str
     source: bytes
     sha: str
+    # Safe to run twice with the same arguments (release, extend, cancel): a
+    # batch cut by a broken connection is sent once more, on a new one, so
+    # the caller gets an answer. Never after a timeout (the first may still
+    # be on its way), and never for a script that is not.
+    repeatable: bool = False
 
 
 def _read(filename: str) -> str:
     return (resources.files(__package__) / "lua" / filename).read_text("utf-8")
 
 
-def load(name: str, *, prelude: str | None = "_prelude.lua") -> Script:
+def load(name: str, *, prelude: str | None = "_prelude.lua", repeatable: bool = False) -> Script:
     text = _read(f"{name}.lua")
     if prelude:
         text = _read(prelude) + "\n" + text
     # One source for the state's keep time: the scripts say @STATE_KEEP_MS@.
     source = text.replace("@STATE_KEEP_MS@", str(STATE_KEEP_MS)).encode()
-    return Script(name, source, hashlib.sha1(source).hexdigest())
+    return Script(name, source, hashlib.sha1(source).hexdigest(), repeatable)
 
 
 def _unavailable(script: Script, exc: BaseException) -> RedisUnavailable:
@@ -58,6 +63,17 @@ def _unavailable(script: Script, exc: BaseException) -> RedisUnavailable:
     else:
         what = "answered with an error"
     return RedisUnavailable(f"Redis {what} running {script.name}: {exc}")
+
+
+def _send_again(script: Script, failed: transport.CallFailed, tried: int) -> bool:
+    """Whether a failed batch of ``script`` is sent once more (see Script)."""
+    return (
+        tried == 1
+        and script.repeatable
+        and failed.pending is None
+        and isinstance(failed.cause, RedisConnectionError)
+        and not isinstance(failed.cause, RedisTimeoutError)
+    )
 
 
 def _failed(script: Script, failed: transport.CallFailed) -> RedisUnavailable:
@@ -69,7 +85,11 @@ def _failed(script: Script, failed: transport.CallFailed) -> RedisUnavailable:
 
 
 def _batch(
-    script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...], extra: tuple[Any, ...], *,
+    script: Script,
+    keys: tuple[bytes, ...],
+    args: tuple[Any, ...],
+    extra: tuple[Any, ...],
+    *,
     by_sha: bool,
 ) -> list[tuple[Any, ...]]:
     head = ("EVALSHA", script.sha) if by_sha else ("EVAL", script.source)
@@ -91,16 +111,22 @@ def _run(
     extra: tuple[Any, ...] = (),
 ) -> list[Any]:
     slot_key = keys[0] if keys else b""
-    try:
-        replies = transport.call(client, _batch(script, keys, args, extra, by_sha=True), slot_key)
-        if isinstance(replies[0], NoScriptError):
-            # It did not run: send the source, with what followed it, again.
+    for tried in (1, 2):
+        try:
             replies = transport.call(
-                client, _batch(script, keys, args, extra, by_sha=False), slot_key
+                client, _batch(script, keys, args, extra, by_sha=True), slot_key
             )
-    except transport.CallFailed as failed:
-        raise _failed(script, failed) from failed.cause
-    return _checked(script, replies)
+            if isinstance(replies[0], NoScriptError):
+                # It did not run: send the source, with what followed it, again.
+                replies = transport.call(
+                    client, _batch(script, keys, args, extra, by_sha=False), slot_key
+                )
+        except transport.CallFailed as failed:
+            if _send_again(script, failed, tried):
+                continue
+            raise _failed(script, failed) from failed.cause
+        return _checked(script, replies)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def _run_async(
@@ -111,17 +137,21 @@ async def _run_async(
     extra: tuple[Any, ...] = (),
 ) -> list[Any]:
     slot_key = keys[0] if keys else b""
-    try:
-        replies = await transport.call_async(
-            client, _batch(script, keys, args, extra, by_sha=True), slot_key
-        )
-        if isinstance(replies[0], NoScriptError):
+    for tried in (1, 2):
+        try:
             replies = await transport.call_async(
-                client, _batch(script, keys, args, extra, by_sha=False), slot_key
+                client, _batch(script, keys, args, extra, by_sha=True), slot_key
             )
-    except transport.CallFailed as failed:
-        raise _failed(script, failed) from failed.cause
-    return _checked(script, replies)
+            if isinstance(replies[0], NoScriptError):
+                replies = await transport.call_async(
+                    client, _batch(script, keys, args, extra, by_sha=False), slot_key
+                )
+        except transport.CallFailed as failed:
+            if _send_again(script, failed, tried):
+                continue
+            raise _failed(script, failed) from failed.cause
+        return _checked(script, replies)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def run(client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]) -> Any:
@@ -180,7 +210,7 @@ async def run_acked_async(
 
 
 ACQUIRE = load("acquire")
-RELEASE = load("release")
-EXTEND = load("extend")
-CANCEL = load("cancel")
+RELEASE = load("release", repeatable=True)
+EXTEND = load("extend", repeatable=True)
+CANCEL = load("cancel", repeatable=True)
 CLEAR = load("clear")

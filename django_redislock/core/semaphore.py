@@ -49,14 +49,14 @@ log_acquire = logging.getLogger("django_redislock.acquire")
 DEFAULT_PERMIT_TTL = 60.0
 
 
-def _load(name: str) -> scripts.Script:
-    return scripts.load(name, prelude="sem_prelude.lua")
+def _load(name: str, *, repeatable: bool = False) -> scripts.Script:
+    return scripts.load(name, prelude="sem_prelude.lua", repeatable=repeatable)
 
 
 ACQUIRE = _load("sem_acquire")
-RELEASE = _load("sem_release")
-REFRESH = _load("sem_refresh")
-CANCEL = _load("sem_cancel")
+RELEASE = _load("sem_release", repeatable=True)
+REFRESH = _load("sem_refresh", repeatable=True)
+CANCEL = _load("sem_cancel", repeatable=True)
 CLEAR = _load("sem_clear")
 
 

@@ -133,7 +133,11 @@ class FaultProxy:
         else:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.settimeout(2.0)
-        sock.connect(self.upstream)
+        try:
+            sock.connect(self.upstream)
+        except OSError:
+            sock.close()  # the upstream is down: this socket never connected
+            raise
         return sock
 
     def _accept_loop(self) -> None:

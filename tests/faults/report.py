@@ -400,10 +400,14 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "got ``RedisUnavailable`` "
         f"({fl.get('dropped_release_library', []).count('unavailable')} of "
         f"{len(fl.get('dropped_release_library', []))} runs) although the release ran. "
-        "A client that retries timeouts (redis-py's default policy does) is told the "
-        "truth: the release script remembers the last token it released, so the retry "
-        f"reports success ({fl.get('dropped_release_retrying', []).count('released')} of "
-        f"{len(fl.get('dropped_release_retrying', []))} runs). ``LockLost`` reported for "
+        "A client of the user's own that retries timeouts (redis-py's default policy "
+        "does) gets the same: lock scripts never go through a client's retries, and "
+        "the give-back that follows is safe to repeat "
+        f"({fl.get('dropped_release_retrying', []).count('unavailable')} of "
+        f"{len(fl.get('dropped_release_retrying', []))} runs unavailable, "
+        f"{fl.get('dropped_release_retrying', []).count('released')} released). "
+        "A release retried all the same is told the truth: the script remembers the "
+        "last 3 tokens released. ``LockLost`` reported for "
         "a release that did run: "
         + str(fl.get("dropped_release_library", []).count("LockLost")
               + fl.get("dropped_release_retrying", []).count("LockLost"))
