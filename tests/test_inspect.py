@@ -274,11 +274,20 @@ def cluster(redis_factory: type) -> Iterator[RedisCluster]:
          *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
         check=True, capture_output=True, timeout=30,
     )
-    client = RedisCluster(host="127.0.0.1", port=ports[0], socket_timeout=5)
+    def every_node_ok() -> bool:
+        # Every node, not one: a node that has not yet heard of the others
+        # answers CLUSTERDOWN, and lock scripts are not retried through it.
+        for server in servers:
+            with server.client(socket_timeout=1) as c:
+                if b"cluster_state:ok" not in c.execute_command("CLUSTER", "INFO"):
+                    return False
+        return True
+
     deadline = time.monotonic() + 20
-    while client.cluster_info().get("cluster_state") != "ok":
+    while not every_node_ok():
         assert time.monotonic() < deadline, "cluster never became ok"
         time.sleep(0.05)
+    client = RedisCluster(host="127.0.0.1", port=ports[0], socket_timeout=5)
     yield client
     client.close()
 

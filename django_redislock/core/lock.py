@@ -86,7 +86,13 @@ class SyncHandle(LockBase):
 
     def _cancel(self, token: str) -> None:
         """Give back whatever ``token`` may hold or be queued for."""
-        raise NotImplementedError
+        try:
+            self._cancel_call(token)
+        except RedisUnavailable as exc:
+            # A queue entry expires at its deadline, a lease or permit handed
+            # to us unheard with its TTL; until then, keep trying off our path.
+            log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
+            self._give_back_later(token, after=exc)
 
     def _on_acquired(self, ttl_ms: int) -> None:
         """Called once the handle holds what it asked for."""
@@ -321,15 +327,6 @@ class Lock(SyncHandle):
         self._ttl_ms_held = ttl_ms
         if self.renew:
             renewal.watchdog.add(self, renew_interval(ttl_ms))
-
-    def _cancel(self, token: str) -> None:
-        try:
-            self._cancel_call(token)
-        except RedisUnavailable as exc:
-            # Our queue entry expires at its deadline, a lease handed to us
-            # unheard with its TTL; until then, keep trying off our path.
-            log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
-            self._give_back_later(token, after=exc)
 
     def _release_call(self, token: str) -> int:
         return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,)))

@@ -90,7 +90,13 @@ class AsyncHandle(LockBase):
 
     async def _cancel(self, token: str) -> None:
         """Give back whatever ``token`` may hold or be queued for."""
-        raise NotImplementedError
+        try:
+            await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
+        except (RedisUnavailable, asyncio.TimeoutError) as exc:
+            # A queue entry expires at its deadline, a lease or permit handed
+            # to us unheard with its TTL; until then, keep trying off our path.
+            log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
+            self._give_back_later(token, after=exc)
 
     def _on_acquired(self, ttl_ms: int) -> None:
         """Called once the handle holds what it asked for."""
@@ -340,16 +346,6 @@ class AsyncLock(AsyncHandle):
             self._renewer = asyncio.get_running_loop().create_task(
                 self._renew_loop(), name=f"redislock-renew:{self.name[:40]}"
             )
-
-    async def _cancel(self, token: str) -> None:
-        """Give back whatever this token may hold: lease, reserved turn, queue place."""
-        try:
-            await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
-        except (RedisUnavailable, asyncio.TimeoutError) as exc:
-            # Our queue entry expires at its deadline, a lease handed to us
-            # unheard with its TTL; until then, keep trying off our path.
-            log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
-            self._give_back_later(token, after=exc)
 
     async def _release_call(self, token: str) -> int:
         return int(await scripts.run_async(self.client, scripts.RELEASE, self._key_tuple, (token,)))

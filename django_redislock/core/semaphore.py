@@ -194,15 +194,6 @@ class Semaphore(SemaphoreBase, SyncHandle):
 
     _cancel_script = CANCEL
 
-    def _cancel(self, token: str) -> None:
-        try:
-            self._cancel_call(token)
-        except RedisUnavailable as exc:
-            # The queue entry expires at its deadline, a permit at its TTL;
-            # until then, keep trying off our path.
-            log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
-            self._give_back_later(token, after=exc)
-
     # -- release / refresh ------------------------------------------------------
     def _check_owner(self, action: str) -> str:
         if self.token is None or self._pid != os.getpid():

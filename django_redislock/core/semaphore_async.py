@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 from . import scripts
-from .aio_calls import CLEANUP_TIMEOUT, complete
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .exceptions import (
     LockError,
@@ -62,15 +61,6 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
         )
 
     _cancel_script = CANCEL
-
-    async def _cancel(self, token: str) -> None:
-        try:
-            await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
-        except (RedisUnavailable, asyncio.TimeoutError) as exc:
-            # The queue entry expires at its deadline, a permit at its TTL;
-            # until then, keep trying off our path.
-            log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
-            self._give_back_later(token, after=exc)
 
     def _check_owner(self, action: str) -> str:
         if self.token is None:
