@@ -65,15 +65,24 @@ class PrivateRedis:
         args = [
             *self.wrapper,
             self.binary,
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.dir),
-            "--daemonize", "no",
-            "--save", "",
-            "--appendonly", "no",
-            "--loglevel", "warning",
-            "--logfile", str(self.dir / "redis.log"),
-            "--maxclients", "2000",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(self.dir / "redis.log"),
+            "--maxclients",
+            "2000",
         ]
         if self.socket_path:
             args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
@@ -213,6 +222,7 @@ def rst_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     rule = "  ".join("=" * w for w in widths)
+
     def line(row: list[str]) -> str:
         return "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
 

@@ -131,14 +131,38 @@ IMPLS: dict[str, Impl] = {
     impl.key: impl
     for impl in (
         Impl("ours", "django_redislock.Lock", _ours, peer=False, module="django_redislock.core"),
-        Impl("baseline", "baseline SET NX + EVALSHA", _Baseline, peer=False, module="redis",
-             note=f"polls every {BASELINE_POLL * 1000:g} ms when busy"),
-        Impl("redis_py", "redis.lock.Lock", _redis_py, peer=True, module="redis.lock",
-             note="polls every 0.1 s when busy (default sleep)"),
-        Impl("python_redis_lock", "redis_lock.Lock", _PythonRedisLock, peer=True,
-             module="redis_lock", note="BLPOP on a signal list when busy"),
-        Impl("pottery", "pottery.Redlock (1 master)", _Pottery, peer=True, module="pottery",
-             note="retries after a random 0-0.2 s sleep when busy"),
+        Impl(
+            "baseline",
+            "baseline SET NX + EVALSHA",
+            _Baseline,
+            peer=False,
+            module="redis",
+            note=f"polls every {BASELINE_POLL * 1000:g} ms when busy",
+        ),
+        Impl(
+            "redis_py",
+            "redis.lock.Lock",
+            _redis_py,
+            peer=True,
+            module="redis.lock",
+            note="polls every 0.1 s when busy (default sleep)",
+        ),
+        Impl(
+            "python_redis_lock",
+            "redis_lock.Lock",
+            _PythonRedisLock,
+            peer=True,
+            module="redis_lock",
+            note="BLPOP on a signal list when busy",
+        ),
+        Impl(
+            "pottery",
+            "pottery.Redlock (1 master)",
+            _Pottery,
+            peer=True,
+            module="pottery",
+            note="retries after a random 0-0.2 s sleep when busy",
+        ),
     )
 }
 

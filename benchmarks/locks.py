@@ -167,14 +167,15 @@ def round_trips(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace)
             # client address: they are server work, not round trips.
             inner = [e for e in entries if e.get("client_address", b"").startswith(b"?")]
             mine = [
-                e for e in entries
+                e
+                for e in entries
                 if not e.get("client_address", b"").startswith(b"?")
                 and not _is_admin(e.get("command", b""))
             ]
             commands: dict[str, int] = {}
             for e in mine:
                 cmd = e["command"]
-                word = (cmd.split()[0] if isinstance(cmd, bytes) else str(cmd).split()[0])
+                word = cmd.split()[0] if isinstance(cmd, bytes) else str(cmd).split()[0]
                 word = word.decode() if isinstance(word, bytes) else word
                 commands[word.upper()] = commands.get(word.upper(), 0) + 1
             # Logging every command slows scripts down, so the server time
@@ -215,8 +216,9 @@ def _handoff_holder(url: str, schedule: list[str], cfg: Any, conn: Any, shm: mma
     import redis
 
     client = redis.Redis.from_url(url, socket_timeout=5.0)
-    handles = {k: IMPLS[k].factory(client, f"bench:handoff:{k}", cfg.ttl, cfg.wait)
-               for k in set(schedule)}
+    handles = {
+        k: IMPLS[k].factory(client, f"bench:handoff:{k}", cfg.ttl, cfg.wait) for k in set(schedule)
+    }
     rnd = random.Random(1)
     for i, key in enumerate(schedule):
         h = handles[key]
@@ -239,8 +241,9 @@ def _handoff_waiter(url: str, schedule: list[str], cfg: Any, conn: Any, shm: mma
     import redis
 
     client = redis.Redis.from_url(url, socket_timeout=5.0)
-    handles = {k: IMPLS[k].factory(client, f"bench:handoff:{k}", cfg.ttl, cfg.wait)
-               for k in set(schedule)}
+    handles = {
+        k: IMPLS[k].factory(client, f"bench:handoff:{k}", cfg.ttl, cfg.wait) for k in set(schedule)
+    }
     base = 8 * len(schedule)
     while True:
         i = conn.recv()
@@ -280,10 +283,12 @@ def handoff(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> 
     tmp = tempfile.mkdtemp(prefix="redislock-bench-")
     errs = [os.path.join(tmp, "holder.err"), os.path.join(tmp, "waiter.err")]
     procs = [
-        CTX.Process(target=_child,
-                    args=(_handoff_holder, errs[0], server.url, schedule, cfg, a, shm)),
-        CTX.Process(target=_child,
-                    args=(_handoff_waiter, errs[1], server.url, schedule, cfg, b, shm)),
+        CTX.Process(
+            target=_child, args=(_handoff_holder, errs[0], server.url, schedule, cfg, a, shm)
+        ),
+        CTX.Process(
+            target=_child, args=(_handoff_waiter, errs[1], server.url, schedule, cfg, b, shm)
+        ),
     ]
     for p in procs:
         p.start()
@@ -352,7 +357,14 @@ def _spin(us: float) -> None:
 
 
 def _contended_worker(
-    url: str, key: str, name: str, idx: int, cfg: Any, shm: mmap.mmap, ready: Any, go: Any,
+    url: str,
+    key: str,
+    name: str,
+    idx: int,
+    cfg: Any,
+    shm: mmap.mmap,
+    ready: Any,
+    go: Any,
     out_path: str,
 ) -> None:
     import redis
@@ -416,8 +428,19 @@ def contended_cell(
     procs = [
         CTX.Process(
             target=_child,
-            args=(_contended_worker, errs[i], server.url, key, name, i, cfg, shm, ready, go,
-                  outs[i]),
+            args=(
+                _contended_worker,
+                errs[i],
+                server.url,
+                key,
+                name,
+                i,
+                cfg,
+                shm,
+                ready,
+                go,
+                outs[i],
+            ),
         )
         for i in range(workers)
     ]
@@ -544,23 +567,33 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         if peers:
             best_key = max(peers, key=lambda k: peers[k]["ops_per_s"])
             best = peers[best_key]["ops_per_s"]
-            out.append(check(
-                f"{w} workers: throughput >= best peer",
-                ours["ops_per_s"] >= best,
-                f"{ours['ops_per_s']:.0f} vs {best:.0f}/s ({best_key})",
-            ))
+            out.append(
+                check(
+                    f"{w} workers: throughput >= best peer",
+                    ours["ops_per_s"] >= best,
+                    f"{ours['ops_per_s']:.0f} vs {best:.0f}/s ({best_key})",
+                )
+            )
         if "python_redis_lock" in per:
             prl = per["python_redis_lock"]
             r = ratio(ours["ops_per_s"], prl["ops_per_s"])
-            out.append(check(f"{w} workers: throughput >= 1.5x python-redis-lock", r >= 1.5,
-                             f"{r:.2f}x"))
-            out.append(check(
-                f"{w} workers: wait p99 <= python-redis-lock",
-                ours["wait_p99_ms"] <= prl["wait_p99_ms"],
-                f"{ours['wait_p99_ms']:.1f} vs {prl['wait_p99_ms']:.1f} ms",
-            ))
-        out.append(check(f"{w} workers: least-served >= 0.5 of mean",
-                         ours["least_over_mean"] >= 0.5, f"{ours['least_over_mean']:.2f}"))
+            out.append(
+                check(f"{w} workers: throughput >= 1.5x python-redis-lock", r >= 1.5, f"{r:.2f}x")
+            )
+            out.append(
+                check(
+                    f"{w} workers: wait p99 <= python-redis-lock",
+                    ours["wait_p99_ms"] <= prl["wait_p99_ms"],
+                    f"{ours['wait_p99_ms']:.1f} vs {prl['wait_p99_ms']:.1f} ms",
+                )
+            )
+        out.append(
+            check(
+                f"{w} workers: least-served >= 0.5 of mean",
+                ours["least_over_mean"] >= 0.5,
+                f"{ours['least_over_mean']:.2f}",
+            )
+        )
     if data.get("contended"):
         out.append(check("zero mutual-exclusion violations (ours)", viol == 0, str(viol)))
     return out
@@ -584,32 +617,91 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
         rows = []
         for key, v in unc.items():
             rt = rts.get(key, {})
-            rows.append([
-                label(key), fmt(v["p50_us"]), fmt(v["p99_us"]),
-                fmt(ratio(v["p50_us"], ping), 2), fmt(ratio(v["p99_us"], ping), 2),
-                fmt(ratio(v["p50_us"], base["p50_us"]), 2) if base else "-",
-                fmt(ratio(v["p99_us"], base["p99_us"]), 2) if base else "-",
-                fmt(v.get("client_cpu_us")),
-                fmt(rt.get("round_trips"), 1), fmt(rt.get("script_commands"), 1),
-                fmt(rt.get("server_us"), 1),
-            ])
-        parts.append("Uncontended acquire+release (one process; us = microseconds)\n\n" + tab(
-            ["implementation", "p50 us", "p99 us", "p50/PING", "p99/PING", "p50/base",
-             "p99/base", "client CPU us", "round trips", "in scripts", "server us"], rows))
+            rows.append(
+                [
+                    label(key),
+                    fmt(v["p50_us"]),
+                    fmt(v["p99_us"]),
+                    fmt(ratio(v["p50_us"], ping), 2),
+                    fmt(ratio(v["p99_us"], ping), 2),
+                    fmt(ratio(v["p50_us"], base["p50_us"]), 2) if base else "-",
+                    fmt(ratio(v["p99_us"], base["p99_us"]), 2) if base else "-",
+                    fmt(v.get("client_cpu_us")),
+                    fmt(rt.get("round_trips"), 1),
+                    fmt(rt.get("script_commands"), 1),
+                    fmt(rt.get("server_us"), 1),
+                ]
+            )
+        parts.append(
+            "Uncontended acquire+release (one process; us = microseconds)\n\n"
+            + tab(
+                [
+                    "implementation",
+                    "p50 us",
+                    "p99 us",
+                    "p50/PING",
+                    "p99/PING",
+                    "p50/base",
+                    "p99/base",
+                    "client CPU us",
+                    "round trips",
+                    "in scripts",
+                    "server us",
+                ],
+                rows,
+            )
+        )
     ho = data.get("handoff")
     if ho:
-        rows = [[label(k), v["n"], fmt(v["p50_ms"], 2), fmt(v["p99_ms"], 2), fmt(v["max_ms"], 2),
-                 v["failed"]] for k, v in ho.items()]
-        parts.append("Release-to-waiter handoff (two processes; ms)\n\n" + tab(
-            ["implementation", "n", "p50 ms", "p99 ms", "max ms", "failed"], rows))
+        rows = [
+            [
+                label(k),
+                v["n"],
+                fmt(v["p50_ms"], 2),
+                fmt(v["p99_ms"], 2),
+                fmt(v["max_ms"], 2),
+                v["failed"],
+            ]
+            for k, v in ho.items()
+        ]
+        parts.append(
+            "Release-to-waiter handoff (two processes; ms)\n\n"
+            + tab(["implementation", "n", "p50 ms", "p99 ms", "max ms", "failed"], rows)
+        )
     for w, per in data.get("contended", {}).items():
-        rows = [[label(k), fmt(v["ops_per_s"], 0), fmt(v["least_over_mean"], 2),
-                 fmt(v["least_over_mean_worst"], 2), fmt(v["max_over_min"], 2),
-                 fmt(v["wait_p50_ms"], 2), fmt(v["wait_p99_ms"], 1), fmt(v["wait_max_ms"], 1),
-                 v["violations"], v["failed_acquires"]] for k, v in per.items()]
-        parts.append(f"Contended, {w} worker processes on one lock\n\n" + tab(
-            ["implementation", "CS/s", "least/mean", "worst", "max/min", "wait p50 ms",
-             "p99 ms", "max ms", "violations", "failed"], rows))
+        rows = [
+            [
+                label(k),
+                fmt(v["ops_per_s"], 0),
+                fmt(v["least_over_mean"], 2),
+                fmt(v["least_over_mean_worst"], 2),
+                fmt(v["max_over_min"], 2),
+                fmt(v["wait_p50_ms"], 2),
+                fmt(v["wait_p99_ms"], 1),
+                fmt(v["wait_max_ms"], 1),
+                v["violations"],
+                v["failed_acquires"],
+            ]
+            for k, v in per.items()
+        ]
+        parts.append(
+            f"Contended, {w} worker processes on one lock\n\n"
+            + tab(
+                [
+                    "implementation",
+                    "CS/s",
+                    "least/mean",
+                    "worst",
+                    "max/min",
+                    "wait p50 ms",
+                    "p99 ms",
+                    "max ms",
+                    "violations",
+                    "failed",
+                ],
+                rows,
+            )
+        )
     t = data.get("targets")
     if t:
         rows = [["PASS" if x["pass"] else "FAIL", x["target"], x["detail"]] for x in t]
@@ -619,11 +711,17 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
 
 # =============================================================================
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.locks", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.locks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help="short run, about a minute")
-    p.add_argument("--impls", default=",".join(k for k in IMPLS),
-                   help="comma-separated subset of: " + ", ".join(IMPLS))
+    p.add_argument(
+        "--impls",
+        default=",".join(k for k in IMPLS),
+        help="comma-separated subset of: " + ", ".join(IMPLS),
+    )
     p.add_argument("--phases", default="uncontended,roundtrips,handoff,contended")
     p.add_argument("--workers", default="2,8,32", help="worker counts for the contended phase")
     p.add_argument("--rounds", type=int, help="contended rounds per worker count")
@@ -635,10 +733,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ttl", type=float, default=10.0, help="lease TTL for every impl (s)")
     p.add_argument("--wait", type=float, default=10.0, help="wait bound for every impl (s)")
     p.add_argument("--cs-us", type=float, default=0.0, help="busy work inside the lock (us)")
-    p.add_argument("--outside-us", type=float, default=0.0,
-                   help="busy work between release and the next acquire (us)")
-    p.add_argument("--baseline-contended", action="store_true",
-                   help="also run the polling baseline in the contended phase")
+    p.add_argument(
+        "--outside-us",
+        type=float,
+        default=0.0,
+        help="busy work between release and the next acquire (us)",
+    )
+    p.add_argument(
+        "--baseline-contended",
+        action="store_true",
+        help="also run the polling baseline in the contended phase",
+    )
     p.add_argument("--tcp", action="store_true", help="Redis on loopback TCP, not a unix socket")
     p.add_argument("--profile", action="store_true", help="cProfile our uncontended path")
     p.add_argument("--rst", action="store_true", help="also print the tables as RST")
@@ -708,10 +813,14 @@ def main(argv: list[str] | None = None) -> int:
     data["targets"] = targets(data)
     m = data["machine"]
     print(f"{m['date_utc']}  {m['cpu']}, {m['cores']} cores, Python {m['python']}")
-    print(f"Redis {m['redis_server']} ({m['transport']}), redis-py {m['redis_py']}, "
-          f"hiredis {m['hiredis']} (in use: {m['hiredis_in_use']})")
-    print(f"load averages before {data['load_before']}, after {data['load_after']}; "
-          f"run took {data['elapsed_s']} s")
+    print(
+        f"Redis {m['redis_server']} ({m['transport']}), redis-py {m['redis_py']}, "
+        f"hiredis {m['hiredis']} (in use: {m['hiredis_in_use']})"
+    )
+    print(
+        f"load averages before {data['load_before']}, after {data['load_after']}; "
+        f"run took {data['elapsed_s']} s"
+    )
     print(f"ttl {cfg.ttl} s, wait {cfg.wait} s for every implementation\n")
     print(render(data))
     if cfg.rst:

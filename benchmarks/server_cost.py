@@ -92,7 +92,8 @@ def per_pair(key: str, ops: int) -> float:
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.server_cost", description=__doc__,
+        prog="python -m benchmarks.server_cost",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--ops", type=int, default=1000, help="N, pairs in the shorter run")
@@ -116,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[list[Any]] = []
     for key, value in results.items():
         label = "PING (one round trip)" if key == "PING" else IMPLS[key].label
-        rows.append([
-            label, f"{value:,.0f}", fmt(value / results["PING"], 1),
-            fmt(value / base, 2) if base else "-",
-        ])
+        rows.append(
+            [
+                label,
+                f"{value:,.0f}",
+                fmt(value / results["PING"], 1),
+                fmt(value / base, 2) if base else "-",
+            ]
+        )
     headers = ["implementation", "instructions", "x PING", "x baseline"]
     print("Server instructions per uncontended acquire+release (callgrind)\n")
     print(table(headers, rows))

@@ -94,7 +94,9 @@ print(json.dumps(out))
 
 
 def site_env(
-    redis_url: str, flags: dict[str, bool] | None = None, work_ms: float = 0.0,
+    redis_url: str,
+    flags: dict[str, bool] | None = None,
+    work_ms: float = 0.0,
     no_db: bool = False,
 ) -> dict[str, str]:
     env = dict(os.environ)
@@ -113,7 +115,11 @@ def probe(redis_url: str, no_db: bool = False) -> dict[str, str | None]:
     """Import the decorator and middleware in a fresh process; an error message each or None."""
     env = site_env(redis_url, {"decorator": False, "middleware": False}, no_db=no_db)
     proc = subprocess.run(
-        [sys.executable, "-c", _PROBE], env=env, cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-c", _PROBE],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
         timeout=60,
     )
     if proc.returncode != 0:
@@ -127,14 +133,24 @@ class Gunicorn:
         self.port = free_port()
         self.env = env
         self.args = [
-            sys.executable, "-m", "gunicorn", "benchmarks.viewsite.wsgi:application",
-            "--bind", f"127.0.0.1:{self.port}",
-            "--workers", str(workers),
-            "--threads", str(threads),
-            "--worker-class", "gthread",
-            "--keep-alive", "10",
-            "--log-level", "warning",
-            "--chdir", str(ROOT),
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "benchmarks.viewsite.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--worker-class",
+            "gthread",
+            "--keep-alive",
+            "10",
+            "--log-level",
+            "warning",
+            "--chdir",
+            str(ROOT),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -176,8 +192,9 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 
 
 # -- load -------------------------------------------------------------------------------
-def _client_thread(port: int, prefix: str, tag: str, deadline: float, budget: int,
-                   out: dict[str, Any]) -> None:
+def _client_thread(
+    port: int, prefix: str, tag: str, deadline: float, budget: int, out: dict[str, Any]
+) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     lat: list[float] = []
     statuses: dict[int, int] = {}
@@ -207,8 +224,16 @@ def _client_thread(port: int, prefix: str, tag: str, deadline: float, budget: in
     out["errors"] = errors
 
 
-def _client_process(port: int, prefix: str, pid_tag: str, threads: int, start: float,
-                    duration: float, budget: int, conn: Any) -> None:
+def _client_process(
+    port: int,
+    prefix: str,
+    pid_tag: str,
+    threads: int,
+    start: float,
+    duration: float,
+    budget: int,
+    conn: Any,
+) -> None:
     while time.monotonic() < start:
         time.sleep(0.001)
     deadline = start + duration
@@ -228,8 +253,9 @@ def _client_process(port: int, prefix: str, pid_tag: str, threads: int, start: f
     conn.close()
 
 
-def run_load(port: int, prefix: str, tag: str, cfg: argparse.Namespace, duration: float,
-             budget: int) -> dict[str, Any]:
+def run_load(
+    port: int, prefix: str, tag: str, cfg: argparse.Namespace, duration: float, budget: int
+) -> dict[str, Any]:
     start = time.monotonic() + 0.2
     pipes, procs = [], []
     for p in range(cfg.clients):
@@ -278,12 +304,21 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
     pings = res.get("pings", {}).get("rps")
     rows = []
     for name, v in res.items():
-        rows.append([PATHS[name], fmt(v["rps"], 0), fmt(ratio(v["rps"], plain), 2),
-                     fmt(ratio(v["rps"], pings), 2) if pings else "-",
-                     fmt(v["p50_ms"], 2), fmt(v["p99_ms"], 2), v["non_200"], v["errors"]])
+        rows.append(
+            [
+                PATHS[name],
+                fmt(v["rps"], 0),
+                fmt(ratio(v["rps"], plain), 2),
+                fmt(ratio(v["rps"], pings), 2) if pings else "-",
+                fmt(v["p50_ms"], 2),
+                fmt(v["p99_ms"], 2),
+                v["non_200"],
+                v["errors"],
+            ]
+        )
     out = "Requests per second (median of rounds) and latency\n\n" + tab(
-        ["path", "req/s", "vs plain", "vs 2 PINGs", "p50 ms", "p99 ms", "non-200", "errors"],
-        rows)
+        ["path", "req/s", "vs plain", "vs 2 PINGs", "p50 ms", "p99 ms", "non-200", "errors"], rows
+    )
     for name, reason in data["skipped"].items():
         out += f"\n\nskipped {PATHS[name]}: {reason}"
     t = data.get("targets")
@@ -294,22 +329,36 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.views", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.views",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int)
     p.add_argument("--duration", type=float, help="seconds per path per round")
-    p.add_argument("--max-requests", type=int, default=200_000,
-                   help="bound on requests per client thread per path per round")
+    p.add_argument(
+        "--max-requests",
+        type=int,
+        default=200_000,
+        help="bound on requests per client thread per path per round",
+    )
     p.add_argument("--clients", type=int, default=2, help="load generator processes")
     p.add_argument("--client-threads", type=int, default=4, help="keep-alive connections each")
     p.add_argument("--gunicorn-workers", type=int, default=2)
     p.add_argument("--gunicorn-threads", type=int, default=4)
     p.add_argument("--tcp", action="store_true", help="Redis on loopback TCP, not a unix socket")
-    p.add_argument("--work-ms", type=float, default=0.0,
-                   help="milliseconds every view sleeps, a stand-in for real work (default 0)")
-    p.add_argument("--no-db", action="store_true",
-                   help="run the site without a database (no transaction around the view)")
+    p.add_argument(
+        "--work-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds every view sleeps, a stand-in for real work (default 0)",
+    )
+    p.add_argument(
+        "--no-db",
+        action="store_true",
+        help="run the site without a database (no transaction around the view)",
+    )
     p.add_argument("--rst", action="store_true")
     p.add_argument("--no-save", action="store_true")
     p.add_argument("--render", metavar="JSON", help="print the tables of a saved run and exit")
@@ -353,10 +402,18 @@ def main(argv: list[str] | None = None) -> int:
             run_load(gunicorn.port, PATHS[name], f"warm-{name}", cfg, 1.0, 500)
         rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in paths}
         for r in range(cfg.rounds):
-            for name in paths[r % len(paths):] + paths[: r % len(paths)]:
+            for name in paths[r % len(paths) :] + paths[: r % len(paths)]:
                 log(f"  round {r + 1}/{cfg.rounds}: {PATHS[name]}")
-                rounds[name].append(run_load(gunicorn.port, PATHS[name], f"r{r}-{name}", cfg,
-                                             cfg.duration, cfg.max_requests))
+                rounds[name].append(
+                    run_load(
+                        gunicorn.port,
+                        PATHS[name],
+                        f"r{r}-{name}",
+                        cfg,
+                        cfg.duration,
+                        cfg.max_requests,
+                    )
+                )
         with server.client() as c:
             data["redis_keys_after"] = {
                 "lock state (redislock:H:*)": count_keys(c, "redislock:H:*"),
@@ -387,15 +444,18 @@ def main(argv: list[str] | None = None) -> int:
             "pass": ratio(res[n]["rps"], plain) >= TARGET_RATIO and res[n]["non_200"] == 0,
             "detail": f"{ratio(res[n]['rps'], plain):.2f}x, {res[n]['non_200']} non-200",
         }
-        for n in ("locked", "throttled") if n in res
+        for n in ("locked", "throttled")
+        if n in res
     ]
     m = data["machine"]
     print(f"{m['date_utc']}  {m['cpu']}, {m['cores']} cores, Python {m['python']}")
-    print(f"Redis {m['redis_server']}, redis-py {m['redis_py']}, hiredis {m['hiredis']}; "
-          f"gunicorn gthread {cfg.gunicorn_workers}x{cfg.gunicorn_threads}, "
-          f"load {cfg.clients}x{cfg.client_threads} keep-alive connections, "
-          f"view work {cfg.work_ms:g} ms, "
-          f"database: {'none' if cfg.no_db else 'sqlite :memory:'}")
+    print(
+        f"Redis {m['redis_server']}, redis-py {m['redis_py']}, hiredis {m['hiredis']}; "
+        f"gunicorn gthread {cfg.gunicorn_workers}x{cfg.gunicorn_threads}, "
+        f"load {cfg.clients}x{cfg.client_threads} keep-alive connections, "
+        f"view work {cfg.work_ms:g} ms, "
+        f"database: {'none' if cfg.no_db else 'sqlite :memory:'}"
+    )
     print(f"load averages before {data['load_before']}, after {data['load_after']}")
     print(f"Redis keys left by the run: {data.get('redis_keys_after')}\n")
     print(render(data))

@@ -194,9 +194,7 @@ def _post(
         messages.success(request, f"Released {_described(row)}.")
     gone.extend(_described(row) for row in result.changed)
     for what in gone:
-        messages.warning(
-            request, f"Not released: {what} was released or changed hands meanwhile."
-        )
+        messages.warning(request, f"Not released: {what} was released or changed hands meanwhile.")
     return back
 
 

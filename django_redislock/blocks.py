@@ -82,7 +82,9 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         return lock
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         lock, token, acquired = self._exit(threading.get_ident())
@@ -116,7 +118,9 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         return lock
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         lock, token, acquired = self._exit(_task_owner())

@@ -61,8 +61,13 @@ def _request_in(args: tuple[Any, ...]) -> Any:
 
 # -- the sync and async paths ---------------------------------------------------------
 def _call_sync(
-    wrapper: Any, func: Callable[..., Any], namer: _Namer, opts: _Options, label: str,
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    wrapper: Any,
+    func: Callable[..., Any],
+    namer: _Namer,
+    opts: _Options,
+    label: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     request = _request_in(args)
     txn = _Transactions.for_call(wrapper, func, request is not None)
@@ -140,8 +145,12 @@ async def _name_async(namer: _Namer, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 async def _call_async(
-    func: Callable[..., Any], namer: _Namer, opts: _Options, label: str,
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    func: Callable[..., Any],
+    namer: _Namer,
+    opts: _Options,
+    label: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     request = _request_in(args)
     if not conf.ENABLED:

@@ -204,7 +204,11 @@ class Deferred:
         )
 
     def _check(
-        self, execute: Callable[..., Any], sql: Any, params: Any, many: bool,
+        self,
+        execute: Callable[..., Any],
+        sql: Any,
+        params: Any,
+        many: bool,
         context: dict[str, Any],
     ) -> Any:
         """An execute wrapper: no statement runs in a doomed transaction."""

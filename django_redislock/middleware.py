@@ -111,7 +111,10 @@ def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
     retry_after = rule.retry_after if rule.retry_after is not None else DEFAULT_RETRY_AFTER
     # send_robust: a failing receiver must not turn a 503 into a 500.
     for receiver, result in request_throttled.send_robust(
-        ConcurrencyLimitMiddleware, rule=rule.name, request=request, status=status,
+        ConcurrencyLimitMiddleware,
+        rule=rule.name,
+        request=request,
+        status=status,
         retry_after=retry_after,
     ):
         if isinstance(result, Exception):
@@ -134,7 +137,9 @@ def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpRe
     if fail_open:
         logger.warning(
             "Redis unavailable, running %s without its %r permit: %s",
-            _label(request), rule.name, exc,
+            _label(request),
+            rule.name,
+            exc,
         )
         return None
     logger.error("Redis unavailable, refusing %s (rule %r): %s", _label(request), rule.name, exc)
@@ -161,11 +166,11 @@ def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
         for ks, name, token in held:
             try:
                 if not release_permit(get_client(), ks, name, token):
-                    logger.warning("permit of %r had expired before the response was closed",
-                                   name)
+                    logger.warning("permit of %r had expired before the response was closed", name)
             except (RedisUnavailable, RedisError) as exc:
-                logger.warning("could not release permit of %r (it expires by itself): %s",
-                               name, exc)
+                logger.warning(
+                    "could not release permit of %r (it expires by itself): %s", name, exc
+                )
 
     return close
 
@@ -354,9 +359,7 @@ def concurrency_limited(
             async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
                 if not conf.ENABLED:
                     return await view(request, *args, **kwargs)
-                return await _run_async(
-                    request, [rule], lambda req: view(req, *args, **kwargs)
-                )
+                return await _run_async(request, [rule], lambda req: view(req, *args, **kwargs))
 
             return async_wrapper
 

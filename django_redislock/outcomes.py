@@ -21,9 +21,14 @@ log_busy = logging.getLogger("django_redislock.busy")
 # little rather than retry at once and pile onto a recovering server.
 UNAVAILABLE_RETRY_AFTER = 5.0
 
+
 def _busy(
-    opts: _Options, request: Any, name: str, retry_after: float | None,
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    opts: _Options,
+    request: Any,
+    name: str,
+    retry_after: float | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     if opts.on_busy == "skip":
         log_busy.info("skipped %r: lock busy", name)
@@ -32,8 +37,12 @@ def _busy(
         return opts.on_busy(*args, **kwargs)
     if request is not None and opts.on_busy is None:
         return error_response(
-            request, status=conf.BUSY_STATUS, retry_after=retry_after, reason="busy",
-            name=name, handler=conf.BUSY_RESPONSE,
+            request,
+            status=conf.BUSY_STATUS,
+            retry_after=retry_after,
+            reason="busy",
+            name=name,
+            handler=conf.BUSY_RESPONSE,
         )
     raise LockNotAcquired(name, retry_after=retry_after)
 
@@ -46,8 +55,12 @@ def _unavailable(
     send_unavailable(sender, name=name, error=exc, fail_open=False)
     if request is not None and opts.on_busy != "raise":
         return error_response(
-            request, status=503, retry_after=UNAVAILABLE_RETRY_AFTER, reason="unavailable",
-            name=name, handler=conf.UNAVAILABLE_RESPONSE,
+            request,
+            status=503,
+            retry_after=UNAVAILABLE_RETRY_AFTER,
+            reason="unavailable",
+            name=name,
+            handler=conf.UNAVAILABLE_RESPONSE,
         )
     raise exc
 
@@ -59,7 +72,11 @@ def _fail_open(name: str, exc: RedisUnavailable, sender: type) -> None:
 
 def _lost_response(request: Any, name: str) -> Any:
     return error_response(
-        request, status=503, retry_after=1, reason="unavailable", name=name,
+        request,
+        status=503,
+        retry_after=1,
+        reason="unavailable",
+        name=name,
         handler=conf.UNAVAILABLE_RESPONSE,
     )
 

@@ -92,67 +92,103 @@ def make_rule(
 
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
-        bad(21, f"'name' must be a non-empty string; got {name!r}.",
-            "Give every rule a unique name, e.g. 'name': 'reports'.")
+        bad(
+            21,
+            f"'name' must be a non-empty string; got {name!r}.",
+            "Give every rule a unique name, e.g. 'name': 'reports'.",
+        )
     unknown = sorted(set(spec) - RULE_KEYS)
     if unknown:
-        bad(22, f"unknown key(s) {', '.join(map(repr, unknown))}.",
-            "Valid keys: " + ", ".join(sorted(RULE_KEYS)) + ".")
+        bad(
+            22,
+            f"unknown key(s) {', '.join(map(repr, unknown))}.",
+            "Valid keys: " + ", ".join(sorted(RULE_KEYS)) + ".",
+        )
     path = spec.get("path")
     pattern = None
     if path is not None:
         if not isinstance(path, str):
-            bad(23, f"'path' must be a regular expression string; got {path!r}.",
-                "Use a string such as r'^/reports/'.")
+            bad(
+                23,
+                f"'path' must be a regular expression string; got {path!r}.",
+                "Use a string such as r'^/reports/'.",
+            )
         else:
             try:
                 pattern = re.compile(path)
             except re.error as exc:
-                bad(23, f"'path' {path!r} is not a valid regular expression: {exc}.",
-                    "Fix the pattern; it is matched with re.search against request.path_info.")
+                bad(
+                    23,
+                    f"'path' {path!r} is not a valid regular expression: {exc}.",
+                    "Fix the pattern; it is matched with re.search against request.path_info.",
+                )
     per = spec.get("per", "global")
     key_func = None
     if callable(per):
         key_func = per
     elif not isinstance(per, str) or not per:
-        bad(24, f"'per' must be 'global', 'user', 'ip' or a dotted path; got {per!r}.",
-            "Use one of 'global', 'user', 'ip', or 'package.module.function' taking the request.")
+        bad(
+            24,
+            f"'per' must be 'global', 'user', 'ip' or a dotted path; got {per!r}.",
+            "Use one of 'global', 'user', 'ip', or 'package.module.function' taking the request.",
+        )
     elif per not in PER_CHOICES:
         if "." not in per:
-            bad(24, f"'per' {per!r} is not 'global', 'user', 'ip' or a dotted path.",
-                "Use one of 'global', 'user', 'ip', or 'package.module.function'.")
+            bad(
+                24,
+                f"'per' {per!r} is not 'global', 'user', 'ip' or a dotted path.",
+                "Use one of 'global', 'user', 'ip', or 'package.module.function'.",
+            )
         else:
             try:
                 key_func = import_string(per)
             except ImportError as exc:
-                bad(24, f"'per' {per!r} cannot be imported: {exc}.",
-                    "Point it at a callable taking the request and returning a string key.")
+                bad(
+                    24,
+                    f"'per' {per!r} cannot be imported: {exc}.",
+                    "Point it at a callable taking the request and returning a string key.",
+                )
             else:
                 if not callable(key_func):
-                    bad(24, f"'per' {per!r} is not callable.",
-                        "Point it at a callable taking the request and returning a string key.")
+                    bad(
+                        24,
+                        f"'per' {per!r} is not callable.",
+                        "Point it at a callable taking the request and returning a string key.",
+                    )
     limit = spec.get("limit")
     try:
         check_limit(limit)
     except (TypeError, ValueError):
-        bad(25, f"'limit' must be a whole number of permits, 1 or more; got {limit!r}.",
-            "Set 'limit' to how many requests may run at once, e.g. 'limit': 2.")
+        bad(
+            25,
+            f"'limit' must be a whole number of permits, 1 or more; got {limit!r}.",
+            "Set 'limit' to how many requests may run at once, e.g. 'limit': 2.",
+        )
     wait = spec.get("wait", 0)
     if not is_seconds(wait, allow_zero=True):
-        bad(26, f"'wait' must be a finite number of seconds, 0 or more; got {wait!r}.",
-            "Set 'wait' to how long a request may queue for a permit, e.g. 'wait': 0.5.")
+        bad(
+            26,
+            f"'wait' must be a finite number of seconds, 0 or more; got {wait!r}.",
+            "Set 'wait' to how long a request may queue for a permit, e.g. 'wait': 0.5.",
+        )
     timeout = spec.get("timeout")
     if timeout is not None and not is_seconds(timeout, allow_zero=False):
-        bad(27, f"'timeout' must be a number of seconds, more than 0; got {timeout!r}.",
+        bad(
+            27,
+            f"'timeout' must be a number of seconds, more than 0; got {timeout!r}.",
             "Set 'timeout' to the longest a request may hold its permit, or remove it to use "
-            "REDISLOCK['PERMIT_TIMEOUT'].")
+            "REDISLOCK['PERMIT_TIMEOUT'].",
+        )
     methods = spec.get("methods")
     method_set = None
     if methods is not None:
         items = _strings(methods)
         if items is None or not all(re.fullmatch(r"[A-Za-z]+", m) for m in items):
-            bad(28, f"'methods' must be an HTTP method or a list of them; got {methods!r}.",
-                "Use e.g. 'methods': ['POST', 'PUT'].")
+            bad(
+                28,
+                f"'methods' must be an HTTP method or a list of them; got {methods!r}.",
+                "Use e.g. 'methods': ['POST', 'PUT'].",
+            )
         else:
             method_set = frozenset(m.upper() for m in items)
     url_name = spec.get("url_name")
@@ -160,14 +196,20 @@ def make_rule(
     if url_name is not None:
         items = _strings(url_name)
         if items is None:
-            bad(29, f"'url_name' must be a URL name or a list of them; got {url_name!r}.",
-                "Use the name given to path(), with its namespace: e.g. 'reports:detail'.")
+            bad(
+                29,
+                f"'url_name' must be a URL name or a list of them; got {url_name!r}.",
+                "Use the name given to path(), with its namespace: e.g. 'reports:detail'.",
+            )
         else:
             url_names = frozenset(items)
     retry_after = spec.get("retry_after")
     if retry_after is not None and not is_seconds(retry_after, allow_zero=False):
-        bad(30, f"'retry_after' must be a number of seconds, more than 0; got {retry_after!r}.",
-            "Set 'retry_after' to the Retry-After a throttled client gets, or remove it.")
+        bad(
+            30,
+            f"'retry_after' must be a number of seconds, more than 0; got {retry_after!r}.",
+            "Set 'retry_after' to the Retry-After a throttled client gets, or remove it.",
+        )
     if found:
         if errors is None:
             raise found[0]
@@ -271,9 +313,7 @@ class _Resolved:
             match = getattr(self.request, "resolver_match", None)
             if match is None:
                 try:
-                    match = resolve(
-                        self.request.path_info, getattr(self.request, "urlconf", None)
-                    )
+                    match = resolve(self.request.path_info, getattr(self.request, "urlconf", None))
                 except Resolver404:
                     match = None
             names = set()

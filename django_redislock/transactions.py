@@ -64,8 +64,10 @@ class _Transactions:
             if _in_user_transaction(alias):
                 outer.append(alias)
                 opens.append(alias)  # a savepoint: a failed call leaves nothing behind
-            elif is_view and connections.settings[alias].get("ATOMIC_REQUESTS") and (
-                alias not in skip
+            elif (
+                is_view
+                and connections.settings[alias].get("ATOMIC_REQUESTS")
+                and (alias not in skip)
             ):
                 opens.append(alias)
         return cls(opens, outer)

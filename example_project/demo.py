@@ -81,8 +81,10 @@ def ensure_environment() -> None:
             f"requirements.txt; delete that directory and run the demo again"
         )
     if not venv_python.exists():
-        say(f"demo: {', '.join(missing)} not importable here: creating a private "
-            f"virtualenv in {VENV_DIR.relative_to(REPO_DIR)}/")
+        say(
+            f"demo: {', '.join(missing)} not importable here: creating a private "
+            f"virtualenv in {VENV_DIR.relative_to(REPO_DIR)}/"
+        )
         made = subprocess.run([sys.executable, "-m", "venv", str(VENV_DIR)], check=False)
         if made.returncode != 0 or not venv_python.exists():
             shutil.rmtree(VENV_DIR, ignore_errors=True)
@@ -97,8 +99,16 @@ def ensure_environment() -> None:
         say("demo: installing example_project/requirements.txt into it (once; needs network)")
         # pip reads the "-e .." line relative to the working directory.
         installed = subprocess.run(
-            [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check",
-             "--quiet", "-r", "requirements.txt"],
+            [
+                str(venv_python),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--quiet",
+                "-r",
+                "requirements.txt",
+            ],
             cwd=PROJECT_DIR,
             check=False,
         )
@@ -163,9 +173,25 @@ def start_private_redis(workdir: Path, deadline: float = 10.0) -> RedisChoice:
     port = free_port()
     log = workdir / "redis.log"
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-         "--save", "", "--appendonly", "no", "--daemonize", "no",
-         "--loglevel", "warning", "--logfile", str(log)],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(log),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -176,8 +202,9 @@ def start_private_redis(workdir: Path, deadline: float = 10.0) -> RedisChoice:
             stop_process(proc)
             raise DemoError(f"the private redis-server did not start: {log_tail(log)}")
         time.sleep(0.05)
-    return RedisChoice(url, f"private redis-server on port {port} (stopped at the end)",
-                       shared=False, process=proc)
+    return RedisChoice(
+        url, f"private redis-server on port {port} (stopped at the end)", shared=False, process=proc
+    )
 
 
 def choose_redis(workdir: Path, *, private: bool) -> RedisChoice:
@@ -207,13 +234,28 @@ def delete_own_keys(url: str, prefix: str) -> int:
 def start_gunicorn(port: int, workers: int, threads: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "example.wsgi:application",
-             "--chdir", str(PROJECT_DIR),
-             "--bind", f"127.0.0.1:{port}",
-             "--workers", str(workers), "--threads", str(threads),
-             "--worker-class", "gthread",
-             "--graceful-timeout", "5", "--timeout", "60",
-             "--log-level", "warning"],
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "example.wsgi:application",
+                "--chdir",
+                str(PROJECT_DIR),
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                str(workers),
+                "--threads",
+                str(threads),
+                "--worker-class",
+                "gthread",
+                "--graceful-timeout",
+                "5",
+                "--timeout",
+                "60",
+                "--log-level",
+                "warning",
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -254,7 +296,14 @@ class Load:
 
 
 def hammer(
-    port: int, method: str, path: str, *, total: int, clients: int, deadline: float, label: str,
+    port: int,
+    method: str,
+    path: str,
+    *,
+    total: int,
+    clients: int,
+    deadline: float,
+    label: str,
     sample: Callable[[], None] | None = None,
 ) -> Load:
     """Send ``total`` requests from ``clients`` keep-alive connections, all starting together.
@@ -356,8 +405,16 @@ def purchase_run(
         for row in list_locks(get_client(), keyspace(), f"purchase:{product_id}", literal=True):
             queued[0] = max(queued[0], row.waiters)
 
-    load = hammer(port, "POST", path, total=args.purchases, clients=args.clients,
-                  deadline=args.deadline, label=label, sample=sample if locked else None)
+    load = hammer(
+        port,
+        "POST",
+        path,
+        total=args.purchases,
+        clients=args.clients,
+        deadline=args.deadline,
+        label=label,
+        sample=sample if locked else None,
+    )
     orders = Order.objects.filter(product_id=product_id).count()
     stock_left = Product.objects.get(pk=product_id).stock
     connection.close()
@@ -395,8 +452,15 @@ def report_run(port: int, args: argparse.Namespace) -> dict[str, Any]:
     from django.conf import settings
 
     rule = settings.REDISLOCK["THROTTLE"][0]
-    load = hammer(port, "GET", "/reports/sales", total=args.reports, clients=args.report_clients,
-                  deadline=args.deadline, label="throttled report")
+    load = hammer(
+        port,
+        "GET",
+        "/reports/sales",
+        total=args.reports,
+        clients=args.report_clients,
+        deadline=args.deadline,
+        label="throttled report",
+    )
     admitted = [reply for reply in load.replies if reply.status == 200]
     throttled = [reply for reply in load.replies if reply.status == 503]
     return {
@@ -417,7 +481,10 @@ def report_run(port: int, args: argparse.Namespace) -> dict[str, Any]:
 def run_restock() -> str:
     done = subprocess.run(
         [sys.executable, str(PROJECT_DIR / "manage.py"), "restock", "--level", "100"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     if done.returncode != 0:
         raise DemoError(f"manage.py restock failed:\n{done.stdout}{done.stderr}")
@@ -451,8 +518,10 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     runs = results["purchases"]
     names = list(runs)
     say()
-    say(f"Purchases: {args.purchases} requests from {args.clients} concurrent clients "
-        f"for {args.stock} units of one product")
+    say(
+        f"Purchases: {args.purchases} requests from {args.clients} concurrent clients "
+        f"for {args.stock} units of one product"
+    )
     say(f"  {'':<26}" + "".join(f"{name:>14}" for name in names))
     rows: list[tuple[str, Any]] = [
         ("orders created", lambda r: r["orders"]),
@@ -462,10 +531,11 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
         ("409 busy", lambda r: r["busy_409"]),
         ("410 sold out", lambda r: r["sold_out_410"]),
         ("errors", lambda r: r["errors"] + r["unsent"]),
-        ("lock wait p50 / p99 ms", lambda r: fmt_pair(r["lock_wait_ms_p50"],
-                                                      r["lock_wait_ms_p99"])),
-        ("response p50 / p99 ms", lambda r: fmt_pair(r["response_ms_p50"],
-                                                     r["response_ms_p99"])),
+        (
+            "lock wait p50 / p99 ms",
+            lambda r: fmt_pair(r["lock_wait_ms_p50"], r["lock_wait_ms_p99"]),
+        ),
+        ("response p50 / p99 ms", lambda r: fmt_pair(r["response_ms_p50"], r["response_ms_p99"])),
         ("requests/s", lambda r: f"{r['requests_per_s']:.0f}"),
         ("most queued for the lock", lambda r: r["max_queued_seen"] if r["locked"] else "-"),
     ]
@@ -473,14 +543,18 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
         say(f"  {title:<26}" + "".join(f"{get(runs[name])!s:>14}" for name in names))
     rep = results["reports"]
     say()
-    say(f"Throttled report (GET /reports/sales, limit {rep['limit']} at once): "
-        f"{rep['requests']} requests from {args.report_clients} concurrent clients")
-    say(f"  200 ok {rep['ok_200']}, 503 throttled {rep['throttled_503']} "
+    say(
+        f"Throttled report (GET /reports/sales, limit {rep['limit']} at once): "
+        f"{rep['requests']} requests from {args.report_clients} concurrent clients"
+    )
+    say(
+        f"  200 ok {rep['ok_200']}, 503 throttled {rep['throttled_503']} "
         f"({rep['throttled_with_retry_after']} with Retry-After), errors {rep['errors']}; "
-        f"most running at once: {rep['max_in_flight']}")
+        f"most running at once: {rep['max_in_flight']}"
+    )
     job = results["restock"]
     say()
-    say("Restock job (manage.py restock, @redis_locked(..., on_busy=\"skip\")):")
+    say('Restock job (manage.py restock, @redis_locked(..., on_busy="skip")):')
     say(f"  while another run holds its lock: {job['while_held']}")
     say(f"  once it is free:                  {job['after']}")
 
@@ -495,8 +569,9 @@ def verdict(results: dict[str, Any]) -> list[str]:
         if not run["consistent"]:
             problems.append(f"{name}: stock + orders != seeded stock")
         if run["errors"] or run["unsent"]:
-            problems.append(f"{name}: {run['errors'] + run['unsent']} requests failed "
-                            f"{run['failures']}")
+            problems.append(
+                f"{name}: {run['errors'] + run['unsent']} requests failed {run['failures']}"
+            )
     rep = results["reports"]
     if rep["max_in_flight"] > rep["limit"]:
         problems.append(f"report: {rep['max_in_flight']} ran at once, limit {rep['limit']}")
@@ -512,19 +587,27 @@ def verdict(results: dict[str, Any]) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stock", type=int, default=30, help="units seeded per run (30)")
-    parser.add_argument("--purchases", type=int, default=120,
-                        help="purchase requests per run (120)")
-    parser.add_argument("--clients", type=int, default=16,
-                        help="concurrent purchase clients (16)")
+    parser.add_argument(
+        "--purchases", type=int, default=120, help="purchase requests per run (120)"
+    )
+    parser.add_argument("--clients", type=int, default=16, help="concurrent purchase clients (16)")
     parser.add_argument("--reports", type=int, default=24, help="report requests (24)")
-    parser.add_argument("--report-clients", type=int, default=8,
-                        help="concurrent report clients (8)")
+    parser.add_argument(
+        "--report-clients", type=int, default=8, help="concurrent report clients (8)"
+    )
     parser.add_argument("--workers", type=int, default=3, help="gunicorn processes (3)")
     parser.add_argument("--threads", type=int, default=4, help="threads per process (4)")
-    parser.add_argument("--deadline", type=float, default=30.0,
-                        help="seconds allowed for each batch of requests (30)")
-    parser.add_argument("--private-redis", action="store_true",
-                        help="always start a private redis-server, even if one answers")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=30.0,
+        help="seconds allowed for each batch of requests (30)",
+    )
+    parser.add_argument(
+        "--private-redis",
+        action="store_true",
+        help="always start a private redis-server, even if one answers",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     return parser.parse_args(argv)
 
@@ -553,16 +636,18 @@ def run(args: argparse.Namespace) -> int:
         say("[1/6] Redis")
         redis_choice = choose_redis(workdir, private=args.private_redis)
         say(f"    using {redis_choice.description}, keys under {prefix}:")
-        os.environ.update({
-            "DJANGO_SETTINGS_MODULE": "example.settings",
-            "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
-            "REDIS_URL": redis_choice.url,
-            "SHOP_REDIS_PREFIX": prefix,
-            "DJANGO_DEBUG": "0",
-            "PYTHONPATH": os.pathsep.join(
-                [str(REPO_DIR), str(PROJECT_DIR), os.environ.get("PYTHONPATH", "")]
-            ).rstrip(os.pathsep),
-        })
+        os.environ.update(
+            {
+                "DJANGO_SETTINGS_MODULE": "example.settings",
+                "DATABASE_URL": f"sqlite:///{workdir / 'db.sqlite3'}",
+                "REDIS_URL": redis_choice.url,
+                "SHOP_REDIS_PREFIX": prefix,
+                "DJANGO_DEBUG": "0",
+                "PYTHONPATH": os.pathsep.join(
+                    [str(REPO_DIR), str(PROJECT_DIR), os.environ.get("PYTHONPATH", "")]
+                ).rstrip(os.pathsep),
+            }
+        )
 
         say(f"[2/6] Database: fresh SQLite in {workdir}")
         import django
@@ -575,8 +660,9 @@ def run(args: argparse.Namespace) -> int:
         product = Product.objects.create(name="Limited print", stock=args.stock)
 
         port = free_port()
-        say(f"[3/6] gunicorn: {args.workers} processes x {args.threads} threads "
-            f"on 127.0.0.1:{port}")
+        say(
+            f"[3/6] gunicorn: {args.workers} processes x {args.threads} threads on 127.0.0.1:{port}"
+        )
         log = workdir / "gunicorn.log"
         gunicorn = start_gunicorn(port, args.workers, args.threads, log)
         ready = wait_ready(gunicorn, port, log, deadline=60)
@@ -599,8 +685,12 @@ def run(args: argparse.Namespace) -> int:
         say("[6/6] Restock job")
         restock = restock_run()
 
-        results = {"purchases": purchases, "reports": reports, "restock": restock,
-                   "seconds": time.monotonic() - started}
+        results = {
+            "purchases": purchases,
+            "reports": reports,
+            "restock": restock,
+            "seconds": time.monotonic() - started,
+        }
         print_results(results, args)
         problems = verdict(results)
         if args.json:
@@ -609,8 +699,10 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             say("FAILED: " + "; ".join(problems))
             return 1
-        say(f"OK: the locked endpoints sold exactly the stock there was "
-            f"({time.monotonic() - started:.0f} s in all).")
+        say(
+            f"OK: the locked endpoints sold exactly the stock there was "
+            f"({time.monotonic() - started:.0f} s in all)."
+        )
         return 0
     finally:
         stop_process(gunicorn)

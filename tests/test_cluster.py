@@ -55,7 +55,9 @@ def replicated() -> Iterator[ClusterTopology]:
 
 def _client(topology: ClusterTopology) -> RedisCluster:
     return RedisCluster(
-        host="127.0.0.1", port=topology.nodes[0].port or 0, socket_timeout=5,
+        host="127.0.0.1",
+        port=topology.nodes[0].port or 0,
+        socket_timeout=5,
         socket_connect_timeout=2,
     )
 
@@ -71,7 +73,9 @@ def rc(topology: ClusterTopology) -> Iterator[RedisCluster]:
 @pytest.fixture
 async def arc(topology: ClusterTopology) -> AsyncIterator[AsyncRedisCluster]:
     client = AsyncRedisCluster(
-        host="127.0.0.1", port=topology.nodes[0].port or 0, socket_timeout=5,
+        host="127.0.0.1",
+        port=topology.nodes[0].port or 0,
+        socket_timeout=5,
         socket_connect_timeout=2,
     )
     await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
@@ -221,9 +225,7 @@ def test_mutual_exclusion_threads(rc: RedisCluster, which: int) -> None:
     occupancy = Occupancy(multiprocessing.get_context("fork"))
     errors: list[BaseException] = []
     threads = [
-        threading.Thread(
-            target=_contend, args=(Lock(rc, name, ttl=10), occupancy, 15, errors)
-        )
+        threading.Thread(target=_contend, args=(Lock(rc, name, ttl=10), occupancy, 15, errors))
         for _ in range(6)
     ]
     for t in threads:
@@ -285,7 +287,8 @@ async def test_async_waiter_woken_and_exclusive(arc: AsyncRedisCluster) -> None:
             assert time.monotonic() < deadline, "the waiter never queued"
             await asyncio.sleep(0.01)
         entry = next(
-            v for k, v in (await arc.hgetall(keys.state)).items()
+            v
+            for k, v in (await arc.hgetall(keys.state)).items()
             if k not in (b"f", b"q", b"n", b"d")
         )
         assert entry.split(b"|", 1)[1].startswith(b"s")

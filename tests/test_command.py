@@ -51,7 +51,7 @@ def cells(header: str, line: str) -> list[str]:
     """Split a table line at the header's column starts (cells are padded)."""
     starts = [m.start() for m in re.finditer(r"(?<!\S)\S+(?: \S+)*", header)]
     bounds = [*starts, None]
-    return [line[bounds[i]:bounds[i + 1]] for i in range(len(starts))]
+    return [line[bounds[i] : bounds[i + 1]] for i in range(len(starts))]
 
 
 def snapshot(r: redis.Redis) -> dict[bytes, bytes | None]:
@@ -84,14 +84,50 @@ def test_list_table_exact(r: redis.Redis) -> None:
     assert len(lines) == 5
     rows = [cells(header, line) for line in lines[1:]]
     expected = [
-        ["exports    ", "semaphore  ", "1/5      ", "-                 ", None, None,
-         "0        ", "1 holder", ""],
-        ["           ", "           ", "         ", "                  ", None, None,
-         "         ", OWNER + "  ", "export csv"],
-        ["nightly    ", "lock       ", "-        ", f"{b.fence:<18}", None, None,
-         "0        ", OWNER, ""],
-        ["report:42  ", "lock       ", "-        ", f"{a.fence:<18}", None, None,
-         "0        ", OWNER + "  ", "POST /products/7/buy"],
+        [
+            "exports    ",
+            "semaphore  ",
+            "1/5      ",
+            "-                 ",
+            None,
+            None,
+            "0        ",
+            "1 holder",
+            "",
+        ],
+        [
+            "           ",
+            "           ",
+            "         ",
+            "                  ",
+            None,
+            None,
+            "         ",
+            OWNER + "  ",
+            "export csv",
+        ],
+        [
+            "nightly    ",
+            "lock       ",
+            "-        ",
+            f"{b.fence:<18}",
+            None,
+            None,
+            "0        ",
+            OWNER,
+            "",
+        ],
+        [
+            "report:42  ",
+            "lock       ",
+            "-        ",
+            f"{a.fence:<18}",
+            None,
+            None,
+            "0        ",
+            OWNER + "  ",
+            "POST /products/7/buy",
+        ],
     ]
     for got, want in zip(rows, expected, strict=True):
         held, left = got[4], got[5]
@@ -112,9 +148,19 @@ def test_list_json_schema(r: redis.Redis) -> None:
     data = json.loads(out)
     assert isinstance(data, list) and len(data) == 2
     types = {
-        "name": str, "kind": str, "host": str, "pid": int, "thread": str, "label": str,
-        "fence": (int, type(None)), "held_for": (int, float), "lease_left": (int, float),
-        "waiters": int, "holders": int, "limit": int, "permits": list,
+        "name": str,
+        "kind": str,
+        "host": str,
+        "pid": int,
+        "thread": str,
+        "label": str,
+        "fence": (int, type(None)),
+        "held_for": (int, float),
+        "lease_left": (int, float),
+        "waiters": int,
+        "holders": int,
+        "limit": int,
+        "permits": list,
     }
     for item in data:
         assert set(item) == set(types)
@@ -131,8 +177,16 @@ def test_list_json_schema(r: redis.Redis) -> None:
     sem.release()
 
 
-HOSTILE = ["new\nline", "tab\there", "esc\x1b[2J", "bidi\u202eevil", "back\\slash",
-           "{br}*?[x]", "锁ünï", "long:" + "x" * 200]
+HOSTILE = [
+    "new\nline",
+    "tab\there",
+    "esc\x1b[2J",
+    "bidi\u202eevil",
+    "back\\slash",
+    "{br}*?[x]",
+    "锁ünï",
+    "long:" + "x" * 200,
+]
 
 
 def test_hostile_names_table_escaped_json_exact(r: redis.Redis) -> None:
@@ -142,8 +196,17 @@ def test_hostile_names_table_escaped_json_exact(r: redis.Redis) -> None:
     lines = out.splitlines()
     assert len(lines) == 1 + len(HOSTILE)  # no name spilled onto a second line
     body = "\n".join(lines[1:])
-    for shown in ["new\\nline", "tab\\there", "esc\\x1b[2J", "bidi\\u202eevil",
-                  "back\\\\slash", "{br}*?[x]", "锁ünï", "long:" + "x" * 200, "l\\nl"]:
+    for shown in [
+        "new\\nline",
+        "tab\\there",
+        "esc\\x1b[2J",
+        "bidi\\u202eevil",
+        "back\\\\slash",
+        "{br}*?[x]",
+        "锁ünï",
+        "long:" + "x" * 200,
+        "l\\nl",
+    ]:
         assert shown in body
     assert "\x1b" not in out and "\u202e" not in out and "\t" not in out
     data = json.loads(run("list", "--format", "json")[0])
@@ -209,8 +272,7 @@ def test_clear_not_held_is_an_error(r: redis.Redis) -> None:
 
 def test_clear_needs_exactly_one_selection(r: redis.Redis) -> None:
     expected = (
-        "Say what to release: NAME [NAME ...], or --pattern GLOB, or --all "
-        "(exactly one of them)."
+        "Say what to release: NAME [NAME ...], or --pattern GLOB, or --all (exactly one of them)."
     )
     assert fails("clear")[2] == expected
     assert fails("clear", "x", "--all")[2] == expected
@@ -225,7 +287,8 @@ def test_dry_run_changes_nothing(r: redis.Redis) -> None:
     assert err == ""
     lines = out.splitlines()
     assert [line.split(" (")[0] for line in lines] == [
-        "Would release lock 'a'", "Would release lock 'b'",
+        "Would release lock 'a'",
+        "Would release lock 'b'",
     ]
     assert snapshot(r) == before
     assert lock.owned()
@@ -270,7 +333,8 @@ def test_clear_all_leaves_foreign_keys(r: redis.Redis) -> None:
     assert len(foreign) == 4
     out, _ = run("clear", "--all", "--noinput")
     assert [line.split(" (")[0] for line in out.splitlines()] == [
-        "Released lock 'mine'", "Released semaphore 'pool'",
+        "Released lock 'mine'",
+        "Released semaphore 'pool'",
     ]
     assert {k: r.dump(k) for k in foreign} == foreign
     assert run("list")[0] == "No locks held.\n"

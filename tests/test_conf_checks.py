@@ -33,9 +33,17 @@ def test_clean_settings_have_no_messages() -> None:
         assert check_settings() == []
     with override_settings(REDISLOCK=dict(DEFAULTS)):
         assert check_settings() == []
-    explicit = {"TIMEOUT": 5, "WAIT": 0, "SOCKET_TIMEOUT": 1, "PREFIX": "my.app:locks",
-                "BUSY_STATUS": 423, "REPLICAS": 1, "RENEW": True, "RENEW_MAX": 60,
-                "CLIENT": "tests.settings.make_client"}
+    explicit = {
+        "TIMEOUT": 5,
+        "WAIT": 0,
+        "SOCKET_TIMEOUT": 1,
+        "PREFIX": "my.app:locks",
+        "BUSY_STATUS": 423,
+        "REPLICAS": 1,
+        "RENEW": True,
+        "RENEW_MAX": 60,
+        "CLIENT": "tests.settings.make_client",
+    }
     with override_settings(REDISLOCK=explicit):
         assert check_settings() == []
 

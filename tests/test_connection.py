@@ -54,9 +54,10 @@ def test_get_client_applies_the_library_timeouts() -> None:
     # The cache's own client is untouched.
     from django_redis import get_redis_connection
 
-    assert get_redis_connection("default").connection_pool.connection_kwargs.get(
-        "socket_timeout"
-    ) != 0.7
+    assert (
+        get_redis_connection("default").connection_pool.connection_kwargs.get("socket_timeout")
+        != 0.7
+    )
 
 
 def test_socket_timeout_bounds_a_hung_server(redis_factory: Any) -> None:
@@ -112,9 +113,7 @@ def test_get_lock_uses_settings_and_signals(r: redis.Redis) -> None:
 
         return handler
 
-    handlers = {
-        name: receiver(name) for name in ("lock_acquired", "lock_busy", "lock_released")
-    }
+    handlers = {name: receiver(name) for name in ("lock_acquired", "lock_busy", "lock_released")}
     for name, handler in handlers.items():
         getattr(signals, name).connect(handler)
     try:
@@ -202,7 +201,8 @@ def test_eviction_policy_is_warned_about(redis_factory: Any, caplog: Any) -> Non
         get_lock("evictable")
     _join_eviction_checks()
     warnings = [
-        rec for rec in caplog.records
+        rec
+        for rec in caplog.records
         if rec.name == "django_redislock.connection" and "allkeys-lru" in rec.getMessage()
     ]
     assert len(warnings) == 1, caplog.records

@@ -278,7 +278,9 @@ def test_async_view_key_may_load_the_user(async_client: Any, django_user_model: 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("atomic_requests", [True, False])
 def test_lease_run_out_before_commit(
-    get: Get, atomic_requests: bool, monkeypatch: pytest.MonkeyPatch,
+    get: Get,
+    atomic_requests: bool,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", atomic_requests)

@@ -138,8 +138,7 @@ def test_held_turns_false_at_once_when_a_loss_is_known(r: redis.Redis) -> None:
 
 def test_held_turns_false_when_renewal_finds_the_lease_gone(r: redis.Redis) -> None:
     lost = threading.Event()
-    lock = Lock(r, "held-renew-claim", ttl=0.6, wait=0, renew=True,
-                on_lost=lambda _: lost.set())
+    lock = Lock(r, "held-renew-claim", ttl=0.6, wait=0, renew=True, on_lost=lambda _: lost.set())
     assert lock.acquire()
     r.delete(lock.keys.lease)
     assert lost.wait(5), "the renewal never reported the loss"

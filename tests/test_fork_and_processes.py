@@ -24,8 +24,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:This process .* fork:Deprecation
 ctx = multiprocessing.get_context("fork")
 
 
-def _contender(url: str, barrier: Any, start_at: Any, oracle: Occupancy, rounds: int,
-               errors: Any) -> None:
+def _contender(
+    url: str, barrier: Any, start_at: Any, oracle: Occupancy, rounds: int, errors: Any
+) -> None:
     try:
         client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
         barrier.wait(30)
@@ -212,9 +213,7 @@ def _queued_waiter(url: str) -> None:
     time.sleep(60)  # killed long before this
 
 
-def test_sigkilled_waiter_does_not_hold_up_the_queue(
-    redis_server: Any, r: redis.Redis
-) -> None:
+def test_sigkilled_waiter_does_not_hold_up_the_queue(redis_server: Any, r: redis.Redis) -> None:
     plant_sentinel(r)
     holder = Lock(r, "dead-waiter", ttl=30, wait=0)
     assert holder.acquire()

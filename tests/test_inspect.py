@@ -221,8 +221,21 @@ def test_as_dict_is_json_with_stable_keys(r: redis.Redis) -> None:
     data = json.loads(json.dumps(row.as_dict()))
     assert data["name"] == "j\n"
     assert sorted(data) == sorted(
-        ["name", "kind", "host", "pid", "thread", "label", "fence", "held_for",
-         "lease_left", "waiters", "holders", "limit", "permits"]
+        [
+            "name",
+            "kind",
+            "host",
+            "pid",
+            "thread",
+            "label",
+            "fence",
+            "held_for",
+            "lease_left",
+            "waiters",
+            "holders",
+            "limit",
+            "permits",
+        ]
     )
 
 
@@ -232,7 +245,12 @@ def test_display_helpers() -> None:
     assert printable("\udcff") == "\\udcff"
     assert width("a锁") == 3
     assert [duration(s) for s in (None, 0, 59.9, 61, 3600 * 2 + 240, 86400 * 3 + 3600)] == [
-        "never", "0s", "59s", "1m01s", "2h04m", "3d01h",
+        "never",
+        "0s",
+        "59s",
+        "1m01s",
+        "2h04m",
+        "3d01h",
     ]
 
 
@@ -270,10 +288,12 @@ def cluster(redis_factory: type) -> Iterator[RedisCluster]:
     ]
     assert len(servers) == 3
     subprocess.run(
-        [cli, "--cluster", "create",
-         *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
-        check=True, capture_output=True, timeout=30,
+        [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-yes"],
+        check=True,
+        capture_output=True,
+        timeout=30,
     )
+
     def every_node_ok() -> bool:
         # Every node, not one: a node that has not yet heard of the others
         # answers CLUSTERDOWN, and lock scripts are not retried through it.

@@ -90,7 +90,8 @@ def get(request: pytest.FixtureRequest, throttle: Any) -> Any:
 
     def call(path: str, method: str = "get", client: Any = None, **extra: Any) -> Any:
         headers = {
-            k[5:].replace("_", "-").lower(): extra.pop(k) for k in list(extra)
+            k[5:].replace("_", "-").lower(): extra.pop(k)
+            for k in list(extra)
             if k.startswith("HTTP_")
         }
         if headers:
@@ -247,9 +248,7 @@ def test_view_that_raises_releases_its_permit(get: Any, throttle: Any, r: redis.
     assert holders(r, "throttle:boom") == 0
 
 
-def test_streaming_response_holds_permit_until_closed(
-    throttle: Any, r: redis.Redis
-) -> None:
+def test_streaming_response_holds_permit_until_closed(throttle: Any, r: redis.Redis) -> None:
     rules(throttle, {"name": "stream", "path": "^/stream/", "limit": 1})
     client = Client()
     response = client.get("/stream/")
@@ -323,9 +322,7 @@ def test_redis_down_fails_open_by_default(
 
 
 def test_redis_down_fails_closed_when_asked(get: Any, throttle: Any) -> None:
-    rules(
-        throttle, REPORTS, CLIENT="tests.test_middleware.dead_client", THROTTLE_FAIL_OPEN=False
-    )
+    rules(throttle, REPORTS, CLIENT="tests.test_middleware.dead_client", THROTTLE_FAIL_OPEN=False)
     response = get("/reports/slow/")
     assert response.status_code == 503 and "Retry-After" in response
     assert get("/ok/").status_code == 200
@@ -344,9 +341,7 @@ def test_queued_request_gets_permit_when_freed(throttle: Any, r: redis.Redis) ->
     assert statuses == [200]
 
 
-async def test_async_queued_request_gets_permit_when_freed(
-    throttle: Any, r: redis.Redis
-) -> None:
+async def test_async_queued_request_gets_permit_when_freed(throttle: Any, r: redis.Redis) -> None:
     rules(throttle, {**REPORTS, "wait": 10})
     occupier = Semaphore(r, "throttle:reports", 1, ttl=60, wait=0)
     assert occupier.acquire()
@@ -452,8 +447,11 @@ def test_decorator_rejects_bad_arguments(kwargs: dict[str, Any], match: str) -> 
 )
 def test_system_checks(settings: Any, throttle_setting: Any, check_id: str) -> None:
     settings.REDISLOCK = {"THROTTLE": throttle_setting}
-    messages = [m for m in check_settings() if m.id.startswith("django_redislock.E02")
-                or m.id == "django_redislock.E030"]
+    messages = [
+        m
+        for m in check_settings()
+        if m.id.startswith("django_redislock.E02") or m.id == "django_redislock.E030"
+    ]
     assert [m.id for m in messages] == [f"django_redislock.{check_id}"]
     assert isinstance(messages[0], Error) and messages[0].hint
 
@@ -462,8 +460,16 @@ def test_valid_rules_pass_checks(settings: Any) -> None:
     settings.REDISLOCK = {
         "THROTTLE": [
             REPORTS,
-            {"name": "b", "url_name": ["x", "ns:y"], "methods": ["GET"], "limit": 3,
-             "per": "user", "wait": 1.5, "timeout": 10, "retry_after": 2},
+            {
+                "name": "b",
+                "url_name": ["x", "ns:y"],
+                "methods": ["GET"],
+                "limit": 3,
+                "per": "user",
+                "wait": 1.5,
+                "timeout": 10,
+                "retry_after": 2,
+            },
             {"name": "c", "limit": 1, "per": "tests.testapp.views_throttle.client_key"},
         ]
     }

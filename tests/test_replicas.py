@@ -173,8 +173,9 @@ async def test_async_acknowledgement(pair: Pair, primary: redis.Redis) -> None:
         assert await lock.acquire()
         await lock.release()
         with pair.replica_cut_off():
-            lock = AsyncLock(client, "async-acked", ttl=10, wait=0, replicas=1,
-                             replicas_timeout=0.2)
+            lock = AsyncLock(
+                client, "async-acked", ttl=10, wait=0, replicas=1, replicas_timeout=0.2
+            )
             with pytest.raises(ReplicationTimeout):
                 await lock.acquire()
             assert await client.exists(lock.keys.lease) == 0
@@ -260,17 +261,13 @@ def _sync_attempts(client: Any, names: list[str], patience: float = 0.2) -> list
     return outcomes
 
 
-async def _async_attempts(
-    client: Any, names: list[str], patience: float = 0.2
-) -> list[object]:
+async def _async_attempts(client: Any, names: list[str], patience: float = 0.2) -> list[object]:
     rounds = ROUNDS if patience < 1 else 1
 
     async def worker(name: str) -> list[object]:
         outcomes: list[object] = []
         for _ in range(rounds):
-            lock = AsyncLock(
-                client, name, ttl=10, wait=0, replicas=1, replicas_timeout=patience
-            )
+            lock = AsyncLock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=patience)
             try:
                 outcome: object = await lock.acquire()
                 if lock.held:

@@ -365,8 +365,10 @@ def test_reservation_given_back_when_limit_drops_before_claim(r: redis.Redis) ->
     from django_redislock.core.semaphore import ACQUIRE
 
     granted, _ = scripts.run(
-        r, ACQUIRE, (k.lease, k.queue, k.state), ("w1", 1000, b"claim", "{}", 5000, b"-", 2000,
-                                                   60000, 2)
+        r,
+        ACQUIRE,
+        (k.lease, k.queue, k.state),
+        ("w1", 1000, b"claim", "{}", 5000, b"-", 2000, 60000, 2),
     )
     # w1 states limit 2 but the zset holds b and w1's reservation: 2 <= 2, so
     # it may claim. Now lower again and let another reservation be revoked.
@@ -377,8 +379,10 @@ def test_reservation_given_back_when_limit_drops_before_claim(r: redis.Redis) ->
     b.release()  # current limit is 2 (w1's), one permit free: reserved for w2
     assert r.hget(k.state, "r:w2") == b"1"
     granted, _ = scripts.run(
-        r, ACQUIRE, (k.lease, k.queue, k.state), ("w2", 1000, b"claim", "{}", 5000, b"-", 2000,
-                                                   60000, 1)
+        r,
+        ACQUIRE,
+        (k.lease, k.queue, k.state),
+        ("w2", 1000, b"claim", "{}", 5000, b"-", 2000, 60000, 1),
     )
     # Limit 1 with w1 holding: claiming would make 2. Given back, first in line.
     assert granted == 0

@@ -331,7 +331,9 @@ def test_next_in_line_is_told_of_a_reservation(r: redis.Redis) -> None:
         assert r.hexists(k.state, "r:ta") and r.lrange(k.queue, 0, -1) == [b"tb"]
         # tb runs acquire again: its fallback timer is now ta's reservation.
         reply = scripts.run(
-            r, ACQUIRE, key_tuple("told"),
+            r,
+            ACQUIRE,
+            key_tuple("told"),
             ("tb", 60_000, b"told", "{}", 30_000, b"pch-b", 2000, STATE_KEEP_MS, 1),
         )
         assert reply[0] == 0 and 0 < reply[1] <= 2000

@@ -48,16 +48,38 @@ class AppServer:
         bind = f"127.0.0.1:{self.port}"
         if kind == "gunicorn":
             args = [
-                sys.executable, "-m", "gunicorn", "django.core.wsgi:get_wsgi_application()",
-                "--bind", bind, "--workers", "2", "--threads", "4",
-                "--worker-class", "gthread", "--graceful-timeout", "2", "--timeout", "60",
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "django.core.wsgi:get_wsgi_application()",
+                "--bind",
+                bind,
+                "--workers",
+                "2",
+                "--threads",
+                "4",
+                "--worker-class",
+                "gthread",
+                "--graceful-timeout",
+                "2",
+                "--timeout",
+                "60",
             ]
         else:
             args = [
-                sys.executable, "-m", "uvicorn", "--factory",
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
                 "django.core.asgi:get_asgi_application",
-                "--host", "127.0.0.1", "--port", str(self.port), "--lifespan", "off",
-                "--log-level", "warning",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--lifespan",
+                "off",
+                "--log-level",
+                "warning",
             ]
         self.out = self.log.open("wb")
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.out, stderr=self.out)

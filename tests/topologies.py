@@ -110,8 +110,7 @@ class SentinelTopology:
             ),
         ]
         self.sentinels = [
-            SentinelProcess(port, ports[0], self._sub(f"s{i}"))
-            for i, port in enumerate(ports[2:])
+            SentinelProcess(port, ports[0], self._sub(f"s{i}")) for i, port in enumerate(ports[2:])
         ]
 
     def _sub(self, name: str) -> Path:
@@ -166,9 +165,10 @@ class SentinelTopology:
         """Wait until the replica of the current primary is linked and in sync."""
 
         def linked() -> bool:
-            with self.servers[0].client(socket_timeout=1) as a, self.servers[1].client(
-                socket_timeout=1
-            ) as b:
+            with (
+                self.servers[0].client(socket_timeout=1) as a,
+                self.servers[1].client(socket_timeout=1) as b,
+            ):
                 for c in (a, b):
                     info = c.info("replication")
                     if info["role"] == "slave" and info.get("master_link_status") != "up":
@@ -223,9 +223,12 @@ class ClusterTopology:
                     unix=False,
                     directory=str(directory),
                     extra=(
-                        "--cluster-enabled", "yes",
-                        "--cluster-config-file", str(directory / "nodes.conf"),
-                        "--cluster-node-timeout", "2000",
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        str(directory / "nodes.conf"),
+                        "--cluster-node-timeout",
+                        "2000",
                         *_FAST_SYNC,
                     ),
                 )
@@ -248,9 +251,12 @@ class ClusterTopology:
                 raise RuntimeError("redis-cli is not on PATH (it ships with redis-server)")
             subprocess.run(
                 [
-                    cli, "--cluster", "create",
+                    cli,
+                    "--cluster",
+                    "create",
                     *(f"127.0.0.1:{n.port}" for n in self.nodes),
-                    "--cluster-replicas", str(self.replicas),
+                    "--cluster-replicas",
+                    str(self.replicas),
                     "--cluster-yes",
                 ],
                 check=True,

@@ -33,9 +33,13 @@ def _check_nodes(url_or_nodes: object) -> None:
                 f"cluster URL must start with redis:// or rediss://; got {url_or_nodes!r}"
             )
         return
-    ok = isinstance(url_or_nodes, (list, tuple)) and url_or_nodes and all(
-        isinstance(n, (list, tuple)) and len(n) == 2 and isinstance(n[1], int)
-        for n in url_or_nodes
+    ok = (
+        isinstance(url_or_nodes, (list, tuple))
+        and url_or_nodes
+        and all(
+            isinstance(n, (list, tuple)) and len(n) == 2 and isinstance(n[1], int)
+            for n in url_or_nodes
+        )
     )
     if not ok:
         raise ValueError(

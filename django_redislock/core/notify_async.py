@@ -27,7 +27,6 @@ __all__ = ["AsyncNotifier", "get_async_notifier"]
 log_notify = logging.getLogger("django_redislock.notify")
 
 
-
 class AsyncNotifier:
     """The wake-up channel of this process for one event loop and pool."""
 

@@ -293,7 +293,7 @@ def _cluster_call(client: Any, commands: Sequence[Command], key: bytes) -> list[
                 # The node may be gone for good (failover): look again next time.
                 _refresh[client] = True
             raise
-        replies = replies[len(prefix):]
+        replies = replies[len(prefix) :]
         first = replies[0]
         if not isinstance(first, AskError):
             return replies
@@ -483,7 +483,7 @@ async def _cluster_call_async(client: Any, commands: Sequence[Command], key: byt
             if isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)):
                 _refresh[client] = True
             raise
-        replies = replies[len(prefix):]
+        replies = replies[len(prefix) :]
         first = replies[0]
         if not isinstance(first, AskError):
             return replies

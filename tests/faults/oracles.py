@@ -185,9 +185,7 @@ class FreezeTiming:
             if took > 0
         ][:10]
         for c, what in enumerate(self.COUNTS):
-            out[what] = sum(
-                self.counts[p * len(self.COUNTS) + c] for p in range(self.processes)
-            )
+            out[what] = sum(self.counts[p * len(self.COUNTS) + c] for p in range(self.processes))
         return out
 
 
@@ -205,9 +203,7 @@ class FenceTable:
         # stays open (Python 3.13 warns about it when it is collected).
         with contextlib.closing(self._connect()) as db:
             db.execute("DROP TABLE IF EXISTS resource")
-            db.execute(
-                "CREATE TABLE resource (id INTEGER PRIMARY KEY, fence INTEGER, value TEXT)"
-            )
+            db.execute("CREATE TABLE resource (id INTEGER PRIMARY KEY, fence INTEGER, value TEXT)")
             db.execute("INSERT INTO resource VALUES (1, 0, '')")
         return self
 

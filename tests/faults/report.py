@@ -29,12 +29,20 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reliability.rst"
 
 QUICK = {
-    "contended_seconds": 30, "contended_quota": 10**9, "repeats": 3, "renewal": 2,
-    "cancel_limit": 40, "freezes": 5,
+    "contended_seconds": 30,
+    "contended_quota": 10**9,
+    "repeats": 3,
+    "renewal": 2,
+    "cancel_limit": 40,
+    "freezes": 5,
 }
 LONG = {
-    "contended_seconds": 4 * 3600, "contended_quota": 1_000_000, "repeats": 20, "renewal": 6,
-    "cancel_limit": 120, "freezes": 20,
+    "contended_seconds": 4 * 3600,
+    "contended_quota": 1_000_000,
+    "repeats": 20,
+    "renewal": 6,
+    "cancel_limit": 120,
+    "freezes": 20,
 }
 
 
@@ -45,8 +53,12 @@ def run(params: dict[str, Any], seed: int, log: Any) -> dict[str, Any]:
     rng = random.Random(seed)
     figures: dict[str, Any] = {}
     steps: list[tuple[str, Any]] = [
-        ("contended", lambda p: s.contended_run(
-            p, seed=seed, seconds=params["contended_seconds"], quota=params["contended_quota"])),
+        (
+            "contended",
+            lambda p: s.contended_run(
+                p, seed=seed, seconds=params["contended_seconds"], quota=params["contended_quota"]
+            ),
+        ),
         ("killed", lambda p: s.holder_killed(p, rng, params["repeats"])),
         ("paused", lambda p: s.holder_paused(p, rng, params["repeats"] * 2)),
         ("late", lambda p: s.late_reply(p, rng, params["repeats"])),
@@ -54,8 +66,10 @@ def run(params: dict[str, Any], seed: int, log: Any) -> dict[str, Any]:
         ("restart_plain", lambda p: s.restarted(p, persistence=False)),
         ("restart_aof", lambda p: s.restarted(p, persistence=True)),
         ("renewal", lambda p: s.renewal_blackholed(p, rng, params["renewal"])),
-        ("renewal_async", lambda p: s.renewal_blackholed(
-            p, rng, params["renewal"], use_async=True)),
+        (
+            "renewal_async",
+            lambda p: s.renewal_blackholed(p, rng, params["renewal"], use_async=True),
+        ),
         ("flaky", lambda p: s.flaky_connection(p, rng, params["repeats"])),
         ("cancel", lambda p: s.async_cancellation(p, limit=params["cancel_limit"])),
         ("fork", s.fork_while_holding),
@@ -73,8 +87,10 @@ def run(params: dict[str, Any], seed: int, log: Any) -> dict[str, Any]:
                 figures[name] = step(pool)
             except Exception as exc:  # a failed scenario is a figure too
                 figures[name] = {"failed": f"{type(exc).__name__}: {exc}"}
-        log(f"{name}: {time.monotonic() - started:.1f}s "
-            f"{json.dumps(figures[name], default=str)[:300]}")
+        log(
+            f"{name}: {time.monotonic() - started:.1f}s "
+            f"{json.dumps(figures[name], default=str)[:300]}"
+        )
     return figures
 
 
@@ -114,12 +130,16 @@ FROZEN_KINDS = ("acquire", "acquire-wait", "release")
 
 
 def _frozen_calls(fz: dict[str, Any]) -> str:
-    labels = {"acquire": "acquire trying once", "acquire-wait": "waiting acquire",
-              "release": "release"}
+    labels = {
+        "acquire": "acquire trying once",
+        "acquire-wait": "waiting acquire",
+        "release": "release",
+    }
     return "; ".join(
         f"{labels[kind]}: {fz[kind]['calls']:,} calls, {fz[kind]['over_bound']} over "
         f"{fz[kind]['bound']:.2f} s, longest {fz[kind]['longest']:.2f} s"
-        for kind in FROZEN_KINDS if kind in fz
+        for kind in FROZEN_KINDS
+        if kind in fz
     )
 
 
@@ -146,42 +166,86 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
     before = sum(r["pttl_when_flagged"] > 0 for r in renewals)
     rows = [
         ("Figure", "Measured", "Target", "Status"),
-        ("Contended acquisitions", f"{c.get('acquisitions', 0):,}", "1,000,000 (long run)",
-         _ok(c.get("acquisitions", 0) >= 1_000_000) if mode == "long" else "quick run"),
-        ("Violations: occupancy / lost updates / fence order",
-         f"{c.get('occupancy')} / {c.get('lost_updates')} / {c.get('fence_order')}", "0 / 0 / 0",
-         _ok(violations == 0)),
-        ("Stale fenced writes rejected", f"{stale_rejected} of {stale_attempted}", "100 %",
-         _ok(stale_rejected == stale_attempted > 0)),
-        ("Dead holder's lock free, after the lease Redis had left",
-         f"+{1000 * k.get('max_late', 0):.1f} ms (worst of {len(kill_runs)})", "about a round trip",
-         _ok(k.get("max_late", 1) < 0.25)),
-        ("Dead holder's lock free, as a share of its TTL",
-         f"{100 * k.get('max_free_over_ttl', 0):.0f} % (worst)", "at most 100 %",
-         _ok(k.get("max_free_over_ttl", 2) <= 1.05)),
-        ("Longest call against its promised bound",
-         f"{100 * longest:.0f} % of bound, {st.get('calls', 0) + rq.get('calls', 0)} calls",
-         "under 100 %", _ok(longest < 1)),
+        (
+            "Contended acquisitions",
+            f"{c.get('acquisitions', 0):,}",
+            "1,000,000 (long run)",
+            _ok(c.get("acquisitions", 0) >= 1_000_000) if mode == "long" else "quick run",
+        ),
+        (
+            "Violations: occupancy / lost updates / fence order",
+            f"{c.get('occupancy')} / {c.get('lost_updates')} / {c.get('fence_order')}",
+            "0 / 0 / 0",
+            _ok(violations == 0),
+        ),
+        (
+            "Stale fenced writes rejected",
+            f"{stale_rejected} of {stale_attempted}",
+            "100 %",
+            _ok(stale_rejected == stale_attempted > 0),
+        ),
+        (
+            "Dead holder's lock free, after the lease Redis had left",
+            f"+{1000 * k.get('max_late', 0):.1f} ms (worst of {len(kill_runs)})",
+            "about a round trip",
+            _ok(k.get("max_late", 1) < 0.25),
+        ),
+        (
+            "Dead holder's lock free, as a share of its TTL",
+            f"{100 * k.get('max_free_over_ttl', 0):.0f} % (worst)",
+            "at most 100 %",
+            _ok(k.get("max_free_over_ttl", 2) <= 1.05),
+        ),
+        (
+            "Longest call against its promised bound",
+            f"{100 * longest:.0f} % of bound, {st.get('calls', 0) + rq.get('calls', 0)} calls",
+            "under 100 %",
+            _ok(longest < 1),
+        ),
         ("Hangs", str(hangs), "0", _ok(hangs == 0)),
-        ("Renewal cut off: loss reported while Redis still had the key",
-         f"{before} of {len(renewals)}", "100 %", _ok(before == len(renewals) > 0)),
-        ("Permits over the limit / leaked", f"{pm.get('over_limit')} / {leaked}", "0 / 0",
-         _ok(pm.get("over_limit") == 0 and leaked == 0)),
-        ("Async cancellation points tried (lock), leaks",
-         f"{cx['free']['tried'] + cx['contended']['tried']}, "
-         f"{cx['free']['leaked'] + cx['contended']['leaked']}", "0 leaks",
-         _ok(cx["free"]["leaked"] + cx["contended"]["leaked"] == 0)),
-        ("Async cancellation points tried (semaphore), leaks",
-         f"{pc.get('tried')}, {pc.get('leaked')}", "0 leaks", _ok(pc.get("leaked") == 0)),
-        ("Redis frozen past the socket timeout: calls over their bound",
-         f"{fz_over} of {fz_calls:,}", "0", _ok(fz_calls > 0 and fz_over == 0)),
-        ("Redis frozen: leases granted to nobody after it resumed",
-         f"{fz.get('orphans')}, longest {fz.get('orphan_longest', 0):.2f} s",
-         f"none past {fz.get('orphan_margin', 0):.1f} s",
-         _ok(fz_calls > 0 and fz.get("orphan_longest", 1e9) <= fz.get("orphan_margin", 0))),
-        ("Bad inputs tried (hostile names + bad arguments)", str(bad_inputs),
-         "all mapped safely or refused", _ok(not nm.get("problems") and
-                                             nm.get("refused") == nm.get("bad_arguments"))),
+        (
+            "Renewal cut off: loss reported while Redis still had the key",
+            f"{before} of {len(renewals)}",
+            "100 %",
+            _ok(before == len(renewals) > 0),
+        ),
+        (
+            "Permits over the limit / leaked",
+            f"{pm.get('over_limit')} / {leaked}",
+            "0 / 0",
+            _ok(pm.get("over_limit") == 0 and leaked == 0),
+        ),
+        (
+            "Async cancellation points tried (lock), leaks",
+            f"{cx['free']['tried'] + cx['contended']['tried']}, "
+            f"{cx['free']['leaked'] + cx['contended']['leaked']}",
+            "0 leaks",
+            _ok(cx["free"]["leaked"] + cx["contended"]["leaked"] == 0),
+        ),
+        (
+            "Async cancellation points tried (semaphore), leaks",
+            f"{pc.get('tried')}, {pc.get('leaked')}",
+            "0 leaks",
+            _ok(pc.get("leaked") == 0),
+        ),
+        (
+            "Redis frozen past the socket timeout: calls over their bound",
+            f"{fz_over} of {fz_calls:,}",
+            "0",
+            _ok(fz_calls > 0 and fz_over == 0),
+        ),
+        (
+            "Redis frozen: leases granted to nobody after it resumed",
+            f"{fz.get('orphans')}, longest {fz.get('orphan_longest', 0):.2f} s",
+            f"none past {fz.get('orphan_margin', 0):.1f} s",
+            _ok(fz_calls > 0 and fz.get("orphan_longest", 1e9) <= fz.get("orphan_margin", 0)),
+        ),
+        (
+            "Bad inputs tried (hostile names + bad arguments)",
+            str(bad_inputs),
+            "all mapped safely or refused",
+            _ok(not nm.get("problems") and nm.get("refused") == nm.get("bad_arguments")),
+        ),
     ]
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rq_codes = rq.get("statuses", {})
@@ -267,7 +331,8 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         f"library's own clients (socket timeout {fz.get('socket_timeout')} s; half the "
         f"acquires try once, half wait up to {fz.get('wait')} s; TTL {fz.get('ttl')} s) "
         f"while Redis is SIGSTOPped {len(fz.get('frozen_for', []))} times, for "
-        + ", ".join(f"{x:.2f}" for x in fz.get("frozen_for", [])) + " s, then SIGCONTed. "
+        + ", ".join(f"{x:.2f}" for x in fz.get("frozen_for", []))
+        + " s, then SIGCONTed. "
         f"{fz.get('acquisitions', 0):,} acquisitions; violations (occupancy / lost updates "
         f"/ fence order): {fz.get('occupancy')} / {fz.get('lost_updates')} / "
         f"{fz.get('fence_order')}; {fz.get('unavailable')} calls raised "
@@ -281,7 +346,8 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
             f"{'after' if c['since_freeze'] >= 0 else 'before'} a freeze began"
             for c in fz.get("slowest", [])[:3]
             if c.get("since_freeze") is not None
-        ) + ".",
+        )
+        + ".",
         "",
         "Redis stalled, blackholed, reset, killed",
         f"  Acquire, waiting acquire, extend, owned and release, against each: all "
@@ -294,10 +360,14 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "Redis down at request time",
         "  Requests through the test client and the async test client while Redis is "
         "frozen (SIGSTOP) or dead: a view under ``redis_locked`` answers "
-        + _codes(rq_codes, "/locked/") + " (fail closed; "
-        + _codes(rq_codes, "/locked-open/") + " with ``fail_open=True``), and the "
+        + _codes(rq_codes, "/locked/")
+        + " (fail closed; "
+        + _codes(rq_codes, "/locked-open/")
+        + " with ``fail_open=True``), and the "
         "throttling middleware lets the request through: "
-        + _codes(rq_codes, "throttle-open") + " (" + _codes(rq_codes, "throttle-closed")
+        + _codes(rq_codes, "throttle-open")
+        + " ("
+        + _codes(rq_codes, "throttle-closed")
         + " with ``THROTTLE_FAIL_OPEN`` False). Longest request "
         f"{rq.get('longest', 0):.2f} s against {rq.get('promised', 0):.2f} s (one "
         "bounded call); never a 500. A gunicorn worker "
@@ -315,8 +385,10 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         f"key: {before} of {len(renewals)} runs; "
         + "; ".join(
             f"TTL {r['ttl']:.2f} s, reported {r['flagged_after']:.2f} s after the cut with "
-            f"{r['pttl_when_flagged']} ms of the key left" for r in renewals[:4]
-        ) + ". A renewal that fails is retried only while another attempt as slow can "
+            f"{r['pttl_when_flagged']} ms of the key left"
+            for r in renewals[:4]
+        )
+        + ". A renewal that fails is retried only while another attempt as slow can "
         "end well inside the lease; otherwise the loss is reported at once.",
         "",
         "Connection faults",
@@ -409,8 +481,10 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "A release retried all the same is told the truth: the script remembers the "
         "last 3 tokens released. ``LockLost`` reported for "
         "a release that did run: "
-        + str(fl.get("dropped_release_library", []).count("LockLost")
-              + fl.get("dropped_release_retrying", []).count("LockLost"))
+        + str(
+            fl.get("dropped_release_library", []).count("LockLost")
+            + fl.get("dropped_release_retrying", []).count("LockLost")
+        )
         + " (``tests/faults`` ``test_flaky_connection``; ``tests/test_lock.py`` "
         "``test_a_repeated_release_reports_success_never_a_new_holders_lease``).",
         "",
@@ -430,8 +504,14 @@ def _wrap(line: str) -> str:
     if "\n" in line or len(line) <= 88:
         return line
     indent = line[: len(line) - len(line.lstrip())]
-    return textwrap.fill(line.strip(), 88, initial_indent=indent, subsequent_indent=indent,
-                         break_on_hyphens=False, break_long_words=False)
+    return textwrap.fill(
+        line.strip(),
+        88,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -440,8 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--output", default=str(DOC))
     parser.add_argument("--figures", help="also save the raw figures as JSON to this file")
-    parser.add_argument("--render", metavar="FIGURES_JSON",
-                        help="only rewrite the page from figures saved by --figures")
+    parser.add_argument(
+        "--render",
+        metavar="FIGURES_JSON",
+        help="only rewrite the page from figures saved by --figures",
+    )
     args = parser.parse_args(argv)
     # Stopped with SIGTERM: unwind, so every server and process started here is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -454,8 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     if args.render:
         saved = json.loads(Path(args.render).read_text())
-        text = render(saved["figures"], mode=saved["mode"], seed=saved["seed"],
-                      took=saved["took"])
+        text = render(saved["figures"], mode=saved["mode"], seed=saved["seed"], took=saved["took"])
         Path(args.output).write_text(text)
         print(f"[faults] wrote {args.output}")
         return 0
@@ -466,8 +548,9 @@ def main(argv: list[str] | None = None) -> int:
     figures = run(LONG if args.long else QUICK, seed, lambda m: print(f"[faults] {m}", flush=True))
     took = time.monotonic() - started
     if args.figures:
-        Path(args.figures).write_text(json.dumps(
-            {"mode": mode, "seed": seed, "took": took, "figures": figures}, default=str))
+        Path(args.figures).write_text(
+            json.dumps({"mode": mode, "seed": seed, "took": took, "figures": figures}, default=str)
+        )
     text = render(figures, mode=mode, seed=seed, took=took)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

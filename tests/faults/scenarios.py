@@ -98,8 +98,18 @@ def contended_run(
     procs = [
         ctx.Process(
             target=contend,
-            args=(server.url, lock_names, oracles, seed + n, seconds, quota // processes,
-                  5.0, use_lock, stats, n),
+            args=(
+                server.url,
+                lock_names,
+                oracles,
+                seed + n,
+                seconds,
+                quota // processes,
+                5.0,
+                use_lock,
+                stats,
+                n,
+            ),
             daemon=True,
         )
         for n in range(processes)
@@ -292,8 +302,11 @@ def late_reply(pool: ServerPool, rng: random.Random, repeats: int) -> dict[str, 
                         target=lambda lk=lock, b=box: b.update(ok=lk.acquire())
                     )
                     thread.start()
-                    wait_until(lambda s=sent_before: proxy.requests_forwarded > s, 10,
-                               "the acquire to reach the frozen Redis")
+                    wait_until(
+                        lambda s=sent_before: proxy.requests_forwarded > s,
+                        10,
+                        "the acquire to reach the frozen Redis",
+                    )
                     time.sleep(ttl + extra)  # the fault: Redis frozen past the TTL
                 thread.join(10)
                 ok = box["ok"]
@@ -333,7 +346,8 @@ def stalled(pool: ServerPool, rng: random.Random, *, timeout: float = 0.3) -> di
         calls: dict[str, Callable[[], object]] = {
             "acquire": functools.partial(Lock(client, f"stall:{how}:other", ttl=5).acquire, 0),
             "acquire-wait": functools.partial(
-                Lock(client, f"stall:{how}", ttl=5).acquire, rng.uniform(0.1, 0.5)),
+                Lock(client, f"stall:{how}", ttl=5).acquire, rng.uniform(0.1, 0.5)
+            ),
             "extend": held.extend,
             "owned": held.owned,
             "release": held.release,
@@ -448,12 +462,14 @@ def renewal_blackholed(
             )
         else:
             start, pttl_at_cut = _renew_sync(proxy, admin, name, ttl, pause, on_lost, seen)
-        runs.append({
-            "ttl": ttl,
-            "pttl_at_cut": pttl_at_cut,
-            "flagged_after": seen["at"] - start,
-            "pttl_when_flagged": seen["pttl"],
-        })
+        runs.append(
+            {
+                "ttl": ttl,
+                "pttl_at_cut": pttl_at_cut,
+                "flagged_after": seen["at"] - start,
+                "pttl_when_flagged": seen["pttl"],
+            }
+        )
     return {
         "runs": runs,
         # > 0: the holder knew before Redis expired the key; -2: it learnt after.
@@ -463,8 +479,13 @@ def renewal_blackholed(
 
 
 def _renew_sync(
-    proxy: Any, admin: redis.Redis, name: str, ttl: float, pause: float,
-    on_lost: Any, seen: dict[str, float],
+    proxy: Any,
+    admin: redis.Redis,
+    name: str,
+    ttl: float,
+    pause: float,
+    on_lost: Any,
+    seen: dict[str, float],
 ) -> tuple[float, int]:
     flagged = threading.Event()
     client = bounded_client(proxy.url, timeout=0.2)
@@ -492,8 +513,13 @@ def _renew_sync(
 
 
 async def _renew_async(
-    proxy: Any, admin: redis.Redis, name: str, ttl: float, pause: float,
-    on_lost: Any, seen: dict[str, float],
+    proxy: Any,
+    admin: redis.Redis,
+    name: str,
+    ttl: float,
+    pause: float,
+    on_lost: Any,
+    seen: dict[str, float],
 ) -> tuple[float, int]:
     flagged = asyncio.Event()
     client = bounded_async_client(proxy.url, timeout=0.2)
@@ -525,7 +551,9 @@ def _retrying_client(url: str) -> redis.Redis:
     """A client that retries timeouts too, as redis-py's default policy does (and
     a caller's own client may): a lost reply makes it send the script again."""
     return redis.Redis.from_url(
-        url, socket_timeout=0.5, socket_connect_timeout=0.5,
+        url,
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
         retry=redis.retry.Retry(redis.backoff.ExponentialBackoff(cap=0.1, base=0.01), 1),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
@@ -543,8 +571,10 @@ def flaky_connection(pool: ServerPool, rng: random.Random, repeats: int) -> dict
     admin = server.admin()
     AUDIT.plant(admin)
     proxy = pool.proxy(server)
-    clients = {"library": bounded_client(proxy.url, timeout=0.5),
-               "retrying": _retrying_client(proxy.url)}
+    clients = {
+        "library": bounded_client(proxy.url, timeout=0.5),
+        "retrying": _retrying_client(proxy.url),
+    }
     client = clients["library"]
     out: dict[str, Any] = {"split_ok": 0, "reset_ok": 0}
     for kind in clients:
@@ -659,6 +689,7 @@ async def _cancel_points(
                 # The cancellation was lost somewhere: report it, then end the task.
                 stuck.append(k)
                 import io
+
                 buf = io.StringIO()
                 task.print_stack(file=buf)
                 stacks.append(buf.getvalue())
@@ -679,8 +710,14 @@ async def _cancel_points(
         if contended:
             holder.release()
         await client.aclose()
-    return {"tried": tried, "leaked": leaked, "completed": completed,
-            "cancel_swallowed_at": swallowed, "stuck_at": stuck, "stacks": stacks}
+    return {
+        "tried": tried,
+        "leaked": leaked,
+        "completed": completed,
+        "cancel_swallowed_at": swallowed,
+        "stuck_at": stuck,
+        "stacks": stacks,
+    }
 
 
 def async_cancellation(pool: ServerPool, *, limit: int = 60) -> dict[str, Any]:
@@ -782,17 +819,61 @@ def _evict_lease(admin: redis.Redis, client: redis.Redis) -> dict[str, Any]:
 
 # -- 12. hostile names and bad arguments -------------------------------------------------------
 HOSTILE_NAMES = [
-    "*", "?", "[a-z]", "\\", "{", "}", "{}", "{tag}", "}{", "a{b}c",
-    "redislock:L:{0000000000000000}:=x", ":", "::", " ", "\t", "\n", "\r\n",
-    "\x00", "a\x00b", "\ud800", "\udfff", "é", "e\u0301", "\u202e", "🔒", "ﷺ" * 40,
-    "x" * 120, "x" * 121, "x" * 100_000, "$1\r\n", "*1\r\n$4\r\nPING\r\n", "-ERR",
-    "' OR 1=1 --", "../../etc/passwd", "%s%n", "__proto__", "nil", "false", "0", "-1",
+    "*",
+    "?",
+    "[a-z]",
+    "\\",
+    "{",
+    "}",
+    "{}",
+    "{tag}",
+    "}{",
+    "a{b}c",
+    "redislock:L:{0000000000000000}:=x",
+    ":",
+    "::",
+    " ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\x00",
+    "a\x00b",
+    "\ud800",
+    "\udfff",
+    "é",
+    "e\u0301",
+    "\u202e",
+    "🔒",
+    "ﷺ" * 40,
+    "x" * 120,
+    "x" * 121,
+    "x" * 100_000,
+    "$1\r\n",
+    "*1\r\n$4\r\nPING\r\n",
+    "-ERR",
+    "' OR 1=1 --",
+    "../../etc/passwd",
+    "%s%n",
+    "__proto__",
+    "nil",
+    "false",
+    "0",
+    "-1",
 ]
 BAD_ARGUMENTS: list[tuple[str, dict[str, Any]]] = [
-    ("", {}), ("name", {"ttl": 0}), ("name", {"ttl": -1}), ("name", {"ttl": float("nan")}),
-    ("name", {"ttl": float("inf")}), ("name", {"ttl": True}), ("name", {"ttl": "30"}),
-    ("name", {"ttl": None}), ("name", {"wait": -0.1}), ("name", {"wait": float("nan")}),
-    ("name", {"wait": "1"}), ("name", {"renew_max": 0}), ("name", {"drift_factor": 0.9}),
+    ("", {}),
+    ("name", {"ttl": 0}),
+    ("name", {"ttl": -1}),
+    ("name", {"ttl": float("nan")}),
+    ("name", {"ttl": float("inf")}),
+    ("name", {"ttl": True}),
+    ("name", {"ttl": "30"}),
+    ("name", {"ttl": None}),
+    ("name", {"wait": -0.1}),
+    ("name", {"wait": float("nan")}),
+    ("name", {"wait": "1"}),
+    ("name", {"renew_max": 0}),
+    ("name", {"drift_factor": 0.9}),
     ("name", {"grace": 0}),
 ]
 
@@ -905,12 +986,16 @@ def request_time(pool: ServerPool, *, timeout: float = 0.3) -> dict[str, Any]:
             for fail_open in (True, False):
                 redislock = {**base, "THROTTLE": THROTTLE, "THROTTLE_FAIL_OPEN": fail_open}
                 with override_settings(
-                    CACHES=caches, REDISLOCK=redislock, ROOT_URLCONF="tests.faults.urls",
+                    CACHES=caches,
+                    REDISLOCK=redislock,
+                    ROOT_URLCONF="tests.faults.urls",
                     MIDDLEWARE=middleware,
                 ):
                     connection.reset()
-                    sync, aio = Client(raise_request_exception=False), AsyncClient(
-                        raise_request_exception=False)
+                    sync, aio = (
+                        Client(raise_request_exception=False),
+                        AsyncClient(raise_request_exception=False),
+                    )
                     mode = "open" if fail_open else "closed"
                     request(f"{how} throttle-{mode} sync", sync, "/plain/")
                     request(f"{how} throttle-{mode} async", aio, "/plain/")
@@ -970,8 +1055,7 @@ async def _cancel_permit_points(url: str, admin: redis.Redis, limit: int) -> dic
                 tried += 1
                 keys = KS.semaphore(name)
                 expected = 1 if contended else 0
-                if (not done or _live_permits(admin, name) != expected
-                        or admin.llen(keys.queue)):
+                if not done or _live_permits(admin, name) != expected or admin.llen(keys.queue):
                     leaked += 1
                 if not done:
                     task.cancel()
@@ -1104,8 +1188,19 @@ def frozen_redis(
     procs = [
         ctx.Process(
             target=contend_through_freeze,
-            args=(server.url, lock_names, oracles, ledger, timing, seed + n, n, stop,
-                  socket_timeout, wait, ttl),
+            args=(
+                server.url,
+                lock_names,
+                oracles,
+                ledger,
+                timing,
+                seed + n,
+                n,
+                stop,
+                socket_timeout,
+                wait,
+                ttl,
+            ),
             daemon=True,
         )
         for n in range(processes)
@@ -1137,8 +1232,9 @@ def frozen_redis(
     for p in procs:
         p.start()
     try:
-        wait_until(lambda: sum(oracles.entries) >= 20 * processes, 60,
-                   "the contending processes to start")
+        wait_until(
+            lambda: sum(oracles.entries) >= 20 * processes, 60, "the contending processes to start"
+        )
         watch(calm)
         for _ in range(freezes):
             length = rng.uniform(2 * socket_timeout, 4 * socket_timeout)

@@ -66,15 +66,25 @@ def test_harness_clients_are_the_librarys(pool: ServerPool) -> None:
 
     server = pool.server()
     caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": server.url}}
-    keys = ("socket_timeout", "socket_connect_timeout", "retry", "retry_on_error",
-            "decode_responses", "host", "port", "db")
+    keys = (
+        "socket_timeout",
+        "socket_connect_timeout",
+        "retry",
+        "retry_on_error",
+        "decode_responses",
+        "host",
+        "port",
+        "db",
+    )
 
     async def async_kwargs() -> tuple[dict[str, Any], dict[str, Any]]:
         ours = bounded_async_client(server.url, timeout=0.7, connect_timeout=0.4)
         theirs = connection.get_async_client()
         try:
-            return (dict(ours.connection_pool.connection_kwargs),
-                    dict(theirs.connection_pool.connection_kwargs))
+            return (
+                dict(ours.connection_pool.connection_kwargs),
+                dict(theirs.connection_pool.connection_kwargs),
+            )
         finally:
             await ours.aclose()
 
@@ -301,8 +311,13 @@ def test_async_acquire_cancelled_at_every_await(pool: ServerPool) -> None:
 def test_fork_while_holding(pool: ServerPool) -> None:
     child = scenarios.fork_while_holding(pool)
     assert child == {
-        "held": False, "owned": False, "release": "LockNotOwned", "extend": "LockNotOwned",
-        "reacquire": False, "exit": 0, "parent_still_owns": True,
+        "held": False,
+        "owned": False,
+        "release": "LockNotOwned",
+        "extend": "LockNotOwned",
+        "reacquire": False,
+        "exit": 0,
+        "parent_still_owns": True,
     }
 
 
@@ -323,8 +338,11 @@ def test_redis_down_at_request_time(pool: ServerPool) -> None:
     assert all(500 not in codes for codes in statuses.values()), statuses
     assert "503 without Retry-After" not in statuses
     expected = {
-        "throttle-open": 200, "throttle-closed": 503,
-        "/locked/": 503, "/locked-async/": 503, "/locked-open/": 200,
+        "throttle-open": 200,
+        "throttle-closed": 503,
+        "/locked/": 503,
+        "/locked-async/": 503,
+        "/locked-open/": 200,
     }
     for how in ("stalled", "dead"):
         for what, status in expected.items():

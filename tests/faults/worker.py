@@ -33,7 +33,10 @@ def _serve(url: str) -> None:
         try:
             if op == "acquire":
                 lock = Lock(
-                    client, cmd["name"], ttl=cmd.get("ttl", 30), wait=cmd.get("wait", 0),
+                    client,
+                    cmd["name"],
+                    ttl=cmd.get("ttl", 30),
+                    wait=cmd.get("wait", 0),
                     renew=cmd.get("renew", False),
                 )
                 out["ok"] = lock.acquire()
@@ -166,7 +169,8 @@ def contend_through_freeze(
     client = bounded_client(url, timeout=socket_timeout)
     locks = {
         (name, w): _LedgerLock(ledger, slot, client, name, ttl=ttl, wait=w)
-        for name in names for w in (0.0, wait)
+        for name in names
+        for w in (0.0, wait)
     }
     while not stop.is_set():
         i = rng.randrange(len(names))
@@ -177,8 +181,12 @@ def contend_through_freeze(
             got = lock.acquire()
         except RedisUnavailable:
             got = None
-        timing.record(slot, "acquire-wait" if w else "acquire", time.monotonic() - started,
-                      w + freeze_bound(socket_timeout))
+        timing.record(
+            slot,
+            "acquire-wait" if w else "acquire",
+            time.monotonic() - started,
+            w + freeze_bound(socket_timeout),
+        )
         if not got:
             timing.count(slot, "unavailable" if got is None else "busy")
             ledger.retire(slot, lock.last_token)
@@ -196,8 +204,7 @@ def contend_through_freeze(
                 timing.count(slot, "unavailable")
             except LockError:
                 timing.count(slot, "lost")
-            timing.record(slot, "release", time.monotonic() - started,
-                          freeze_bound(socket_timeout))
+            timing.record(slot, "release", time.monotonic() - started, freeze_bound(socket_timeout))
             ledger.retire(slot, lock.last_token)
     client.close()
 

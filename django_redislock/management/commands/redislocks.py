@@ -22,7 +22,15 @@ from ...display import duration, owner_text, printable, quoted, width
 from ...locks import keyspace
 
 COLUMNS = (
-    "NAME", "KIND", "HOLDERS", "FENCE", "HELD FOR", "LEASE LEFT", "WAITERS", "OWNER", "LABEL",
+    "NAME",
+    "KIND",
+    "HOLDERS",
+    "FENCE",
+    "HELD FOR",
+    "LEASE LEFT",
+    "WAITERS",
+    "OWNER",
+    "LABEL",
 )
 
 
@@ -31,23 +39,49 @@ def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
     cells: list[tuple[str, ...]] = []
     for row in rows:
         if row.kind == "lock":
-            cells.append((
-                printable(row.name), "lock", "-", str(row.fence), duration(row.held_for),
-                duration(row.lease_left), str(row.waiters), owner_text(row), printable(row.label),
-            ))
+            cells.append(
+                (
+                    printable(row.name),
+                    "lock",
+                    "-",
+                    str(row.fence),
+                    duration(row.held_for),
+                    duration(row.lease_left),
+                    str(row.waiters),
+                    owner_text(row),
+                    printable(row.label),
+                )
+            )
             continue
         limit = "?" if row.limit is None else str(row.limit)
         count = len(row.holders)
-        cells.append((
-            printable(row.name), "semaphore", f"{count}/{limit}", "-", duration(row.held_for),
-            duration(row.lease_left), str(row.waiters),
-            f"{count} holder" + ("" if count == 1 else "s"), "",
-        ))
+        cells.append(
+            (
+                printable(row.name),
+                "semaphore",
+                f"{count}/{limit}",
+                "-",
+                duration(row.held_for),
+                duration(row.lease_left),
+                str(row.waiters),
+                f"{count} holder" + ("" if count == 1 else "s"),
+                "",
+            )
+        )
         for h in row.holders:
-            cells.append((
-                "", "", "", "", duration(h.held_for), duration(h.lease_left), "",
-                owner_text(h), printable(h.label),
-            ))
+            cells.append(
+                (
+                    "",
+                    "",
+                    "",
+                    "",
+                    duration(h.held_for),
+                    duration(h.lease_left),
+                    "",
+                    owner_text(h),
+                    printable(h.label),
+                )
+            )
     return cells
 
 
@@ -83,7 +117,9 @@ class Command(BaseCommand):
         ls = sub.add_parser("list", help="Show held locks and semaphores.")
         self._selection(ls)
         ls.add_argument(
-            "--format", choices=("table", "json"), default="table",
+            "--format",
+            choices=("table", "json"),
+            default="table",
             help="table (people, the default) or json (scripts: one array of objects).",
         )
         cl = sub.add_parser("clear", help="Force-release locks and semaphores.")
@@ -94,25 +130,31 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="Show what would be released; change nothing."
         )
         cl.add_argument(
-            "--noinput", "--no-input", action="store_false", dest="interactive",
+            "--noinput",
+            "--no-input",
+            action="store_false",
+            dest="interactive",
             help="Do not ask for confirmation.",
         )
 
     @staticmethod
     def _selection(parser: CommandParser) -> None:
         parser.add_argument(
-            "--pattern", metavar="GLOB",
+            "--pattern",
+            metavar="GLOB",
             help="Only names matching this shell glob (* ? [abc]; [*] is a literal *).",
         )
         parser.add_argument(
-            "--literal", action="store_true",
+            "--literal",
+            action="store_true",
             help="Take --pattern as an exact name, with no wildcards.",
         )
         parser.add_argument(
             "--kind", choices=KINDS, help="Only locks or only semaphores (default: both)."
         )
         parser.add_argument(
-            "--cache", metavar="ALIAS",
+            "--cache",
+            metavar="ALIAS",
             help="CACHES alias of the Redis to inspect (default: REDISLOCK['CACHE']).",
         )
 
@@ -130,9 +172,7 @@ class Command(BaseCommand):
             raise CommandError(f"Redis is unavailable: {exc}") from exc
 
     def _list(self, client: Any, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
-        rows = list_locks(
-            client, keyspace(), options["pattern"], options["literal"], kinds=kinds
-        )
+        rows = list_locks(client, keyspace(), options["pattern"], options["literal"], kinds=kinds)
         if options["format"] == "json":
             # ASCII escapes keep any name exact, whatever the terminal's encoding.
             self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
@@ -153,8 +193,13 @@ class Command(BaseCommand):
         ks = keyspace()
         try:
             rows, missing = select(
-                client, ks, names=names, pattern=pattern, literal=options["literal"],
-                all=everything, kinds=kinds,
+                client,
+                ks,
+                names=names,
+                pattern=pattern,
+                literal=options["literal"],
+                all=everything,
+                kinds=kinds,
             )
         except ValueError as exc:  # an empty name, for one
             raise CommandError(str(exc)) from exc
@@ -189,8 +234,7 @@ class Command(BaseCommand):
         for row in rows:
             self.stdout.write(f"  {describe(row)}")
         self.stdout.write(
-            "Waiters are woken at once; each former holder finds out at its next extend "
-            "or release."
+            "Waiters are woken at once; each former holder finds out at its next extend or release."
         )
         answer = input("Type 'yes' to continue, or 'no' to cancel: ")
         return answer.strip().lower() == "yes"
