@@ -238,7 +238,9 @@ async def test_library_async_client_is_bounded(frozen_server: RedisServer) -> No
                 assert time.monotonic() - started < BOUND
                 started = time.monotonic()
                 # A new connection whose handshake times out: not tried again.
-                with pytest.raises(redis.TimeoutError):
+                # (redis-py 5.0 reports it as a ConnectionError caused by the
+                # timeout; the count of connections below shows the one try.)
+                with pytest.raises((redis.TimeoutError, redis.ConnectionError)):
                     await client.hget(b"redislock-test:none", b"x")
                 assert time.monotonic() - started < BOUND
             finally:

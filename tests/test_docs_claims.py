@@ -58,7 +58,7 @@ def test_the_librarys_clients_retry_a_broken_connection_once_never_a_timeout() -
             return connection.get_async_client().connection_pool.connection_kwargs["retry"]
 
         for policy in (sync_policy, asyncio.run(async_policy())):
-            assert policy.get_retries() == 1
+            assert policy._retries == 1
             assert redis.exceptions.ConnectionError in policy._supported_errors
             assert redis.exceptions.TimeoutError not in policy._supported_errors
     finally:

@@ -263,6 +263,10 @@ def _redirect_target(client: Any, error: AskError) -> Any:
             outcome = None
         if inspect.isawaitable(outcome):
             return outcome  # the asyncio manager: the caller awaits it first
+        if getattr(manager, "_moved_exception", None) is error:
+            # redis-py 5.0 only notes the move and applies it at the next
+            # get_node_from_slot (get_node_from_key does not look): apply it.
+            manager.get_node_from_slot(error.slot_id)
     return None
 
 

@@ -76,8 +76,8 @@ def bounded_async_client(
     }
     connection_class = library_connection._SYNC_TO_ASYNC[sync.connection_pool.connection_class]
     sync.close()
-    kwargs["retry"] = redis.asyncio.retry.Retry(
-        policy._backoff, policy.get_retries(), supported_errors=library_connection._RETRIED
+    kwargs["retry"] = library_connection._BoundedAsyncRetry(
+        policy._backoff, policy._retries, supported_errors=library_connection._RETRIED
     )
     kwargs["retry_on_error"] = list(library_connection._RETRIED)
     pool = redis.asyncio.ConnectionPool(connection_class=connection_class, **kwargs)
