@@ -320,7 +320,15 @@ def test_lock_taken_away_mid_view_rolls_back_and_answers_503(
 
     lock_lost.connect(receiver)
     responses: list[Any] = []
-    thread = threading.Thread(target=lambda: responses.append(get(f"/{view}/{name}/")))
+
+    def request() -> None:
+        try:
+            responses.append(get(f"/{view}/{name}/"))
+        finally:
+            # The view's database connection was made in this thread.
+            connections.close_all()
+
+    thread = threading.Thread(target=request)
     thread.start()
     try:
         assert views_locked.lost_inside.wait(10)
