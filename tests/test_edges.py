@@ -17,7 +17,15 @@ import pytest
 import redis
 import redis.asyncio
 
-from django_redislock.core import AsyncLock, KeySpace, Lock, LockLost, lock_async, scripts
+from django_redislock.core import (
+    AsyncLock,
+    KeySpace,
+    Lock,
+    LockLost,
+    RedisUnavailable,
+    lock_async,
+    scripts,
+)
 from django_redislock.core.force import clear
 from django_redislock.core.notify import Notifier
 from django_redislock.core.wakeup import NO_CHANNEL
@@ -347,3 +355,34 @@ def test_a_waiter_queued_by_the_previous_version_is_still_handed_the_lease(
         pubsub.close()
     assert scripts.run(r, scripts.RELEASE, holder._key_tuple, (token,)) == 1
     audit_keyspace(r)
+
+
+def test_an_extend_to_a_shorter_ttl_whose_reply_was_lost_shortens_what_counts_as_held(
+    redis_factory: Any,
+) -> None:
+    # The extend ran (the lease now ends 1.5 s after it) but its reply was
+    # lost. The handle used to keep counting its 30 s lease as held, so it
+    # believed it held the lock long after Redis had let it go.
+    from tests.faults.proxy import FaultProxy
+    from tests.servers import free_port
+
+    server = redis_factory(port=free_port(), unix=False).start()
+    proxy = FaultProxy(("127.0.0.1", server.port))
+    client = redis.Redis.from_url(proxy.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    direct = server.client(socket_timeout=5)
+    try:
+        lock = Lock(client, "shorter", ttl=30, wait=0)
+        assert lock.acquire()
+        lock.extend()  # the script is cached: the reply dropped next is the extend's own
+        proxy.drop_replies = 1
+        with pytest.raises(RedisUnavailable):
+            lock.extend(1.5)
+        proxy.heal()
+        assert 0 < direct.pttl(lock.keys.lease) <= 1500  # it did run
+        assert lock.remaining <= 1.5
+        wait_until(lambda: not direct.exists(lock.keys.lease), timeout=5)
+        assert not lock.held
+    finally:
+        client.close()
+        direct.close()
+        proxy.close()

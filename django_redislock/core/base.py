@@ -15,7 +15,7 @@ from typing import Any
 
 from .exceptions import LockLost
 from .keys import KeySpace, LockKeys, shows_name
-from .protocol import STATE_KEEP_MS, validity
+from .protocol import STATE_KEEP_MS, may_have_run, validity
 
 __all__ = [
     "STATE_KEEP_MS",
@@ -209,6 +209,14 @@ class LockBase:
         # 64 random bits: no two acquisitions of one name ever share one, and
         # a short token keeps the state's memory of recent ones compact.
         return secrets.token_hex(8)
+
+    def _reset_unknown(self, exc: BaseException, sent: float, ttl_ms: int) -> None:
+        """An extend, refresh or renewal sent at ``sent`` failed without an
+        answer. It may have run all the same and set the lease to ``ttl_ms``
+        from then, which can be sooner than the end counted so far (an extend
+        to a shorter TTL): count only what both allow."""
+        if may_have_run(exc):
+            self._valid_until = min(self._valid_until, self._validity(sent, ttl_ms))
 
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         self.token = token

@@ -350,7 +350,12 @@ class Lock(SyncHandle):
             raise LockLost(f"lock {self.name!r} was already lost")
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
-        if not self._extend_call(token, ttl_ms):
+        try:
+            ok = self._extend_call(token, ttl_ms)
+        except RedisUnavailable as exc:
+            self._reset_unknown(exc, sent, ttl_ms)
+            raise
+        if not ok:
             self._mark_lost("the lease was gone at extend (expired, cleared or lost by Redis)")
             raise LockLost(f"lock {self.name!r} was lost before it could be extended")
         self._ttl_ms_held = ttl_ms
@@ -384,6 +389,7 @@ class Lock(SyncHandle):
         try:
             ok = self._extend_call(token, ttl_ms)
         except RedisUnavailable as exc:
+            self._reset_unknown(exc, sent, ttl_ms)
             delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)
             if delay is None and self.token == token:
                 self._mark_lost(f"could not renew before the lease ran out: {exc}")

@@ -370,7 +370,12 @@ class AsyncLock(AsyncHandle):
             raise LockLost(f"lock {self.name!r} was already lost")
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
-        if not await self._extend_call(token, ttl_ms):
+        try:
+            ok = await self._extend_call(token, ttl_ms)
+        except RedisUnavailable as exc:
+            self._reset_unknown(exc, sent, ttl_ms)
+            raise
+        if not ok:
             self._mark_lost("the lease was gone at extend (expired, cleared or lost by Redis)")
             raise LockLost(f"lock {self.name!r} was lost before it could be extended")
         self._ttl_ms_held = ttl_ms
@@ -410,6 +415,7 @@ class AsyncLock(AsyncHandle):
             try:
                 ok = await self._extend_call(token, ttl_ms)
             except RedisUnavailable as exc:
+                self._reset_unknown(exc, sent, ttl_ms)
                 delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)
                 if delay is None and self.token == token:
                     self._mark_lost(f"could not renew before the lease ran out: {exc}")

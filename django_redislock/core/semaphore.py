@@ -214,11 +214,16 @@ class Semaphore(SemaphoreBase, SyncHandle):
             raise LockLost(f"permit of semaphore {self.name!r} was already lost")
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
-        ok = scripts.run(self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS))
+        try:
+            ok = scripts.run(self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS))
+        except RedisUnavailable as exc:
+            self._reset_unknown(exc, sent, ttl_ms)
+            raise
         if not ok:
             self._mark_lost("the permit was gone at refresh (expired, cleared or lost by Redis)")
             raise LockLost(f"permit of semaphore {self.name!r} was lost before it was refreshed")
-        self._valid_until = self._validity(sent, ttl_ms)
+        if self.token == token and not self.lost:
+            self._valid_until = self._validity(sent, ttl_ms)
 
     extend = refresh
 
