@@ -11,7 +11,7 @@ interleavings of the public API and of faults:
 * release, extend (``refresh`` for permits), and a renewal tick: what the
   renewal watchdog does, run when the model says (its own thread would make
   the runs depend on timing, and Hypothesis could not replay them);
-* the model's clock: short sleeps, so that leases of 50 to 200 ms run out;
+* the model's clock: short sleeps, so that leases of 50 to 600 ms run out;
 * force-release through ``core.inspect.clear``;
 * a lost reply (one or both attempts of a call), Redis frozen (SIGSTOP) for a
   while, Redis killed and restarted empty.
@@ -41,10 +41,14 @@ and at the end of each run, once every handle has let go and every lease has
 run out, every name can be taken again and every permit of the semaphore is
 free: nothing leaks.
 
-The budget is fixed and the search derandomized, so CI runs the same
-interleavings every time: ``REDISLOCK_MODEL_STEPS`` steps (10 000 by default;
-raise it for a longer exploration), ``REDISLOCK_MODEL_SEED`` for another
-deterministic sequence.
+The budget is fixed and every batch of runs has a fixed seed, so CI runs the
+same interleavings every time (their timing, and so a timing-dependent
+failure, can still differ): ``REDISLOCK_MODEL_STEPS`` steps (10 000 by
+default; raise it for a longer exploration), ``REDISLOCK_MODEL_SEED`` for
+other interleavings, ``REDISLOCK_MODEL_OFF`` to leave named invariants
+unchecked and look past a known failure, ``REDISLOCK_MODEL_SHRINK=1`` to let
+Hypothesis shrink a failure (slow, and unreliable when it depends on timing;
+without it the failing run is printed step by step).
 """
 
 from __future__ import annotations
@@ -284,10 +288,6 @@ class Worker:
             self._armed = 0
             self.paused = False
             self._cond.notify_all()
-
-    def wait_paused(self, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self.paused, timeout)
 
     def stop(self) -> None:
         self.resume()
