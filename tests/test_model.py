@@ -12,7 +12,7 @@ interleavings of the public API and of faults:
   renewal watchdog does, run when the model says (its own thread would make
   the runs depend on timing, and Hypothesis could not replay them);
 * the model's clock: short sleeps, so that leases of 50 to 600 ms run out;
-* force-release through ``core.inspect.clear``;
+* force-release through ``core.force.clear``;
 * a lost reply (one or both attempts of a call), Redis frozen (SIGSTOP) for a
   while, Redis killed and restarted empty.
 
@@ -84,7 +84,7 @@ from hypothesis.stateful import (
 )
 
 import django_redislock.core
-from django_redislock.core import inspect as lock_inspect
+from django_redislock.core import force
 from django_redislock.core.exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
@@ -685,7 +685,7 @@ class LockModel(RuleBasedStateMachine):
     def force_clear(self, which: str) -> None:
         kind = "semaphore" if which == SEMAPHORE else "lock"
         w = self.world
-        result = lock_inspect.clear(w.admin, w.keyspace, names=[which], kinds=(kind,))
+        result = force.clear(w.admin, w.keyspace, names=[which], kinds=(kind,))
         tokens = {h.token for row in result.released + result.changed for h in row.holders}
         STATS["force-cleared"] += len(result.released)
         for m in self.models.values():
