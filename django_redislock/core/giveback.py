@@ -28,18 +28,18 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-if TYPE_CHECKING:
-    from .transport import Pending
-
-__all__ = ["drain", "submit", "submit_async"]
+__all__ = ["Pending", "drain", "submit", "submit_async"]
 
 logger = logging.getLogger("django_redislock.giveback")
 
+# A connection whose replies are late is kept this long, at least, for them.
+DRAIN_DEFAULT = 30.0
 # Back-off between attempts: short, so that a Redis that comes back is
 # answered within about one round trip; each attempt against a stalled Redis
 # already waits a socket timeout, so this does not hammer it.
@@ -47,6 +47,24 @@ _FIRST_DELAY = 0.02
 _MAX_DELAY = 0.25
 # How long a sync drain polls its connection per turn before the next one's turn.
 _DRAIN_POLL = 0.05
+
+
+@dataclass(eq=False)
+class Pending:
+    """A connection with ``unread`` replies still owed by Redis."""
+
+    conn: Any
+    unread: int
+    release: Any  # how the connection goes back to its pool (sync or async callable)
+    asynchronous: bool
+    deadline: float = field(default_factory=lambda: time.monotonic() + DRAIN_DEFAULT)
+    done: threading.Event = field(default_factory=threading.Event)
+    # True once the late replies were read: whatever the batch did is done.
+    answered: bool = False
+
+    def keep_until(self, deadline: float) -> None:
+        """Wait for the late replies at least until ``deadline`` (monotonic)."""
+        self.deadline = max(self.deadline, deadline)
 
 
 def _pending_of(after: BaseException | None) -> Pending | None:

@@ -30,10 +30,8 @@ import inspect
 import logging
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import AskError, MovedError, RedisError, ResponseError
@@ -41,6 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback
+from .giveback import Pending
 from .topology import is_cluster
 
 __all__ = ["CallFailed", "Pending", "call", "call_async"]
@@ -52,8 +51,6 @@ Command = tuple[Any, ...]
 # A redirection is followed this many times at most: a slot moving while we
 # follow it is rare, a loop between two confused nodes must not hang a call.
 _MAX_REDIRECTS = 5
-# A connection whose replies are late is kept this long, at least, for them.
-_DRAIN_DEFAULT = 30.0
 
 
 class CallFailed(Exception):
@@ -68,24 +65,6 @@ class CallFailed(Exception):
         self.cause = cause
         self.may_have_run = may_have_run
         self.pending: Pending | None = None
-
-
-@dataclass(eq=False)
-class Pending:
-    """A connection with ``unread`` replies still owed by Redis."""
-
-    conn: Any
-    unread: int
-    release: Any  # how the connection goes back to its pool (sync or async callable)
-    asynchronous: bool
-    deadline: float = field(default_factory=lambda: time.monotonic() + _DRAIN_DEFAULT)
-    done: threading.Event = field(default_factory=threading.Event)
-    # True once the late replies were read: whatever the batch did is done.
-    answered: bool = False
-
-    def keep_until(self, deadline: float) -> None:
-        """Wait for the late replies at least until ``deadline`` (monotonic)."""
-        self.deadline = max(self.deadline, deadline)
 
 
 def _is_timeout_error(error: Any) -> bool:
