@@ -15,7 +15,7 @@ from typing import Any
 
 from .exceptions import LockLost
 from .keys import KeySpace, LockKeys, shows_name
-from .protocol import STATE_KEEP_MS, may_have_run, validity
+from .protocol import STATE_KEEP_MS, acquire_reply, may_have_run, validity
 
 __all__ = [
     "STATE_KEEP_MS",
@@ -273,6 +273,11 @@ class LockBase:
             ttl_ms + STATE_KEEP_MS,
             self._round,
         )
+
+    @staticmethod
+    def _acquire_reply(reply: Any) -> tuple[int, int]:
+        """``(granted, fence or ms until a change)`` from the acquire script."""
+        return acquire_reply(reply)
 
     def _cancel_args(self, token: str) -> tuple:
         return (token,)

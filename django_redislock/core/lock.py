@@ -42,7 +42,6 @@ from .notify import get_notifier
 from .protocol import (
     Acquisition,
     Move,
-    acquire_reply,
     may_have_run,
     renew_interval,
     retry_renewal_in,
@@ -67,7 +66,9 @@ class SyncHandle(LockBase):
     (``_cancel``, ``_cancel_script``) and what holding starts (``_on_acquired``).
     """
 
-    # Gives back whatever a token may hold or be queued for; safe to repeat.
+    # Takes the lease or permit, or queues for it; gives back whatever a
+    # token may hold or be queued for (safe to repeat).
+    _acquire_script: scripts.Script
     _cancel_script: scripts.Script
     # Whether a give-back must wait for the late reply of the call it follows
     # (else the late call could run after it and take what it gave back).
@@ -82,7 +83,25 @@ class SyncHandle(LockBase):
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple[int, int]:
         """Run the acquire script once: (1, fence) or (0, ms until a change)."""
-        raise NotImplementedError
+        args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
+        if not self.replicas:
+            reply = scripts.run(self.client, self._acquire_script, self._key_tuple, args)
+            return self._acquire_reply(reply)
+        reply, acked = scripts.run_acked(
+            self.client,
+            self._acquire_script,
+            self._key_tuple,
+            args,
+            self.replicas,
+            self.replicas_timeout,
+        )
+        granted, value = self._acquire_reply(reply)
+        if short_of_replicas(granted, acked, self.replicas):
+            self._cancel(token)
+            raise ReplicationTimeout(
+                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
+            )
+        return granted, value
 
     def _cancel(self, token: str) -> None:
         """Give back whatever ``token`` may hold or be queued for."""
@@ -291,6 +310,7 @@ class Lock(SyncHandle):
     and only the thread that acquired may release or extend. Not reentrant.
     """
 
+    _acquire_script = scripts.ACQUIRE
     _cancel_script = scripts.CANCEL
     # The lock's cancel remembers the token and its acquire then grants
     # nothing: the give-back need not wait for a late reply that may never
@@ -300,28 +320,6 @@ class Lock(SyncHandle):
     def _init_driver(self) -> None:
         super()._init_driver()
         self._ttl_ms_held = 0
-
-    def _attempt(
-        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
-    ) -> tuple[int, int]:
-        args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
-        if not self.replicas:
-            return acquire_reply(scripts.run(self.client, scripts.ACQUIRE, self._key_tuple, args))
-        reply, acked = scripts.run_acked(
-            self.client,
-            scripts.ACQUIRE,
-            self._key_tuple,
-            args,
-            self.replicas,
-            self.replicas_timeout,
-        )
-        granted, value = acquire_reply(reply)
-        if short_of_replicas(granted, acked, self.replicas):
-            self._cancel(token)
-            raise ReplicationTimeout(
-                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
-            )
-        return granted, value
 
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms

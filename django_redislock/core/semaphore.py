@@ -36,7 +36,6 @@ from .exceptions import (
     LockLost,
     LockNotOwned,
     RedisUnavailable,
-    ReplicationTimeout,
 )
 from .keys import KeySpace
 from .lock import SyncHandle
@@ -128,7 +127,15 @@ class SemaphoreBase(LockBase):
         state = "held" if self.token else "free"
         return f"<{type(self).__name__} {self.name!r} limit={self._limit} {state}>"
 
-    def _sem_args(self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes) -> tuple:
+    @staticmethod
+    def _acquire_reply(reply: Any) -> tuple[int, int]:
+        # sem_acquire.lua answers {granted, ms}: a permit has no fence.
+        granted, value = reply
+        return int(granted), int(value)
+
+    def _args_acquire(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple:
         return (
             token,
             ttl_ms,
@@ -167,31 +174,13 @@ class Semaphore(SemaphoreBase, SyncHandle):
     holder's permit comes back by itself.
     """
 
-    def _attempt(
-        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
-    ) -> tuple[int, int]:
-        args = self._sem_args(token, ttl_ms, who, wait_ms, address)
-        if not self.replicas:
-            granted, value = scripts.run(self.client, ACQUIRE, self._key_tuple, args)
-            return granted, value
-        (granted, value), acked = scripts.run_acked(
-            self.client, ACQUIRE, self._key_tuple, args, self.replicas, self.replicas_timeout
-        )
-        if granted == 1 and acked < self.replicas:
-            # A failover now could promote a replica that never saw this
-            # permit, and one more holder than the limit would get in.
-            self._cancel(token)
-            raise ReplicationTimeout(
-                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
-            )
-        return granted, value
-
     def _already_held(self) -> LockError:
         return LockError(
             f"semaphore {self.name!r}: this handle already holds a permit in this "
             "thread; release it first, or use one handle per concurrent holder"
         )
 
+    _acquire_script = ACQUIRE
     _cancel_script = CANCEL
 
     # -- release / refresh ------------------------------------------------------

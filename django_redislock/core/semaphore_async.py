@@ -19,7 +19,6 @@ from .exceptions import (
     LockLost,
     LockNotOwned,
     RedisUnavailable,
-    ReplicationTimeout,
 )
 from .keys import KeySpace
 from .lock_async import AsyncHandle
@@ -36,30 +35,13 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
     acquired the permit may release or refresh it.
     """
 
-    async def _attempt(
-        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
-    ) -> tuple[int, int]:
-        args = self._sem_args(token, ttl_ms, who, wait_ms, address)
-        if not self.replicas:
-            granted, value = await scripts.run_async(self.client, ACQUIRE, self._key_tuple, args)
-            return granted, value
-        (granted, value), acked = await scripts.run_acked_async(
-            self.client, ACQUIRE, self._key_tuple, args, self.replicas, self.replicas_timeout
-        )
-        if granted == 1 and acked < self.replicas:
-            # Give back a permit a failover could lose (see Semaphore._attempt).
-            await self._cancel(token)
-            raise ReplicationTimeout(
-                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
-            )
-        return granted, value
-
     def _already_held(self) -> LockError:
         return LockError(
             f"semaphore {self.name!r}: this handle already holds a permit in this "
             "task; release it first, or use one handle per concurrent holder"
         )
 
+    _acquire_script = ACQUIRE
     _cancel_script = CANCEL
 
     def _check_owner(self, action: str) -> str:
