@@ -98,6 +98,7 @@ def _connect_may_linger(kwargs: dict[str, Any]) -> bool:
 
 _twins_lock = threading.Lock()
 _twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_ITSELF = object()  # in _twins: the pool is bounded as it is
 _wants_command_name: dict[type, bool] = {}
 
 
@@ -136,28 +137,32 @@ def _twin_of(pool: Any) -> Any | None:
 
 
 def _bounded_pool(pool: Any) -> Any:
-    """``pool`` itself when its connections connect without lingering, else its twin."""
-    if not _connect_may_linger(pool.connection_kwargs):
-        return pool
-    twin = _twins.get(pool)
-    if twin is not None:
-        return twin
+    """``pool`` itself when its connections connect without lingering, else its twin.
+
+    Decided once per pool: this runs on every lock call.
+    """
+    known = _twins.get(pool)
+    if known is not None:
+        return pool if known is _ITSELF else known
     with _twins_lock:
-        twin = _twins.get(pool)
-        if twin is None:
-            twin = _twin_of(pool)
-            if twin is None:
-                logger.warning(
-                    "cannot mirror a %s without its retries: lock calls use it as it is "
-                    "and may last longer than one socket timeout",
-                    type(pool).__name__,
-                )
-                twin = pool
-            else:
-                # The twin's sockets close with the client's pool.
-                weakref.finalize(pool, twin.disconnect)
-            _twins[pool] = twin
-    return twin
+        known = _twins.get(pool)
+        if known is None:
+            known = _ITSELF
+            if _connect_may_linger(pool.connection_kwargs):
+                twin = _twin_of(pool)
+                if twin is None:
+                    logger.warning(
+                        "cannot mirror a %s without its retries: lock calls use it as it "
+                        "is and may last longer than one socket timeout",
+                        type(pool).__name__,
+                    )
+                else:
+                    # The twin's sockets close with the client's pool.
+                    weakref.finalize(pool, twin.disconnect)
+                    known = twin
+            # Never the pool itself as a value: it would keep its own key alive.
+            _twins[pool] = known
+    return pool if known is _ITSELF else known
 
 
 def _get_connection_args(pool: Any) -> tuple[str, ...]:
