@@ -51,7 +51,6 @@ from .protocol import (
 __all__ = ["Lock", "SyncHandle"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
-log_release = logging.getLogger("django_redislock.release")
 
 _H = TypeVar("_H", bound="SyncHandle")
 

@@ -23,7 +23,6 @@ release). Make one handle per concurrent user: handles are cheap.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -42,7 +41,6 @@ from .lock import SyncHandle
 
 __all__ = ["Semaphore", "SemaphoreBase", "check_limit", "clear_semaphore", "release_permit"]
 
-log_acquire = logging.getLogger("django_redislock.acquire")
 
 # Permits last this long unless told otherwise (the PERMIT_TIMEOUT default).
 DEFAULT_PERMIT_TTL = 60.0

@@ -8,7 +8,6 @@ gives back whatever it may have been granted, shielded from the cancellation.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from typing import Any
 
@@ -25,8 +24,6 @@ from .lock_async import AsyncHandle
 from .semaphore import ACQUIRE, CANCEL, CLEAR, REFRESH, RELEASE, SemaphoreBase
 
 __all__ = ["AsyncSemaphore", "clear_semaphore_async"]
-
-log_acquire = logging.getLogger("django_redislock.acquire")
 
 
 class AsyncSemaphore(SemaphoreBase, AsyncHandle):
