@@ -1,4 +1,4 @@
-"""Claims the README and docs/ make that no other test pins down.
+"""Claims the README and the documentation (docs/) make that no other test pins down.
 
 Each test names the sentence it backs; when the text changes, change the test
 with it (and the other way round).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import configparser
 import json
 import re
 import threading
@@ -29,15 +30,22 @@ from django_redislock.core.lock_async import AsyncLock
 from django_redislock.core.semaphore import Semaphore
 from tests.faults.harness import Worker, wait_until
 
-README = (Path(__file__).resolve().parents[1] / "README.rst").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.rst").read_text()
 KS = KeySpace()
 
 
+def page(name: str) -> str:
+    """The text of ``docs/<name>.rst``."""
+    return (ROOT / "docs" / f"{name}.rst").read_text()
+
+
 def test_state_hash_expires_ten_seconds_after_the_lease(r: redis.Redis) -> None:
-    """README, Keys: "the state hash the lease plus 10 seconds"; guarantees:
-    "after the state hash expired (10 seconds after the lease ...)"."""
+    """docs/internals.rst, Keys: "the state hash the lease plus 10 seconds";
+    docs/guarantees.rst: "after the state hash expired (10 seconds after the lease ...)"."""
     assert STATE_KEEP_MS == 10_000
-    assert "the state hash the lease plus 10 seconds" in README
+    assert "the state hash the lease plus 10 seconds" in page("internals")
+    assert "expired (10 seconds after the lease" in page("guarantees")
     lock = Lock(r, "state-keep", ttl=1, wait=0)
     assert lock.acquire()
     lease_ms, state_ms = r.pttl(lock.keys.lease), r.pttl(lock.keys.state)
@@ -49,7 +57,8 @@ def test_state_hash_expires_ten_seconds_after_the_lease(r: redis.Redis) -> None:
 
 
 def test_the_librarys_clients_retry_a_broken_connection_once_never_a_timeout() -> None:
-    """README, Settings: "one quick retry on a broken connection, never on a timeout"."""
+    """docs/settings.rst: "one quick retry on a broken connection, never on a timeout"."""
+    assert "one quick retry on a broken\nconnection, never on a timeout" in page("settings")
     connection.reset()
     try:
         sync_policy = connection.get_client().connection_pool.connection_kwargs["retry"]
@@ -66,8 +75,8 @@ def test_the_librarys_clients_retry_a_broken_connection_once_never_a_timeout() -
 
 
 def test_settings_table_matches_the_defaults() -> None:
-    """README, Settings: every key of the table, with the default it states."""
-    section = README.split("\nSettings\n========\n", 1)[1].split("\nSystem checks\n", 1)[0]
+    """docs/settings.rst: every key of the table, with the default it states."""
+    section = page("settings")
     rows = re.findall(r"^``([A-Z_]+)``\s{2,}\S.*?\s{2,}(\S+)\s{2,}", section, re.MULTILINE)
     assert {key for key, _ in rows} == set(DEFAULTS)
     for key, shown in rows:
@@ -77,15 +86,16 @@ def test_settings_table_matches_the_defaults() -> None:
 
 
 def test_semaphore_grace_period_is_two_seconds() -> None:
-    """README, semaphores: "reserved for the oldest live waiter for a short grace period (2 s)"."""
+    """docs/semaphores.rst: "reserved for the oldest live waiter for a short grace
+    period (2 s)"."""
     assert DEFAULT_GRACE == 2.0
-    assert "grace\n  period (2 s)" in README
+    assert "grace\n  period (2 s)" in page("semaphores")
 
 
 def test_a_woken_semaphore_waiter_that_stops_costs_at_most_the_grace(
     redis_server: Any, r: redis.Redis
 ) -> None:
-    """README, semaphores: a waiter "that dies or stops after being woken costs
+    """docs/semaphores.rst: a waiter "that dies or stops after being woken costs
     the next waiter at most the grace period"."""
     name = "grace-claim"
     queue = KS.semaphore(name).queue
@@ -124,8 +134,9 @@ def test_a_woken_semaphore_waiter_that_stops_costs_at_most_the_grace(
 
 
 def test_held_turns_false_at_once_when_a_loss_is_known(r: redis.Redis) -> None:
-    """README, Renewal: a loss "marks the lock lost: ``held`` turns False and
-    ``remaining`` 0 at once"; docs/reliability.rst: "``held`` turning False"."""
+    """docs/internals.rst, Renewal: a loss "marks the lock lost: ``held`` turns
+    False and ``remaining`` 0 at once"; docs/reliability.rst: "``held`` turning False"."""
+    assert "``held`` turns False and ``remaining`` 0 at once" in page("internals")
     lock = Lock(r, "held-claim", ttl=30, wait=0)
     assert lock.acquire()
     r.delete(lock.keys.lease)
@@ -163,7 +174,7 @@ async def test_async_held_turns_false_at_once_when_a_loss_is_known(
 
 
 def test_validity_ends_a_hundredth_of_the_ttl_and_2_ms_early(r: redis.Redis) -> None:
-    """README, Implementation: "``held`` turns false at ``sent + ttl - ttl/100 - 2 ms``"."""
+    """docs/internals.rst: "``held`` turns false at ``sent + ttl - ttl/100 - 2 ms``"."""
     lock = Lock(r, "validity-claim", ttl=2, wait=0)
     before = time.monotonic()
     assert lock.acquire()
@@ -171,12 +182,12 @@ def test_validity_ends_a_hundredth_of_the_ttl_and_2_ms_early(r: redis.Redis) -> 
     # The end of validity, seen from now, lies between the two send-time bounds.
     end = time.monotonic() + lock.remaining
     assert before + 2 - 0.02 - 0.002 - 0.01 <= end <= after + 2 - 0.02 - 0.002 + 0.01
-    assert "``sent + ttl - ttl/100 - 2 ms``" in README
+    assert "``sent + ttl - ttl/100 - 2 ms``" in page("internals")
     lock.release()
 
 
 def test_a_repeated_semaphore_release_reports_success(r: redis.Redis) -> None:
-    """README, semaphores: "``LockLost`` at release or refresh means the permit
+    """docs/semaphores.rst: "``LockLost`` at release or refresh means the permit
     had expired or was force-released meanwhile": a release sent again after
     its reply was lost (a retrying client) must not report a false loss."""
     sem = Semaphore(r, "repeat-permit", 1, ttl=5, wait=0)
@@ -189,3 +200,109 @@ def test_a_repeated_semaphore_release_reports_success(r: redis.Redis) -> None:
     assert other.acquire()
     assert keys == other._key_tuple and other.owned()
     other.release()
+
+
+def test_the_extras_the_docs_name_exist() -> None:
+    """README and docs/installation.rst: the extras ``[hiredis]``, ``[celery]`` and
+    ``[drf]``, and what each installs."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg")
+    extras = {name: value.strip() for name, value in parser["options.extras_require"].items()}
+    assert extras == {
+        "hiredis": "redis[hiredis]",
+        "celery": "celery>=5.3",
+        "drf": "djangorestframework>=3.15",
+    }
+    installation = page("installation")
+    for name in extras:
+        assert f"``[{name}]``" in installation, name
+        assert f"``{name}``" in README, name
+    assert "Celery 5.3 or newer" in installation
+    assert "Django REST framework 3.15 or newer" in installation
+
+
+def test_the_readme_links_to_pages_that_exist() -> None:
+    """README, Documentation: every link into the docs names a page of docs/."""
+    links = re.findall(
+        r"^\.\. _[^:]+: (https://django-redislock\.readthedocs\.io/\S*)$", README, re.M
+    )
+    assert len(links) >= 10
+    for link in links:
+        path = link.split("/en/latest/", 1)[1]
+        if path:
+            assert path.endswith(".html"), link
+            assert (ROOT / "docs" / path.replace(".html", ".rst")).is_file(), link
+
+
+def test_every_check_id_is_listed_and_every_listed_id_exists() -> None:
+    """docs/checks.rst lists the system check IDs the code can report, and no other."""
+    source = "\n".join(p.read_text() for p in (ROOT / "django_redislock").rglob("*.py"))
+    emitted = set(re.findall(r"django_redislock\.[EW]\d{3}", source))
+    # throttle.py builds its rule IDs from a number: _ID.format(20), bad(25, ...).
+    numbers = re.findall(r"(?:_ID\.format\(|\bbad\(\s*)(\d+)", source)
+    emitted |= {f"django_redislock.E0{n}" for n in numbers}
+    listed = set(re.findall(r"^``(django_redislock\.[EW]\d{3})``$", page("checks"), re.M))
+    assert len(emitted) > 20
+    assert listed == emitted
+
+
+def _documented_loggers() -> set[str]:
+    section = page("operating").split("\nLogging\n=======\n", 1)[1].split("\nFor example", 1)[0]
+    return set(re.findall(r"``(django_redislock\.[a-z]+)``", section))
+
+
+def test_every_logger_is_documented_and_every_documented_one_is_used() -> None:
+    """docs/operating.rst, Logging: one entry per logger the library logs to."""
+    source = "\n".join(p.read_text() for p in (ROOT / "django_redislock").rglob("*.py"))
+    used = set(re.findall(r"getLogger\(\"(django_redislock\.[a-z]+)\"\)", source))
+    assert used == _documented_loggers()
+
+
+def _signal_arguments() -> dict[str, set[str]]:
+    section = page("operating").split("\nSignals\n=======\n", 1)[1].split("\nLogging\n", 1)[0]
+    documented: dict[str, set[str]] = {}
+    for name, text in re.findall(r"^``(\w+)``\n((?:    .*\n)+)", section, re.M):
+        documented[name] = set(re.findall(r"``(\w+)``", text)) - {"None"}
+    return documented
+
+
+def test_lock_signals_carry_the_documented_arguments(r: redis.Redis) -> None:
+    """docs/operating.rst, Signals: the keyword arguments of each lock signal."""
+    from django_redislock import signals
+    from django_redislock.locks import get_lock
+
+    documented = _signal_arguments()
+    assert set(documented) == {
+        "lock_acquired",
+        "lock_busy",
+        "lock_released",
+        "lock_lost",
+        "redis_unavailable",
+        "request_throttled",
+    }
+    seen: dict[str, set[str]] = {}
+
+    def receiver_for(name: str) -> Any:
+        def receiver(sender: Any, **kwargs: Any) -> None:
+            seen[name] = set(kwargs) - {"signal"}
+
+        return receiver
+
+    receivers = {name: receiver_for(name) for name in documented}
+    for name, receiver in receivers.items():
+        getattr(signals, name).connect(receiver)
+    try:
+        lock = get_lock("signals-claim", timeout=30, wait=0)
+        assert lock.acquire()
+        assert not get_lock("signals-claim", timeout=30, wait=0).acquire()
+        lock.release()
+        lost = get_lock("signals-claim", timeout=30, wait=0)
+        assert lost.acquire()
+        r.delete(lost.keys.lease)
+        with pytest.raises(LockLost):
+            lost.release()
+    finally:
+        for name, receiver in receivers.items():
+            getattr(signals, name).disconnect(receiver)
+    for name in ("lock_acquired", "lock_busy", "lock_released", "lock_lost"):
+        assert seen[name] == documented[name], name
