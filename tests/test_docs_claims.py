@@ -306,3 +306,19 @@ def test_lock_signals_carry_the_documented_arguments(r: redis.Redis) -> None:
             getattr(signals, name).disconnect(receiver)
     for name in ("lock_acquired", "lock_busy", "lock_released", "lock_lost"):
         assert seen[name] == documented[name], name
+
+
+def test_the_readme_is_short_and_keeps_what_ci_and_readers_rely_on() -> None:
+    """README: at most 200 lines; the test command CI runs (.ci/run), verbatim;
+    Installation before one "Quick start" section; the demo command."""
+    lines = README.splitlines()
+    assert len(lines) <= 200, len(lines)
+    assert "\n    python3 -m pip install tox && tox -m ci\n" in README
+    assert "python3 -m pip install -q tox && tox -m ci" in (ROOT / ".ci" / "run").read_text()
+    assert "\n    python3 example_project/demo.py\n" in README
+    headings = [lines[i - 1] for i, line in enumerate(lines) if i and re.fullmatch(r"=+", line)]
+    assert headings.count("Quick start") == 1
+    assert headings.index("Installation") < headings.index("Quick start")
+    # The label CI runs needs the two Pythons the README names.
+    assert re.search(r"ci = .*py310-.*py313-", (ROOT / "tox.ini").read_text())
+    assert "Python 3.10 and 3.13" in README
