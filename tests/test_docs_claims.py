@@ -322,3 +322,34 @@ def test_the_readme_is_short_and_keeps_what_ci_and_readers_rely_on() -> None:
     # The label CI runs needs the two Pythons the README names.
     assert re.search(r"ci = .*py310-.*py313-", (ROOT / "tox.ini").read_text())
     assert "Python 3.10 and 3.13" in README
+
+
+def _subcommand_options(action: str) -> set[str]:
+    import argparse
+
+    from django_redislock.management.commands.redislocks import Command
+
+    parser = Command().create_parser("manage.py", "redislocks")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        option
+        for a in sub.choices[action]._actions
+        for option in a.option_strings
+        if option not in {"-h", "--help"}
+    }
+
+
+def test_the_documented_redislocks_options_are_the_real_ones() -> None:
+    """docs/operating.rst: the options of ``list`` (one entry each), and those of
+    ``clear`` ("--noinput (or --no-input)", "--dry-run", "--all", and four of list's)."""
+    text = page("operating")
+    section = text.split("Options of ``list``:\n", 1)[1].split("\nIn the table", 1)[0]
+    documented = set(re.findall(r"^``(--[a-z-]+)", section, re.M))
+    assert documented == _subcommand_options("list")
+    clear = _subcommand_options("clear")
+    # "``--pattern``, ``--literal``, ``--kind`` and ``--cache`` work as for ``list``."
+    assert "``--pattern``, ``--literal``, ``--kind`` and ``--cache``\nwork as for ``list``" in text
+    shared = {"--pattern", "--literal", "--kind", "--cache"}
+    assert clear == shared | {"--all", "--dry-run", "--noinput", "--no-input"}
+    for option in ("``--noinput`` (or\n``--no-input``)", "``--dry-run``", "``--all``"):
+        assert option in text, option
