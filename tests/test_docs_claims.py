@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import configparser
+import importlib
+import inspect
 import json
 import re
 import threading
@@ -353,3 +355,56 @@ def test_the_documented_redislocks_options_are_the_real_ones() -> None:
     assert clear == shared | {"--all", "--dry-run", "--noinput", "--no-input"}
     for option in ("``--noinput`` (or\n``--no-input``)", "``--dry-run``", "``--all``"):
         assert option in text, option
+
+
+def _documented_signature(text: str, call: str) -> inspect.Signature:
+    """The signature written as ``call(...)`` in the docs, as a Signature."""
+    match = re.search(r"``" + re.escape(call) + r"\(([^`]+)\)``", text)
+    assert match, call
+    params = " ".join(match.group(1).split())
+    tree = ast.parse(f"def f({params}): pass").body[0]
+    assert isinstance(tree, ast.FunctionDef)
+    args = tree.args
+    out: list[inspect.Parameter] = []
+    positional = [*args.posonlyargs, *args.args]
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    for arg, default in zip(positional, defaults, strict=True):
+        value = inspect.Parameter.empty if default is None else ast.literal_eval(default)
+        out.append(
+            inspect.Parameter(arg.arg, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=value)
+        )
+    for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        value = inspect.Parameter.empty if default is None else ast.literal_eval(default)
+        out.append(inspect.Parameter(arg.arg, inspect.Parameter.KEYWORD_ONLY, default=value))
+    if args.kwarg:
+        out.append(inspect.Parameter(args.kwarg.arg, inspect.Parameter.VAR_KEYWORD))
+    return inspect.Signature(out)
+
+
+def _bare(func: Any) -> inspect.Signature:
+    sig = inspect.signature(func)
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return inspect.Signature(params)
+
+
+@pytest.mark.parametrize(
+    ("page_name", "call", "target"),
+    [
+        ("locks", "redis_lock", "django_redislock.redis_lock"),
+        ("semaphores", "Semaphore", "django_redislock.Semaphore"),
+        ("semaphores", "concurrency_limited", "django_redislock.concurrency_limited"),
+        (
+            "semaphores",
+            "django_redislock.core.semaphore.clear_semaphore",
+            "django_redislock.core.semaphore.clear_semaphore",
+        ),
+        ("views", "fenced_update", "django_redislock.fencing.fenced_update"),
+    ],
+)
+def test_the_signatures_written_in_the_docs_are_the_real_ones(
+    page_name: str, call: str, target: str
+) -> None:
+    """Signatures spelled out in the guides, parameter by parameter, with defaults."""
+    module, _, name = target.rpartition(".")
+    func = getattr(importlib.import_module(module), name)
+    assert _documented_signature(page(page_name), call) == _bare(func)
