@@ -49,6 +49,7 @@ from pathlib import Path
 
 import pytest
 
+from django_redislock.core.keys import KeySpace
 from tests.servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -231,10 +232,12 @@ def quick_start_steps() -> list[Step]:
 
 # -- doing them -------------------------------------------------------------------------------
 def _http(
-    method: str, url: str, opener: urllib.request.OpenerDirector | None = None, **kw: object
+    method: str,
+    url: str,
+    opener: urllib.request.OpenerDirector | None = None,
+    data: bytes | None = None,
 ) -> tuple[int, dict[str, str], str]:
-    data = kw.get("data")
-    request = urllib.request.Request(url, method=method, data=data)  # type: ignore[arg-type]
+    request = urllib.request.Request(url, method=method, data=data)
     try:
         with (opener or urllib.request.build_opener()).open(request, timeout=30) as response:
             return response.status, dict(response.headers), response.read().decode()
@@ -466,9 +469,9 @@ class Reader:
             page = self.admin_page("/admin/django_redislock/locks/")
             assert "purchase:1" in page, page[-3000:]
         elif line.startswith("python manage.py redislocks clear"):
-            assert output.startswith("Released"), output
+            assert output.startswith("Released lock 'purchase:1'"), output
             with self.redis.client() as client:
-                assert not [k for k in client.scan_iter("redislock:L:*") if b":lease" in k]
+                assert not client.exists(KeySpace().lock("purchase:1").lease)
 
     def database_setting(self) -> dict[str, str]:
         assert self.database is not None
@@ -507,12 +510,17 @@ def redis(redis_factory: type[RedisServer]) -> RedisServer:
 
 
 @pytest.fixture
-def postgres() -> Iterator[dict[str, str]]:
-    """A database of its own on the suite's PostgreSQL, dropped afterwards."""
+def database() -> Iterator[dict[str, str] | None]:
+    """A PostgreSQL database of its own on the suite's server, dropped afterwards.
+
+    ``None`` (SQLite) when no PostgreSQL answers, which CI does not allow
+    (REDISLOCK_REQUIRE_POSTGRES=1, see conftest.py).
+    """
     from django.conf import settings
 
     if "postgres" not in settings.DATABASES:
-        pytest.skip("no PostgreSQL answers (see tests/settings.py)")
+        yield None
+        return
     import psycopg
 
     pg = settings.DATABASES["postgres"]
@@ -554,23 +562,13 @@ def test_the_tutorial_tree_is_what_the_page_shows() -> None:
     assert shown == tree
 
 
+# Every wait inside is bounded (commands 60 s, server start 30 s); a whole run takes
+# about a minute of CPU, which a loaded machine can stretch past the suite's 120 s.
+@pytest.mark.timeout(300)
 def test_the_tutorial_on_sqlite(tmp_path: Path, redis: RedisServer) -> None:
-    reader = Reader(tmp_path, redis, None)
+    reader = Reader(tmp_path, redis)
     follow(tutorial_steps(), reader)
     assert reader.done[-1].startswith("python manage.py redislocks clear"), reader.done
-
-
-def test_the_tutorial_purchases_on_postgresql(
-    tmp_path: Path, redis: RedisServer, postgres: dict[str, str]
-) -> None:
-    steps = tutorial_steps()
-    # Up to the load on the purchase view: what differs on another database.
-    last = next(
-        i for i, s in enumerate(steps) if isinstance(s, Command) and "load.py buy" in s.line
-    )
-    reader = Reader(tmp_path, redis, postgres)
-    follow(steps[: last + 1], reader)
-    assert reader.counts() == (0, 20)
 
 
 def _function(source: str, name: str) -> str:
@@ -600,9 +598,16 @@ def test_the_quick_start_is_the_tutorials_code() -> None:
     assert _function(written["shop/views.py"], "buy") == _function(tutorial_views, "buy")
 
 
-def test_the_quick_start_pastes_into_a_new_project(tmp_path: Path, redis: RedisServer) -> None:
-    """README, Quick start: it works as shown, then sells out without overselling."""
-    reader = Reader(tmp_path, redis, tutorial=False)
+@pytest.mark.timeout(300)
+def test_the_quick_start_pastes_into_a_new_project(
+    tmp_path: Path, redis: RedisServer, database: dict[str, str] | None
+) -> None:
+    """README, Quick start: it works as shown, then sells out without overselling.
+
+    On PostgreSQL when one answers (the tutorial's test covers SQLite), with
+    the database set after the Quick start's settings, as a project would.
+    """
+    reader = Reader(tmp_path, redis, database, tutorial=False)
     steps: list[Step] = [Command("python3 -m venv .venv"), Command("source .venv/bin/activate")]
     try:
         follow(steps + quick_start_steps(), reader, stop_server=False)
