@@ -18,10 +18,12 @@ and is not compared. What the test does differently from a reader, and why:
   port, in commands and in the output compared; ``load.py`` (whose default is
   port 8000) gets ``--server`` with that port.
 * ``gunicorn`` and ``runserver`` run in the background (``runserver`` with
-  ``--noreload``, so that stopping its PID stops it, and the free port when
-  the page gives no address); starting one stops the
-  one before, as the reader does with Ctrl-C. ``createsuperuser`` gets
-  ``--noinput`` and its answers from the environment.
+  ``--noreload``, so that stopping its PID stops it, and on the free port
+  when the page gives no address); starting one stops the one before, as the
+  reader does with Ctrl-C. ``createsuperuser`` gets ``--noinput`` and its
+  answers from the environment.
+* The Quick start's project runs on PostgreSQL when one answers: a
+  ``DATABASES`` setting, not on the page, follows the page's settings.
 * Between steps, the test checks what the page says happened, in the
   database and over HTTP (see ``Reader.after``).
 """
@@ -395,6 +397,7 @@ class Reader:
         (package_dir / "django_redislock").symlink_to(ROOT / "django_redislock")
         paths = [str(package_dir), *site.getsitepackages()]
         (Path(purelib) / "checkout.pth").write_text("\n".join(paths) + "\n")
+        # The temporary shim (top of this file): drop these two files with it.
         (Path(purelib) / "redislock_current_fence_shim.py").write_text(CURRENT_FENCE_SHIM)
         (Path(purelib) / "zz_redislock_current_fence_shim.pth").write_text(
             "import redislock_current_fence_shim\n"
