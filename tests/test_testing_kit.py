@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -347,7 +348,13 @@ def test_entry_point_is_declared_as_the_module() -> None:
 @pytest.mark.slow  # a pytest or test runner of its own
 def test_documented_pytest_examples_pass_with_the_entry_point(entry_point_path: Path) -> None:
     # No -p: the fixtures come from the entry point alone.
-    run = run_pytest(str(EXAMPLES / "test_with_pytest.py"), "-q", env=child_env(entry_point_path))
+    run = run_pytest(
+        "-q",
+        "-c",
+        str(EXAMPLES / "pytest.ini"),
+        str(EXAMPLES / "test_with_pytest.py"),
+        env=child_env(entry_point_path),
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "6 passed" in run.stdout
 
@@ -449,10 +456,19 @@ def test_prefixes_differ_across_xdist_workers(entry_point_path: Path, tmp_path: 
 
 
 @pytest.mark.slow  # a pytest or test runner of its own
-def test_documented_unittest_examples_pass_in_djangos_runner() -> None:
+def test_documented_unittest_examples_pass_in_djangos_runner(tmp_path: Path) -> None:
+    # A test database of its own: the suite's sits beside the Redis socket.
+    (tmp_path / "child_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', "
+        f"'NAME': {str(tmp_path / 'db.sqlite3')!r}, "
+        f"'TEST': {{'NAME': {str(tmp_path / 'test.sqlite3')!r}}}}}}}\n"
+    )
     run = subprocess.run(
         [
             sys.executable,
+            "-W",
+            "error",
             "-m",
             "django",
             "test",
@@ -463,10 +479,34 @@ def test_documented_unittest_examples_pass_in_djangos_runner() -> None:
             "2",
         ],
         cwd=ROOT,
-        env=child_env(DJANGO_SETTINGS_MODULE="tests.settings"),
+        env=child_env(tmp_path, DJANGO_SETTINGS_MODULE="child_settings"),
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "Ran 5 tests" in run.stderr and "\nOK" in run.stderr
+    assert "Ran 7 tests" in run.stderr and "\nOK" in run.stderr
+
+
+def test_testing_page_shows_only_code_that_runs_here() -> None:
+    """docs/testing.rst: every code block is a ``literalinclude`` of a file this
+    module runs (the examples and their pytest.ini) or of the test app's views,
+    and every ``:pyobject:`` it names exists."""
+    page = (ROOT / "docs" / "testing.rst").read_text()
+    assert "code-block::" not in page and "::\n\n    " not in page
+    includes = re.findall(r"^\.\. literalinclude:: (\S+)\n((?:   :\S+:.*\n)*)", page, re.M)
+    assert includes
+    run_here = {
+        EXAMPLES / "test_with_pytest.py",
+        EXAMPLES / "test_with_unittest.py",
+        EXAMPLES / "pytest.ini",
+        ROOT / "tests" / "testapp" / "views_locked.py",
+    }
+    shown = set()
+    for path, options in includes:
+        source = (ROOT / "docs" / path).resolve()
+        assert source in run_here, path
+        shown.add(source)
+        for name in re.findall(r":pyobject: (\S+)", options):
+            assert re.search(rf"^(async )?def {name}\(", source.read_text(), re.M), name
+    assert shown == run_here

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.test import SimpleTestCase, override_settings
+from django.test import SimpleTestCase, TestCase, override_settings
 
 from django_redislock.testing import (
     RedisLockTestMixin,
@@ -10,6 +10,7 @@ from django_redislock.testing import (
     hold_permits,
     locks_disabled,
 )
+from tests.testapp.models import Order, Product
 
 
 @override_settings(ROOT_URLCONF="tests.urls_locked")
@@ -42,6 +43,18 @@ class PurchaseTests(RedisLockTestMixin, SimpleTestCase):
         self.assertEqual(response.json()["name"], None)
 
 
+@override_settings(ROOT_URLCONF="tests.urls_locked")
+class PurchaseDatabaseTests(RedisLockTestMixin, TestCase):
+    def test_purchase_writes_and_gives_its_lock_back(self):
+        product = Product.objects.create(name="lamp", stock=1)
+
+        response = self.client.post(f"/purchase/default/{product.pk}/")
+
+        self.assertEqual(response.status_code, 200)
+        self.assertEqual(Order.objects.filter(product=product).count(), 1)
+        # The mixin's check, after the test, finds the lock given back.
+
+
 @override_settings(ROOT_URLCONF="tests.urls_throttle")
 class ThrottleTests(RedisLockTestMixin, SimpleTestCase):
     def test_full_semaphore_answers_503(self):
@@ -49,3 +62,9 @@ class ThrottleTests(RedisLockTestMixin, SimpleTestCase):
             response = self.client.get("/deco/")
 
         self.assertEqual(response.status_code, 503)
+
+    def test_with_locks_off_nothing_is_throttled(self):
+        with hold_permits("throttle:deco", 1), locks_disabled():
+            response = self.client.get("/deco/")
+
+        self.assertEqual(response.status_code, 200)
