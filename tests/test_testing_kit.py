@@ -8,6 +8,7 @@ setup.cfg) in a pytest of its own, and the documentation's examples
 
 from __future__ import annotations
 
+import asyncio
 import configparser
 import os
 import re
@@ -188,6 +189,14 @@ def test_prefix_keeps_the_other_settings_and_nests() -> None:
                 assert (conf.PREFIX, conf.WAIT, conf.BUSY_STATUS) == ("mine", 0, 423)
             assert conf.WAIT == 3
         assert settings.REDISLOCK == {"WAIT": 3, "BUSY_STATUS": 423}
+
+
+@isolated_prefix()
+async def test_isolated_prefix_decorates_coroutines() -> None:
+    # The prefix is in force while the coroutine runs, not only while it is made.
+    assert ":test:" in conf.PREFIX
+    await asyncio.sleep(0)
+    assert ":test:" in conf.PREFIX
 
 
 def test_bad_prefix_and_settings_are_refused() -> None:

@@ -32,8 +32,7 @@ import inspect
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -67,16 +66,53 @@ _caps: dict[tuple[str, str], list[float]] = {}
 
 
 # -- settings --------------------------------------------------------------------------------
-class redislock_settings:  # noqa: N801 - used like override_settings
+class _Block:
+    """A context manager that also decorates functions and coroutine functions
+    (``contextlib.ContextDecorator`` would leave a coroutine's block before the
+    coroutine runs)."""
+
+    def __enter__(self) -> Any:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        raise NotImplementedError
+
+    def __call__(self, func: F) -> F:
+        if inspect.isclass(func):
+            raise TypeError(
+                f"{type(self).__name__}() decorates functions; for a TestCase class use "
+                "RedisLockTestMixin, or override_settings(REDISLOCK={...})"
+            )
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return await func(*args, **kwargs)
+
+            return async_inner  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+
+class redislock_settings(_Block):  # noqa: N801 - used like override_settings
     """Change some ``REDISLOCK`` settings, keeping the others.
 
     ``override_settings(REDISLOCK={...})`` replaces the whole dict, and with
     it a test prefix set by ``isolated_prefix``. This merges ``changes`` into
     the dict in force when the block is entered (not when the object is
-    made), so it nests inside ``isolated_prefix`` and the pytest fixtures::
-
-        with redislock_settings(WAIT=0, BUSY_STATUS=423):
-            ...
+    made), so it nests inside ``isolated_prefix`` and the pytest fixtures:
+    ``redislock_settings(WAIT=0, BUSY_STATUS=423)`` changes those two only.
 
     Usable as a context manager and as a decorator of a test function or
     coroutine function. Raises ``TypeError`` for a name that is not a
@@ -113,28 +149,6 @@ class redislock_settings:  # noqa: N801 - used like override_settings
     ) -> None:
         self._active.pop().disable()
 
-    def __call__(self, func: F) -> F:
-        if inspect.isclass(func):
-            raise TypeError(
-                "redislock_settings() decorates functions; for a TestCase class use "
-                "RedisLockTestMixin, or override_settings(REDISLOCK={...})"
-            )
-        if inspect.iscoroutinefunction(func):
-
-            @functools.wraps(func)
-            async def async_inner(*args: Any, **kwargs: Any) -> Any:
-                with self:
-                    return await func(*args, **kwargs)
-
-            return async_inner  # type: ignore[return-value]
-
-        @functools.wraps(func)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return func(*args, **kwargs)
-
-        return inner  # type: ignore[return-value]
-
 
 def locks_disabled() -> redislock_settings:
     """Run code unlocked, as with ``REDISLOCK['ENABLED'] = False``.
@@ -167,26 +181,41 @@ def unique_prefix(base: str | None = None) -> str:
     return prefix if len(prefix) <= 64 else tail
 
 
-@contextmanager
-def isolated_prefix(prefix: str | None = None) -> Iterator[str]:
+class isolated_prefix(_Block):  # noqa: N801 - used like a function
     """Give the block a key prefix of its own (``unique_prefix()`` unless given).
 
     Every lock, semaphore and wake-up channel the block uses lives under it,
     so the block cannot see, wait for or clear anyone else's, and
-    ``assert_no_locks_left`` inside it looks at the block's keys only. Yields
-    the prefix. Raises ``ValueError`` for a prefix ``REDISLOCK['PREFIX']``
-    would refuse.
+    ``assert_no_locks_left`` inside it looks at the block's keys only. The
+    ``with`` block gets the prefix. Also decorates a test function or
+    coroutine function (a new prefix for each call). Raises ``ValueError``
+    for a prefix ``REDISLOCK['PREFIX']`` would refuse.
     """
-    from ..core.keys import validate_prefix
 
-    chosen = validate_prefix(unique_prefix() if prefix is None else prefix)
-    try:
-        with redislock_settings(PREFIX=chosen):
-            yield chosen
-    finally:
-        # Each test's prefix is used once: do not keep its key builder.
+    def __init__(self, prefix: str | None = None) -> None:
+        from ..core.keys import validate_prefix
+
+        self.prefix = None if prefix is None else validate_prefix(prefix)
+        self._active: list[tuple[str, redislock_settings]] = []
+
+    def __enter__(self) -> str:
+        chosen = unique_prefix() if self.prefix is None else self.prefix
+        block = redislock_settings(PREFIX=chosen)
+        block.__enter__()
+        self._active.append((chosen, block))
+        return chosen
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         from .. import locks
 
+        chosen, block = self._active.pop()
+        block.__exit__(exc_type, exc, tb)
+        # Each test's prefix is used once: do not keep its key builder.
         locks._keyspaces.pop(chosen, None)
 
 
