@@ -1,4 +1,4 @@
-"""Helpers for testing a project that uses django-redislock.
+"""Tools for testing a project that uses django-redislock.
 
 Four things a test of locked code needs, each as a context manager for any
 test runner, as a ``unittest`` mixin (``RedisLockTestMixin``) and as pytest
@@ -22,7 +22,7 @@ once the package is installed):
   ``REDISLOCK['ENABLED'] = False``.
 
 Importing this module reads no settings and imports nothing from Django:
-the work is done when a helper is used.
+the work is done when one of its tools is used.
 """
 
 from __future__ import annotations
