@@ -12,6 +12,7 @@ import asyncio
 import configparser
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -221,17 +222,14 @@ def test_leftovers_name_what_was_left(redislock_prefix: str) -> None:
     assert message.startswith(
         f"2 lock(s), permit(s) or waiter(s) left behind under prefix {redislock_prefix!r}:\n"
     )
-    assert f"lock 'order:7': held by shop.tasks.ship on {lock_host()} pid {os.getpid()}" in message
+    assert (
+        f"lock 'order:7': held by shop.tasks.ship on {socket.gethostname()} pid {os.getpid()}"
+        in message
+    )
     assert "semaphore 'reports' (limit 2): permit held by shop.views.report" in message
     lock.release()
     sem.release()
     assert_no_locks_left()
-
-
-def lock_host() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 def test_leftovers_include_waiters_but_not_the_tests_own_holds(redislock_prefix: str) -> None:
