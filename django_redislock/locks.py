@@ -18,6 +18,17 @@ __all__ = ["get_async_lock", "get_async_semaphore", "get_lock", "get_semaphore",
 
 _keyspaces: dict[str, KeySpace] = {}
 
+# ("lock" or "semaphore", name) -> longest wait (seconds) for calls on that
+# name. Set only by django_redislock.testing while a test holds the name, so
+# that the code under test finds it busy at once, whatever wait it asked for.
+_wait_caps: dict[tuple[str, str], float] = {}
+
+
+def _wait(kind: str, name: str, wait: float | None) -> float:
+    chosen = conf.WAIT if wait is None else wait
+    cap = _wait_caps.get((kind, name))
+    return chosen if cap is None else min(chosen, cap)
+
 
 def keyspace() -> KeySpace:
     """The KeySpace of ``REDISLOCK['PREFIX']`` (memoised per prefix)."""
@@ -29,6 +40,7 @@ def keyspace() -> KeySpace:
 
 
 def _options(
+    name: str,
     timeout: float | None,
     wait: float | None,
     renew: bool | None,
@@ -40,7 +52,7 @@ def _options(
 ) -> dict[str, Any]:
     return {
         "ttl": conf.TIMEOUT if timeout is None else timeout,
-        "wait": conf.WAIT if wait is None else wait,
+        "wait": _wait("lock", name, wait),
         "renew": conf.RENEW if renew is None else renew,
         "renew_max": conf.RENEW_MAX if renew_max is None else renew_max,
         "label": label,
@@ -73,7 +85,9 @@ def get_lock(
     return Lock(
         client,
         name,
-        **_options(timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout),
+        **_options(
+            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
+        ),
     )
 
 
@@ -95,14 +109,18 @@ def get_async_lock(
     return AsyncLock(
         client,
         name,
-        **_options(timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout),
+        **_options(
+            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
+        ),
     )
 
 
-def _semaphore_options(timeout: float | None, wait: float | None, label: str) -> dict[str, Any]:
+def _semaphore_options(
+    name: str, timeout: float | None, wait: float | None, label: str
+) -> dict[str, Any]:
     return {
         "ttl": conf.PERMIT_TIMEOUT if timeout is None else timeout,
-        "wait": conf.WAIT if wait is None else wait,
+        "wait": _wait("semaphore", name, wait),
         "label": label,
         "keyspace": keyspace(),
         "observer": observer,
@@ -124,7 +142,7 @@ def get_semaphore(
     a permit lasts ``timeout`` seconds (default ``REDISLOCK['PERMIT_TIMEOUT']``)."""
     client = get_client(alias)
     check_eviction(client)
-    return Semaphore(client, name, limit, **_semaphore_options(timeout, wait, label))
+    return Semaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
 
 
 def get_async_semaphore(
@@ -141,4 +159,4 @@ def get_async_semaphore(
     # an ASGI site that only throttles would otherwise never be warned.
     check_eviction(get_client(alias))
     client = get_async_client(alias)
-    return AsyncSemaphore(client, name, limit, **_semaphore_options(timeout, wait, label))
+    return AsyncSemaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))

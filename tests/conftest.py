@@ -9,6 +9,9 @@ import redis
 
 from tests.servers import RedisServer
 
+# The test kit's fixtures, as an installed package would load them (entry point pytest11).
+pytest_plugins = ["django_redislock.testing.plugin"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     if _redis_py_version() < (5, 1):

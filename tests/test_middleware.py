@@ -172,19 +172,17 @@ def test_global_rule_full_gives_503_with_retry_after(
     assert get("/reports/slow/").status_code == 200
 
 
-def test_retry_after_from_rule(get: Any, throttle: Any, r: redis.Redis) -> None:
+def test_retry_after_from_rule(get: Any, throttle: Any, redislock_hold_permits: Any) -> None:
     rules(throttle, {**REPORTS, "retry_after": 7})
-    occupier = Semaphore(r, "throttle:reports", 1, ttl=60, wait=0)
-    assert occupier.acquire()
+    redislock_hold_permits("throttle:reports", 1)
     assert get("/reports/slow/")["Retry-After"] == "7"
 
 
 def test_per_ip_rule_gives_429_only_to_that_ip(
-    get: Any, throttle: Any, r: redis.Redis, caught: list[dict[str, Any]]
+    get: Any, throttle: Any, redislock_hold_permits: Any, caught: list[dict[str, Any]]
 ) -> None:
     rules(throttle, {**REPORTS, "per": "ip", "limit": 1})
-    occupier = Semaphore(r, "throttle:reports:ip:10.0.0.1", 1, ttl=20, wait=0)
-    assert occupier.acquire()
+    redislock_hold_permits("throttle:reports:ip:10.0.0.1", 1)
     response = get("/reports/slow/", REMOTE_ADDR="10.0.0.1")
     assert response.status_code == 429 and "Retry-After" in response
     assert caught[0]["status"] == 429
