@@ -228,7 +228,7 @@ def test_the_readme_links_to_pages_that_exist() -> None:
     links = re.findall(
         r"^\.\. _[^:]+: (https://django-redislock\.readthedocs\.io/\S*)$", README, re.M
     )
-    assert len(links) >= 10
+    assert len(links) >= 5
     for link in links:
         path = link.split("/en/latest/", 1)[1]
         if path:
