@@ -1,0 +1,115 @@
+"""Where ConcurrencyLimitMiddleware goes: last, so its refusals get every header.
+
+A response the middleware makes itself (503, 429) passes back only through the
+middleware listed above it. Placed last, as the README recommends, it sits
+below every middleware of Django's project template, so a refusal gets the
+same security headers as any page: ``X-Frame-Options`` (XFrameOptionsMiddleware),
+``X-Content-Type-Options``, ``Referrer-Policy``, ``Cross-Origin-Opener-Policy``
+(SecurityMiddleware).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from django_redislock import connection
+from django_redislock.checks import check_throttle_setup
+from django_redislock.locks import get_semaphore
+from tests.test_decorators import Get, make_get
+
+pytestmark = pytest.mark.urls("tests.urls_throttle")
+
+MW = "django_redislock.middleware.ConcurrencyLimitMiddleware"
+# Django's startproject MIDDLEWARE, in its order.
+TEMPLATE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+RECOMMENDED = [*TEMPLATE, MW]
+# What the README used to show: right after AuthenticationMiddleware.
+AFTER_AUTH = [*TEMPLATE[:5], MW, *TEMPLATE[5:]]
+HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+RULES = [
+    {"name": "reports", "path": r"^/reports/", "limit": 1, "wait": 0},
+    {"name": "per-user", "path": r"^/named/", "limit": 1, "per": "user"},
+]
+
+
+@pytest.fixture(params=["client", "async_client"])
+def get(request: pytest.FixtureRequest) -> Get:
+    return make_get(request)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_clients() -> Iterator[None]:
+    connection.reset()
+    yield
+    connection.reset()
+
+
+def _refused(get: Get, middleware: list[str], path: str, held: str) -> Any:
+    with override_settings(MIDDLEWARE=middleware, REDISLOCK={"THROTTLE": RULES}):
+        # The only permit is taken: the request is refused by the middleware itself.
+        permit = get_semaphore(held, 1, timeout=30, wait=0)
+        assert permit.acquire()
+        try:
+            return get(path)
+        finally:
+            permit.release()
+
+
+@pytest.mark.parametrize(("path", "held", "status"), [("/reports/slow/", "throttle:reports", 503)])
+def test_recommended_order_refusal_has_the_security_headers(
+    get: Get, path: str, held: str, status: int
+) -> None:
+    response = _refused(get, RECOMMENDED, path, held)
+    assert response.status_code == status
+    assert response["Retry-After"] == "1"
+    for header, value in HEADERS.items():
+        assert response.get(header) == value, header
+
+
+def test_recommended_order_per_client_refusal_has_the_security_headers(get: Get) -> None:
+    # Anonymous, so the per-user rule counts the client's address.
+    response = _refused(get, RECOMMENDED, "/named/1/", "throttle:per-user:user:ip:127.0.0.1")
+    assert response.status_code == 429
+    for header, value in HEADERS.items():
+        assert response.get(header) == value, header
+
+
+def test_right_after_authentication_the_refusal_lacks_x_frame_options(get: Get) -> None:
+    # Why the recommendation is "last": XFrameOptionsMiddleware sits below.
+    response = _refused(get, AFTER_AUTH, "/reports/slow/", "throttle:reports")
+    assert response.status_code == 503
+    assert "X-Frame-Options" not in response
+    assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_recommended_order_passes_the_checks() -> None:
+    with override_settings(MIDDLEWARE=RECOMMENDED, REDISLOCK={"THROTTLE": RULES}):
+        assert check_throttle_setup() == []
+
+
+def test_the_readme_recommends_the_tested_order() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.rst").read_text()
+    section = readme[readme.index("Throttling heavy requests\n=====") :]
+    block = section[section.index("    MIDDLEWARE = [") : section.index("    ]\n")]
+    entries = [line.strip().strip('",') for line in block.splitlines()[1:]]
+    entries = [e for e in entries if e and not e.startswith("#")]
+    assert entries == RECOMMENDED
