@@ -113,3 +113,32 @@ def test_the_readme_recommends_the_tested_order() -> None:
     entries = [line.strip().strip('",') for line in block.splitlines()[1:]]
     entries = [e for e in entries if e and not e.startswith("#")]
     assert entries == RECOMMENDED
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("middleware", "status"),
+    [
+        # Before AuthenticationMiddleware (W002): the user is not known yet, so
+        # the logged-in user is counted by address, and refused.
+        ([*TEMPLATE[:2], MW, *TEMPLATE[2:]], 429),
+        (RECOMMENDED, 200),
+    ],
+)
+def test_per_user_rule_before_authentication_counts_per_ip(
+    django_user_model: Any, middleware: list[str], status: int
+) -> None:
+    from django.test import Client
+
+    user = django_user_model.objects.create_user("alice")
+    client = Client()
+    client.force_login(user)
+    rule = {"name": "per-user", "path": r"^/ok/", "limit": 1, "per": "user"}
+    with override_settings(MIDDLEWARE=middleware, REDISLOCK={"THROTTLE": [rule]}):
+        # Someone else, anonymous, from the same address holds the address's permit.
+        permit = get_semaphore("throttle:per-user:user:ip:127.0.0.1", 1, timeout=30, wait=0)
+        assert permit.acquire()
+        try:
+            assert client.get("/ok/").status_code == status
+        finally:
+            permit.release()
