@@ -63,15 +63,16 @@ def _optional_bool(what: str, value: object) -> bool | None:
 
 # ``@redis_locked`` (or ``@django_redislock.redis_locked``) alone on its line.
 _BARE_DECORATOR = re.compile(r"\s*@\s*(?:[A-Za-z_]\w*\s*\.\s*)*redis_locked\s*(?:#.*)?")
+_DEF = re.compile(r"\s*(?:async\s+)?def\s")
 
 
 def _bare_use(key: object, depth: int) -> bool:
     """Whether ``redis_locked(key)`` is really a bare ``@redis_locked`` on ``key``.
 
     A key callable returns a lock name, so a class, a coroutine function or a
-    task cannot be one. Otherwise the caller's source line tells: Python runs
-    a decorator with the line of the ``@``, so a line that is nothing but
-    ``@redis_locked`` is the bare form. (Without source, only the first test.)
+    task cannot be one. Otherwise the caller's source tells: a line that is
+    nothing but ``@redis_locked``, where the decorator is applied, is the
+    bare form. (Without source, only the first test.)
     """
     if isinstance(key, type) or inspect.iscoroutinefunction(key) or _django_task(key) is not None:
         return True
@@ -81,7 +82,21 @@ def _bare_use(key: object, depth: int) -> bool:
         frame = sys._getframe(depth + 1)
     except ValueError:
         return False
-    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    if _bare_line(filename, lineno):
+        return True
+    # Python 3.10 runs a decorator with the line of the ``def``: then read the
+    # decorators of that def, from the first (its code's first line) down.
+    if not _DEF.match(linecache.getline(filename, lineno)):
+        return False
+    code = getattr(inspect.unwrap(key), "__code__", None)  # type: ignore[arg-type]
+    if code is None or code.co_filename != filename or code.co_firstlineno >= lineno:
+        return False
+    return any(_bare_line(filename, n) for n in range(code.co_firstlineno, lineno))
+
+
+def _bare_line(filename: str, lineno: int) -> bool:
+    line = linecache.getline(filename, lineno)
     return bool(_BARE_DECORATOR.fullmatch(line.rstrip("\r\n")))
 
 
