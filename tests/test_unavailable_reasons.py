@@ -95,7 +95,9 @@ def test_wrong_or_missing_password(
         error = ATTEMPTS[path]()
     assert (error.reason, error.address) == ("auth", address)
     message = str(error)
-    assert message.startswith(f"Redis at {address} refused the username or password running ")
+    assert message.startswith(
+        f"Redis at {address} did not accept the client's username and password running "
+    )
     assert "USERNAME/PASSWORD in CACHES' OPTIONS, or user:password in the LOCATION URL" in message
     assert OLD_WORDS not in message
 
@@ -156,7 +158,7 @@ def test_a_view_logs_the_reason(
         response = get("/item/x/")
     assert response.status_code == 503
     [record] = [r for r in caplog.records if r.name == "django_redislock.unavailable"]
-    assert "refused the username or password" in record.getMessage()
+    assert "did not accept the client's username and password" in record.getMessage()
     assert OLD_WORDS not in record.getMessage()
 
 
@@ -173,8 +175,8 @@ def test_redislocks_command_names_the_wrong_password(locked_server: RedisServer)
         call_command("redislocks", "list", stdout=StringIO(), stderr=StringIO())
     message = str(info.value)
     assert message.startswith(
-        f"Redis is unavailable: Redis at {address} refused the username or password "
-        "scanning for locks: "
+        f"Redis is unavailable: Redis at {address} did not accept the client's username and "
+        "password scanning for locks: "
     )
     assert "in the LOCATION URL" in message
 

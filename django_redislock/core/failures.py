@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -20,7 +20,7 @@ from .exceptions import RedisUnavailable
 __all__ = ["AUTH", "ERROR", "PERMISSION", "REFUSED", "TIMEOUT", "UNREACHABLE", "address_of"]
 
 # RedisUnavailable.reason values.
-AUTH = "auth"  # the server refused the username or password
+AUTH = "auth"  # the server refused the username or password, or wants one
 PERMISSION = "permission"  # an ACL user may not run the command
 REFUSED = "refused"  # nothing listens at the address
 TIMEOUT = "timeout"  # no answer within the socket timeout
@@ -56,8 +56,15 @@ def _refused(exc: BaseException) -> bool:
     return "Connection refused" in text or "No such file or directory" in text
 
 
+# Error replies of a server that wants a password it did not get (Redis 7 refuses
+# an unauthenticated client's long commands with the last one).
+_AUTH_REPLIES = ("NOAUTH", "WRONGPASS", "Protocol error: unauthenticated")
+
+
 def reason_of(exc: BaseException) -> str:
-    if isinstance(exc, AuthenticationError):
+    if isinstance(exc, AuthenticationError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(_AUTH_REPLIES)
+    ):
         return AUTH
     if isinstance(exc, NoPermissionError):
         return PERMISSION
@@ -74,9 +81,9 @@ def unavailable(doing: str, exc: BaseException, address: str | None) -> RedisUna
     at = f" at {address}" if address else ""
     if reason == AUTH:
         text = (
-            f"Redis{at} refused the username or password {doing}: {exc} Check the "
-            "credentials the client uses (with Django: USERNAME/PASSWORD in CACHES' OPTIONS, "
-            "or user:password in the LOCATION URL)."
+            f"Redis{at} did not accept the client's username and password {doing}: {exc} "
+            "Check the credentials the client uses (with Django: USERNAME/PASSWORD in "
+            "CACHES' OPTIONS, or user:password in the LOCATION URL)."
         )
     elif reason == PERMISSION:
         text = (
