@@ -98,8 +98,8 @@ def _is(entry: str, path: str) -> bool:
         return True
     try:
         cls, base = import_string(entry), import_string(path)
-    except ImportError:
-        return False  # Django's own checks and startup report a bad entry.
+    except Exception:  # noqa: BLE001 - Django's startup reports an entry that fails to import.
+        return False
     return isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)
 
 

@@ -442,3 +442,9 @@ class OwnLimits(ConcurrencyLimitMiddleware):
 
 class OwnAuth(AuthenticationMiddleware):
     """A project's own authentication middleware, built on Django's."""
+
+
+def test_a_middleware_entry_that_fails_to_import_does_not_break_the_checks() -> None:
+    broken = "tests.no_such_module.Middleware"
+    assert _ids(_setup_ids([broken, SESSION, AUTH, MW], USER_RULE)) == []
+    assert _ids(_setup_ids([broken], GLOBAL_RULE)) == ["django_redislock.E031"]
