@@ -10,6 +10,7 @@ same security headers as any page: ``X-Frame-Options`` (XFrameOptionsMiddleware)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,15 +105,30 @@ def test_recommended_order_passes_the_checks() -> None:
         assert check_throttle_setup() == []
 
 
-def test_the_readme_recommends_the_tested_order() -> None:
+def _middleware_blocks() -> list[tuple[str, list[str]]]:
+    """Every ``MIDDLEWARE = [...]`` block of the README and the docs that lists ours."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.rst").read_text()
-    section = readme[readme.index("Throttling heavy requests\n=====") :]
-    block = section[section.index("    MIDDLEWARE = [") : section.index("    ]\n")]
-    entries = [line.strip().strip('",') for line in block.splitlines()[1:]]
-    entries = [e for e in entries if e and not e.startswith("#")]
-    assert entries == RECOMMENDED
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in [root / "README.rst", *sorted((root / "docs").rglob("*.rst"))]:
+        text = path.read_text()
+        for match in re.finditer(r"MIDDLEWARE = \[\n(.*?)\n\s*\]", text, re.S):
+            lines = [line.strip() for line in match.group(1).splitlines() if line.strip()]
+            if any(MW in line for line in lines):
+                found.append((path.name, lines))
+    return found
+
+
+def test_the_docs_recommend_the_tested_order() -> None:
+    # Wherever a page shows where the middleware goes, it goes last.
+    blocks = _middleware_blocks()
+    assert blocks
+    for page, lines in blocks:
+        assert lines[-1].strip('",') == MW, (page, lines)
+        full = [line.strip('",') for line in lines if not line.startswith("#")]
+        if len(full) > 1:
+            assert full == RECOMMENDED, (page, lines)
 
 
 @pytest.mark.django_db
