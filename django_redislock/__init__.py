@@ -23,6 +23,7 @@ _LAZY = {
     "redis_locked": "decorators",
     "redis_lock": "decorators",
     "current_lock": "decorators",
+    "current_fence": "decorators",
     "get_lock": "locks",
     "get_async_lock": "locks",
     "Semaphore": "core.semaphore",

@@ -72,6 +72,19 @@ def parse_selection(value: str) -> tuple[str, int | None, str]:
     return kind, (int(fence) if fence else None), text
 
 
+# Digits of a fencing token shown in the table; the whole token is in the
+# cell's title. Tokens of one lock differ in their last digits.
+FENCE_DIGITS = 6
+
+
+def short_fence(fence: int | None) -> str:
+    """``…567890`` for a long token, the token itself when short, ``-`` for none."""
+    if fence is None:
+        return "-"
+    text = str(fence)
+    return text if len(text) <= FENCE_DIGITS + 1 else "\u2026" + text[-FENCE_DIGITS:]
+
+
 @dataclass(frozen=True)
 class Row:
     """A HeldLock with its display strings (escaped; the template escapes HTML)."""
@@ -81,6 +94,7 @@ class Row:
     name: str
     owner: str
     label: str
+    fence: str
     held_for: str
     lease_left: str
     holders: list[dict[str, str]]
@@ -93,6 +107,7 @@ def _row(lock: HeldLock) -> Row:
         name=printable(lock.name),
         owner=owner_text(lock),
         label=printable(lock.label),
+        fence=short_fence(lock.fence),
         held_for=duration(lock.held_for),
         lease_left=duration(lock.lease_left),
         holders=[

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core import checks as django_checks
 
 
 class RedisLockConfig(AppConfig):
@@ -7,5 +8,8 @@ class RedisLockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Importing registers the system checks (throttling rules included).
-        from . import checks, throttle  # noqa: F401
+        from . import checks, throttle  # noqa: F401 - throttle adds its rule validator
+
+        django_checks.register(checks.check_settings, django_checks.Tags.compatibility)
+        django_checks.register(checks.check_throttle_setup, django_checks.Tags.compatibility)
+        django_checks.register(checks.check_url_names, django_checks.Tags.urls)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 from .conf import conf
@@ -18,6 +19,20 @@ from .options import _options
 __all__ = ["redis_lock"]
 
 
+def _where(frame: FrameType | None) -> str:
+    """``module.function:line`` of the code that made the block: its default label.
+
+    What an operator looking at ``redislocks list`` or the admin page needs to
+    find the code that holds the lock.
+    """
+    if frame is None:
+        return "redis_lock()"
+    code = frame.f_code
+    function = getattr(code, "co_qualname", code.co_name)  # co_qualname: Python 3.11+
+    module = frame.f_globals.get("__name__", "?")
+    return f"{module}.{function}:{frame.f_lineno}"
+
+
 class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") as lock``
     """``redis_locked``'s lock as a ``with`` / ``async with`` block.
 
@@ -27,6 +42,10 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
     ``RedisUnavailable`` when Redis cannot be reached. With
     ``REDISLOCK['ENABLED'] = False`` the block runs unlocked and gets None.
     One object may be entered by several threads or tasks at once.
+
+    ``label`` is shown beside the lock by ``manage.py redislocks list`` and
+    the admin page; by default, where the block was made:
+    ``module.function:line``.
     """
 
     def __init__(
@@ -42,8 +61,10 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"redis_lock(): name must be a non-empty str, not {name!r}")
-        opts = _options(timeout, wait, renew, renew_max, None, None, alias, label)
+        opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None)
         self.name = name
+        # Without a label, the lock says where it was taken (see _where).
+        self._label = label or _where(sys._getframe(1))
         self._opts = opts
         # Entries per thread or task: the same object may be shared.
         # Each entry: (lock, context token, whether this block acquired it).
@@ -75,7 +96,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             assert isinstance(entered, Lock)
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
-        lock = get_lock(self.name, **self._opts.lock_kwargs(self._opts.label or ""))
+        lock = get_lock(self.name, **self._opts.lock_kwargs(self._label))
         if not lock.acquire():
             raise LockNotAcquired(self.name, retry_after=lock.retry_after)
         self._enter(owner, (lock, _push(lock, key, owner), True))
@@ -111,7 +132,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             assert isinstance(entered, AsyncLock)
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
-        lock = get_async_lock(self.name, **self._opts.lock_kwargs(self._opts.label or ""))
+        lock = get_async_lock(self.name, **self._opts.lock_kwargs(self._label))
         if not await lock.acquire():
             raise LockNotAcquired(self.name, retry_after=lock.retry_after)
         self._enter(owner, (lock, _push(lock, key, owner), True))

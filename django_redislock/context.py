@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 from contextvars import ContextVar, Token
 
+from .conf import conf
 from .core.base import LockBase
 
 
@@ -32,6 +33,27 @@ def current_lock() -> LockBase | None:
     """
     stack = _held.get()
     return stack[-1].lock if stack else None
+
+
+def current_fence() -> int | None:
+    """The fencing token of the innermost lock held by the running call or block.
+
+    Pass it to ``fenced_update`` (or store it beside your writes). Returns
+    ``None`` when ``REDISLOCK['ENABLED']`` is False, because then no lock is
+    taken; ``fenced_update(qs, None)`` does a plain update in that case.
+    Raises ``RuntimeError`` when called outside any lock while locks are
+    enabled: that code is not protected, and its writes could not be fenced.
+    """
+    lock = current_lock()
+    if lock is not None:
+        return lock.fence
+    if not conf.ENABLED:
+        return None
+    raise RuntimeError(
+        "current_fence() was called outside any lock: call it inside a function decorated "
+        "with @redis_locked('name:{arg}') or inside a 'with redis_lock(\"name\"):' block "
+        "(it returns None only when REDISLOCK['ENABLED'] is False)."
+    )
 
 
 def _push(lock: LockBase, key: tuple[str, str], owner: object) -> Token[tuple[_Held, ...]]:

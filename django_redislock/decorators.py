@@ -32,7 +32,7 @@ from django.http import HttpRequest
 
 from .blocks import redis_lock
 from .conf import conf
-from .context import _held, _push, _reentered, _task_owner, current_lock
+from .context import _held, _push, _reentered, _task_owner, current_fence, current_lock
 from .core.exceptions import LockLost, RedisUnavailable
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
@@ -43,7 +43,7 @@ from .options import _check_key, _check_target, _django_task, _Options, _options
 from .outcomes import _arelease, _busy, _fail_open, _lost_response, _release, _unavailable
 from .transactions import _EVERY_ALIAS, _lost_before_commit, _Transactions
 
-__all__ = ["current_lock", "redis_lock", "redis_locked"]
+__all__ = ["current_fence", "current_lock", "redis_lock", "redis_locked"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

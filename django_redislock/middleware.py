@@ -294,8 +294,10 @@ async def _run_async(
 class ConcurrencyLimitMiddleware:
     """Apply ``REDISLOCK["THROTTLE"]`` rules to every request (sync or async).
 
-    Place it after ``AuthenticationMiddleware`` when a rule is ``per: "user"``,
-    and as early as possible otherwise: everything after it runs under the permit.
+    Place it last in ``MIDDLEWARE``: a 503 or 429 it makes passes back only
+    through the middleware above it, so there it gets their headers
+    (``X-Frame-Options`` and the like), and ``per: "user"`` rules see
+    ``request.user`` (it must come after ``AuthenticationMiddleware``).
     """
 
     sync_capable = True

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import linecache
+import re
+import sys
 from typing import Any
 
 from .conf import conf
@@ -58,7 +61,54 @@ def _optional_bool(what: str, value: object) -> bool | None:
     return value
 
 
-def _check_key(key: object) -> None:
+# ``@redis_locked`` (or ``@django_redislock.redis_locked``) alone on its line.
+_BARE_DECORATOR = re.compile(r"\s*@\s*(?:[A-Za-z_]\w*\s*\.\s*)*redis_locked\s*(?:#.*)?")
+_DEF = re.compile(r"\s*(?:async\s+)?def\s")
+
+
+def _bare_use(key: object, depth: int) -> bool:
+    """Whether ``redis_locked(key)`` is really a bare ``@redis_locked`` on ``key``.
+
+    A key callable returns a lock name, so a class, a coroutine function or a
+    task cannot be one. Otherwise the caller's source tells: a line that is
+    nothing but ``@redis_locked``, where the decorator is applied, is the
+    bare form. (Without source, only the first test.)
+    """
+    if isinstance(key, type) or inspect.iscoroutinefunction(key) or _django_task(key) is not None:
+        return True
+    if hasattr(key, "apply_async") and hasattr(key, "run"):  # a Celery task
+        return True
+    try:
+        frame = sys._getframe(depth + 1)
+    except ValueError:
+        return False
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    if _bare_line(filename, lineno):
+        return True
+    # Python 3.10 runs a decorator with the line of the ``def``: then read the
+    # decorators of that def, from the first (its code's first line) down.
+    if not _DEF.match(linecache.getline(filename, lineno)):
+        return False
+    code = getattr(inspect.unwrap(key), "__code__", None)  # type: ignore[arg-type]
+    if code is None or code.co_filename != filename or code.co_firstlineno >= lineno:
+        return False
+    return any(_bare_line(filename, n) for n in range(code.co_firstlineno, lineno))
+
+
+def _bare_line(filename: str, lineno: int) -> bool:
+    line = linecache.getline(filename, lineno)
+    return bool(_BARE_DECORATOR.fullmatch(line.rstrip("\r\n")))
+
+
+def _check_key(key: object, *, depth: int = 1) -> None:
+    """Check ``redis_locked``'s key; ``depth`` is how far up its caller's frame is."""
+    if callable(key) and _bare_use(key, depth + 1):
+        raise TypeError(
+            f"@redis_locked needs the lock key template: it was used without one on "
+            f'{_describe(key)}. Write @redis_locked("purchase:{{product_id}}") above the '
+            "definition, a str.format template filled from its arguments (or pass a callable "
+            'returning the name: @redis_locked(lambda request, pk: f"doc:{pk}")).'
+        )
     if isinstance(key, str):
         if not key:
             raise ValueError(

@@ -33,7 +33,6 @@ PER_CHOICES = ("global", "user", "ip")
 RULE_KEYS = frozenset(
     {"name", "path", "url_name", "methods", "limit", "per", "wait", "timeout", "retry_after"}
 )
-_ID = "django_redislock.E0{}"
 
 
 class RuleError(ValueError):
@@ -87,20 +86,20 @@ def make_rule(
     into ``errors`` (and returns None) when a list is given."""
     found: list[RuleError] = []
 
-    def bad(num: int, msg: str, hint: str) -> None:
-        found.append(RuleError(_ID.format(num), f"{where}: {msg}", hint))
+    def bad(check_id: str, msg: str, hint: str) -> None:
+        found.append(RuleError(check_id, f"{where}: {msg}", hint))
 
     name = spec.get("name")
     if not isinstance(name, str) or not name.strip():
         bad(
-            21,
+            "django_redislock.E021",
             f"'name' must be a non-empty string; got {name!r}.",
             "Give every rule a unique name, e.g. 'name': 'reports'.",
         )
     unknown = sorted(set(spec) - RULE_KEYS)
     if unknown:
         bad(
-            22,
+            "django_redislock.E022",
             f"unknown key(s) {', '.join(map(repr, unknown))}.",
             "Valid keys: " + ", ".join(sorted(RULE_KEYS)) + ".",
         )
@@ -109,7 +108,7 @@ def make_rule(
     if path is not None:
         if not isinstance(path, str):
             bad(
-                23,
+                "django_redislock.E023",
                 f"'path' must be a regular expression string; got {path!r}.",
                 "Use a string such as r'^/reports/'.",
             )
@@ -118,7 +117,7 @@ def make_rule(
                 pattern = re.compile(path)
             except re.error as exc:
                 bad(
-                    23,
+                    "django_redislock.E023",
                     f"'path' {path!r} is not a valid regular expression: {exc}.",
                     "Fix the pattern; it is matched with re.search against request.path_info.",
                 )
@@ -128,14 +127,14 @@ def make_rule(
         key_func = per
     elif not isinstance(per, str) or not per:
         bad(
-            24,
+            "django_redislock.E024",
             f"'per' must be 'global', 'user', 'ip' or a dotted path; got {per!r}.",
             "Use one of 'global', 'user', 'ip', or 'package.module.function' taking the request.",
         )
     elif per not in PER_CHOICES:
         if "." not in per:
             bad(
-                24,
+                "django_redislock.E024",
                 f"'per' {per!r} is not 'global', 'user', 'ip' or a dotted path.",
                 "Use one of 'global', 'user', 'ip', or 'package.module.function'.",
             )
@@ -144,14 +143,14 @@ def make_rule(
                 key_func = import_string(per)
             except ImportError as exc:
                 bad(
-                    24,
+                    "django_redislock.E024",
                     f"'per' {per!r} cannot be imported: {exc}.",
                     "Point it at a callable taking the request and returning a string key.",
                 )
             else:
                 if not callable(key_func):
                     bad(
-                        24,
+                        "django_redislock.E024",
                         f"'per' {per!r} is not callable.",
                         "Point it at a callable taking the request and returning a string key.",
                     )
@@ -160,21 +159,21 @@ def make_rule(
         check_limit(limit)
     except (TypeError, ValueError):
         bad(
-            25,
+            "django_redislock.E025",
             f"'limit' must be a whole number of permits, 1 or more; got {limit!r}.",
             "Set 'limit' to how many requests may run at once, e.g. 'limit': 2.",
         )
     wait = spec.get("wait", 0)
     if not is_seconds(wait, allow_zero=True):
         bad(
-            26,
+            "django_redislock.E026",
             f"'wait' must be a finite number of seconds, 0 or more; got {wait!r}.",
             "Set 'wait' to how long a request may queue for a permit, e.g. 'wait': 0.5.",
         )
     timeout = spec.get("timeout")
     if timeout is not None and not is_seconds(timeout, allow_zero=False):
         bad(
-            27,
+            "django_redislock.E027",
             f"'timeout' must be a number of seconds, more than 0; got {timeout!r}.",
             "Set 'timeout' to the longest a request may hold its permit, or remove it to use "
             "REDISLOCK['PERMIT_TIMEOUT'].",
@@ -185,7 +184,7 @@ def make_rule(
         items = _strings(methods)
         if items is None or not all(re.fullmatch(r"[A-Za-z]+", m) for m in items):
             bad(
-                28,
+                "django_redislock.E028",
                 f"'methods' must be an HTTP method or a list of them; got {methods!r}.",
                 "Use e.g. 'methods': ['POST', 'PUT'].",
             )
@@ -197,7 +196,7 @@ def make_rule(
         items = _strings(url_name)
         if items is None:
             bad(
-                29,
+                "django_redislock.E029",
                 f"'url_name' must be a URL name or a list of them; got {url_name!r}.",
                 "Use the name given to path(), with its namespace: e.g. 'reports:detail'.",
             )
@@ -206,7 +205,7 @@ def make_rule(
     retry_after = spec.get("retry_after")
     if retry_after is not None and not is_seconds(retry_after, allow_zero=False):
         bad(
-            30,
+            "django_redislock.E030",
             f"'retry_after' must be a number of seconds, more than 0; got {retry_after!r}.",
             "Set 'retry_after' to the Retry-After a throttled client gets, or remove it.",
         )
@@ -234,7 +233,7 @@ def _parse(raw: object) -> tuple[list[Rule], list[RuleError]]:
     if not isinstance(raw, (list, tuple)):
         errors.append(
             RuleError(
-                _ID.format(20),
+                "django_redislock.E020",
                 f"REDISLOCK['THROTTLE'] must be a list of rule dicts; got {type(raw).__name__}.",
                 "Set it to a list such as [{'name': 'reports', 'path': r'^/reports/', "
                 "'limit': 2}], or [] for none.",
@@ -248,26 +247,28 @@ def _parse(raw: object) -> tuple[list[Rule], list[RuleError]]:
         if not isinstance(spec, dict):
             errors.append(
                 RuleError(
-                    _ID.format(20),
+                    "django_redislock.E020",
                     f"{where} must be a dict; got {type(spec).__name__}.",
                     "Write each rule as a dict with at least 'name' and 'limit'.",
                 )
             )
             continue
         rule = make_rule(spec, where=where, errors=errors)
-        if rule is None:
-            continue
-        if rule.name in seen:
-            errors.append(
-                RuleError(
-                    _ID.format(21),
-                    f"{where}: the name {rule.name!r} is used by another rule.",
-                    "Rule names name their semaphores: give each rule its own.",
+        # Checked apart from the rule's other problems, so that none hides it.
+        name = spec.get("name")
+        if isinstance(name, str) and name.strip():
+            if name in seen:
+                errors.append(
+                    RuleError(
+                        "django_redislock.E021",
+                        f"{where}: the name {name!r} is used by another rule.",
+                        "Rule names name their semaphores: give each rule its own.",
+                    )
                 )
-            )
-            continue
-        seen.add(rule.name)
-        rules.append(rule)
+                continue
+            seen.add(name)
+        if rule is not None:
+            rules.append(rule)
     return rules, errors
 
 

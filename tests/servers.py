@@ -46,12 +46,15 @@ class RedisServer:
         persistence: bool = False,
         extra: tuple[str, ...] = (),
         directory: str | None = None,
+        password: str | None = None,
     ) -> None:
         self.dir = Path(directory or tempfile.mkdtemp(prefix="redislock-test-"))
         self.port = port
         self.socket_path = str(self.dir / "redis.sock") if unix else None
         self.persistence = persistence
         self.extra = extra
+        # requirepass: client() authenticates, ``url`` does not.
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -84,6 +87,8 @@ class RedisServer:
             args += ["--appendfsync", "always"]
         if self.socket_path:
             args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
         return args + list(self.extra)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
@@ -112,6 +117,8 @@ class RedisServer:
         return ""
 
     def client(self, **kwargs: object) -> redis.Redis:
+        if self.password is not None:
+            kwargs.setdefault("password", self.password)
         return redis.Redis.from_url(self.url, **kwargs)  # type: ignore[arg-type]
 
     def signal(self, sig: int) -> None:

@@ -70,8 +70,9 @@ def test_error_reply_becomes_unavailable(r: redis.Redis) -> None:
 
 def test_unreachable_becomes_unavailable() -> None:
     client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, socket_timeout=1)
-    with pytest.raises(RedisUnavailable, match="could not be reached"):
+    with pytest.raises(RedisUnavailable, match="refused the connection") as info:
         scripts.run(client, scripts.RELEASE, (b"a", b"b", b"c"), ("t",))
+    assert (info.value.reason, info.value.address) == ("refused", "127.0.0.1:1")
 
 
 # -- Cluster: a stale slot map is followed, the script runs once -----------------

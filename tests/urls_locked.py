@@ -25,6 +25,8 @@ urlpatterns = [
     path("item-lost-midway/<str:name>/", v.item_lost_midway),
     path("aitem-lost-midway/<str:name>/", v.aitem_lost_midway),
     path("acart/", v.acart),
+    path("buy-current-fence/<int:product_id>/", v.buy_current_fence),
+    path("abuy-current-fence/<int:product_id>/", v.abuy_current_fence),
     path("cbv/dispatch/<int:pk>/", v.DispatchLocked.as_view()),
     path("cbv/self/<int:pk>/", v.SelfLocked.as_view()),
     path("cbv/self-then-fails/<int:pk>/", v.SelfLockedThenFails.as_view()),

@@ -37,7 +37,15 @@ class RedisUnavailable(LockError):
     """Redis could not be reached, timed out, or answered with an error.
 
     Never the same thing as busy: callers choose a policy for it explicitly.
+    ``reason`` says which, where known: ``"auth"`` (wrong username or
+    password), ``"permission"`` (an ACL forbids the command), ``"refused"``
+    (nothing listens at ``address``), ``"timeout"``, ``"unreachable"`` (another
+    connection failure) or ``"error"`` (an error reply); else ``None``.
+    ``address`` is the ``host:port`` or socket path, where known.
     """
+
+    reason: str | None = None
+    address: str | None = None
 
 
 class ReplicationTimeout(RedisUnavailable):

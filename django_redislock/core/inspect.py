@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from . import scripts
+from . import failures, scripts
 from .exceptions import RedisUnavailable
 from .keys import KeySpace, decode_name
 from .topology import is_cluster
@@ -162,7 +162,7 @@ def scan_keys(client: Any, match: bytes) -> Iterator[bytes]:
     except RedisUnavailable:
         raise
     except Exception as exc:
-        raise RedisUnavailable(f"Redis could not be scanned for locks: {exc}") from exc
+        raise failures.unavailable("scanning for locks", exc, failures.address_of(client)) from exc
 
 
 def _name_from_key(keyspace: KeySpace, key: bytes, code: bytes) -> tuple[str, str | None]:
@@ -259,7 +259,7 @@ def _read_replies(client: Any, keyspace: KeySpace, kind: str, keys: list[bytes])
             pipe.evalsha(script.sha, 3, *_siblings(keyspace, kind, key))
         replies = pipe.execute(raise_on_error=False)
     except Exception as exc:
-        raise RedisUnavailable(f"Redis could not be read for locks: {exc}") from exc
+        raise failures.unavailable("reading locks", exc, failures.address_of(client)) from exc
     for i, reply in enumerate(replies):
         if isinstance(reply, Exception):
             # NOSCRIPT after a SCRIPT FLUSH mid-way, or a real error: retry

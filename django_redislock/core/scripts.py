@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import transport
+from . import failures, transport
 from .exceptions import RedisUnavailable
 from .protocol import STATE_KEEP_MS, may_have_run
 
@@ -57,12 +57,10 @@ def load(name: str, *, prelude: str | None = "_prelude.lua", repeatable: bool = 
     return Script(name, source, hashlib.sha1(source).hexdigest(), repeatable)
 
 
-def _unavailable(script: Script, exc: BaseException) -> RedisUnavailable:
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, TimeoutError)):
-        what = "could not be reached in time"
-    else:
-        what = "answered with an error"
-    return RedisUnavailable(f"Redis {what} running {script.name}: {exc}")
+def _unavailable(script: Script, exc: BaseException, client: Any = None) -> RedisUnavailable:
+    # A wrong password, a server that is not running and one that does not
+    # answer in time each get their own words (see failures.py).
+    return failures.unavailable(f"running {script.name}", exc, failures.address_of(client))
 
 
 def _send_again(script: Script, failed: transport.CallFailed, tried: int) -> bool:
@@ -76,8 +74,8 @@ def _send_again(script: Script, failed: transport.CallFailed, tried: int) -> boo
     )
 
 
-def _failed(script: Script, failed: transport.CallFailed) -> RedisUnavailable:
-    error = _unavailable(script, failed.cause)
+def _failed(script: Script, failed: transport.CallFailed, client: Any) -> RedisUnavailable:
+    error = _unavailable(script, failed.cause, client)
     # What ``may_have_run`` reads; ``pending`` orders a give-back after the late script.
     error.may_have_run = failed.may_have_run  # type: ignore[attr-defined]
     error.pending = failed.pending  # type: ignore[attr-defined]
@@ -96,10 +94,10 @@ def _batch(
     return [(*head, len(keys), *keys, *args), *extra]
 
 
-def _checked(script: Script, replies: list[Any]) -> list[Any]:
+def _checked(script: Script, replies: list[Any], client: Any) -> list[Any]:
     for reply in replies:
         if isinstance(reply, Exception):
-            raise _unavailable(script, reply) from reply
+            raise _unavailable(script, reply, client) from reply
     return replies
 
 
@@ -124,8 +122,8 @@ def _run(
         except transport.CallFailed as failed:
             if _send_again(script, failed, tried):
                 continue
-            raise _failed(script, failed) from failed.cause
-        return _checked(script, replies)
+            raise _failed(script, failed, client) from failed.cause
+        return _checked(script, replies, client)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -149,8 +147,8 @@ async def _run_async(
         except transport.CallFailed as failed:
             if _send_again(script, failed, tried):
                 continue
-            raise _failed(script, failed) from failed.cause
-        return _checked(script, replies)
+            raise _failed(script, failed, client) from failed.cause
+        return _checked(script, replies, client)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from django_redislock import LockLost, current_lock, get_lock, redis_locked
+from django_redislock import LockLost, current_fence, current_lock, get_lock, redis_locked
 from django_redislock.fencing import fenced_update
 
 from .models import Order, Product
@@ -244,3 +244,27 @@ def _write_all_or_nothing(name: str) -> None:
 async def aitem_lost_midway(request: HttpRequest, name: str) -> HttpResponse:
     await sync_to_async(_write_all_or_nothing)(name)
     return JsonResponse(_lock_info())
+
+
+# -- the Quick start's view, written with current_fence() ---------------------------------
+def _buy_fenced(product_id: int, fence: int | None) -> HttpResponse:
+    products = Product.objects.filter(pk=product_id)
+    if not fenced_update(products, fence):
+        return JsonResponse({"error": "no such product"}, status=404)
+    product = products.get()
+    if product.stock <= 0:
+        return JsonResponse({"error": "sold out"}, status=410)
+    with transaction.atomic():
+        fenced_update(products, fence, stock=product.stock - 1)
+        order = Order.objects.create(product=product)
+    return JsonResponse({"order": order.pk, "fence": fence})
+
+
+@redis_locked("purchase:{product_id}")
+def buy_current_fence(request: HttpRequest, product_id: int) -> HttpResponse:
+    return _buy_fenced(product_id, current_fence())
+
+
+@redis_locked("purchase:{product_id}")
+async def abuy_current_fence(request: HttpRequest, product_id: int) -> HttpResponse:
+    return await sync_to_async(_buy_fenced)(product_id, current_fence())

@@ -9,6 +9,8 @@ reported and makes the command exit non-zero.
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 from typing import Any
 
@@ -109,12 +111,35 @@ def describe(row: HeldLock) -> str:
     )
 
 
+def _common_options(parser: CommandParser) -> list[argparse.Action]:
+    """Django's options on every command (``--settings``, ``-v``, ...), already on ``parser``."""
+    return [
+        action
+        for action in parser._actions
+        if action.option_strings
+        and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))
+    ]
+
+
+def _accept_common_options(sub: CommandParser, common: list[argparse.Action]) -> None:
+    # argparse hands everything after the subcommand to the subparser, which
+    # would refuse ``list --settings=...`` as "unrecognized arguments". Each
+    # subparser knows the options too; SUPPRESS keeps an option given before
+    # the subcommand (or its default) when it is not repeated after.
+    for action in common:
+        twin = copy.copy(action)
+        twin.default = argparse.SUPPRESS
+        sub._add_action(twin)
+
+
 class Command(BaseCommand):
     help = "List held Redis locks and semaphores, or force-release them."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        common = _common_options(parser)
         sub = parser.add_subparsers(dest="action", required=True, metavar="{list,clear}")
         ls = sub.add_parser("list", help="Show held locks and semaphores.")
+        _accept_common_options(ls, common)
         self._selection(ls)
         ls.add_argument(
             "--format",
@@ -123,6 +148,7 @@ class Command(BaseCommand):
             help="table (people, the default) or json (scripts: one array of objects).",
         )
         cl = sub.add_parser("clear", help="Force-release locks and semaphores.")
+        _accept_common_options(cl, common)
         cl.add_argument("names", nargs="*", metavar="NAME", help="Exact names to release.")
         self._selection(cl)
         cl.add_argument("--all", action="store_true", help="Release everything held.")

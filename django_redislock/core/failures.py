@@ -1,0 +1,111 @@
+"""What went wrong when Redis could not serve a call, in words that name the fix.
+
+A wrong password, a server that is not running and a server that does not
+answer in time all reach the caller as ``RedisUnavailable``; each gets its own
+sentence and ``reason`` so that an operator is not sent looking for a network
+problem when the password is wrong.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .exceptions import RedisUnavailable
+
+__all__ = ["AUTH", "ERROR", "PERMISSION", "REFUSED", "TIMEOUT", "UNREACHABLE", "address_of"]
+
+# RedisUnavailable.reason values.
+AUTH = "auth"  # the server refused the username or password, or wants one
+PERMISSION = "permission"  # an ACL user may not run the command
+REFUSED = "refused"  # nothing listens at the address
+TIMEOUT = "timeout"  # no answer within the socket timeout
+UNREACHABLE = "unreachable"  # another connection failure (DNS, reset, ...)
+ERROR = "error"  # the server answered with an error
+
+_NOT_LISTENING = (errno.ECONNREFUSED, errno.ENOENT)
+
+
+def address_of(client: Any) -> str | None:
+    """``host:port`` or the unix socket path a client connects to, if it says."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return None
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    host, port = kwargs.get("host"), kwargs.get("port")
+    if host is None:
+        return None
+    return f"{host}:{port}" if port is not None else str(host)
+
+
+def _refused(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, OSError) and cause.errno in _NOT_LISTENING:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc)
+    return "Connection refused" in text or "No such file or directory" in text
+
+
+# Error replies of a server that wants a password it did not get (Redis 7 refuses
+# an unauthenticated client's long commands with the last one).
+_AUTH_REPLIES = ("NOAUTH", "WRONGPASS", "Protocol error: unauthenticated")
+
+
+def reason_of(exc: BaseException) -> str:
+    if isinstance(exc, AuthenticationError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(_AUTH_REPLIES)
+    ):
+        return AUTH
+    if isinstance(exc, NoPermissionError):
+        return PERMISSION
+    if isinstance(exc, (RedisTimeoutError, TimeoutError)):
+        return TIMEOUT
+    if isinstance(exc, RedisConnectionError):
+        return REFUSED if _refused(exc) else UNREACHABLE
+    return ERROR
+
+
+def unavailable(doing: str, exc: BaseException, address: str | None) -> RedisUnavailable:
+    """The ``RedisUnavailable`` for ``exc``, raised while ``doing`` (e.g. "running acquire")."""
+    reason = reason_of(exc)
+    at = f" at {address}" if address else ""
+    if reason == AUTH:
+        text = (
+            f"Redis{at} did not accept the client's username and password {doing}: {exc} "
+            "Check the credentials the client uses (with Django: USERNAME/PASSWORD in "
+            "CACHES' OPTIONS, or user:password in the LOCATION URL)."
+        )
+    elif reason == PERMISSION:
+        text = (
+            f"Redis{at} does not let this user {doing.replace('running', 'run')}: {exc} "
+            "Check the ACL rules of the user the client logs in as."
+        )
+    elif reason == REFUSED:
+        text = (
+            f"Redis{at} refused the connection {doing}: {exc} "
+            f"Is Redis running at {address or 'the configured address'}?"
+        )
+    elif reason == TIMEOUT:
+        text = (
+            f"Redis{at} did not answer in time {doing}: {exc} It may be overloaded, paused "
+            "or behind a firewall that drops packets; SOCKET_TIMEOUT and CONNECT_TIMEOUT "
+            "bound the wait."
+        )
+    elif reason == UNREACHABLE:
+        text = f"Redis{at} could not be reached {doing}: {exc}"
+    else:
+        text = f"Redis{at} answered with an error {doing}: {exc}"
+    error = RedisUnavailable(text)
+    error.reason = reason
+    error.address = address
+    return error
