@@ -333,11 +333,14 @@ def _subcommand_options(action: str) -> set[str]:
 
     parser = Command().create_parser("manage.py", "redislocks")
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    # Django's common options (--settings, -v, ...) are accepted after the
+    # subcommand too; the page documents them once, as Django's.
+    common = {option for a in parser._actions for option in a.option_strings}
     return {
         option
         for a in sub.choices[action]._actions
         for option in a.option_strings
-        if option not in {"-h", "--help"}
+        if option not in common
     }
 
 

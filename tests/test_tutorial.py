@@ -64,34 +64,6 @@ APPEND = "Add to the end of "
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
-# --- TEMPORARY SHIM: drop at merge, once django_redislock.current_fence exists. ---------
-# The tutorial's view imports ``current_fence`` from django_redislock, which lands in a
-# change of its own. Until then this defines it, in the tutorial's venv only, with the
-# behaviour that change specifies; it does nothing once the package has its own.
-CURRENT_FENCE_SHIM = """\
-import django_redislock
-
-
-def current_fence():
-    from django_redislock.conf import conf
-    from django_redislock.context import current_lock
-
-    if not conf.ENABLED:
-        return None
-    lock = current_lock()
-    if lock is None:
-        raise RuntimeError("current_fence() is only meaningful inside a locked call")
-    return lock.fence
-
-
-if "current_fence" not in vars(django_redislock) and "current_fence" not in getattr(
-    django_redislock, "_LAZY", {}
-):
-    django_redislock.current_fence = current_fence
-"""
-# --- end of the temporary shim ---------------------------------------------------------
-
-
 # -- reading the pages --------------------------------------------------------------------
 @dataclass
 class Write:
@@ -397,11 +369,6 @@ class Reader:
         (package_dir / "django_redislock").symlink_to(ROOT / "django_redislock")
         paths = [str(package_dir), *site.getsitepackages()]
         (Path(purelib) / "checkout.pth").write_text("\n".join(paths) + "\n")
-        # The temporary shim (top of this file): drop these two files with it.
-        (Path(purelib) / "redislock_current_fence_shim.py").write_text(CURRENT_FENCE_SHIM)
-        (Path(purelib) / "zz_redislock_current_fence_shim.pth").write_text(
-            "import redislock_current_fence_shim\n"
-        )
 
     # servers
     def serve(self, argv: list[str]) -> None:

@@ -19,7 +19,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from django_redis import get_redis_connection
 
-from django_redislock import current_lock, redis_locked
+from django_redislock import current_fence, redis_locked
 from django_redislock.connection import get_client
 from django_redislock.core.inspect import list_locks
 from django_redislock.fencing import fenced_update
@@ -68,7 +68,7 @@ def _sell(products: QuerySet[Product], product: Product, fence: int) -> Order:
 def buy(request: HttpRequest, product_id: int) -> HttpResponse:
     """Buy one unit. One purchase per product at a time, across every worker."""
     waited = _lock_wait_ms(request)
-    fence = current_lock().fence
+    fence = current_fence()
     products = Product.objects.filter(pk=product_id)
     # Claim the row before reading it: from now on the database refuses the
     # writes of any older holder, so nothing can change what we read.
@@ -88,7 +88,7 @@ def buy(request: HttpRequest, product_id: int) -> HttpResponse:
 async def buy_async(request: HttpRequest, product_id: int) -> HttpResponse:
     """The same purchase as an async view; it shares the lock with ``buy``."""
     waited = _lock_wait_ms(request)
-    fence = current_lock().fence
+    fence = current_fence()
     products = Product.objects.filter(pk=product_id)
     if not await sync_to_async(fenced_update)(products, fence):
         raise Http404("No such product.")
