@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.servers import RedisServer
+from tests.servers import RedisServer, redis_binary, server_label
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -22,6 +22,11 @@ def pytest_configure(config: pytest.Config) -> None:
             r"ignore:unclosed <socket\.socket fd=\d+, family=AddressFamily\.AF_UNIX, "
             r"type=SocketKind\.SOCK_STREAM, proto=0>$:ResourceWarning",
         )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    # Which server every private server of the run comes from (REDISLOCK_SERVER_BIN).
+    return f"server: {server_label()} ({redis_binary()})"
 
 
 def _redis_py_version() -> tuple[int, int]:
