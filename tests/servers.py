@@ -120,6 +120,11 @@ def redis_compatible_version() -> tuple[int, int]:
     return version[0], version[1]
 
 
+def has_sharded_pubsub() -> bool:
+    """SSUBSCRIBE and SPUBLISH: new in Redis 7.0."""
+    return redis_compatible_version() >= (7, 0)
+
+
 def requires_redis(major: int, minor: int, feature: str) -> pytest.MarkDecorator:
     """Skip a test on a server without ``feature`` (new in Redis ``major.minor``)."""
     return pytest.mark.skipif(

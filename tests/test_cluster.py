@@ -1,4 +1,10 @@
-"""Locks on a private Redis Cluster: one slot per lock, sharded wake-ups, every primary."""
+"""Locks on a private Redis Cluster: one slot per lock, sharded wake-ups, every primary.
+
+Sharded pub/sub is new in Redis 7.0. Before that (and where SSUBSCRIBE is
+renamed away) waiters are woken by plain PUBLISH on the lock's node: on a
+server without it the whole module runs that way, and the ``unsharded``
+Cluster runs the fallback on every server.
+"""
 
 from __future__ import annotations
 
@@ -30,17 +36,43 @@ from django_redislock.core import (
 )
 from django_redislock.core.notify import get_notifier
 from tests.helpers_oracles import Occupancy
+from tests.servers import has_sharded_pubsub
 from tests.topologies import ClusterTopology, wait_until
 
 pytestmark = pytest.mark.cluster
 
 KS = KeySpace("redislock")
 
+# How the lock scripts wake a waiter on this server's Cluster: s = SPUBLISH
+# (Redis 7.0 and later, Valkey), p = PUBLISH on the lock's node (before 7.0).
+MODE = b"s" if has_sharded_pubsub() else b"p"
+# The pub/sub introspection that sees the wake-up channels.
+CHANNELS, NUMSUB = (
+    ("SHARDCHANNELS", "SHARDNUMSUB") if has_sharded_pubsub() else ("CHANNELS", "NUMSUB")
+)
+
 
 @pytest.fixture(scope="module")
 def topology() -> Iterator[ClusterTopology]:
     """Three primaries, no replicas: started once for the module."""
     cluster = ClusterTopology(primaries=3, replicas=0).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def unsharded(request: pytest.FixtureRequest) -> Iterator[ClusterTopology]:
+    """A Cluster without sharded pub/sub: the server's own before Redis 7.0,
+    else one whose nodes have SSUBSCRIBE, SUNSUBSCRIBE and SPUBLISH renamed away."""
+    if not has_sharded_pubsub():
+        yield request.getfixturevalue("topology")
+        return
+    # Renamed rather than disabled ("" is quoted differently across versions).
+    gone = ("SSUBSCRIBE", "SUNSUBSCRIBE", "SPUBLISH")
+    cluster = ClusterTopology(
+        primaries=3,
+        extra=tuple(a for c in gone for a in ("--rename-command", c, f"{c}-RENAMED-BY-TESTS")),
+    ).start()
     yield cluster
     cluster.stop()
 
@@ -146,6 +178,38 @@ def test_scripts_reloaded_after_script_flush(rc: RedisCluster) -> None:
 
 
 def test_waiter_is_woken_through_a_sharded_channel(rc: RedisCluster) -> None:
+    _woken_through_the_slots_channel(rc, MODE)
+
+
+def test_waiter_is_woken_by_publish_without_sharded_pubsub(unsharded: ClusterTopology) -> None:
+    # Redis before 7.0 refuses SSUBSCRIBE: the listener subscribes the same
+    # channel with SUBSCRIBE on the lock's node, and the script PUBLISHes there.
+    client = _client(unsharded)
+    try:
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+        _woken_through_the_slots_channel(client, b"p")
+        name = names_on_every_node(client)[1]
+        occupancy = Occupancy(multiprocessing.get_context("fork"))
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(
+                target=_contend, args=(Lock(client, name, ttl=10), occupancy, 10, errors)
+            )
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        assert occupancy.entries.value == 40
+        assert occupancy.violations.value == 0
+    finally:
+        client.close()
+
+
+def _woken_through_the_slots_channel(rc: RedisCluster, mode: bytes) -> None:
+    """A waiter queues with its slot's channel and ``mode``, and is woken on release."""
     for name in names_for_wakeups(rc):
         holder = Lock(rc, name, ttl=30, wait=0)
         assert holder.acquire()
@@ -168,7 +232,7 @@ def test_waiter_is_woken_through_a_sharded_channel(rc: RedisCluster) -> None:
             v for k, v in rc.hgetall(keys.state).items() if k not in (b"f", b"q", b"n", b"d")
         )
         address = entry.split(b"|")[1]
-        assert address.startswith(b"s" + KS.prefix.encode() + b":N:" + keys.tag + b":")
+        assert address.startswith(mode + KS.prefix.encode() + b":N:" + keys.tag + b":")
         assert rc.keyslot(address[1:]) == rc.keyslot(keys.lease)
         holder.release()
         # Without the wake-up the waiter would sleep until the 30 s lease ran
@@ -182,7 +246,7 @@ def test_uncontended_acquire_subscribes_nothing(rc: RedisCluster) -> None:
     assert lock.acquire()
     lock.release()
     node = rc.get_node_from_key(KS.lock("solo").lease)
-    channels = rc.execute_command("PUBSUB", "SHARDCHANNELS", target_nodes=node)
+    channels = rc.execute_command("PUBSUB", CHANNELS, target_nodes=node)
     assert not [c for c in channels if KS.lock("solo").tag in c]
 
 
@@ -197,7 +261,7 @@ def test_idle_tags_are_unsubscribed(rc: RedisCluster, monkeypatch: pytest.Monkey
     node = rc.get_node_from_key(KS.lock(name).lease)
 
     def subscribed() -> int:
-        counts = rc.execute_command("PUBSUB", "SHARDNUMSUB", channel, target_nodes=node)
+        counts = rc.execute_command("PUBSUB", NUMSUB, channel, target_nodes=node)
         return int(counts[1])
 
     # Subscribed while waited on, and kept a while after (TAG_IDLE)...
@@ -267,6 +331,27 @@ def test_mutual_exclusion_processes(rc: RedisCluster, topology: ClusterTopology)
 
 
 async def test_async_waiter_woken_and_exclusive(arc: AsyncRedisCluster) -> None:
+    await _async_woken_and_exclusive(arc, MODE)
+
+
+async def test_async_waiter_woken_by_publish_without_sharded_pubsub(
+    unsharded: ClusterTopology,
+) -> None:
+    client = AsyncRedisCluster(
+        host="127.0.0.1", port=unsharded.nodes[0].port or 0, socket_timeout=5
+    )
+    await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
+    try:
+        await _async_woken_and_exclusive(client, b"p")
+    finally:
+        for task in asyncio.all_tasks():
+            if task.get_name().startswith("redislock-notify"):
+                task.cancel()
+        await asyncio.sleep(0)
+        await client.aclose()
+
+
+async def _async_woken_and_exclusive(arc: AsyncRedisCluster, mode: bytes) -> None:
     sync = _client_for(arc)
     names = names_for_wakeups(sync)
     sync.close()
@@ -291,7 +376,7 @@ async def test_async_waiter_woken_and_exclusive(arc: AsyncRedisCluster) -> None:
             for k, v in (await arc.hgetall(keys.state)).items()
             if k not in (b"f", b"q", b"n", b"d")
         )
-        assert entry.split(b"|", 1)[1].startswith(b"s")
+        assert entry.split(b"|", 1)[1].startswith(mode)
         await holder.release()
         assert await asyncio.wait_for(task, 15)  # woken, not timed out
 

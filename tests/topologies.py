@@ -207,9 +207,14 @@ class SentinelTopology:
 
 
 class ClusterTopology:
-    """``primaries`` primaries with ``replicas`` replicas each, slots spread evenly."""
+    """``primaries`` primaries with ``replicas`` replicas each, slots spread evenly.
 
-    def __init__(self, primaries: int = 3, replicas: int = 0) -> None:
+    ``extra`` goes to every node's command line.
+    """
+
+    def __init__(
+        self, primaries: int = 3, replicas: int = 0, *, extra: tuple[str, ...] = ()
+    ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="redislock-cluster-"))
         self.primaries = primaries
         self.replicas = replicas
@@ -231,6 +236,7 @@ class ClusterTopology:
                         "--cluster-node-timeout",
                         "2000",
                         *_FAST_SYNC,
+                        *extra,
                     ),
                 )
             )
