@@ -11,6 +11,19 @@ from tests.servers import RedisServer, redis_binary, server_label
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("REDISLOCK_SERVER_BIN", "").strip():
+        try:
+            redis_binary()
+        except RuntimeError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    expected = os.environ.get("REDISLOCK_EXPECT_SERVER", "").strip()
+    if expected and not (server_label() + ".").startswith(expected + "."):
+        # tox's server factors name a version: a wheel that ships another
+        # one must not pass as a run on the named server.
+        raise pytest.UsageError(
+            f"REDISLOCK_EXPECT_SERVER={expected!r} but {redis_binary()} is {server_label()}: "
+            "pin the package that ships the server binary, or rename the tox factor"
+        )
     if _redis_py_version() < (5, 1):
         # redis-py before 5.1 leaves the socket of a failed unix-socket connect unclosed
         # (UnixDomainSocketConnection._connect; closed on error since 5.1). It surfaces as a
