@@ -209,18 +209,22 @@ class SentinelTopology:
 class ClusterTopology:
     """``primaries`` primaries with ``replicas`` replicas each, slots spread evenly.
 
-    ``extra`` goes to every node's command line.
+    ``extra(i)`` is added to the command line of the i-th node.
     """
 
     def __init__(
-        self, primaries: int = 3, replicas: int = 0, *, extra: tuple[str, ...] = ()
+        self,
+        primaries: int = 3,
+        replicas: int = 0,
+        *,
+        extra: Callable[[int], tuple[str, ...]] = lambda i: (),
     ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="redislock-cluster-"))
         self.primaries = primaries
         self.replicas = replicas
         ports = free_ports(primaries * (1 + replicas), bus=True)
         self.nodes = []
-        for port in ports:
+        for i, port in enumerate(ports):
             directory = self.root / str(port)
             directory.mkdir()
             self.nodes.append(
@@ -236,7 +240,7 @@ class ClusterTopology:
                         "--cluster-node-timeout",
                         "2000",
                         *_FAST_SYNC,
-                        *extra,
+                        *extra(i),
                     ),
                 )
             )
