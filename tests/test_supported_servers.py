@@ -66,3 +66,6 @@ def test_the_skip_reason_names_the_server() -> None:
     )
     assert redis_compatible_version() < (99, 0)
     assert requires_redis(6, 2, "anything").mark.args == (False,)
+    # The page's example is the same sentence.
+    example = requires_redis(7, 0, "sharded pub/sub").mark.kwargs["reason"]
+    assert example.replace(server_label(), "Redis 6.2.14") in " ".join(PAGE.split())
