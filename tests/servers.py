@@ -92,16 +92,6 @@ def _version_of(binary: str) -> tuple[str, tuple[int, int, int]]:
     return match.group(1), (int(match.group(2)), int(match.group(3)), int(match.group(4)))
 
 
-def server_product() -> str:
-    """``"Redis"`` or ``"Valkey"``: which server the suite runs on."""
-    return _version_of(redis_binary())[0]
-
-
-def server_version() -> tuple[int, int, int]:
-    """The server binary's own version (Valkey's numbering on Valkey)."""
-    return _version_of(redis_binary())[1]
-
-
 def server_label() -> str:
     """Names the server in skip reasons and the test header: ``Redis 6.2.14``."""
     product, version = _version_of(redis_binary())
