@@ -7,13 +7,26 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.servers import RedisServer
+from tests.servers import RedisServer, redis_binary, server_label
 
 # The test kit's fixtures, as an installed package would load them (entry point pytest11).
 pytest_plugins = ["django_redislock.testing.plugin"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get("REDISLOCK_SERVER_BIN", "").strip():
+        try:
+            redis_binary()
+        except RuntimeError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    expected = os.environ.get("REDISLOCK_EXPECT_SERVER", "").strip()
+    if expected and not (server_label() + ".").startswith(expected + "."):
+        # tox's server factors name a version: a wheel that ships another
+        # one must not pass as a run on the named server.
+        raise pytest.UsageError(
+            f"REDISLOCK_EXPECT_SERVER={expected!r} but {redis_binary()} is {server_label()}: "
+            "pin the package that ships the server binary, or rename the tox factor"
+        )
     if _redis_py_version() < (5, 1):
         # redis-py before 5.1 leaves the socket of a failed unix-socket connect unclosed
         # (UnixDomainSocketConnection._connect; closed on error since 5.1). It surfaces as a
@@ -25,6 +38,11 @@ def pytest_configure(config: pytest.Config) -> None:
             r"ignore:unclosed <socket\.socket fd=\d+, family=AddressFamily\.AF_UNIX, "
             r"type=SocketKind\.SOCK_STREAM, proto=0>$:ResourceWarning",
         )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    # Which server every private server of the run comes from (REDISLOCK_SERVER_BIN).
+    return f"server: {server_label()} ({redis_binary()})"
 
 
 def _redis_py_version() -> tuple[int, int]:

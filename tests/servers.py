@@ -1,14 +1,24 @@
 """Private redis-server processes owned by the test suite.
 
-Each server is started from the ``redis-server`` binary on PATH, on its own
-unix socket or free loopback port, with no persistence unless asked for, and
-is only ever stopped by the PID we started. Waiting for readiness is bounded.
+Each server is started from one server binary, on its own unix socket or free
+loopback port, with no persistence unless asked for, and is only ever stopped
+by the PID we started. Waiting for readiness is bounded.
+
+Which binary: ``REDISLOCK_SERVER_BIN`` (a path, or a command on PATH), else
+``redis-server`` on PATH. Every private server of the suite comes from it:
+the session's server, Cluster nodes and Sentinels (the same binary with
+``--sentinel``). The matching ``redis-cli`` (which creates a Cluster) is the
+binary's sibling, ``valkey-cli`` beside ``valkey-server``; ``REDISLOCK_CLI_BIN``
+overrides it. tox.ini runs the suite on Redis 6.2, Redis 7.0 and Valkey 8.1
+this way; docs/servers.rst lists what differs between them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 
@@ -27,12 +38,90 @@ def free_port() -> int:
 
 
 def redis_binary() -> str:
-    path = shutil.which("redis-server")
+    """The server binary every private server is started from."""
+    wanted = os.environ.get("REDISLOCK_SERVER_BIN", "").strip()
+    if not wanted:
+        path = shutil.which("redis-server")
+        if path is None:
+            raise RuntimeError(
+                "redis-server is not on PATH: install it (Debian: apt-get install "
+                "redis-server), or name a server binary in REDISLOCK_SERVER_BIN"
+            )
+        return path
+    path = shutil.which(wanted)
     if path is None:
         raise RuntimeError(
-            "redis-server is not on PATH: install it (Debian: apt-get install redis-server)"
+            f"REDISLOCK_SERVER_BIN={wanted!r} is not an executable file nor a command on "
+            "PATH: point it at a redis-server or valkey-server binary"
         )
     return path
+
+
+def cli_binary() -> str:
+    """The ``redis-cli`` that matches the server binary (it creates a Cluster)."""
+    wanted = os.environ.get("REDISLOCK_CLI_BIN", "").strip()
+    if wanted:
+        path = shutil.which(wanted)
+        if path is None:
+            raise RuntimeError(
+                f"REDISLOCK_CLI_BIN={wanted!r} is not an executable file nor a command on PATH"
+            )
+        return path
+    server = Path(redis_binary())
+    sibling = server.with_name(server.name.replace("server", "cli"))
+    if sibling != server and os.access(sibling, os.X_OK):
+        return str(sibling)
+    path = shutil.which("redis-cli")
+    if path is None:
+        raise RuntimeError(
+            f"no redis-cli beside {server} nor on PATH: it ships with the server; "
+            "or name one in REDISLOCK_CLI_BIN"
+        )
+    return path
+
+
+@functools.cache
+def _version_of(binary: str) -> tuple[str, tuple[int, int, int]]:
+    out = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    # "Redis server v=7.0.15 sha=..." or "Valkey server v=8.1.8 sha=..."
+    match = re.match(r"(\w+) server v=(\d+)\.(\d+)\.(\d+)", out)
+    if match is None:
+        raise RuntimeError(f"{binary} --version says {out.strip()!r}: not a Redis or Valkey server")
+    return match.group(1), (int(match.group(2)), int(match.group(3)), int(match.group(4)))
+
+
+def server_label() -> str:
+    """Names the server in skip reasons and the test header: ``Redis 6.2.14``."""
+    product, version = _version_of(redis_binary())
+    return f"{product} {'.'.join(map(str, version))}"
+
+
+def redis_compatible_version() -> tuple[int, int]:
+    """The Redis version whose commands the server has.
+
+    Valkey forked from Redis 7.2.4 and reports that as ``redis_version``: every
+    Valkey release has at least the commands of Redis 7.2.
+    """
+    product, version = _version_of(redis_binary())
+    if product == "Valkey":
+        return (7, 2)
+    return version[0], version[1]
+
+
+def has_sharded_pubsub() -> bool:
+    """SSUBSCRIBE and SPUBLISH: new in Redis 7.0."""
+    return redis_compatible_version() >= (7, 0)
+
+
+def requires_redis(major: int, minor: int, feature: str) -> pytest.MarkDecorator:
+    """Skip a test on a server without ``feature`` (new in Redis ``major.minor``)."""
+    return pytest.mark.skipif(
+        redis_compatible_version() < (major, minor),
+        reason=f"{feature} needs Redis {major}.{minor} or newer; the suite runs on "
+        f"{server_label()}",
+    )
 
 
 class RedisServer:

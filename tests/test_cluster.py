@@ -1,15 +1,23 @@
-"""Locks on a private Redis Cluster: one slot per lock, sharded wake-ups, every primary."""
+"""Locks on a private Redis Cluster: one slot per lock, sharded wake-ups, every primary.
+
+Sharded pub/sub is new in Redis 7.0. Before that (and where SSUBSCRIBE is
+renamed away) waiters are woken by plain PUBLISH on the lock's node: on a
+server without it the whole module runs that way, and the ``unsharded``
+Cluster runs the fallback on every server (on one with sharded pub/sub, two of
+its three nodes lack it: a Cluster part way through an upgrade).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from io import StringIO
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -30,11 +38,20 @@ from django_redislock.core import (
 )
 from django_redislock.core.notify import get_notifier
 from tests.helpers_oracles import Occupancy
+from tests.servers import has_sharded_pubsub
 from tests.topologies import ClusterTopology, wait_until
 
 pytestmark = pytest.mark.cluster
 
 KS = KeySpace("redislock")
+
+# How the lock scripts wake a waiter on this server's Cluster: s = SPUBLISH
+# (Redis 7.0 and later, Valkey), p = PUBLISH on the lock's node (before 7.0).
+MODE = b"s" if has_sharded_pubsub() else b"p"
+# The pub/sub introspection that sees the wake-up channels.
+CHANNELS, NUMSUB = (
+    ("SHARDCHANNELS", "SHARDNUMSUB") if has_sharded_pubsub() else ("CHANNELS", "NUMSUB")
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +59,32 @@ def topology() -> Iterator[ClusterTopology]:
     """Three primaries, no replicas: started once for the module."""
     cluster = ClusterTopology(primaries=3, replicas=0).start()
     yield cluster
+    cluster.stop()
+
+
+class Unsharded(NamedTuple):
+    topology: ClusterTopology
+    sharded_ports: set[int]  # the nodes that do have sharded pub/sub
+
+    def mode(self, client: RedisCluster, name: str) -> bytes:
+        """How the scripts wake a waiter on lock ``name``: s = SPUBLISH, p = PUBLISH."""
+        port = int(client.get_node_from_key(KS.lock(name).lease).port)
+        return b"s" if port in self.sharded_ports else b"p"
+
+
+@pytest.fixture(scope="module")
+def unsharded(request: pytest.FixtureRequest) -> Iterator[Unsharded]:
+    """A Cluster where sharded pub/sub is missing: the server's own Cluster
+    before Redis 7.0; else one whose first two nodes have SSUBSCRIBE,
+    SUNSUBSCRIBE and SPUBLISH renamed away, the third not."""
+    if not has_sharded_pubsub():
+        yield Unsharded(request.getfixturevalue("topology"), set())
+        return
+    # Renamed rather than disabled ("" is quoted differently across versions).
+    gone = ("SSUBSCRIBE", "SUNSUBSCRIBE", "SPUBLISH")
+    renamed = tuple(a for c in gone for a in ("--rename-command", c, f"{c}-RENAMED-BY-TESTS"))
+    cluster = ClusterTopology(primaries=3, extra=lambda i: renamed if i < 2 else ()).start()
+    yield Unsharded(cluster, {cluster.nodes[2].port or 0})
     cluster.stop()
 
 
@@ -146,6 +189,54 @@ def test_scripts_reloaded_after_script_flush(rc: RedisCluster) -> None:
 
 
 def test_waiter_is_woken_through_a_sharded_channel(rc: RedisCluster) -> None:
+    _woken_through_the_slots_channel(rc, lambda name: MODE)
+
+
+def test_waiter_is_woken_by_publish_without_sharded_pubsub(
+    unsharded: Unsharded, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Redis before 7.0 refuses SSUBSCRIBE: the listener subscribes the same
+    # channel with SUBSCRIBE on the lock's node, and the script PUBLISHes there.
+    caplog.set_level(logging.INFO, logger="django_redislock.notify")
+    client = _client(unsharded.topology)
+    try:
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+        _woken_through_the_slots_channel(client, lambda name: unsharded.mode(client, name))
+        # Every node was used; the ones without sharded pub/sub were each
+        # told apart once, quietly, not retried with a warning every second.
+        names = [f"127.0.0.1:{n.port}" for n in unsharded.topology.nodes]
+        ours = [r for r in caplog.records if any(n in r.getMessage() for n in names)]
+        assert not [r for r in ours if r.levelno >= logging.WARNING]
+        told = sorted(r.getMessage() for r in ours if "no sharded pub/sub" in r.getMessage())
+        unsharded_nodes = [
+            n for n in unsharded.topology.nodes if n.port not in unsharded.sharded_ports
+        ]
+        assert told == sorted(
+            f"127.0.0.1:{n.port} has no sharded pub/sub: waking by PUBLISH there"
+            for n in unsharded_nodes
+        )
+        name = names_on_every_node(client)[1]
+        occupancy = Occupancy(multiprocessing.get_context("fork"))
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(
+                target=_contend, args=(Lock(client, name, ttl=10), occupancy, 10, errors)
+            )
+            for _ in range(4)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        assert occupancy.entries.value == 40
+        assert occupancy.violations.value == 0
+    finally:
+        client.close()
+
+
+def _woken_through_the_slots_channel(rc: RedisCluster, mode: Callable[[str], bytes]) -> None:
+    """A waiter queues with its slot's channel and ``mode(name)``, and is woken on release."""
     for name in names_for_wakeups(rc):
         holder = Lock(rc, name, ttl=30, wait=0)
         assert holder.acquire()
@@ -168,7 +259,7 @@ def test_waiter_is_woken_through_a_sharded_channel(rc: RedisCluster) -> None:
             v for k, v in rc.hgetall(keys.state).items() if k not in (b"f", b"q", b"n", b"d")
         )
         address = entry.split(b"|")[1]
-        assert address.startswith(b"s" + KS.prefix.encode() + b":N:" + keys.tag + b":")
+        assert address.startswith(mode(name) + KS.prefix.encode() + b":N:" + keys.tag + b":")
         assert rc.keyslot(address[1:]) == rc.keyslot(keys.lease)
         holder.release()
         # Without the wake-up the waiter would sleep until the 30 s lease ran
@@ -182,7 +273,7 @@ def test_uncontended_acquire_subscribes_nothing(rc: RedisCluster) -> None:
     assert lock.acquire()
     lock.release()
     node = rc.get_node_from_key(KS.lock("solo").lease)
-    channels = rc.execute_command("PUBSUB", "SHARDCHANNELS", target_nodes=node)
+    channels = rc.execute_command("PUBSUB", CHANNELS, target_nodes=node)
     assert not [c for c in channels if KS.lock("solo").tag in c]
 
 
@@ -197,7 +288,7 @@ def test_idle_tags_are_unsubscribed(rc: RedisCluster, monkeypatch: pytest.Monkey
     node = rc.get_node_from_key(KS.lock(name).lease)
 
     def subscribed() -> int:
-        counts = rc.execute_command("PUBSUB", "SHARDNUMSUB", channel, target_nodes=node)
+        counts = rc.execute_command("PUBSUB", NUMSUB, channel, target_nodes=node)
         return int(counts[1])
 
     # Subscribed while waited on, and kept a while after (TAG_IDLE)...
@@ -267,8 +358,32 @@ def test_mutual_exclusion_processes(rc: RedisCluster, topology: ClusterTopology)
 
 
 async def test_async_waiter_woken_and_exclusive(arc: AsyncRedisCluster) -> None:
+    await _async_woken_and_exclusive(arc, lambda client, name: MODE)
+
+
+async def test_async_waiter_woken_by_publish_without_sharded_pubsub(
+    unsharded: Unsharded,
+) -> None:
+    client = AsyncRedisCluster(
+        host="127.0.0.1", port=unsharded.topology.nodes[0].port or 0, socket_timeout=5
+    )
+    await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
+    try:
+        await _async_woken_and_exclusive(client, unsharded.mode)
+    finally:
+        for task in asyncio.all_tasks():
+            if task.get_name().startswith("redislock-notify"):
+                task.cancel()
+        await asyncio.sleep(0)
+        await client.aclose()
+
+
+async def _async_woken_and_exclusive(
+    arc: AsyncRedisCluster, mode: Callable[[RedisCluster, str], bytes]
+) -> None:
     sync = _client_for(arc)
     names = names_for_wakeups(sync)
+    modes = {name: mode(sync, name) for name in names}
     sync.close()
     for name in names:
         holder = AsyncLock(arc, name, ttl=30, wait=0)
@@ -291,7 +406,7 @@ async def test_async_waiter_woken_and_exclusive(arc: AsyncRedisCluster) -> None:
             for k, v in (await arc.hgetall(keys.state)).items()
             if k not in (b"f", b"q", b"n", b"d")
         )
-        assert entry.split(b"|", 1)[1].startswith(b"s")
+        assert entry.split(b"|", 1)[1].startswith(modes[name])
         await holder.release()
         assert await asyncio.wait_for(task, 15)  # woken, not timed out
 

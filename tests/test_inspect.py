@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import threading
@@ -20,7 +19,7 @@ from django_redislock.core.inspect import HeldLock, list_locks, matches
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
 from django_redislock.display import duration, printable, width
-from tests.servers import free_port
+from tests.servers import cli_binary, free_port
 
 KS = KeySpace("redislock")
 LONG = "long:" + "é" * 80  # 165 bytes: stored under its digest
@@ -273,9 +272,7 @@ def _cluster_port(taken: set[int]) -> int:
 @pytest.fixture
 def cluster(redis_factory: type) -> Iterator[RedisCluster]:
     """Three private primaries, slots split between them."""
-    cli = shutil.which("redis-cli")
-    if cli is None:
-        pytest.skip("redis-cli is not on PATH: it creates the private test cluster")
+    cli = cli_binary()
     taken: set[int] = set()
     ports = [_cluster_port(taken) for _ in range(3)]
     servers = [

@@ -1,9 +1,10 @@
 """Private Redis Sentinel and Redis Cluster deployments for the test suite.
 
-Everything is started from the ``redis-server`` binary (which runs as a
-sentinel with ``--sentinel``) on free loopback ports, waited for with a bound,
-and stopped by the PIDs we started. Nothing here touches the machine's own
-Redis.
+Everything is started from the suite's server binary (``redis_binary()`` in
+servers.py: ``REDISLOCK_SERVER_BIN`` or ``redis-server``; it runs as a sentinel
+with ``--sentinel``, as ``valkey-server`` does too) on free loopback ports,
+waited for with a bound, and stopped by the PIDs we started. Nothing here
+touches the machine's own Redis.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from tests.servers import RedisServer, redis_binary
+from tests.servers import RedisServer, cli_binary, redis_binary
 
 SERVICE = "mymaster"
 # A replica (re)syncs at once instead of after the default 5 s batching delay.
@@ -67,7 +68,7 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float) -> None:
 
 
 class SentinelProcess(RedisServer):
-    """``redis-server <conf> --sentinel``: sentinels rewrite their config file."""
+    """``<server binary> <conf> --sentinel``: sentinels rewrite their config file."""
 
     def __init__(self, port: int, primary_port: int, directory: Path) -> None:
         super().__init__(port=port, unix=False, directory=str(directory))
@@ -206,15 +207,24 @@ class SentinelTopology:
 
 
 class ClusterTopology:
-    """``primaries`` primaries with ``replicas`` replicas each, slots spread evenly."""
+    """``primaries`` primaries with ``replicas`` replicas each, slots spread evenly.
 
-    def __init__(self, primaries: int = 3, replicas: int = 0) -> None:
+    ``extra(i)`` is added to the command line of the i-th node.
+    """
+
+    def __init__(
+        self,
+        primaries: int = 3,
+        replicas: int = 0,
+        *,
+        extra: Callable[[int], tuple[str, ...]] = lambda i: (),
+    ) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="redislock-cluster-"))
         self.primaries = primaries
         self.replicas = replicas
         ports = free_ports(primaries * (1 + replicas), bus=True)
         self.nodes = []
-        for port in ports:
+        for i, port in enumerate(ports):
             directory = self.root / str(port)
             directory.mkdir()
             self.nodes.append(
@@ -230,6 +240,7 @@ class ClusterTopology:
                         "--cluster-node-timeout",
                         "2000",
                         *_FAST_SYNC,
+                        *extra(i),
                     ),
                 )
             )
@@ -246,12 +257,9 @@ class ClusterTopology:
         try:
             for node in self.nodes:
                 node.start()
-            cli = shutil.which("redis-cli")
-            if cli is None:
-                raise RuntimeError("redis-cli is not on PATH (it ships with redis-server)")
             subprocess.run(
                 [
-                    cli,
+                    cli_binary(),
                     "--cluster",
                     "create",
                     *(f"127.0.0.1:{n.port}" for n in self.nodes),

@@ -13,7 +13,8 @@ The factory returns ``redis.cluster.RedisCluster`` for sync code and
 ``redis.asyncio.cluster.RedisCluster`` for async code (one per event loop),
 with the socket timeouts of ``REDISLOCK`` unless ``opts`` names its own.
 Every key of one lock shares a hash tag, so each script runs on one node;
-waiters are woken through sharded pub/sub on the lock's own slot.
+waiters are woken through sharded pub/sub on the lock's own slot (plain
+PUBLISH on that node where it has no sharded pub/sub: Redis before 7.0).
 """
 
 from __future__ import annotations

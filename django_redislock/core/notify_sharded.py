@@ -16,6 +16,15 @@ listener checks once a second that its tags still belong to its node (slot
 moved, failover) and moves them otherwise; waiters of a tag are woken to look
 again whenever its subscription was lost, so a missed message costs at most
 the time the lock's state needs to change by itself, as on one server.
+
+A node without sharded pub/sub (Redis before 7.0) refuses SSUBSCRIBE as an
+unknown command. Its listener then subscribes the same channels with plain
+SUBSCRIBE, and the waiter entries of those tags carry ``p``: the script
+PUBLISHes on the lock's node, where the listener is, so the count of receivers
+it sees is still ours (a Cluster also copies the message to every other node,
+which costs bus traffic and nothing else). Which kind a tag is on is learnt
+from its subscription's confirmation, so a Cluster that mixes versions is
+served node by node.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import secrets
 import threading
 import time
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from .keys import KeySpace
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, NO_CHANNEL, Handed, Wakeup, parse_wakeup
@@ -47,10 +58,21 @@ def _channel_bytes(value: Any) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
+def no_sharded_pubsub(exc: BaseException) -> bool:
+    """Whether ``exc`` is a node refusing SSUBSCRIBE as an unknown command:
+    Redis before 7.0, or the command renamed away."""
+    text = str(exc).lower()
+    return isinstance(exc, ResponseError) and "unknown command" in text and "ssubscribe" in text
+
+
+# Confirmations and messages of plain pub/sub, read as their sharded kinds.
+_KINDS = {"message": "smessage", "subscribe": "ssubscribe", "unsubscribe": "sunsubscribe"}
+
+
 class _Tag:
     """One subscribed hash tag: its channel and who waits on it."""
 
-    __slots__ = ("channel", "users", "idle_since", "node", "ready", "confirmed_before")
+    __slots__ = ("channel", "users", "idle_since", "node", "ready", "confirmed_before", "mode")
 
     def __init__(self, channel: bytes, ready: Any) -> None:
         self.channel = channel
@@ -59,6 +81,9 @@ class _Tag:
         self.node: str | None = None
         self.ready = ready
         self.confirmed_before = False
+        # The scripts' publish mode for this tag: s = SPUBLISH, p = PUBLISH
+        # (its node has no sharded pub/sub); set by the confirmation.
+        self.mode = b"s"
 
 
 class _ShardedBase:
@@ -69,6 +94,9 @@ class _ShardedBase:
         self._slots: dict[str, tuple[Any, bytes]] = {}
         self._tags: dict[bytes, _Tag] = {}
         self._by_channel: dict[bytes, bytes] = {}
+        # Nodes that refused SSUBSCRIBE: their listeners, present and future,
+        # use plain SUBSCRIBE.
+        self._unsharded: set[str] = set()
 
     # Callers that pass no tag cannot be woken on a Cluster (a channel outside
     # the keys' slot would fail the script): they queue without an address
@@ -80,8 +108,12 @@ class _ShardedBase:
         return self._keyspace.channel(self.process_id, tag)
 
     def address_for(self, tag: bytes) -> bytes:
-        # s = SPUBLISH: the prelude's promote() publishes on the lock's shard.
-        return b"s" + self.channel(tag) if tag else self.address
+        # s = SPUBLISH: the prelude's promote() publishes on the lock's shard;
+        # p = PUBLISH, where the tag's node has no sharded pub/sub.
+        if not tag:
+            return self.address
+        state = self._tags.get(tag)
+        return (b"s" if state is None else state.mode) + self.channel(tag)
 
     def _node_of(self, channel: bytes) -> Any:
         return self._client.get_node_from_key(channel)
@@ -93,6 +125,8 @@ class _ShardedBase:
 
     def _on_message(self, message: dict[str, Any], node: str) -> None:
         kind = _text(message["type"])
+        plain = kind in _KINDS
+        kind = _KINDS.get(kind, kind)
         channel = _channel_bytes(message.get("channel", b""))
         if kind == "smessage":
             token, handed = parse_wakeup(message["data"])
@@ -106,6 +140,7 @@ class _ShardedBase:
         if state is None:
             return
         if kind == "ssubscribe" and state.node == node:
+            state.mode = b"p" if plain else b"s"
             state.ready.set()
             # Subscribed again after losing it, wake-ups may have been missed;
             # and whoever queued without the channel can now queue with it.
@@ -134,12 +169,16 @@ class _NodeListener:
             target=self._run, name=f"redislock-notify-{name}", daemon=True
         )
 
+    @property
+    def sharded(self) -> bool:
+        return self.name not in self.owner._unsharded
+
     def add(self, channel: bytes) -> None:
         with self.lock:
             self.wanted.add(channel)
             if self.pubsub is not None:
                 try:
-                    self.pubsub.ssubscribe(channel)
+                    self._subscribe(channel)
                 except Exception as exc:  # the reader notices and reconnects
                     logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
 
@@ -150,7 +189,16 @@ class _NodeListener:
                 self.empty_since = time.monotonic()
             if self.pubsub is not None:
                 with contextlib.suppress(Exception):
-                    self.pubsub.sunsubscribe(channel)
+                    if self.sharded:
+                        self.pubsub.sunsubscribe(channel)
+                    else:
+                        self.pubsub.unsubscribe(channel)
+
+    def _subscribe(self, channel: bytes) -> None:
+        if self.sharded:
+            self.pubsub.ssubscribe(channel)
+        else:
+            self.pubsub.subscribe(channel)
 
     def _run(self) -> None:
         backoff = 0.05
@@ -160,12 +208,16 @@ class _NodeListener:
                     self.pubsub = self.redis.pubsub()
                     # One SSUBSCRIBE per channel: they are in different slots.
                     for channel in sorted(self.wanted):
-                        self.pubsub.ssubscribe(channel)
+                        self._subscribe(channel)
                 backoff = 0.05
                 if self._listen():
                     return
             except Exception as exc:
-                logger.warning("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                if self.sharded and no_sharded_pubsub(exc):
+                    self.owner._unsharded.add(self.name)
+                    logger.info("%s has no sharded pub/sub: waking by PUBLISH there", self.name)
+                else:
+                    logger.warning("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
             finally:
                 with self.lock:
                     pubsub, self.pubsub = self.pubsub, None

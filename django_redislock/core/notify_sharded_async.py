@@ -1,7 +1,8 @@
 """Wake-ups on a Redis Cluster for asyncio waiters: ``notify_sharded.py``'s twin.
 
 The same sharded channels, one per lock slot, read by one task per node per
-event loop instead of a thread.
+event loop instead of a thread; plain SUBSCRIBE on a node that has no sharded
+pub/sub, as there.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 
 from . import notify_sharded
 from .keys import KeySpace
-from .notify_sharded import _ShardedBase, _Tag, logger
+from .notify_sharded import _ShardedBase, _Tag, logger, no_sharded_pubsub
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup
 
 __all__ = ["AsyncShardedNotifier"]
@@ -31,11 +32,15 @@ class _AsyncNodeListener:
         self.empty_since = time.monotonic()
         self.task: asyncio.Task[None] | None = None
 
+    @property
+    def sharded(self) -> bool:
+        return self.name not in self.owner._unsharded
+
     async def add(self, channel: bytes) -> None:
         self.wanted.add(channel)
         if self.pubsub is not None:
             try:
-                await self.pubsub.ssubscribe(channel)
+                await self._subscribe(self.pubsub, channel)
             except Exception as exc:
                 logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
 
@@ -45,7 +50,16 @@ class _AsyncNodeListener:
             self.empty_since = time.monotonic()
         if self.pubsub is not None:
             with contextlib.suppress(Exception):
-                await self.pubsub.sunsubscribe(channel)
+                if self.sharded:
+                    await self.pubsub.sunsubscribe(channel)
+                else:
+                    await self.pubsub.unsubscribe(channel)
+
+    async def _subscribe(self, pubsub: Any, channel: bytes) -> None:
+        if self.sharded:
+            await pubsub.ssubscribe(channel)
+        else:
+            await pubsub.subscribe(channel)
 
     async def run(self) -> None:
         backoff = 0.05
@@ -54,7 +68,7 @@ class _AsyncNodeListener:
                 pubsub = _async_pubsub(self.redis)
                 try:
                     for channel in sorted(self.wanted):
-                        await pubsub.ssubscribe(channel)
+                        await self._subscribe(pubsub, channel)
                     self.pubsub = pubsub
                     backoff = 0.05
                     if await self._listen():
@@ -62,7 +76,13 @@ class _AsyncNodeListener:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    logger.warning("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                    if self.sharded and no_sharded_pubsub(exc):
+                        self.owner._unsharded.add(self.name)
+                        logger.info("%s has no sharded pub/sub: waking by PUBLISH there", self.name)
+                    else:
+                        logger.warning(
+                            "wake-up channel on %s lost, reconnecting: %s", self.name, exc
+                        )
                 finally:
                     self.pubsub = None
                     with contextlib.suppress(Exception):

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.servers import server_label
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reliability.rst"
 
@@ -130,14 +132,6 @@ def model_run(steps: int, seed: int) -> dict[str, Any]:
         "counts": counts,
         "failure": "" if done.returncode == 0 else done.stdout[-2000:],
     }
-
-
-def _redis_version() -> str:
-    out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True, check=False)
-    for part in out.stdout.split():
-        if part.startswith("v="):
-            return part[2:]
-    return "?"
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> str:
@@ -320,8 +314,9 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "The quick scenarios also run in the test suite (``pytest tests/faults``); every",
         "scenario prints its seed, and ``REDISLOCK_FAULT_SEED=N`` replays it there.",
         "",
-        f"This page: **{mode} run**, seed {seed}, {when}, {took:.0f} s; Redis "
-        f"{_redis_version()}, Python {platform.python_version()}, {os.cpu_count()} CPU cores "
+        # The server the scenarios ran on (REDISLOCK_SERVER_BIN, else redis-server).
+        f"This page: **{mode} run**, seed {seed}, {when}, {took:.0f} s; "
+        f"{server_label()}, Python {platform.python_version()}, {os.cpu_count()} CPU cores "
         "shared with other work.",
         "",
     ]
