@@ -511,7 +511,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="1 round of 3 s: a smoke run")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--duration", type=float, default=6.0, help="seconds per variant per round")
+    p.add_argument("--duration", type=float, default=8.0, help="seconds per variant per round")
     p.add_argument("--clients", type=int, default=16, help="concurrent clients (threads)")
     p.add_argument("--workers", type=int, default=3, help="gunicorn processes")
     p.add_argument("--threads", type=int, default=4, help="gunicorn threads per process")
