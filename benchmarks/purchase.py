@@ -464,6 +464,7 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                 fmt(t["statements"], 1),
                 fmt(t["statement_ms"], 1),
                 fmt(t["commits"], 1),
+                fmt(t["commit_ms"], 1),
             ]
         )
     out = tab(
@@ -483,7 +484,12 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
         ],
         rows,
     )
-    out += "\n\nWhere the time goes (medians of rounds; per purchase)\n\n" + tab(
+    out += (
+        "\n\nWhere the time goes (medians of rounds; per purchase; hold: the critical "
+        "section, from the lock taken to the lock given back; hand-off: from one\nholder's "
+        "end to the next one's start; held: share of the run the section was held; enter: "
+        "from the view's start to the section's)\n\n"
+    ) + tab(
         [
             "variant",
             "call ms",
@@ -497,6 +503,7 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
             "statements",
             "stmt ms",
             "commits",
+            "commit ms",
         ],
         details,
     )

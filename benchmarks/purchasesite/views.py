@@ -5,8 +5,8 @@
   in a transaction; the row lock lasts from the UPDATE to the commit.
 * ``locked``: ``@redis_locked`` with fenced updates, as the README's Quick
   start writes it (claim, read, work, then stock and order in a transaction).
-* ``lean``: the same lock and fencing in fewer round trips (see
-  ``docs/choosing.rst``).
+* ``lean``: the same lock and fencing in three statements and one commit
+  (``docs/choosing.rst``, "The lean shape").
 * ``unsafe``: read, work, write back, no lock: it must lose updates.
 
 ``slow_ms`` milliseconds of "external call" run inside each critical section.
@@ -175,22 +175,22 @@ def _stale(fence: int) -> StaleFence:
 
 @redis_locked("purchase:{pk}")
 def buy_lean(request: HttpRequest, slow_ms: int, pk: int) -> HttpResponse:
-    # Same lock, same fencing, half the round trips: the claim is one
-    # autocommit statement, the row read back says whether it stands, and the
-    # sale is one transaction without savepoints.
+    # The lean shape of docs/choosing.rst: same lock, same fencing, three
+    # statements and one commit.
     fence = current_lock().fence  # type: ignore[union-attr]
     products = Product.objects.filter(pk=pk)
-    products.filter(fence__lte=fence).update(fence=fence)
-    product = products.get()  # DoesNotExist: 404
-    if product.fence != fence:
-        raise _stale(fence)
-    if product.stock <= 0:
+    if not products.filter(fence__lte=fence, stock__gt=0).update(fence=fence):
+        product = products.first()
+        if product is None:
+            raise Http404("No such product.")
+        if product.fence > fence:
+            raise _stale(fence)
         return _sold_out()
     _slow(slow_ms)
-    with transaction.atomic():
-        if not products.filter(fence=fence).update(stock=product.stock - 1):
+    with transaction.atomic(using=products.db):
+        if not products.filter(fence=fence).update(stock=F("stock") - 1):
             raise _stale(fence)
-        order = Order.objects.create(product=product, fence=fence)
+        order = Order.objects.create(product_id=pk, fence=fence)
     return _bought(order)
 
 
