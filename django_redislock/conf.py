@@ -36,8 +36,10 @@ DEFAULTS: dict[str, Any] = {
     "FAIL_OPEN": False,
     # Open the database connections a decorated call will use before waiting
     # for its lock, not inside it: True (those its transaction and its earlier
-    # calls used), False, or a list of DATABASES aliases.
-    "CONNECT_EARLY": True,
+    # calls used), a list of DATABASES aliases, or False. Off by default: each
+    # waiter would hold a connection, which a site sized for CONN_MAX_AGE = 0
+    # may not have (docs/choosing.rst).
+    "CONNECT_EARLY": False,
     # Bounds on every call the library makes (seconds).
     "SOCKET_TIMEOUT": 2.0,
     "CONNECT_TIMEOUT": 1.0,
@@ -311,7 +313,7 @@ def problems() -> list[Problem]:
                 "django_redislock.E011",
                 "REDISLOCK['CONNECT_EARLY'] must be True, False or a list of DATABASES "
                 f"aliases; got {early!r}.",
-                "Set it to True (the default), False, or aliases from DATABASES such as "
+                "Set it to False (the default), True, or aliases from DATABASES such as "
                 "['default'].",
             )
         )

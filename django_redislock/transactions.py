@@ -6,8 +6,8 @@ lock (lock, atomic, view, commit or rollback, release). A call made inside a
 transaction someone else opened runs in a savepoint, and its lock waits for
 that transaction to end (``deferred.py``).
 
-The database connections the call will work in are opened before it waits
-for the lock (``REDISLOCK['CONNECT_EARLY']``): with Django's default
+With ``REDISLOCK['CONNECT_EARLY']``, the database connections the call will
+work in are opened before it waits for the lock: with Django's default
 ``CONN_MAX_AGE = 0`` a request connects at its first query, which for a
 locked view would be inside the lock, so every purchase of a hot product
 would also pay for a connect while the next buyers wait. Which databases: the

@@ -1,9 +1,9 @@
-"""The database connection a locked call will use is opened before it waits for the lock.
+"""``REDISLOCK['CONNECT_EARLY']``: a locked call's database connections, opened before the wait.
 
 With Django's default ``CONN_MAX_AGE = 0`` a request connects at its first
-query; for a locked view that would be inside the lock, and every holder of a
-hot lock would pay for a connect while the others wait
-(``REDISLOCK['CONNECT_EARLY']``, ``transactions.connect_early``).
+query; for a locked view that is inside the lock, and every holder of a hot
+lock pays for a connect while the others wait. With the setting on, the
+connection is opened before the wait instead (``transactions.connect_early``).
 
 Each test closes the connection first, as the end of the previous request
 does with ``CONN_MAX_AGE = 0``, then records the order of two events: the
@@ -38,6 +38,12 @@ needs_postgres = pytest.mark.skipif(
 ALIASES = ["default", pytest.param("postgres", marks=needs_postgres)]
 CONNECTED_FIRST = ["connect", "acquired"]
 LOCKED_FIRST = ["acquired", "connect"]
+
+
+@pytest.fixture
+def early_on() -> Iterator[None]:
+    with override_settings(REDISLOCK={"CONNECT_EARLY": True}):
+        yield
 
 
 class Events:
@@ -98,6 +104,7 @@ def _fresh() -> None:
 # -- views ----------------------------------------------------------------------------------
 @db_all
 @pytest.mark.parametrize("alias", ALIASES)
+@pytest.mark.usefixtures("early_on")
 def test_a_view_connects_first_to_the_database_it_used_before(events: Events, alias: str) -> None:
     # The first call shows which database the view works in (inside the
     # lock); from the second on, that connection is opened before the lock.
@@ -109,6 +116,7 @@ def test_a_view_connects_first_to_the_database_it_used_before(events: Events, al
 
 @db_all
 @needs_postgres
+@pytest.mark.usefixtures("early_on")
 def test_a_view_connects_first_to_its_atomic_requests_database(
     events: Events, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,14 +136,18 @@ def test_a_list_names_the_databases_to_connect_first(events: Events) -> None:
 
 
 @db_all
-def test_false_connects_inside_the_lock_as_before(events: Events) -> None:
-    with override_settings(REDISLOCK={"CONNECT_EARLY": False}):
+@pytest.mark.parametrize("redislock", [{}, {"CONNECT_EARLY": False}], ids=["default", "False"])
+def test_off_by_default_and_with_false_the_view_connects_inside_the_lock(
+    events: Events, redislock: dict[str, Any]
+) -> None:
+    with override_settings(REDISLOCK=redislock):
         for _ in range(2):
             assert buy("default") == 200
             assert events["default"] == LOCKED_FIRST
 
 
 @db_all
+@pytest.mark.usefixtures("early_on")
 def test_a_view_that_uses_no_database_never_connects(events: Events) -> None:
     for _ in range(2):
         closed(*ALL_DBS)
@@ -150,6 +162,7 @@ def count_products() -> int:
 
 
 @db_all
+@pytest.mark.usefixtures("early_on")
 def test_a_plain_function_connects_first_once_it_has_used_the_database(
     events: Events,
 ) -> None:
@@ -170,7 +183,10 @@ def test_a_plain_function_connects_first_to_named_databases(events: Events) -> N
 
 
 @db_all
-@pytest.mark.parametrize(("early", "order"), [(True, LOCKED_FIRST), (["default"], CONNECTED_FIRST)])
+@pytest.mark.parametrize(
+    ("early", "order"),
+    [(False, LOCKED_FIRST), (True, LOCKED_FIRST), (["default"], CONNECTED_FIRST)],
+)
 def test_a_redis_lock_block_connects_first_only_to_named_databases(
     events: Events, early: Any, order: list[str]
 ) -> None:
@@ -211,6 +227,7 @@ def test_a_database_that_cannot_be_reached_is_left_to_the_call(
     assert connections[unreachable].connection is None
 
 
+@pytest.mark.usefixtures("early_on")
 def test_database_access_refused_is_left_to_the_call() -> None:
     # No django_db mark: pytest-django refuses database access. A callable
     # that connected before (say, in another test), on a call whose work does
