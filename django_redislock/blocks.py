@@ -15,6 +15,7 @@ from .core.lock import Lock
 from .core.lock_async import AsyncLock
 from .locks import get_async_lock, get_lock
 from .options import _options
+from .transactions import connect_early
 
 __all__ = ["redis_lock"]
 
@@ -97,6 +98,10 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
         lock = get_lock(self.name, **self._opts.lock_kwargs(self._label))
+        early = conf.CONNECT_EARLY
+        if not isinstance(early, bool):
+            # Named databases: open them before waiting, as the decorator does.
+            connect_early(early)
         if not lock.acquire():
             raise LockNotAcquired(self.name, retry_after=lock.retry_after)
         self._enter(owner, (lock, _push(lock, key, owner), True))

@@ -34,6 +34,12 @@ DEFAULTS: dict[str, Any] = {
     "RENEW_MAX": None,
     # Redis down: locks fail closed (503) unless this is True.
     "FAIL_OPEN": False,
+    # Open the database connections a decorated call will use before waiting
+    # for its lock, not inside it: True (those its transaction and its earlier
+    # calls used), a list of DATABASES aliases, or False. Off by default: each
+    # waiter would hold a connection, which a site sized for CONN_MAX_AGE = 0
+    # may not have (docs/choosing.rst).
+    "CONNECT_EARLY": False,
     # Bounds on every call the library makes (seconds).
     "SOCKET_TIMEOUT": 2.0,
     "CONNECT_TIMEOUT": 1.0,
@@ -102,6 +108,11 @@ class Settings:
     @property
     def FAIL_OPEN(self) -> bool:
         return bool(self.get("FAIL_OPEN"))
+
+    @property
+    def CONNECT_EARLY(self) -> bool | tuple[str, ...]:
+        value = self.get("CONNECT_EARLY")
+        return value if isinstance(value, bool) else tuple(value)
 
     @property
     def SOCKET_TIMEOUT(self) -> float:
@@ -291,6 +302,21 @@ def problems() -> list[Problem]:
                     f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
                 )
             )
+    early = value("CONNECT_EARLY")
+    databases = getattr(django_settings, "DATABASES", {})
+    if not isinstance(early, bool) and (
+        not isinstance(early, (list, tuple))
+        or not all(isinstance(alias, str) and alias in databases for alias in early)
+    ):
+        found.append(
+            Problem(
+                "django_redislock.E012",
+                "REDISLOCK['CONNECT_EARLY'] must be True, False or a list of DATABASES "
+                f"aliases; got {early!r}.",
+                "Set it to False (the default), True, or aliases from DATABASES such as "
+                "['default'].",
+            )
+        )
     if (
         value("SOCKET_TIMEOUT") is not None
         and is_seconds(value("TIMEOUT"), allow_zero=False)

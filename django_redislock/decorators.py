@@ -94,6 +94,7 @@ def _call_sync(
         lock = deferred.lock
     else:
         lock = get_lock(name, **opts.lock_kwargs(label))
+        txn.connect_early()
         try:
             acquired = lock.acquire()
         except RedisUnavailable as exc:

@@ -5,19 +5,34 @@ from outside; the decorator opens those atomic blocks itself, inside the
 lock (lock, atomic, view, commit or rollback, release). A call made inside a
 transaction someone else opened runs in a savepoint, and its lock waits for
 that transaction to end (``deferred.py``).
+
+With ``REDISLOCK['CONNECT_EARLY']``, the database connections the call will
+work in are opened before it waits for the lock: with Django's default
+``CONN_MAX_AGE = 0`` a request connects at its first query, which for a
+locked view would be inside the lock, so every purchase of a hot product
+would also pay for a connect while the next buyers wait. Which databases: the
+ones whose transaction the decorator opens, and the ones this decorated
+callable connected to during an earlier call in this process (a view that
+never touches a database never gets a connection it would not have opened).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+import logging
+import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.backends.signals import connection_created
 
+from .conf import conf
 from .core.base import LockBase
 from .core.exceptions import LockLost
+
+log_connect = logging.getLogger("django_redislock.connect")
 
 
 class _EveryAlias(frozenset[str]):
@@ -46,10 +61,26 @@ def _in_user_transaction(alias: str) -> bool:
     return any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)
 
 
+# The databases each decorated callable connected to while it ran, by thread:
+# a stack, as decorated calls nest.
+_connecting = threading.local()
+
+
+def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+    stack: list[set[str]] | None = getattr(_connecting, "stack", None)
+    if stack:
+        stack[-1].add(connection.alias)
+
+
+connection_created.connect(_on_connection_created, dispatch_uid="django_redislock.connect")
+
+
 @dataclasses.dataclass
 class _Transactions:
     opens: list[str]  # aliases to open an atomic block for, inside the lock
     outer: list[str]  # aliases already inside a transaction someone else opened
+    # Aliases this callable connected to in earlier calls (kept on its wrapper).
+    learned: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
     def for_call(cls, wrapper: Any, func: Any, is_view: bool) -> _Transactions:
@@ -70,14 +101,38 @@ class _Transactions:
                 and (alias not in skip)
             ):
                 opens.append(alias)
-        return cls(opens, outer)
+        learned = wrapper.__dict__.setdefault("_redislock_databases", set())
+        return cls(opens, outer, learned)
+
+    def connect_early(self) -> None:
+        """Open, before the lock is waited for, the connections the call will use.
+
+        ``CONNECT_EARLY = True``: the databases whose transaction the
+        decorator opens, and those the callable connected to in an earlier
+        call. A list names the databases; ``False``, none.
+        """
+        early = conf.CONNECT_EARLY
+        if early is True:
+            connect_early([*self.opens, *sorted(self.learned)])
+        elif early:
+            connect_early(early)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            for alias in self.opens:
-                stack.enter_context(transaction.atomic(using=alias))
-            yield
+        stack: list[set[str]] = _connecting.__dict__.setdefault("stack", [])
+        connected: set[str] = set()
+        stack.append(connected)
+        try:
+            with contextlib.ExitStack() as atomics:
+                for alias in self.opens:
+                    atomics.enter_context(transaction.atomic(using=alias))
+                yield
+        finally:
+            stack.pop()
+            if connected:
+                self.learned.update(connected)
+                if stack:  # an enclosing call's lock covered this work too
+                    stack[-1].update(connected)
 
 
 def _lost_before_commit(lock: LockBase) -> LockLost:
@@ -85,3 +140,27 @@ def _lost_before_commit(lock: LockBase) -> LockLost:
         f"lock {lock.name!r} ran out before its transaction could commit; the work was "
         "rolled back (raise the timeout or pass renew=True)"
     )
+
+
+def connect_early(aliases: Iterable[str]) -> None:
+    """``ensure_connection()`` on each alias; a no-op for one already open.
+
+    Waiting with an idle connection open costs a connection per waiting
+    thread, as persistent connections (``CONN_MAX_AGE``) always do; it holds
+    no transaction, row lock or snapshot. Any failure (a database that cannot
+    be reached, database access refused in a test) is left for the call's own
+    first query to meet: connecting early must never change what a call does.
+    """
+    for alias in dict.fromkeys(aliases):
+        if alias not in connections.settings or (
+            connections.settings[alias].get("ENGINE") == "django.db.backends.dummy"
+        ):
+            continue
+        conn = connections[alias]
+        try:
+            # With CONN_HEALTH_CHECKS, the check of a persistent connection
+            # (and its replacement) happens here too, not at the first query.
+            conn.close_if_health_check_failed()
+            conn.ensure_connection()
+        except Exception as exc:
+            log_connect.debug("could not connect to %r before the lock: %s", alias, exc)

@@ -1,0 +1,1 @@
+"""The hot-product shop of ``benchmarks.purchase``; not the test settings."""
