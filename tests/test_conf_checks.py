@@ -418,6 +418,13 @@ def test_checks_are_registered() -> None:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# -- E012: CONNECT_EARLY is a bool or DATABASES aliases (tests/test_connect_early.py) -------------
+@pytest.mark.parametrize("value", ["default", ["nowhere"]])
+def test_connect_early_must_be_a_bool_or_aliases(value: object) -> None:
+    with override_settings(REDISLOCK={"CONNECT_EARLY": value}):
+        assert _ids(check_settings()) == ["django_redislock.E012"]
+
+
 def _ids_in_code() -> set[str]:
     found: set[str] = set()
     for path in (ROOT / "django_redislock").rglob("*.py"):

@@ -247,7 +247,7 @@ def test_valid_settings_pass_the_checks(value: Any) -> None:
 
 
 @pytest.mark.parametrize("value", ["default", None, 1, ["nowhere"], [None]])
-def test_invalid_settings_fail_with_e011(value: Any) -> None:
+def test_invalid_settings_fail_with_e012(value: Any) -> None:
     with override_settings(REDISLOCK={"CONNECT_EARLY": value}):
         messages = check_settings()
     assert [m.id for m in messages] == ["django_redislock.E012"]
