@@ -8,8 +8,10 @@ is used the way its own documentation shows: a blocking acquire with a timeout.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -101,6 +103,12 @@ return 0
 BASELINE_POLL = 0.001
 
 
+_CAD_SHA = hashlib.sha1(_CAD.encode()).hexdigest()
+# Clients that have had the script loaded: a handle made per call (as a
+# decorator makes one) must not pay a SCRIPT LOAD round trip each time.
+_loaded: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 class _Baseline:
     """SET NX PX to acquire, EVALSHA compare-and-delete to release: one round trip each."""
 
@@ -110,7 +118,10 @@ class _Baseline:
         self._ttl_ms = int(ttl * 1000)
         self._wait = wait
         self._token = b""
-        self._sha = client.script_load(_CAD)
+        self._sha = _CAD_SHA
+        if client not in _loaded:
+            client.script_load(_CAD)
+            _loaded[client] = True
 
     def acquire(self) -> bool:
         token = secrets.token_hex(16).encode()
