@@ -881,7 +881,9 @@ def main(argv: list[str] | None = None) -> int:
             data["handoff"] = handoff(server, cfg.impls, cfg)
         if "contended" in cfg.phases:
             log("contended throughput ...")
-            impls = [k for k in cfg.impls if k != "baseline" or cfg.baseline_contended]
+            impls = [
+                k for k in cfg.impls if k not in ("baseline", "floor") or cfg.baseline_contended
+            ]
             data["contended"] = contended(server, impls, cfg)
         if cfg.profile:
             data["profile"] = profile_ours(server, cfg)
