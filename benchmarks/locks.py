@@ -620,9 +620,6 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         base = unc[f"baseline{FRESH}"]["p50_us"]
         r = ratio(unc[f"ours{FRESH}"]["p50_us"], base)
         out.append(check("fresh handle, new names: p50 <= 1.15x baseline", r <= 1.15, f"{r:.2f}x"))
-        if "decorator" in unc:
-            r = ratio(unc["decorator"]["p50_us"], base)
-            out.append(check("@redis_locked, new names: p50 / fresh baseline", True, f"{r:.2f}x"))
     ho = data.get("handoff", {})
     if "ours" in ho and "python_redis_lock" in ho:
         a, b = ho["ours"]["p50_ms"], ho["python_redis_lock"]["p50_ms"]
