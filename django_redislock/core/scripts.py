@@ -21,6 +21,12 @@ persistence, ``FUNCTION FLUSH``, ``SCRIPT FLUSH``, a failover to a node that
 never saw them) gets the source again: ``FUNCTION LOAD``, or EVAL, which also
 caches it for the next EVALSHA. Neither runs anything: the call is then sent
 as it was, once.
+
+A library is not a key and has no TTL: Redis keeps it (and saves it with the
+data) until ``FUNCTION DELETE redislock_<hash>``. Each version of these
+scripts adds one of about 45 kB; ``FUNCTION LIST LIBRARYNAME redislock_``
+shows them, and one no running process uses can be deleted at any time (a
+process that still uses it loads it again on its next call).
 """
 
 from __future__ import annotations
