@@ -33,6 +33,7 @@ import contextlib
 import cProfile
 import gc
 import io
+import itertools
 import json
 import math
 import mmap
@@ -66,6 +67,8 @@ from .common import (
 from .impls import IMPLS, semaphore_factory
 
 CTX = mp.get_context("fork")
+# Suffix of the uncontended rows that make a new handle on a new name per call.
+FRESH = "+fresh"
 NS = 1_000_000_000
 
 
@@ -101,11 +104,73 @@ def _cycle(handle: Any) -> Any:
     return op
 
 
+def _fresh_cycle(key: str, client: Any, cfg: argparse.Namespace) -> Any:
+    """A new handle on a name never used before, each time: what a decorator
+    or a view does, as against one handle taking one lock over and over."""
+    factory = IMPLS[key].factory
+    counter = itertools.count()
+    prefix = f"bench:fresh:{key}:"
+
+    def op() -> None:
+        handle = factory(client, f"{prefix}{next(counter)}", cfg.ttl, cfg.wait)
+        if not handle.acquire():
+            raise RuntimeError("uncontended acquire failed")
+        handle.release()
+
+    return op
+
+
+def _decorated_cycle(server: PrivateRedis, cfg: argparse.Namespace) -> Any | None:
+    """``@redis_locked`` on a plain function, a distinct name per call; None
+    (and a note) when Django or django-redis cannot be set up here."""
+    try:
+        import django
+        from django.conf import settings
+    except ImportError as exc:
+        log(f"decorator: Django not importable ({exc}), skipped")
+        return None
+    if not settings.configured:
+        settings.configure(
+            INSTALLED_APPS=["django_redislock"],
+            DATABASES={},
+            CACHES={
+                "default": {
+                    "BACKEND": "django_redis.cache.RedisCache",
+                    "LOCATION": server.url,
+                }
+            },
+            REDISLOCK={"TIMEOUT": cfg.ttl, "WAIT": cfg.wait},
+        )
+        django.setup()
+    try:
+        from django_redislock.decorators import redis_locked
+    except ImportError as exc:
+        log(f"decorator: not importable ({exc}), skipped")
+        return None
+
+    @redis_locked("bench:dec:{n}")
+    def work(n: int) -> int:
+        return n
+
+    counter = itertools.count()
+
+    def op() -> None:
+        work(next(counter))
+
+    return op
+
+
 def uncontended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> dict[str, Any]:
     client = server.client()
     ops: dict[str, Any] = {"PING": client.ping}
     for key in impls:
         ops[key] = _cycle(IMPLS[key].factory(client, f"bench:unc:{key}", cfg.ttl, cfg.wait))
+    for key in impls:
+        ops[f"{key}{FRESH}"] = _fresh_cycle(key, client, cfg)
+    if "ours" in impls:
+        decorated = _decorated_cycle(server, cfg)
+        if decorated is not None:
+            ops["decorator"] = decorated
     make_sem = semaphore_factory()
     if make_sem is not None:
         sem = make_sem(client, "bench:unc:semaphore", 10, cfg.ttl, cfg.wait)
@@ -551,6 +616,10 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     if "ours" in unc and "baseline" in unc:
         r = ratio(unc["ours"]["p50_us"], unc["baseline"]["p50_us"])
         out.append(check("uncontended p50 <= 1.15x baseline", r <= 1.15, f"{r:.2f}x"))
+    if f"ours{FRESH}" in unc and f"baseline{FRESH}" in unc:
+        base = unc[f"baseline{FRESH}"]["p50_us"]
+        r = ratio(unc[f"ours{FRESH}"]["p50_us"], base)
+        out.append(check("fresh handle, new names: p50 <= 1.15x baseline", r <= 1.15, f"{r:.2f}x"))
     ho = data.get("handoff", {})
     if "ours" in ho and "python_redis_lock" in ho:
         a, b = ho["ours"]["p50_ms"], ho["python_redis_lock"]["p50_ms"]
@@ -599,10 +668,16 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-_LABELS = {"PING": "PING (one round trip)", "semaphore": "django_redislock Semaphore"}
+_LABELS = {
+    "PING": "PING (one round trip)",
+    "semaphore": "django_redislock Semaphore",
+    "decorator": "@redis_locked function, new names",
+}
 
 
 def label(key: str) -> str:
+    if key.endswith(FRESH) and key[: -len(FRESH)] in IMPLS:
+        return IMPLS[key[: -len(FRESH)]].label + ", new handle+name"
     return IMPLS[key].label if key in IMPLS else _LABELS.get(key, key)
 
 
@@ -612,10 +687,12 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
     unc = data.get("uncontended")
     if unc:
         ping = unc["PING"]["p50_us"]
-        base = unc.get("baseline")
         rts = data.get("round_trips", {})
         rows = []
         for key, v in unc.items():
+            # Rows that make a handle per call compare with the baseline made per call.
+            fresh = key.endswith(FRESH) or key == "decorator"
+            base = unc.get(f"baseline{FRESH}" if fresh else "baseline")
             rt = rts.get(key, {})
             rows.append(
                 [
@@ -801,7 +878,9 @@ def main(argv: list[str] | None = None) -> int:
             data["handoff"] = handoff(server, cfg.impls, cfg)
         if "contended" in cfg.phases:
             log("contended throughput ...")
-            impls = [k for k in cfg.impls if k != "baseline" or cfg.baseline_contended]
+            impls = [
+                k for k in cfg.impls if k not in ("baseline", "floor") or cfg.baseline_contended
+            ]
             data["contended"] = contended(server, impls, cfg)
         if cfg.profile:
             data["profile"] = profile_ours(server, cfg)

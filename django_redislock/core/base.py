@@ -10,7 +10,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from .exceptions import LockLost
@@ -73,6 +73,9 @@ def is_seconds(value: object, *, allow_zero: bool) -> bool:
 
 def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
     """Validate a duration argument, with an error that names the fix."""
+    # Every handle checks several durations: the common case costs one test.
+    if type(value) is float and 0.0 < value < math.inf:
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {value!r}")
     if not is_seconds(value, allow_zero=allow_zero):
@@ -84,6 +87,19 @@ def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
 @cache
 def _hostname() -> str:
     return socket.gethostname()
+
+
+# Same process, thread and label: same JSON. Serialising it again on every
+# acquire would cost as much as a quarter of the client-side work, and a
+# handle made per call (as the decorator makes them) would never reuse its own.
+# Bounded: thread names and labels are few, but need not be.
+@lru_cache(maxsize=1024)
+def _owner_json(pid: int, who: str, label: str) -> str:
+    return json.dumps(
+        {"host": _hostname(), "pid": pid, "thread": who, "label": label},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
 
 
 class LockBase:
@@ -112,7 +128,7 @@ class LockBase:
         replicas_timeout: float = 0.1,
     ) -> None:
         self.client = client
-        self.keyspace = keyspace if keyspace is not None else KeySpace()
+        self.keyspace = keyspace if keyspace is not None else KeySpace.default()
         self.keys: LockKeys = self.keyspace.lock(name)
         self.name = name
         self._name_b = name.encode("utf-8", "surrogatepass")
@@ -149,7 +165,6 @@ class LockBase:
         self._round = 0
         self._init_driver()
         self._pid = os.getpid()
-        self._owner_cache: tuple[int, str, str, str] | None = None
 
     def _init_driver(self) -> None:
         """What the sync or asyncio driver keeps per handle (gate, owner)."""
@@ -167,19 +182,7 @@ class LockBase:
         return self.wait if wait is None else check_seconds("wait", wait, allow_zero=True)
 
     def _owner(self, who: str) -> str:
-        # Same thread, same process: same JSON. Serialising it again on every
-        # acquire would cost as much as a quarter of the client-side work.
-        pid = os.getpid()
-        cached = self._owner_cache
-        if cached is not None and cached[:3] == (pid, who, self.label):
-            return cached[3]
-        text = json.dumps(
-            {"host": _hostname(), "pid": pid, "thread": who, "label": self.label},
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
-        self._owner_cache = (pid, who, self.label, text)
-        return text
+        return _owner_json(os.getpid(), who, self.label)
 
     def _validity(self, sent: float, ttl_ms: int) -> float:
         return validity(sent, ttl_ms, self.drift_factor)

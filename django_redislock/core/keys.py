@@ -112,6 +112,13 @@ class KeySpace:
             return self._build_lock_keys(name)
         return self._lock_keys(name)
 
+    @staticmethod
+    def default(prefix: str = "redislock") -> KeySpace:
+        """One shared ``KeySpace`` per prefix: handles made per call (a
+        decorator makes one each time) share its memo instead of hashing
+        every name again into a memo of their own."""
+        return _shared(prefix)
+
     def semaphore(self, name: str) -> LockKeys:
         """Keys of a semaphore: holders zset in ``lease``, then queue and state."""
         tag, suffix = self._suffix(encode_name(name))
@@ -136,3 +143,8 @@ class KeySpace:
     def scan_pattern(self, kind: bytes) -> bytes:
         """SCAN MATCH pattern for every key of one kind (``b"L"``, ``b"S"``)."""
         return self._prefix_b + b":" + kind + b":{*}:*"
+
+
+@lru_cache(maxsize=64)
+def _shared(prefix: str) -> KeySpace:
+    return KeySpace(prefix)
