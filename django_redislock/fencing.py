@@ -57,6 +57,10 @@ def fenced_update(
     larger token, nothing is updated and ``StaleFence`` is raised. Returns the
     number of rows updated (0 when ``queryset`` matches no row).
 
+    Two statements (an UPDATE, then a check for newer tokens). Inside a
+    transaction, ``StaleFence`` marks the whole transaction for rollback, as a
+    lost lock does: a holder whose lease ran out commits nothing.
+
     ``fence=None`` is accepted only while ``REDISLOCK['ENABLED']`` is False
     (no lock, so no token): then it is a plain ``update()``.
     """
@@ -74,8 +78,13 @@ def fenced_update(
             f"fenced_update(): {field!r} is the fence field and is set from fence=; "
             "remove it from the updates"
         )
-    # One transaction: a partial update (some rows stale) must not survive.
-    with transaction.atomic(using=queryset.db):
+    # All or nothing without a savepoint: on its own, this is one transaction;
+    # inside the caller's, StaleFence dooms that whole transaction (Django marks
+    # it for rollback), so a partial update never commits, and neither does
+    # anything else the stale holder wrote in it. A savepoint would cost two
+    # more round trips on every call, only to let a holder whose lease ran out
+    # commit the rest of its work.
+    with transaction.atomic(using=queryset.db, savepoint=False):
         updated = queryset.filter(**{f"{field}__lte": fence}).update(**{field: fence}, **updates)
         newer = queryset.filter(**{f"{field}__gt": fence})
         if newer.exists():

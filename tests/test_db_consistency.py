@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.transaction import TransactionManagementError
 from django.test import Client, override_settings
 
 from django_redislock import LockLost, current_lock, get_lock, redis_lock, redis_locked
@@ -575,14 +576,51 @@ def test_stale_holder_write_is_refused(alias: str) -> None:
         old.release()
 
 
-@pytest.mark.django_db
-def test_fenced_update_is_all_or_nothing() -> None:
-    a = Product.objects.create(name="a", stock=1, fence=5)
-    b = Product.objects.create(name="b", stock=1, fence=9)
-    with pytest.raises(StaleFence):
-        fenced_update(Product.objects.filter(pk__in=[a.pk, b.pk]), 7, stock=0)
-    assert list(Product.objects.order_by("pk").values_list("stock", "fence")) == [(1, 5), (1, 9)]
-    assert fenced_update(Product.objects.filter(pk=-1), 7, stock=0) == 0
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_fenced_update_is_all_or_nothing(alias: str) -> None:
+    products = Product.objects.using(alias)
+    a = products.create(name="a", stock=1, fence=5)
+    b = products.create(name="b", stock=1, fence=9)
+    both = products.filter(pk__in=[a.pk, b.pk])
+    with pytest.raises(StaleFence):  # on its own: one transaction
+        fenced_update(both, 7, stock=0)
+    assert list(products.order_by("pk").values_list("stock", "fence")) == [(1, 5), (1, 9)]
+    with pytest.raises(StaleFence), transaction.atomic(using=alias):  # inside the caller's
+        products.filter(pk=a.pk).update(name="a2")
+        fenced_update(both, 7, stock=0)
+    assert list(products.order_by("pk").values_list("name", "stock")) == [("a", 1), ("b", 1)]
+    assert fenced_update(products.filter(pk=-1), 7, stock=0) == 0
+
+
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_stale_fence_dooms_the_callers_transaction(alias: str) -> None:
+    """Caught or not, StaleFence leaves nothing of the stale holder's to commit."""
+    products = Product.objects.using(alias)
+    a = products.create(name="a", stock=1, fence=9)
+    with transaction.atomic(using=alias):
+        products.filter(pk=a.pk).update(name="written by a stale holder")
+        with pytest.raises(StaleFence):
+            fenced_update(products.filter(pk=a.pk), 7, stock=0)
+        with pytest.raises(TransactionManagementError):
+            products.count()  # Django refuses: the transaction must roll back
+    assert products.get(pk=a.pk).name == "a"
+
+
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_fenced_update_inside_a_transaction_is_two_statements(alias: str) -> None:
+    """No savepoint: the UPDATE and the check for newer tokens, nothing else."""
+    from django.test.utils import CaptureQueriesContext
+
+    products = Product.objects.using(alias)
+    a = products.create(name="a", stock=2)
+    with transaction.atomic(using=alias), CaptureQueriesContext(connections[alias]) as seen:
+        assert fenced_update(products.filter(pk=a.pk), 7) == 1  # the claim
+        assert fenced_update(products.filter(pk=a.pk), 7, stock=1) == 1
+    statements = [q["sql"].split()[0].upper() for q in seen.captured_queries]
+    assert statements == ["UPDATE", "SELECT", "UPDATE", "SELECT"], statements
 
 
 @pytest.mark.django_db

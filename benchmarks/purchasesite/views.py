@@ -28,7 +28,7 @@ from django.db.backends.postgresql.base import DatabaseWrapper
 from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 
-from django_redislock import current_lock, redis_locked
+from django_redislock import current_fence, redis_locked
 from django_redislock.fencing import StaleFence, fenced_update
 from django_redislock.signals import lock_acquired, lock_released
 
@@ -152,16 +152,16 @@ def buy_cond(request: HttpRequest, slow_ms: int, pk: int) -> HttpResponse:
 
 @redis_locked("purchase:{pk}")
 def buy_locked(request: HttpRequest, slow_ms: int, pk: int) -> HttpResponse:
-    # The Quick start's view, line for line.
-    fence = current_lock().fence  # type: ignore[union-attr]
-    products = Product.objects.filter(pk=pk)
-    if not fenced_update(products, fence):  # claim the row first
-        raise Http404("No such product.")
-    product = products.get()
-    if product.stock <= 0:
-        return _sold_out()
-    _slow(slow_ms)
+    # The Quick start's view, line for line (the slow call where its work would be).
+    fence = current_fence()
     with transaction.atomic():
+        products = Product.objects.filter(pk=pk)
+        if not fenced_update(products, fence):  # claim the row first
+            raise Http404("No such product.")
+        product = products.get()
+        if product.stock <= 0:
+            return _sold_out()
+        _slow(slow_ms)
         fenced_update(products, fence, stock=product.stock - 1)
         order = Order.objects.create(product=product, fence=fence)
     return _bought(order)
@@ -177,7 +177,7 @@ def _stale(fence: int) -> StaleFence:
 def buy_lean(request: HttpRequest, slow_ms: int, pk: int) -> HttpResponse:
     # The lean shape of docs/choosing.rst: same lock, same fencing, three
     # statements and one commit.
-    fence = current_lock().fence  # type: ignore[union-attr]
+    fence = current_fence()
     products = Product.objects.filter(pk=pk)
     if not products.filter(fence__lte=fence, stock__gt=0).update(fence=fence):
         product = products.first()
