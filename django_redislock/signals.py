@@ -6,7 +6,8 @@ Every signal is sent with ``sender`` = the class of the object concerned and:
 * ``lock_busy``: ``name``, ``waited``
 * ``lock_released``: ``name``, ``fence``, ``held`` (seconds)
 * ``lock_lost``: ``name``, ``fence``, ``reason``
-* ``redis_unavailable``: ``name``, ``error``, ``fail_open`` (bool)
+* ``redis_unavailable``: ``name``, ``error``, ``fail_open`` (bool), ``lock`` (the
+  handle whose acquire failed, or None when there was none yet)
 * ``request_throttled``: ``rule``, ``request``, ``status``
 """
 
@@ -75,5 +76,11 @@ class SignalObserver(Observer):
 observer = SignalObserver()
 
 
-def send_unavailable(sender: Any, name: str, error: BaseException, fail_open: bool) -> None:
-    _send(redis_unavailable, sender, name=name, error=error, fail_open=fail_open)
+def send_unavailable(
+    sender: Any,
+    name: str,
+    error: BaseException,
+    fail_open: bool,
+    lock: LockBase | None = None,
+) -> None:
+    _send(redis_unavailable, sender, name=name, error=error, fail_open=fail_open, lock=lock)
