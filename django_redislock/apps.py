@@ -8,4 +8,7 @@ class RedisLockConfig(AppConfig):
 
     def ready(self) -> None:
         # Importing registers the system checks (throttling rules included).
-        from . import checks, throttle  # noqa: F401
+        from . import checks, metrics, throttle  # noqa: F401
+
+        # Connects the metrics backends REDISLOCK["METRICS"] names, if any.
+        metrics.sync()
