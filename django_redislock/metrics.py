@@ -2,7 +2,7 @@
 
 ``REDISLOCK["METRICS"]`` names the backends to feed (``"prometheus"``,
 ``"opentelemetry"``). A backend lives in ``django_redislock.contrib.<backend>``
-and is imported, and its receivers connected to the lock signals, only when
+and is imported, and its sink added to the lock events (``signals.py``), only when
 the setting names it. With the setting empty (the default) nothing is
 connected and no metrics library is imported: locks pay nothing.
 
@@ -184,7 +184,7 @@ _sync_mutex = threading.Lock()
 
 
 def installed() -> list[str]:
-    """The backends whose receivers are connected now."""
+    """The backends whose sinks hear the lock events now."""
     return sorted(_installed)
 
 

@@ -37,25 +37,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
 
-from django_redislock import LockLost, connection, redis_lock, redis_locked
+from django_redislock import LockLost, connection, redis_lock, redis_locked, signals
 from django_redislock import metrics as rl_metrics
 from django_redislock.checks import check_settings
 from django_redislock.core.inspect import find
 from django_redislock.locks import get_lock, get_semaphore, keyspace
 from django_redislock.middleware import concurrency_limited
-from django_redislock.signals import (
-    lock_acquired,
-    lock_busy,
-    lock_lost,
-    lock_released,
-    redis_unavailable,
-)
 from tests.servers import free_port
 from tests.test_decorators import close_async_clients
 
 ROOT = Path(__file__).resolve().parents[1]
 MW = "django_redislock.middleware.ConcurrencyLimitMiddleware"
-SIGNALS = (lock_acquired, lock_busy, lock_released, lock_lost, redis_unavailable)
 PROM = {"METRICS": ["prometheus"]}
 OTEL = {"METRICS": ["opentelemetry"]}
 
@@ -192,6 +184,7 @@ print(json.dumps({
         for name in ("lock_acquired", "lock_busy", "lock_released", "lock_lost",
                      "redis_unavailable", "request_throttled")
     },
+    "sinks": [type(sink).__module__ for sink in signals._sinks],
 }))
 """
 
@@ -215,26 +208,48 @@ def test_disabled_metrics_import_nothing_and_connect_no_receiver() -> None:
     assert off["status"] == 200
     assert off["modules"] == []
     assert set(off["receivers"].values()) == {0}
+    assert off["sinks"] == []
     # The same child with metrics on: the check above can fail.
     on = run_child({"METRICS": ["prometheus", "opentelemetry"]})
     assert on["status"] == 200
     assert "prometheus_client" in on["modules"]
     assert "django_redislock.contrib.prometheus" in on["modules"]
     assert "django_redislock.contrib.opentelemetry" in on["modules"]
-    assert on["receivers"]["lock_acquired"] == 2
-    assert on["receivers"]["redis_unavailable"] == 2
-    assert on["receivers"]["request_throttled"] == 0  # busy permits are counted once
+    assert sorted(on["sinks"]) == [
+        "django_redislock.contrib.opentelemetry",
+        "django_redislock.contrib.prometheus",
+    ]
+    # Backends hear the events directly: Django's signals stay as they were.
+    assert set(on["receivers"].values()) == {0}
 
 
 def test_override_settings_turns_backends_on_and_off() -> None:
     assert rl_metrics.installed() == []
     with override_settings(REDISLOCK={"METRICS": ["prometheus", "opentelemetry"]}):
         assert rl_metrics.installed() == ["opentelemetry", "prometheus"]
-        assert all(s.receivers for s in SIGNALS)
+        assert len(signals._sinks) == 2
         with override_settings(REDISLOCK=OTEL):
             assert rl_metrics.installed() == ["opentelemetry"]
     assert rl_metrics.installed() == []
-    assert not any(s.receivers for s in SIGNALS)
+    assert signals._sinks == ()
+
+
+def test_a_failing_sink_never_breaks_the_lock(
+    prometheus: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_redislock.contrib import prometheus as rl_prometheus
+
+    def boom(*args: Any) -> None:
+        raise RuntimeError("metric failed")
+
+    monkeypatch.setattr(rl_prometheus.sink, "acquired", boom)
+    with (
+        caplog.at_level(logging.ERROR, logger="django_redislock.signals"),
+        redis_lock("sturdy", metric_name="sturdy") as lock,
+    ):
+        assert lock is not None and lock.held
+    assert "metrics sink" in caplog.text
+    assert "metric failed" in caplog.text
 
 
 # -- system checks ----------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans and metrics of lock contention, fed by the lock signals.
+"""OpenTelemetry spans and metrics of lock contention, fed by the lock events (``signals.py``).
 
 Turned on by ``REDISLOCK = {"METRICS": ["opentelemetry"]}`` (and the
 ``opentelemetry`` extra, which needs only ``opentelemetry-api``); until then
@@ -116,8 +116,8 @@ def _acquire_span(attributes: dict[str, Any], waited: float, status: Status | No
     span.end()
 
 
-# -- receivers --------------------------------------------------------------------------
-def _acquired(sender: Any, lock: LockBase, waited: float, **kwargs: Any) -> None:
+# -- the sink ----------------------------------------------------------------------------
+def _acquired(lock: LockBase, waited: float) -> None:
     name, kind = label_of(lock), kind_of(lock)
     base = {NAME: name, KIND: kind}
     wait_duration.record(waited, {**base, OUTCOME: "acquired"})
@@ -132,7 +132,7 @@ def _acquired(sender: Any, lock: LockBase, waited: float, **kwargs: Any) -> None
         _holds[lock] = span
 
 
-def _busy(sender: Any, lock: LockBase, waited: float, **kwargs: Any) -> None:
+def _busy(lock: LockBase, waited: float) -> None:
     base = {NAME: label_of(lock), KIND: kind_of(lock)}
     wait_duration.record(waited, {**base, OUTCOME: "busy"})
     outcomes.add(1, {**base, OUTCOME: "busy"})
@@ -144,7 +144,7 @@ def _end_hold(lock: LockBase) -> trace.Span | None:
         return _holds.pop(lock, None)
 
 
-def _released(sender: Any, lock: LockBase, held: float, **kwargs: Any) -> None:
+def _released(lock: LockBase, held: float) -> None:
     hold_duration.record(held, {NAME: label_of(lock), KIND: kind_of(lock)})
     span = _end_hold(lock)
     if span is not None:
@@ -152,7 +152,7 @@ def _released(sender: Any, lock: LockBase, held: float, **kwargs: Any) -> None:
         span.end()
 
 
-def _lost(sender: Any, lock: LockBase, reason: str = "", **kwargs: Any) -> None:
+def _lost(lock: LockBase, reason: str) -> None:
     outcomes.add(1, {NAME: label_of(lock), KIND: kind_of(lock), OUTCOME: "lost"})
     span = _end_hold(lock)
     if span is not None:
@@ -166,8 +166,7 @@ def _unavailable(
     name: str,
     error: BaseException,
     fail_open: bool,
-    lock: LockBase | None = None,
-    **kwargs: Any,
+    lock: LockBase | None,
 ) -> None:
     label, kind = unavailable_label(sender, name, lock)
     outcome = "fail_open" if fail_open else "unavailable"
@@ -180,13 +179,17 @@ def _unavailable(
     )
 
 
-_RECEIVERS = (
-    (signals.lock_acquired, _acquired),
-    (signals.lock_busy, _busy),
-    (signals.lock_released, _released),
-    (signals.lock_lost, _lost),
-    (signals.redis_unavailable, _unavailable),
-)
+class _Sink:
+    """Hears the lock events (``signals.add_sink``)."""
+
+    acquired = staticmethod(_acquired)
+    busy = staticmethod(_busy)
+    released = staticmethod(_released)
+    lost = staticmethod(_lost)
+    unavailable = staticmethod(_unavailable)
+
+
+sink = _Sink()
 
 
 # -- gauges read at collection time -------------------------------------------------------
@@ -243,17 +246,15 @@ meter.create_observable_gauge(
 
 # -- switching on and off -----------------------------------------------------------------
 def install() -> None:
-    """Connect the receivers (``metrics.sync`` calls it)."""
+    """Add the sink (``metrics.sync`` calls it)."""
     global _active
-    for signal, receiver in _RECEIVERS:
-        signal.connect(receiver, weak=False, dispatch_uid=f"{__name__}.{receiver.__name__}")
+    signals.add_sink(sink)
     _active = True
 
 
 def uninstall() -> None:
-    """Disconnect the receivers; the gauges report nothing more."""
+    """Remove the sink; the gauges report nothing more."""
     global _active, _levels
-    for signal, receiver in _RECEIVERS:
-        signal.disconnect(receiver, dispatch_uid=f"{__name__}.{receiver.__name__}")
+    signals.remove_sink(sink)
     _active = False
     _levels = (0.0, [])

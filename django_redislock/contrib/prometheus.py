@@ -1,4 +1,4 @@
-"""Prometheus metrics of lock contention, fed by the lock signals.
+"""Prometheus metrics of lock contention, fed by the lock events (``signals.py``).
 
 Turned on by ``REDISLOCK = {"METRICS": ["prometheus"]}`` (and the
 ``prometheus`` extra); until then this module is never imported. It defines,
@@ -87,41 +87,34 @@ def _child(metric: Any, *values: str) -> Any:
     return child
 
 
-# -- receivers --------------------------------------------------------------------------
-def _acquired(sender: Any, lock: LockBase, waited: float, **kwargs: Any) -> None:
-    name, kind = label_of(lock), kind_of(lock)
-    _child(WAIT, name, kind, "acquired").observe(waited)
-    _child(OUTCOMES, name, kind, "acquired").inc()
+# -- the sink ----------------------------------------------------------------------------
+class _Sink:
+    """Hears the lock events (``signals.add_sink``) and counts them."""
+
+    def acquired(self, lock: LockBase, waited: float) -> None:
+        name, kind = label_of(lock), kind_of(lock)
+        _child(WAIT, name, kind, "acquired").observe(waited)
+        _child(OUTCOMES, name, kind, "acquired").inc()
+
+    def busy(self, lock: LockBase, waited: float) -> None:
+        name, kind = label_of(lock), kind_of(lock)
+        _child(WAIT, name, kind, "busy").observe(waited)
+        _child(OUTCOMES, name, kind, "busy").inc()
+
+    def released(self, lock: LockBase, held: float) -> None:
+        _child(HOLD, label_of(lock), kind_of(lock)).observe(held)
+
+    def lost(self, lock: LockBase, reason: str) -> None:
+        _child(OUTCOMES, label_of(lock), kind_of(lock), "lost").inc()
+
+    def unavailable(
+        self, sender: Any, name: str, error: BaseException, fail_open: bool, lock: LockBase | None
+    ) -> None:
+        label, kind = unavailable_label(sender, name, lock)
+        _child(OUTCOMES, label, kind, "fail_open" if fail_open else "unavailable").inc()
 
 
-def _busy(sender: Any, lock: LockBase, waited: float, **kwargs: Any) -> None:
-    name, kind = label_of(lock), kind_of(lock)
-    _child(WAIT, name, kind, "busy").observe(waited)
-    _child(OUTCOMES, name, kind, "busy").inc()
-
-
-def _released(sender: Any, lock: LockBase, held: float, **kwargs: Any) -> None:
-    _child(HOLD, label_of(lock), kind_of(lock)).observe(held)
-
-
-def _lost(sender: Any, lock: LockBase, **kwargs: Any) -> None:
-    _child(OUTCOMES, label_of(lock), kind_of(lock), "lost").inc()
-
-
-def _unavailable(
-    sender: Any, name: str, fail_open: bool, lock: LockBase | None = None, **kwargs: Any
-) -> None:
-    label, kind = unavailable_label(sender, name, lock)
-    _child(OUTCOMES, label, kind, "fail_open" if fail_open else "unavailable").inc()
-
-
-_RECEIVERS = (
-    (signals.lock_acquired, _acquired),
-    (signals.lock_busy, _busy),
-    (signals.lock_released, _released),
-    (signals.lock_lost, _lost),
-    (signals.redis_unavailable, _unavailable),
-)
+sink = _Sink()
 
 
 # -- gauges read at scrape time ---------------------------------------------------------
@@ -178,20 +171,18 @@ _registered = False
 
 # -- switching on and off -----------------------------------------------------------------
 def install() -> None:
-    """Connect the receivers and register the gauges (``metrics.sync`` calls it)."""
+    """Add the sink and register the gauges (``metrics.sync`` calls it)."""
     global _registered
-    for signal, receiver in _RECEIVERS:
-        signal.connect(receiver, weak=False, dispatch_uid=f"{__name__}.{receiver.__name__}")
+    signals.add_sink(sink)
     if not _registered:
         REGISTRY.register(collector)
         _registered = True
 
 
 def uninstall() -> None:
-    """Disconnect the receivers and unregister the gauges; counts already made stay."""
+    """Remove the sink and unregister the gauges; counts already made stay."""
     global _registered
-    for signal, receiver in _RECEIVERS:
-        signal.disconnect(receiver, dispatch_uid=f"{__name__}.{receiver.__name__}")
+    signals.remove_sink(sink)
     if _registered:
         REGISTRY.unregister(collector)
         _registered = False
