@@ -771,3 +771,31 @@ def test_async_lock_in_code_reports_too(prometheus: None) -> None:
 
     asyncio.run(run())
     assert outcome("sync-job", "lock", "acquired") == before + 1
+
+
+# -- what docs/metrics.rst says ----------------------------------------------------------------
+DOC = (ROOT / "docs" / "metrics.rst").read_text()
+
+
+def test_docs_list_exactly_the_prometheus_metrics(throttled: Any) -> None:
+    """docs/metrics.rst, Prometheus: the table of metric names."""
+    table = DOC.split("\nPrometheus\n==========\n", 1)[1].split("The wait buckets", 1)[0]
+    documented = set(re.findall(r"^``(redislock_\w+)``", table, re.M))
+    exposed = set(re.findall(r"^# TYPE (redislock_\w+) ", scrape(), re.M))
+    # The creation times prometheus_client adds to each labelled series.
+    exposed = {n for n in exposed if not n.endswith("_created")}
+    # prometheus_client names a counter's family without its _total.
+    exposed = {f"{n}_total" if n == "redislock_outcomes" else n for n in exposed}
+    assert documented == exposed
+
+
+def test_docs_bounds() -> None:
+    """docs/metrics.rst: "at most 500 distinct names"; buckets "from 1 ms to 60 s",
+    "from 5 ms to 15 minutes"."""
+    from django_redislock.contrib import prometheus as rl_prometheus
+
+    assert "at most 500 distinct names" in DOC
+    assert rl_metrics.MAX_NAMES == 500
+    assert "from 1 ms to 60 s, the hold buckets from 5 ms to 15\nminutes" in DOC
+    assert (rl_prometheus.WAIT_BUCKETS[0], rl_prometheus.WAIT_BUCKETS[-1]) == (0.001, 60)
+    assert (rl_prometheus.HOLD_BUCKETS[0], rl_prometheus.HOLD_BUCKETS[-1]) == (0.005, 900)
