@@ -8,8 +8,10 @@ class RedisLockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, throttle  # noqa: F401 - throttle adds its rule validator
+        from . import checks, metrics, throttle  # noqa: F401 - throttle adds its rule validator
 
         django_checks.register(checks.check_settings, django_checks.Tags.compatibility)
         django_checks.register(checks.check_throttle_setup, django_checks.Tags.compatibility)
         django_checks.register(checks.check_url_names, django_checks.Tags.urls)
+        # Connects the metrics backends REDISLOCK["METRICS"] names, if any.
+        metrics.sync()

@@ -42,6 +42,8 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
     block. Raises ``LockNotAcquired`` when busy past ``wait`` and
     ``RedisUnavailable`` when Redis cannot be reached. With
     ``REDISLOCK['ENABLED'] = False`` the block runs unlocked and gets None.
+    ``metric_name`` labels the lock in metrics (default "other"): give one
+    name to all blocks of one kind, never the lock name with its ids.
     One object may be entered by several threads or tasks at once.
 
     ``label`` is shown beside the lock by ``manage.py redislocks list`` and
@@ -59,13 +61,19 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         renew_max: float | None = None,
         alias: str | None = None,
         label: str = "",
+        metric_name: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"redis_lock(): name must be a non-empty str, not {name!r}")
+        if metric_name is not None and (not isinstance(metric_name, str) or not metric_name):
+            raise TypeError(
+                f"redis_lock(): metric_name must be a non-empty str or None, not {metric_name!r}"
+            )
         opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None)
         self.name = name
         # Without a label, the lock says where it was taken (see _where).
         self._label = label or _where(sys._getframe(1))
+        self.metric_name = metric_name
         self._opts = opts
         # Entries per thread or task: the same object may be shared.
         # Each entry: (lock, context token, whether this block acquired it).
@@ -97,7 +105,9 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             assert isinstance(entered, Lock)
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
-        lock = get_lock(self.name, **self._opts.lock_kwargs(self._label))
+        lock = get_lock(
+            self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
+        )
         early = conf.CONNECT_EARLY
         if not isinstance(early, bool):
             # Named databases: open them before waiting, as the decorator does.
@@ -137,7 +147,9 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             assert isinstance(entered, AsyncLock)
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
-        lock = get_async_lock(self.name, **self._opts.lock_kwargs(self._label))
+        lock = get_async_lock(
+            self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
+        )
         if not await lock.acquire():
             raise LockNotAcquired(self.name, retry_after=lock.retry_after)
         self._enter(owner, (lock, _push(lock, key, owner), True))

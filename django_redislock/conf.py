@@ -58,6 +58,9 @@ DEFAULTS: dict[str, Any] = {
     # Who may see and force-release locks in the admin: dotted path to a
     # callable of the user, or None for superusers only.
     "ADMIN_PERMISSION": None,
+    # Metrics backends to feed from the lock signals: "prometheus",
+    # "opentelemetry". Read when the app loads (and on override_settings).
+    "METRICS": [],
 }
 
 
@@ -161,6 +164,11 @@ class Settings:
     @property
     def ADMIN_PERMISSION(self) -> str | Callable[..., Any] | None:
         return self.get("ADMIN_PERMISSION")
+
+    @property
+    def METRICS(self) -> list[str]:
+        value = self.get("METRICS")
+        return list(value) if isinstance(value, (list, tuple)) else []
 
 
 conf = Settings()

@@ -59,6 +59,13 @@ def _request_in(args: tuple[Any, ...]) -> Any:
     return None
 
 
+def _metric_name(namer: _Namer, label: str) -> str:
+    """What metrics call this call's lock: its template, never the filled-in
+    name (one series per product id would be unbounded); a callable key
+    goes by the decorated callable's dotted name."""
+    return namer.key if isinstance(namer.key, str) else label
+
+
 # -- the sync and async paths ---------------------------------------------------------
 def _call_sync(
     wrapper: Any,
@@ -93,14 +100,14 @@ def _call_sync(
     if deferred is not None:
         lock = deferred.lock
     else:
-        lock = get_lock(name, **opts.lock_kwargs(label))
+        lock = get_lock(name, metric_name=_metric_name(namer, label), **opts.lock_kwargs(label))
         txn.connect_early()
         try:
             acquired = lock.acquire()
         except RedisUnavailable as exc:
             if not opts.failing_open:
-                return _unavailable(opts, request, name, exc, Lock)
-            _fail_open(name, exc, Lock)
+                return _unavailable(opts, request, name, exc, Lock, lock)
+            _fail_open(name, exc, Lock, lock)
             with txn.atomic():
                 return func(*args, **kwargs)
         if not acquired:
@@ -166,13 +173,13 @@ async def _call_async(
             return await func(*args, **kwargs)
         finally:
             _held.reset(token)
-    lock = get_async_lock(name, **opts.lock_kwargs(label))
+    lock = get_async_lock(name, metric_name=_metric_name(namer, label), **opts.lock_kwargs(label))
     try:
         acquired = await lock.acquire()
     except RedisUnavailable as exc:
         if not opts.failing_open:
-            return _unavailable(opts, request, name, exc, AsyncLock)
-        _fail_open(name, exc, AsyncLock)
+            return _unavailable(opts, request, name, exc, AsyncLock, lock)
+        _fail_open(name, exc, AsyncLock, lock)
         return await func(*args, **kwargs)
     if not acquired:
         outcome = _busy(opts, request, name, lock.retry_after, args, kwargs)

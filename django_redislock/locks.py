@@ -78,17 +78,24 @@ def get_lock(
     on_lost: Callable[[Any], None] | None = None,
     replicas: int | None = None,
     replicas_timeout: float | None = None,
+    metric_name: str | None = None,
 ) -> Lock:
-    """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals."""
+    """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals.
+
+    ``metric_name`` labels it in metrics (``docs/metrics.rst``): a name shared
+    by every lock of one kind, such as ``"purchase"``; without it, "other".
+    """
     client = get_client(alias)
     check_eviction(client)
-    return Lock(
+    lock = Lock(
         client,
         name,
         **_options(
             name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
         ),
     )
+    lock.metric_name = metric_name
+    return lock
 
 
 def get_async_lock(
@@ -103,16 +110,19 @@ def get_async_lock(
     on_lost: Callable[[Any], None] | None = None,
     replicas: int | None = None,
     replicas_timeout: float | None = None,
+    metric_name: str | None = None,
 ) -> AsyncLock:
     """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
     client = get_async_client(alias)
-    return AsyncLock(
+    lock = AsyncLock(
         client,
         name,
         **_options(
             name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
         ),
     )
+    lock.metric_name = metric_name
+    return lock
 
 
 def _semaphore_options(
@@ -137,12 +147,16 @@ def get_semaphore(
     wait: float | None = None,
     label: str = "",
     alias: str | None = None,
+    metric_name: str | None = None,
 ) -> Semaphore:
-    """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``;
-    a permit lasts ``timeout`` seconds (default ``REDISLOCK['PERMIT_TIMEOUT']``)."""
+    """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``
+    (``metric_name`` included); a permit lasts ``timeout`` seconds (default
+    ``REDISLOCK['PERMIT_TIMEOUT']``)."""
     client = get_client(alias)
     check_eviction(client)
-    return Semaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
+    sem = Semaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
+    sem.metric_name = metric_name
+    return sem
 
 
 def get_async_semaphore(
@@ -153,10 +167,13 @@ def get_async_semaphore(
     wait: float | None = None,
     label: str = "",
     alias: str | None = None,
+    metric_name: str | None = None,
 ) -> AsyncSemaphore:
     """An ``AsyncSemaphore`` for the running event loop, configured as ``get_semaphore``."""
     # The check runs on the sync twin of the client, in a thread of its own:
     # an ASGI site that only throttles would otherwise never be warned.
     check_eviction(get_client(alias))
     client = get_async_client(alias)
-    return AsyncSemaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
+    sem = AsyncSemaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
+    sem.metric_name = metric_name
+    return sem

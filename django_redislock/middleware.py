@@ -40,6 +40,9 @@ logger = logging.getLogger("django_redislock.throttle")
 _ANONYMOUS = object()
 DEFAULT_RETRY_AFTER = 1.0
 
+# Rules of concurrency_limited views, by name (the metrics read their semaphores).
+decorated_rules: dict[str, Rule] = {}
+
 
 # -- keys ----------------------------------------------------------------------------
 def _ip(request: HttpRequest) -> str:
@@ -214,6 +217,7 @@ def _run_sync(
                 timeout=_timeout(rule),
                 wait=rule.wait,
                 label=_label(request),
+                metric_name=rule.name,
             )
             acquired = sem.acquire()
         except (RedisUnavailable, RedisError) as exc:
@@ -262,6 +266,7 @@ async def _run_async(
                 timeout=_timeout(rule),
                 wait=rule.wait,
                 label=_label(request),
+                metric_name=rule.name,
             )
             acquired = await sem.acquire()
         except (RedisUnavailable, RedisError) as exc:
@@ -353,6 +358,8 @@ def concurrency_limited(
         spec["retry_after"] = retry_after
     rule = make_rule(spec, where=f"concurrency_limited({name!r})")
     assert rule is not None
+    # Known to every process that imported the view, for the metrics' gauges.
+    decorated_rules.setdefault(rule.name, rule)
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         if iscoroutinefunction(view):

@@ -48,11 +48,16 @@ def _busy(
 
 
 def _unavailable(
-    opts: _Options, request: Any, name: str, exc: RedisUnavailable, sender: type
+    opts: _Options,
+    request: Any,
+    name: str,
+    exc: RedisUnavailable,
+    sender: type,
+    lock: Lock | AsyncLock | None = None,
 ) -> Any:
     """Fail closed: a response for a view, else the exception."""
     log_unavailable.warning("Redis unavailable for lock %r, not running the call: %s", name, exc)
-    send_unavailable(sender, name=name, error=exc, fail_open=False)
+    send_unavailable(sender, name=name, error=exc, fail_open=False, lock=lock)
     if request is not None and opts.on_busy != "raise":
         return error_response(
             request,
@@ -65,9 +70,11 @@ def _unavailable(
     raise exc
 
 
-def _fail_open(name: str, exc: RedisUnavailable, sender: type) -> None:
+def _fail_open(
+    name: str, exc: RedisUnavailable, sender: type, lock: Lock | AsyncLock | None = None
+) -> None:
     log_unavailable.warning("Redis unavailable for lock %r, running unlocked: %s", name, exc)
-    send_unavailable(sender, name=name, error=exc, fail_open=True)
+    send_unavailable(sender, name=name, error=exc, fail_open=True, lock=lock)
 
 
 def _lost_response(request: Any, name: str) -> Any:

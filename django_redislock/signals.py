@@ -6,8 +6,14 @@ Every signal is sent with ``sender`` = the class of the object concerned and:
 * ``lock_busy``: ``name``, ``waited``
 * ``lock_released``: ``name``, ``fence``, ``held`` (seconds)
 * ``lock_lost``: ``name``, ``fence``, ``reason``
-* ``redis_unavailable``: ``name``, ``error``, ``fail_open`` (bool)
+* ``redis_unavailable``: ``name``, ``error``, ``fail_open`` (bool), ``lock`` (the
+  handle whose acquire failed, or None when there was none yet)
 * ``request_throttled``: ``rule``, ``request``, ``status``
+
+Metrics backends (``metrics.py``) hear the same events as *sinks*, called
+directly before each signal is sent: the dispatch of a Django signal would
+cost a locked request more than the counting does. With no backend on, the
+list of sinks is empty.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from .core.base import LockBase, Observer
 
 __all__ = [
     "SignalObserver",
+    "add_sink",
     "lock_acquired",
     "lock_busy",
     "lock_lost",
     "lock_released",
     "redis_unavailable",
+    "remove_sink",
     "request_throttled",
 ]
 
@@ -38,6 +46,32 @@ request_throttled = Signal()
 
 
 logger = logging.getLogger("django_redislock.signals")
+
+# Objects with ``acquired(lock, waited)``, ``busy(lock, waited)``,
+# ``released(lock, held)``, ``lost(lock, reason)`` and ``unavailable(sender,
+# name, error, fail_open, lock)``. A tuple, replaced whole: a lock in another
+# thread iterates the old one undisturbed.
+_sinks: tuple[Any, ...] = ()
+
+
+def add_sink(sink: Any) -> None:
+    global _sinks
+    if sink not in _sinks:
+        _sinks = (*_sinks, sink)
+
+
+def remove_sink(sink: Any) -> None:
+    global _sinks
+    _sinks = tuple(s for s in _sinks if s is not sink)
+
+
+def _tell(event: str, *args: Any) -> None:
+    for sink in _sinks:
+        try:
+            getattr(sink, event)(*args)
+        except Exception:
+            # As for a receiver: a failing metric must not break the lock.
+            logger.exception("metrics sink %r failed on %s", sink, event)
 
 
 def _send(signal: Signal, sender: Any, **kwargs: Any) -> None:
@@ -57,23 +91,39 @@ class SignalObserver(Observer):
 
     def acquired(self, lock: LockBase, waited: float) -> None:
         super().acquired(lock, waited)
+        if _sinks:
+            _tell("acquired", lock, waited)
         _send(lock_acquired, type(lock), name=lock.name, fence=lock.fence, waited=waited, lock=lock)
 
     def busy(self, lock: LockBase, waited: float) -> None:
         super().busy(lock, waited)
+        if _sinks:
+            _tell("busy", lock, waited)
         _send(lock_busy, type(lock), name=lock.name, waited=waited, lock=lock)
 
     def released(self, lock: LockBase, held: float) -> None:
         super().released(lock, held)
+        if _sinks:
+            _tell("released", lock, held)
         _send(lock_released, type(lock), name=lock.name, fence=lock.fence, held=held, lock=lock)
 
     def lost(self, lock: LockBase, reason: str) -> None:
         super().lost(lock, reason)
+        if _sinks:
+            _tell("lost", lock, reason)
         _send(lock_lost, type(lock), name=lock.name, fence=lock.fence, reason=reason, lock=lock)
 
 
 observer = SignalObserver()
 
 
-def send_unavailable(sender: Any, name: str, error: BaseException, fail_open: bool) -> None:
-    _send(redis_unavailable, sender, name=name, error=error, fail_open=fail_open)
+def send_unavailable(
+    sender: Any,
+    name: str,
+    error: BaseException,
+    fail_open: bool,
+    lock: LockBase | None = None,
+) -> None:
+    if _sinks:
+        _tell("unavailable", sender, name, error, fail_open, lock)
+    _send(redis_unavailable, sender, name=name, error=error, fail_open=fail_open, lock=lock)

@@ -435,7 +435,8 @@ def _ids_in_code() -> set[str]:
 def test_every_check_id_is_tested_and_documented() -> None:
     ids = _ids_in_code()
     assert {"django_redislock.E001", "django_redislock.E031", "django_redislock.W003"} <= ids
-    tested = Path(__file__).read_text()
+    # Most are tested in this file; a feature's own IDs may be tested beside it.
+    tested = "".join(path.read_text() for path in Path(__file__).parent.glob("test_*.py"))
     docs = (ROOT / "docs" / "checks.rst").read_text()
     for check_id in sorted(ids):
         short = check_id.split(".")[1]

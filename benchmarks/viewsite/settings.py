@@ -67,6 +67,13 @@ REDISLOCK = {
     ],
 }
 
+# Metrics backends (``python -m benchmarks.metrics_cost`` sets BENCH_METRICS).
+REDISLOCK["METRICS"] = [b for b in os.environ.get("BENCH_METRICS", "").split(",") if b]
+if "opentelemetry" in REDISLOCK["METRICS"]:
+    from .otel import setup
+
+    setup()
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -105,6 +105,11 @@ def _owner_json(pid: int, who: str, label: str) -> str:
 class LockBase:
     """State and arguments of one lock handle; subclasses do the I/O."""
 
+    # A name for metrics that stays the same across calls (the decorator's
+    # template, a throttling rule): never the lock's own name, which may hold
+    # an id per call. None: the Django layer's metrics count it as "other".
+    metric_name: str | None = None
+
     def __init__(
         self,
         client: Any,
