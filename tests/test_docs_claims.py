@@ -214,6 +214,8 @@ def test_the_extras_the_docs_name_exist() -> None:
         "hiredis": "redis[hiredis]",
         "celery": "celery>=5.3",
         "drf": "djangorestframework>=3.15",
+        "prometheus": "prometheus_client>=0.20",
+        "opentelemetry": "opentelemetry-api>=1.27",
     }
     installation = page("installation")
     for name in extras:
@@ -221,6 +223,8 @@ def test_the_extras_the_docs_name_exist() -> None:
         assert f"``{name}``" in README, name
     assert "Celery 5.3 or newer" in installation
     assert "Django REST framework 3.15 or newer" in installation
+    assert "prometheus_client 0.20 or newer" in installation
+    assert "OpenTelemetry API 1.27 or newer" in installation
 
 
 def test_the_readme_links_to_pages_that_exist() -> None:
