@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import http.client
 import json
 import math
 import os
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +238,74 @@ def write_results(kind: str, data: dict[str, Any]) -> Path:
     path = RESULTS_DIR / f"{kind}-{stamp}.json"
     path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str))
     return path
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def http_request(port: int, method: str, path: str, timeout: float = 10) -> tuple[int, bytes]:
+    """One request to a loopback server: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, path)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+class Gunicorn:
+    """A gunicorn (gthread workers) serving a benchmark site on a free loopback port."""
+
+    def __init__(
+        self, app: str, env: dict[str, str], workers: int, threads: int, *, keep_alive: int
+    ) -> None:
+        self.port = free_port()
+        self.env = env
+        self.args = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            app,
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+            "--worker-class",
+            "gthread",
+            "--keep-alive",
+            str(keep_alive),
+            "--log-level",
+            "warning",
+            "--chdir",
+            str(REPO),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready: Callable[[int], bool], timeout: float = 30.0) -> Gunicorn:
+        """Start it and wait until ``ready(port)`` says the site answers."""
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"gunicorn exited at start (status {self.proc.returncode})")
+            try:
+                if ready(self.port):
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise SystemExit(f"gunicorn did not answer within {timeout}s")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the master stops its own workers
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)

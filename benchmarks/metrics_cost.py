@@ -38,8 +38,17 @@ import statistics
 import sys
 from typing import Any
 
-from .common import PrivateRedis, fmt, loadavg, machine_facts, rst_table, table, write_results
-from .views import PATHS, Gunicorn, log, run_load, site_env
+from .common import (
+    Gunicorn,
+    PrivateRedis,
+    fmt,
+    loadavg,
+    machine_facts,
+    rst_table,
+    table,
+    write_results,
+)
+from .views import PATHS, log, run_load, site_env, start_site
 
 VARIANTS = {"off": "", "prometheus": "prometheus", "opentelemetry": "opentelemetry"}
 MEASURED = ("locked", "throttled")
@@ -214,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in cfg.variants:
             env = site_env(server.url, {"decorator": True, "middleware": True}, cfg.work_ms)
             env["BENCH_METRICS"] = VARIANTS[variant]
-            sites[variant] = Gunicorn(env, cfg.gunicorn_workers, cfg.gunicorn_threads).start()
+            sites[variant] = start_site(env, cfg.gunicorn_workers, cfg.gunicorn_threads)
         for variant, site in sites.items():  # warm every worker's code paths and connections
             for path in MEASURED:
                 run_load(site.port, PATHS[path], f"warm-{variant}-{path}", cfg, 1.0, 500)

@@ -46,7 +46,6 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -56,9 +55,10 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
+    Gunicorn,
     PrivateRedis,
     fmt,
-    free_port,
+    http_request,
     loadavg,
     machine_facts,
     percentile,
@@ -193,66 +193,8 @@ def migrate(env: dict[str, str]) -> None:
     )
 
 
-class Gunicorn:
-    def __init__(self, env: dict[str, str], workers: int, threads: int) -> None:
-        self.port = free_port()
-        self.env = env
-        self.args = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "benchmarks.purchasesite.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--workers",
-            str(workers),
-            "--threads",
-            str(threads),
-            "--worker-class",
-            "gthread",
-            "--keep-alive",
-            "30",
-            "--log-level",
-            "warning",
-            "--chdir",
-            str(ROOT),
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, product: int, timeout: float = 30.0) -> Gunicorn:
-        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"gunicorn exited at start (status {self.proc.returncode})")
-            try:
-                if post(self.port, f"/buy/sfu/0/{product}/")[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise SystemExit(f"gunicorn did not answer within {timeout}s")
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # the master stops its own workers
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-
 def post(port: int, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("POST", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+    return http_request(port, "POST", path)
 
 
 # -- load -----------------------------------------------------------------------------------
@@ -560,8 +502,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
     if cfg.render:
-        data = json.loads(Path(cfg.render).read_text())
-        print(render(data, rst=cfg.rst))
+        print(render(json.loads(Path(cfg.render).read_text()), rst=cfg.rst))
         return 0
     started = time.monotonic()
     data: dict[str, Any] = {
@@ -587,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                 "INSERT INTO purchasesite_product (stock, fence) VALUES (%s, 0) RETURNING id",
                 (SEED_STOCK,),
             ).fetchone()[0]
-        gunicorn = Gunicorn(env, cfg.workers, cfg.threads).start(warm)
+        gunicorn = Gunicorn(
+            "benchmarks.purchasesite.wsgi:application", env, cfg.workers, cfg.threads, keep_alive=30
+        ).start(lambda port: post(port, f"/buy/sfu/0/{warm}/")[0] == 200)
         log(f"gunicorn {cfg.workers}x{cfg.threads} on 127.0.0.1:{gunicorn.port}, db {db.name}")
         keys = [f"{v}/{s}" for s in (0, cfg.slow_ms) for v in cfg.variants]
         for v in cfg.variants:  # warm every worker's imports and code paths
@@ -595,8 +538,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(cfg.rounds):
             order = keys[r % len(keys) :] + keys[: r % len(keys)]
             for key in order:
-                variant, slow = key.split("/")
-                run = run_variant(cfg, db, gunicorn.port, variant, int(slow), cfg.duration)
+                variant, slow_text = key.split("/")
+                run = run_variant(cfg, db, gunicorn.port, variant, int(slow_text), cfg.duration)
                 log(
                     f"  round {r + 1}/{cfg.rounds} {key:<10} {run['rps']:6.1f}/s  "
                     f"oversold {run['oversold']}  errors {run['errors']}"

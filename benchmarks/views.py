@@ -32,7 +32,6 @@ import http.client
 import json
 import multiprocessing as mp
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,9 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
+    Gunicorn,
     PrivateRedis,
     fmt,
-    free_port,
+    http_request,
     loadavg,
     machine_facts,
     percentile,
@@ -128,67 +128,14 @@ def probe(redis_url: str, no_db: bool = False) -> dict[str, str | None]:
 
 
 # -- gunicorn -------------------------------------------------------------------------
-class Gunicorn:
-    def __init__(self, env: dict[str, str], workers: int, threads: int) -> None:
-        self.port = free_port()
-        self.env = env
-        self.args = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "benchmarks.viewsite.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--workers",
-            str(workers),
-            "--threads",
-            str(threads),
-            "--worker-class",
-            "gthread",
-            "--keep-alive",
-            "10",
-            "--log-level",
-            "warning",
-            "--chdir",
-            str(ROOT),
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 30.0) -> Gunicorn:
-        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"gunicorn exited at start (status {self.proc.returncode})")
-            try:
-                status, body = get(self.port, "/features/")
-                if status == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise SystemExit(f"gunicorn did not answer within {timeout}s")
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # the master stops its own workers
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-
 def get(port: int, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
+    return http_request(port, "GET", path, timeout=5)
+
+
+def start_site(env: dict[str, str], workers: int, threads: int) -> Gunicorn:
+    """The views site under gunicorn, once it answers."""
+    site = Gunicorn("benchmarks.viewsite.wsgi:application", env, workers, threads, keep_alive=10)
+    return site.start(lambda port: get(port, "/features/")[0] == 200)
 
 
 # -- load -------------------------------------------------------------------------------
@@ -396,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"skipping {PATHS[name]}: {reason}")
         paths = [n for n in PATHS if n not in data["skipped"]]
         env = site_env(server.url, flags, cfg.work_ms, cfg.no_db)
-        gunicorn = Gunicorn(env, cfg.gunicorn_workers, cfg.gunicorn_threads).start()
+        gunicorn = start_site(env, cfg.gunicorn_workers, cfg.gunicorn_threads)
         log(f"gunicorn on 127.0.0.1:{gunicorn.port}, paths: {', '.join(paths)}")
         for name in paths:  # warm every worker's code paths and connections
             run_load(gunicorn.port, PATHS[name], f"warm-{name}", cfg, 1.0, 500)

@@ -34,7 +34,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
     from ..core.lock import Lock
@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+H = TypeVar("H")
 
 # What a hold writes into the owner metadata, so a leftover report, the admin
 # and ``manage.py redislocks list`` say where a lock came from.
@@ -278,7 +279,37 @@ def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
     )
 
 
-class hold_lock:  # noqa: N801 - used like a function: ``with hold_lock("x")``
+class _Hold(Generic[H]):
+    """``async with`` for a hold: the same blocking enter and exit, on the loop.
+
+    One round trip each, harmless in a test; and a handle is released only by
+    the thread that acquired it, which a worker thread might not be.
+    """
+
+    def __enter__(self) -> H:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> H:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hold_lock("x")``
     """Hold the lock ``name`` as another process would, for the ``with`` block.
 
     The code under test finds the lock busy: a view decorated with
@@ -356,21 +387,8 @@ class hold_lock:  # noqa: N801 - used like a function: ``with hold_lock("x")``
             if exc_type is None:
                 raise
 
-    async def __aenter__(self) -> Lock:
-        # One round trip, taken on the loop: a handle is released only by
-        # the thread that acquired it, and a worker thread could differ.
-        return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
-
-
-class hold_permits:  # noqa: N801 - used like a function
+class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a function
     """Hold ``count`` permits (default: all ``limit``) of the semaphore ``name``.
 
     With every permit taken, the code under test finds the semaphore full: a
@@ -464,19 +482,6 @@ class hold_permits:  # noqa: N801 - used like a function
                 failed = failed or error
         if failed is not None and exc_type is None:
             raise failed
-
-    async def __aenter__(self) -> list[Semaphore]:
-        # One round trip, taken on the loop: a handle is released only by
-        # the thread that acquired it, and a worker thread could differ.
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
 
 
 # -- leftovers -----------------------------------------------------------------------------------
