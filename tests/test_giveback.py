@@ -35,20 +35,16 @@ def _acquire_args(lock: Lock, token: str) -> tuple[Any, ...]:
 
 
 def _preload(server: RedisServer) -> None:
-    # Cached scripts and the function library: a NOSCRIPT attempt or a
-    # missing function would count as a call of its own.
+    # Cached scripts: a NOSCRIPT attempt would count as a call of its own.
     with server.client(socket_timeout=5) as c:
         for script in (scripts.ACQUIRE, scripts.CANCEL, scripts.RELEASE):
             c.script_load(script.source)
-        c.function_load(scripts.LIBRARY.source.decode(), replace=True)
 
 
 def _scripts_run(server: RedisServer) -> int:
     with server.client(socket_timeout=5) as c:
         stats = c.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in ("eval", "evalsha", "fcall")
-    )
+    return sum(int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in ("eval", "evalsha"))
 
 
 def _given_back(server: RedisServer, lock: Lock, before: int) -> bool:

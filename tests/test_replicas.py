@@ -17,7 +17,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from django_redislock import ReplicationTimeout
-from django_redislock.core import AsyncLock, Lock, LockError, RedisUnavailable, scripts
+from django_redislock.core import AsyncLock, Lock, LockError, RedisUnavailable
 from django_redislock.locks import get_lock
 from tests.servers import RedisServer, free_port
 from tests.topologies import ClusterTopology, wait_until
@@ -79,7 +79,7 @@ def _calls(client: redis.Redis) -> dict[str, int]:
     stats = client.info("commandstats")
     return {
         name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-        for name in ("eval", "evalsha", "fcall", "wait")
+        for name in ("eval", "evalsha", "wait")
     }
 
 
@@ -91,12 +91,12 @@ def _ran_since(client: redis.Redis, before: dict[str, int]) -> dict[str, int]:
 def test_acknowledged_lease_is_on_the_replica(pair: Pair, primary: redis.Redis) -> None:
     client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
     lock = Lock(client, "acked", ttl=10, wait=0, replicas=1, replicas_timeout=2)
-    assert lock.acquire()  # the first may need to load the functions: warm up
+    assert lock.acquire()  # the first may need EVAL after NOSCRIPT: warm up
     lock.release()
     before = _calls(primary)
     assert lock.acquire()
-    # The script (as a function) and WAIT, nothing sent again.
-    assert _ran_since(primary, before) == {"fcall": 1, "wait": 1}
+    # EVALSHA and WAIT, nothing sent again.
+    assert _ran_since(primary, before) == {"evalsha": 1, "wait": 1}
     with pair.replica.client(socket_timeout=2) as c:
         assert c.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
     lock.release()
@@ -105,17 +105,9 @@ def test_acknowledged_lease_is_on_the_replica(pair: Pair, primary: redis.Redis) 
 
 def test_script_reloaded_inside_the_pipeline(pair: Pair, primary: redis.Redis) -> None:
     primary.script_flush()
-    primary.function_flush()
     lock = Lock(primary, "fresh", ttl=10, wait=0, replicas=1, replicas_timeout=2)
-    assert lock.acquire()  # function not found: FUNCTION LOAD, then FCALL + WAIT again
-    lock.release()
-    client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
-    scripts.use_eval_only(client)
-    primary.script_flush()
-    lock = Lock(client, "fresh-eval", ttl=10, wait=0, replicas=1, replicas_timeout=2)
     assert lock.acquire()  # NOSCRIPT in the pipeline: EVAL + WAIT again
     lock.release()
-    client.close()
 
 
 def test_no_acknowledgement_gives_the_lease_back(pair: Pair, primary: redis.Redis) -> None:
@@ -221,7 +213,7 @@ def test_off_by_default_sends_no_wait(primary: redis.Redis, pair: Pair) -> None:
     lock.release()
     before = _calls(primary)
     assert lock.acquire()
-    assert _ran_since(primary, before) == {"fcall": 1}
+    assert _ran_since(primary, before) == {"evalsha": 1}
     lock.release()
     client.close()
 

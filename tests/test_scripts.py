@@ -1,5 +1,4 @@
-"""Lua scripts: functions (FCALL) loaded on demand, EVALSHA with NOSCRIPT
-fallback where functions cannot run, errors as RedisUnavailable."""
+"""Lua scripts: EVALSHA with NOSCRIPT fallback, errors as RedisUnavailable."""
 
 from __future__ import annotations
 
@@ -26,96 +25,9 @@ def test_scripts_are_distinct_and_hashed() -> None:
         assert s.source.startswith(b"-- Shared by every lock script")
 
 
-def test_lock_scripts_form_one_library_named_by_its_source() -> None:
-    members = [scripts.ACQUIRE, scripts.RELEASE, scripts.EXTEND, scripts.CANCEL, scripts.CLEAR]
-    assert scripts.LIBRARY.name.startswith("redislock_")
-    for s in members:
-        assert s.function == f"{scripts.LIBRARY.name}_{s.name}"
-        assert s.function.encode() in scripts.LIBRARY.source
-    assert scripts.LIBRARY.source.startswith(f"#!lua name={scripts.LIBRARY.name}\n".encode())
-
-
-@pytest.fixture
-def own(redis_server: object) -> Iterator[redis.Redis]:
-    """A client of its own: marking its pool eval-only touches no other test."""
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=5)  # type: ignore[attr-defined]
-    yield client
-    client.close()
-
-
-def _fcalls(r: redis.Redis) -> int:
-    return int(r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
-
-
-def test_sync_after_function_flush(r: redis.Redis, own: redis.Redis) -> None:
+def test_sync_after_script_flush(r: redis.Redis) -> None:
     plant_sentinel(r)
-    lock = Lock(own, "nofunction", ttl=5, wait=0)
-    r.function_flush()
-    before = _fcalls(r)
-    assert lock.acquire()
-    assert [lib[1] for lib in r.function_list()] == [scripts.LIBRARY.name.encode()]
-    r.function_flush()
-    lock.extend()
-    r.function_flush()
-    lock.release()
-    assert not r.exists(lock.keys.lease)
-    assert scripts.uses_functions(own)
-    # Each call ran once as a function, and once more found it missing.
-    assert _fcalls(r) - before == 6
-    audit_keyspace(r)
-
-
-async def test_async_after_function_flush(redis_server: object, r: redis.Redis) -> None:
-    plant_sentinel(r)
-    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)  # type: ignore[attr-defined]
-    try:
-        lock = AsyncLock(client, "nofunction-async", ttl=5, wait=0)
-        await client.function_flush()
-        assert await lock.acquire()
-        await client.function_flush()
-        await lock.extend()
-        await client.function_flush()
-        await lock.release()
-        assert not r.exists(lock.keys.lease)
-        assert scripts.uses_functions(client)
-        audit_keyspace(r)
-    finally:
-        await client.aclose()
-
-
-def test_acl_without_functions_falls_back_to_evalsha(redis_server: object, r: redis.Redis) -> None:
-    """A user who may not FCALL (as on a Redis without functions) still locks, by EVALSHA."""
-    r.acl_setuser(
-        "nofcall",
-        enabled=True,
-        passwords=["+pw"],
-        keys=["*"],
-        channels=["*"],
-        commands=["+@all", "-fcall", "-function"],
-    )
-    client = redis.Redis.from_url(
-        redis_server.url,  # type: ignore[attr-defined]
-        username="nofcall",
-        password="pw",
-        socket_timeout=5,
-    )
-    try:
-        lock = Lock(client, "acl-nofcall", ttl=5, wait=0)
-        assert lock.acquire()
-        assert not scripts.uses_functions(client)
-        lock.extend()
-        lock.release()
-        assert not r.exists(lock.keys.lease)
-        assert r.script_exists(scripts.ACQUIRE.sha) == [True]
-    finally:
-        client.close()
-        r.acl_deluser("nofcall")
-
-
-def test_sync_after_script_flush(r: redis.Redis, own: redis.Redis) -> None:
-    plant_sentinel(r)
-    scripts.use_eval_only(own)
-    lock = Lock(own, "noscript", ttl=5, wait=0)
+    lock = Lock(r, "noscript", ttl=5, wait=0)
     r.script_flush()
     assert r.script_exists(scripts.ACQUIRE.sha) == [False]
     assert lock.acquire()
@@ -135,7 +47,6 @@ async def test_async_after_script_flush(redis_server: object, r: redis.Redis) ->
     plant_sentinel(r)
     client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)  # type: ignore[attr-defined]
     try:
-        scripts.use_eval_only(client)
         lock = AsyncLock(client, "noscript-async", ttl=5, wait=0)
         await client.script_flush()
         assert await lock.acquire()
@@ -249,19 +160,3 @@ async def test_async_cluster_script_follows_moved(cluster: ClusterTopology) -> N
     finally:
         await client.aclose()
         sync.close()
-
-
-def test_release_runs_when_redis_is_out_of_memory(r: redis.Redis, own: redis.Redis) -> None:
-    lock = Lock(own, "oom", ttl=30, wait=0)
-    other = Lock(own, "oom-other", ttl=30, wait=0)
-    assert lock.acquire()
-    previous = r.config_get("maxmemory")["maxmemory"]
-    r.config_set("maxmemory", 1)  # below what is used: every write that adds is refused
-    try:
-        with pytest.raises(RedisUnavailable, match="maxmemory"):
-            other.acquire()
-        lock.release()  # as by EVAL: a function without allow-oom would be refused
-        assert not r.exists(lock.keys.lease)
-    finally:
-        r.config_set("maxmemory", previous)
-    assert not r.exists(other.keys.lease)
