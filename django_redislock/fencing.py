@@ -8,7 +8,7 @@ holder's write is refused by the database itself::
 
     @redis_locked("purchase:{product_id}")
     def purchase(product_id):
-        fence = current_lock().fence
+        fence = current_fence()
         qs = Product.objects.filter(pk=product_id)
         fenced_update(qs, fence)             # claim the row first (see below)
         product = qs.get()
@@ -67,7 +67,7 @@ def fenced_update(
     if fence is None:
         if conf.ENABLED:
             raise TypeError(
-                "fenced_update() needs the lock's fencing token: pass current_lock().fence "
+                "fenced_update() needs the lock's fencing token: pass current_fence() "
                 "(or lock.fence) from inside the lock"
             )
         return queryset.update(**updates) if updates else queryset.count()

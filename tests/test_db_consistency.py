@@ -629,7 +629,7 @@ def test_fenced_queryset_and_argument_errors() -> None:
     qs = FencedQuerySet(model=Product).filter(pk=p.pk)
     assert qs.fenced_update(4, stock=2) == 1
     assert Product.objects.get(pk=p.pk).fence == 4
-    with pytest.raises(TypeError, match="current_lock"):
+    with pytest.raises(TypeError, match="current_fence"):
         fenced_update(qs, None, stock=1)
     with pytest.raises(TypeError, match="set from fence="):
         fenced_update(qs, 5, field="stock", stock=6)
