@@ -16,8 +16,6 @@ from .signals import observer
 
 __all__ = ["get_async_lock", "get_async_semaphore", "get_lock", "get_semaphore", "keyspace"]
 
-_keyspaces: dict[str, KeySpace] = {}
-
 # ("lock" or "semaphore", name) -> longest wait (seconds) for calls on that
 # name. Set only by django_redislock.testing while a test holds the name, so
 # that the code under test finds it busy at once, whatever wait it asked for.
@@ -31,12 +29,8 @@ def _wait(kind: str, name: str, wait: float | None) -> float:
 
 
 def keyspace() -> KeySpace:
-    """The KeySpace of ``REDISLOCK['PREFIX']`` (memoised per prefix)."""
-    prefix = conf.PREFIX
-    ks = _keyspaces.get(prefix)
-    if ks is None:
-        ks = _keyspaces.setdefault(prefix, KeySpace(prefix))
-    return ks
+    """The KeySpace of ``REDISLOCK['PREFIX']``, shared with the core's per prefix."""
+    return KeySpace.default(conf.PREFIX)
 
 
 def _options(

@@ -197,13 +197,13 @@ class isolated_prefix(_Block):  # noqa: N801 - used like a function
         from ..core.keys import validate_prefix
 
         self.prefix = None if prefix is None else validate_prefix(prefix)
-        self._active: list[tuple[str, redislock_settings]] = []
+        self._active: list[redislock_settings] = []
 
     def __enter__(self) -> str:
         chosen = unique_prefix() if self.prefix is None else self.prefix
         block = redislock_settings(PREFIX=chosen)
         block.__enter__()
-        self._active.append((chosen, block))
+        self._active.append(block)
         return chosen
 
     def __exit__(
@@ -212,12 +212,7 @@ class isolated_prefix(_Block):  # noqa: N801 - used like a function
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from .. import locks
-
-        chosen, block = self._active.pop()
-        block.__exit__(exc_type, exc, tb)
-        # Each test's prefix is used once: do not keep its key builder.
-        locks._keyspaces.pop(chosen, None)
+        self._active.pop().__exit__(exc_type, exc, tb)
 
 
 # -- holding a lock from elsewhere -------------------------------------------------------------
