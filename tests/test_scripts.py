@@ -91,16 +91,29 @@ def _node_id(port: int) -> str:
 
 
 def _assign(cluster: ClusterTopology, slot: int, port: int) -> None:
-    """Give the (empty) ``slot`` to the node on ``port``, on every node."""
+    """Give the (empty) ``slot`` to the node on ``port``, on every node.
+
+    The new owner claims the slot first and takes the highest config epoch:
+    a node that hears the old owner's stale claim before its own SETSLOT
+    would otherwise keep the old owner for good (the higher epoch wins a
+    gossip conflict), and the move would never settle.
+    """
     owner = _node_id(port)
-    for node in cluster.nodes:
+    ordered = sorted(cluster.nodes, key=lambda n: n.port != port)
+    for node in ordered:
         with node.client(socket_timeout=5) as c:
             c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner)
-    wait_until("the slot to move", lambda: _owner_of(cluster, slot) == port, 20)
+            if node.port == port:
+                c.execute_command("CLUSTER", "BUMPEPOCH")
+    wait_until(
+        "every node to see the slot moved",
+        lambda: all(_owner_of(node, slot) == port for node in cluster.nodes),
+        20,
+    )
 
 
-def _owner_of(cluster: ClusterTopology, slot: int) -> int:
-    with cluster.nodes[0].client(socket_timeout=5) as c:
+def _owner_of(node: Any, slot: int) -> int:
+    with node.client(socket_timeout=5) as c:
         for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
             if start <= slot <= end:
                 return int(primary[1])
