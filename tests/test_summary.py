@@ -320,3 +320,37 @@ def test_the_django_layer_stores_its_templates(r: redis.Redis) -> None:
         if waiter.ident is not None:
             waiter.join(WAIT)
     assert not holder.is_alive() and not waiter.is_alive()
+
+
+@pytest.mark.urls("tests.urls_throttle")
+def test_a_throttling_rule_stores_its_name(settings: Any, r: redis.Redis) -> None:
+    from django.test import Client
+
+    from tests.test_middleware import MW
+    from tests.testapp import views_throttle
+
+    middleware = list(settings.MIDDLEWARE)
+    at = middleware.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1
+    settings.MIDDLEWARE = [*middleware[:at], MW, *middleware[at:]]
+    rule = {"name": "reports", "path": r"^/reports/", "limit": 2, "wait": 0}
+    settings.REDISLOCK = {"THROTTLE": [rule]}
+    entered = views_throttle.entered.setdefault("summary", threading.Event())
+    gate = views_throttle.gates.setdefault("summary", threading.Event())
+    statuses: list[int] = []
+
+    def request() -> None:
+        statuses.append(Client().get("/reports/slow/", {"gate": "summary"}).status_code)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    try:
+        assert entered.wait(WAIT)
+        [row] = list_locks(r, KS)
+        assert (row.name, row.kind, row.template) == ("throttle:reports", "semaphore", "reports")
+        assert row.label == "GET /reports/slow/"
+    finally:
+        gate.set()
+        thread.join(WAIT)
+        views_throttle.entered.pop("summary", None)
+        views_throttle.gates.pop("summary", None)
+    assert statuses == [200]
