@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,10 +13,11 @@ import redis
 from django.core.management import call_command
 
 from django_redislock import connection
+from django_redislock.core.inspect import BUSIEST, HeldLock, TemplateSummary
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
 from django_redislock.core.semaphore import Semaphore
-from django_redislock.management.commands.redislocks import SUMMARY_COLUMNS
+from django_redislock.management.commands.redislocks import SUMMARY_COLUMNS, render_summary
 from tests.test_summary import WAIT, Waiters, queued
 
 KS = KeySpace("redislock")
@@ -107,10 +109,20 @@ def test_summary_json_is_an_object_with_the_rows_unchanged(contended: Any) -> No
     assert isinstance(rows, list)  # without --summary: the array, as always
     data = json.loads(run("list", "--format", "json", "--summary")[0])
     assert set(data) == {"locks", "summary"}
-    assert [(row["name"], row["fence"]) for row in data["locks"]] == [
-        (row["name"], row["fence"]) for row in rows
-    ]
-    assert {key for row in data["locks"] for key in row} == {key for row in rows for key in row}
+
+    def timeless(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # Ages and leases move on between the two runs; nothing else does.
+        drop = {"held_for", "lease_left"}
+        return [
+            {
+                **{k: v for k, v in item.items() if k not in drop},
+                "permits": [{k: v for k, v in p.items() if k not in drop} for p in item["permits"]],
+            }
+            for item in items
+        ]
+
+    # "where ``locks`` is the array printed without ``--summary``"
+    assert timeless(data["locks"]) == timeless(rows)
     types = {
         "template": (str, type(None)),
         "kind": str,
@@ -170,3 +182,70 @@ def test_summary_escapes_templates_and_names(r: redis.Redis) -> None:
     assert data["summary"][0]["template"] == "evil\n{id}"
     assert data["summary"][0]["busiest"][0]["name"] == "evil\x1b[2J:1"
     lock.release()
+
+
+# -- what docs/operating.rst says ---------------------------------------------------
+def _doc_example() -> list[str]:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "operating.rst").read_text()
+    block = text.split("    $ python manage.py redislocks list --summary\n", 1)[1]
+    return [line[4:] for line in block.split("\n\n", 1)[0].splitlines()]
+
+
+def _held(name: str, waiters: int, held_for: float) -> HeldLock:
+    return HeldLock(name, "lock", "h", 1, "t", "", None, held_for, 30.0, waiters, (), 1)
+
+
+def test_the_documented_example_is_what_the_command_prints() -> None:
+    """docs/operating.rst, Summary by template: the example output, line for line."""
+    summaries = [
+        TemplateSummary(
+            "purchase:{product_id}",
+            "lock",
+            212,
+            212,
+            41,
+            37,
+            (_held("purchase:7", 12, 41), _held("purchase:3", 9, 2), _held("purchase:9", 4, 1)),
+        ),
+        TemplateSummary(
+            "exports-per-user",
+            "semaphore",
+            3,
+            7,
+            185,
+            2,
+            (
+                _held("exports:alice", 2, 185),
+                _held("exports:bob", 0, 12),
+                _held("exports:carol", 0, 4),
+            ),
+        ),
+        TemplateSummary(None, "lock", 1, 1, 7, 0, (_held("nightly", 0, 7),)),
+    ]
+    assert render_summary(summaries) == _doc_example()
+    assert BUSIEST == 3  # "up to three names"
+
+
+def test_the_summary_reads_nothing_more_from_redis(r: redis.Redis) -> None:
+    """docs/operating.rst: "The summary reads nothing more from Redis: its
+    waiters and ages come from the same reads as the rows"."""
+    for i in range(5):
+        lock = Lock(r, f"purchase:{i}", ttl=300, wait=0, keyspace=KS)
+        lock.metric_name = "purchase:{product_id}"
+        assert lock.acquire()
+    run("list")  # scripts loaded, clients connected
+
+    def commands(*args: str) -> int:
+        before = int(r.info("stats")["total_commands_processed"])
+        run(*args)
+        # Less the INFO that read ``before``.
+        return int(r.info("stats")["total_commands_processed"]) - before - 1
+
+    plain = commands("list")
+    assert plain > 0
+    assert commands("list", "--summary") == plain
+    assert commands("list", "--summary", "--format", "json") == plain
+    assert (
+        "The summary\nreads nothing more from Redis"
+        in Path(Path(__file__).resolve().parents[1] / "docs" / "operating.rst").read_text()
+    )

@@ -23,6 +23,7 @@ from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
 from django_redislock.core.semaphore import Semaphore
 from django_redislock.locks import get_lock, get_semaphore
+from django_redislock.metrics import label_of
 from tests.faults.harness import wait_until
 
 KS = KeySpace("redislock")
@@ -104,6 +105,8 @@ def owner_of(r: redis.Redis, lock: Lock) -> dict[str, Any]:
 
 
 def test_the_template_is_stored_under_one_short_key(r: redis.Redis) -> None:
+    """docs/operating.rst: "``t`` in the owner JSON": 7 bytes plus the template
+    per acquire, "and nothing for a lock without one" (the next test)."""
     lock = take(r, "purchase:42", "purchase:{product_id}", label="POST /buy/42")
     data = owner_of(r, lock)
     assert data == {
@@ -302,6 +305,8 @@ def test_the_django_layer_stores_its_templates(r: redis.Redis) -> None:
         queued(r, 1)
         named = get_lock("job:1", metric_name="job")
         assert named.acquire()
+        # The same name metrics give it.
+        assert label_of(named) == "job"
         sem = get_semaphore("uploads:alice", 2, metric_name="uploads-per-user")
         assert sem.acquire()
         with redis_lock("job:2", metric_name="job"), redis_lock("adhoc:3"):
