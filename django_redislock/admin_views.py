@@ -1,5 +1,8 @@
 """A page in the Django admin that lists held locks and force-releases them.
 
+Above the rows, a "By template" table sums them up per template
+(``core.inspect.summarize``): names carry ids, templates do not.
+
 There is no model and no migration: ``install(site)`` adds one URL to an
 ``AdminSite`` (``django_redislock.admin`` does it for ``admin.site``) and an
 entry to its app list. Only active staff reach the page (the admin's own
