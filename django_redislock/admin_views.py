@@ -1,5 +1,8 @@
 """A page in the Django admin that lists held locks and force-releases them.
 
+Above the rows, a "By template" table sums them up per template
+(``core.inspect.summarize``): names carry ids, templates do not.
+
 There is no model and no migration: ``install(site)`` adds one URL to an
 ``AdminSite`` (``django_redislock.admin`` does it for ``admin.site``) and an
 entry to its app list. Only active staff reach the page (the admin's own
@@ -30,9 +33,9 @@ from .conf import conf
 from .connection import get_client
 from .core.exceptions import RedisUnavailable
 from .core.force import release
-from .core.inspect import KINDS, HeldLock, find, list_locks
+from .core.inspect import KINDS, HeldLock, TemplateSummary, find, list_locks, summarize
 from .core.keys import decode_name, encode_name
-from .display import duration, owner_text, printable, quoted
+from .display import duration, owner_text, printable, quoted, template_text
 from .locks import keyspace
 
 __all__ = ["has_permission", "install"]
@@ -122,6 +125,42 @@ def _row(lock: HeldLock) -> Row:
     )
 
 
+@dataclass(frozen=True)
+class SummaryRow:
+    """A TemplateSummary with its display strings, and links to its busiest names."""
+
+    summary: TemplateSummary
+    template: str
+    holders: str
+    longest_held: str
+    busiest: list[dict[str, str]]
+
+
+def _summary_row(site: admin.AdminSite, summary: TemplateSummary) -> SummaryRow:
+    busiest = []
+    for row in summary.busiest:
+        try:
+            # The page filtered to exactly that name.
+            url = _list_url(site, row.name, True)
+        except UnicodeEncodeError:  # a lone surrogate has no URL form
+            url = ""
+        busiest.append(
+            {
+                "name": printable(row.name),
+                "url": url,
+                "waiters": str(row.waiters),
+                "held_for": duration(row.held_for),
+            }
+        )
+    return SummaryRow(
+        summary=summary,
+        template=template_text(summary.template),
+        holders="-" if summary.kind == "lock" else str(summary.holders),
+        longest_held=duration(summary.longest_held),
+        busiest=busiest,
+    )
+
+
 # -- the view -------------------------------------------------------------------
 def _filters(params: Any) -> tuple[str | None, bool]:
     pattern = params.get("pattern") or None
@@ -164,9 +203,13 @@ def locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         logger.warning("admin lock page: %s", exc)
         context["error"] = str(exc)
         return TemplateResponse(
-            request, "admin/django_redislock/locks.html", {**context, "rows": []}, status=503
+            request,
+            "admin/django_redislock/locks.html",
+            {**context, "rows": [], "summary": []},
+            status=503,
         )
     context["rows"] = [_row(row) for row in rows]
+    context["summary"] = [_summary_row(site, s) for s in summarize(rows)]
     return TemplateResponse(request, "admin/django_redislock/locks.html", context)
 
 

@@ -11,7 +11,7 @@ import unicodedata
 
 from .core.inspect import HeldLock, Holder
 
-__all__ = ["duration", "owner_text", "printable", "quoted", "width"]
+__all__ = ["NO_TEMPLATE", "duration", "owner_text", "printable", "quoted", "template_text", "width"]
 
 _NAMED_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -75,3 +75,14 @@ def owner_text(row: HeldLock | Holder) -> str:
     """``host:pid/thread`` of a holder, escaped for display."""
     pid = "?" if row.pid is None else str(row.pid)
     return printable(f"{row.host or '?'}:{pid}/{row.thread or '?'}")
+
+
+# What the summary calls the group of locks taken with no template: ad-hoc
+# locks with no ``metric_name``, and leases written before templates were
+# stored. In parentheses, so it reads as no template rather than as one.
+NO_TEMPLATE = "(no template)"
+
+
+def template_text(template: str | None) -> str:
+    """A template for display, or ``NO_TEMPLATE``."""
+    return NO_TEMPLATE if template is None else printable(template)

@@ -36,6 +36,7 @@ COLUMNS = ["", "Name", "Kind", "Fence", "Held for", "Lease left", "Waiters", "Ow
 LONG_NAME = "report:" + "x" * 90
 LONG_LABEL = "POST /exports/" + "y" * 100 + "/csv"
 LONG_THREAD = "ThreadPoolExecutor-export-workers-with-a-rather-long-name_0"
+LONG_TEMPLATE = "report:{request.user.organisation.pk}:" + "w" * 80
 
 
 @pytest.fixture(autouse=True)
@@ -58,6 +59,7 @@ def _take_permit(r: redis.Redis, label: str, thread_name: str) -> Semaphore:
 
     def take() -> None:
         sem = Semaphore(r, "exports", 5, ttl=600, wait=0, keyspace=KS, label=label)
+        sem.metric_name = "exports-" + "v" * 80
         assert sem.acquire()
         permits.append(sem)
 
@@ -70,7 +72,9 @@ def _take_permit(r: redis.Redis, label: str, thread_name: str) -> Semaphore:
 @pytest.fixture
 def held(r: redis.Redis) -> dict[str, Any]:
     lock = Lock(r, LONG_NAME, ttl=600, wait=0, keyspace=KS, label=LONG_LABEL)
+    lock.metric_name = LONG_TEMPLATE
     assert lock.acquire()
+
     first = _take_permit(r, "nightly export", LONG_THREAD)
     second = _take_permit(r, "export csv " + "z" * 80, "Thread-3")
     return {"lock": lock, "permits": [first, second]}
@@ -230,6 +234,8 @@ window.addEventListener("load", function () {
   var table = document.getElementById("result_list");
   document.body.setAttribute("data-page-width", document.documentElement.scrollWidth);
   document.body.setAttribute("data-table-right", Math.ceil(table.getBoundingClientRect().right));
+  var summary = document.getElementById("redislock-summary").getBoundingClientRect();
+  document.body.setAttribute("data-summary-right", Math.ceil(summary.right));
 });
 </script>"""
 
@@ -267,6 +273,8 @@ def test_page_fits_1280px_in_chromium(
     dom = done.stdout
     width = re.search(r'data-page-width="(\d+)"', dom)
     right = re.search(r'data-table-right="(\d+)"', dom)
-    assert width and right, done.stderr[-2000:]
+    summary = re.search(r'data-summary-right="(\d+)"', dom)
+    assert width and right and summary, done.stderr[-2000:]
     assert int(width.group(1)) <= 1280
     assert int(right.group(1)) <= 1280
+    assert int(summary.group(1)) <= 1280

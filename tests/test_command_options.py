@@ -47,9 +47,11 @@ def run(*args: str) -> tuple[str, str]:
         ["-v", "2", "--traceback", "--no-color", "--skip-checks"],
     ],
 )
-@pytest.mark.parametrize("action", [["list"], ["clear", "--all", "--noinput"]])
+@pytest.mark.parametrize(
+    "action", [["list"], ["list", "--summary"], ["clear", "--all", "--noinput"]]
+)
 def test_common_options_after_the_subcommand(action: list[str], options: list[str]) -> None:
-    expected = "No locks held.\n" if action == ["list"] else "Nothing to release.\n"
+    expected = "No locks held.\n" if action[0] == "list" else "Nothing to release.\n"
     assert run(*action, *options) == (expected, "")
 
 

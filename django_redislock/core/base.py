@@ -92,14 +92,16 @@ def _hostname() -> str:
 # Same process, thread and label: same JSON. Serialising it again on every
 # acquire would cost as much as a quarter of the client-side work, and a
 # handle made per call (as the decorator makes them) would never reuse its own.
-# Bounded: thread names and labels are few, but need not be.
+# Bounded: thread names, labels and templates are few, but need not be.
 @lru_cache(maxsize=1024)
-def _owner_json(pid: int, who: str, label: str) -> str:
-    return json.dumps(
-        {"host": _hostname(), "pid": pid, "thread": who, "label": label},
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
+def _owner_json(pid: int, who: str, label: str, template: str | None = None) -> str:
+    data: dict[str, Any] = {"host": _hostname(), "pid": pid, "thread": who, "label": label}
+    if template is not None:
+        # The lock's template (``metric_name``), so operators can group names
+        # that carry ids: one short key, and nothing at all for ad-hoc locks.
+        # Readers treat an owner without it (an older entry) as ad-hoc.
+        data["t"] = template
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
 class LockBase:
@@ -187,7 +189,11 @@ class LockBase:
         return self.wait if wait is None else check_seconds("wait", wait, allow_zero=True)
 
     def _owner(self, who: str) -> str:
-        return _owner_json(os.getpid(), who, self.label)
+        template = self.metric_name
+        # Set by the caller after construction: anything but a str is left out.
+        return _owner_json(
+            os.getpid(), who, self.label, template if isinstance(template, str) else None
+        )
 
     def _validity(self, sent: float, ttl_ms: int) -> float:
         return validity(sent, ttl_ms, self.drift_factor)

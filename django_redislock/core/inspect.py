@@ -10,6 +10,11 @@ Names are filtered in Python on the stored readable name, not on the key (long
 names appear in keys as a digest). Patterns are shell globs (``fnmatch``:
 ``*``, ``?``, ``[abc]``, ``[!abc]``; ``[*]`` matches a literal star), or plain
 strings compared exactly with ``literal=True``.
+
+``summarize`` groups the rows by template (the decorator's key template, a
+throttling rule's name: what the lock handle had as ``metric_name``, stored
+with each lease and permit), never by the name alone, which may carry an id
+per call.
 """
 
 from __future__ import annotations
@@ -28,13 +33,16 @@ from .keys import KeySpace, decode_name
 from .topology import is_cluster
 
 __all__ = [
+    "BUSIEST",
     "KINDS",
     "HeldLock",
     "Holder",
+    "TemplateSummary",
     "find",
     "list_locks",
     "matches",
     "scan_keys",
+    "summarize",
 ]
 
 logger = logging.getLogger("django_redislock.inspect")
@@ -65,6 +73,9 @@ class Holder:
     # Seconds until it expires unless renewed; None when it has no expiry.
     lease_left: float | None
     token: str = field(repr=False, compare=False, default="")
+    # The template it was taken under (``metric_name``); None for an ad-hoc
+    # lock, and for an owner written before templates were stored.
+    template: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +110,9 @@ class HeldLock:
     holders: tuple[Holder, ...]
     limit: int | None
     key: bytes = field(repr=False, compare=False, default=b"")
+    # See Holder.template; a semaphore's is that of its longest-held permit
+    # that has one.
+    template: str | None = None
 
     @property
     def token(self) -> str:
@@ -201,7 +215,7 @@ def _own_name(keyspace: KeySpace, kind: str, key: bytes, stored: bytes) -> str |
     return None
 
 
-def _owner(raw: bytes) -> tuple[str, int | None, str, str]:
+def _owner(raw: bytes) -> tuple[str, int | None, str, str, str | None]:
     try:
         data = json.loads(raw.decode("utf-8", "surrogatepass")) if raw else {}
     except (ValueError, UnicodeDecodeError):
@@ -209,11 +223,13 @@ def _owner(raw: bytes) -> tuple[str, int | None, str, str]:
     if not isinstance(data, dict):
         data = {}
     pid = data.get("pid")
+    template = data.get("t")
     return (
         str(data.get("host", "")),
         pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
         str(data.get("thread", "")),
         str(data.get("label", "")),
+        template if isinstance(template, str) and template else None,
     )
 
 
@@ -276,13 +292,15 @@ def _parse_lock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
     if own is None:
         logger.debug("skipping %r: not a key of this library", key)
         return None
-    host, pid, thread, label = _owner(owner)
+    host, pid, thread, label, template = _owner(owner)
     fence_us = _int(fence)
     # A fence is the server's microsecond clock at the grant (a little more
     # only if that clock had fallen behind the previous fence).
     held_for = _seconds(now - fence_us // 1000) if fence_us is not None else 0.0
     lease_left = None if int(pttl) < 0 else _seconds(int(pttl))
-    holder = Holder(host, pid, thread, label, held_for, lease_left, token.decode("latin-1"))
+    holder = Holder(
+        host, pid, thread, label, held_for, lease_left, token.decode("latin-1"), template
+    )
     return HeldLock(
         name=own,
         kind="lock",
@@ -297,6 +315,7 @@ def _parse_lock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
         holders=(holder,),
         limit=1,
         key=key,
+        template=template,
     )
 
 
@@ -312,7 +331,7 @@ def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | N
     rest = reply[4:]
     for i in range(0, len(rest), 4):
         token, expiry, owner, acquired = rest[i : i + 4]
-        host, pid, thread, label = _owner(owner)
+        host, pid, thread, label, template = _owner(owner)
         acquired_ms = _int(acquired)
         expiry_ms = _int(float(expiry))
         holders.append(
@@ -324,6 +343,7 @@ def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | N
                 _seconds(now - acquired_ms) if acquired_ms is not None else 0.0,
                 None if expiry_ms is None else _seconds(expiry_ms - now),
                 token.decode("latin-1"),
+                template,
             )
         )
     if not holders:
@@ -346,6 +366,8 @@ def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | N
         holders=tuple(holders),
         limit=_int(limit),
         key=key,
+        # Permits taken before an upgrade have none: the first that has one.
+        template=next((h.template for h in holders if h.template is not None), None),
     )
 
 
@@ -426,3 +448,77 @@ def find(
         if not found:
             missing.append(name)
     return rows, missing
+
+
+# -- per-template summary ---------------------------------------------------------
+# Names shown per template: the ones an operator looks at first.
+BUSIEST = 3
+
+
+@dataclass(frozen=True)
+class TemplateSummary:
+    """The held locks (or semaphores) of one template, of one kind, together.
+
+    ``template`` is None for ad-hoc locks (no ``metric_name``) and for owners
+    written before templates were stored.
+    """
+
+    template: str | None
+    kind: str
+    # Names held, and leases or permits held under them (equal for locks).
+    held: int
+    holders: int
+    # Seconds the longest-held lease or permit among them has been held.
+    longest_held: float
+    # Callers queued behind them, in total.
+    waiters: int
+    # The busiest names: most waiters first, then the longest held.
+    busiest: tuple[HeldLock, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "template": self.template,
+            "kind": self.kind,
+            "held": self.held,
+            "holders": self.holders,
+            "longest_held": self.longest_held,
+            "waiters": self.waiters,
+            "busiest": [
+                {"name": row.name, "waiters": row.waiters, "held_for": row.held_for}
+                for row in self.busiest
+            ],
+        }
+
+
+def _busier(row: HeldLock) -> tuple[int, float, str]:
+    return (-row.waiters, -row.held_for, row.name)
+
+
+def summarize(rows: Iterable[HeldLock], *, busiest: int = BUSIEST) -> list[TemplateSummary]:
+    """One summary per (template, kind) of ``rows``, the most contended first.
+
+    Reads nothing from Redis: the waiters and ages are those ``list_locks``
+    read, in the same pipelined scripts as the rows. Ordered by waiters, then
+    by names held, then by template (ad-hoc last among equals).
+    """
+    if isinstance(busiest, bool) or not isinstance(busiest, int) or busiest < 0:
+        raise ValueError(f"busiest must be a whole number, 0 or more; got {busiest!r}")
+    groups: dict[tuple[str | None, str], list[HeldLock]] = {}
+    for row in rows:
+        groups.setdefault((row.template, row.kind), []).append(row)
+    out = [
+        TemplateSummary(
+            template=template,
+            kind=kind,
+            held=len(members),
+            holders=sum(len(row.holders) for row in members),
+            longest_held=max(row.held_for for row in members),
+            waiters=sum(row.waiters for row in members),
+            busiest=tuple(sorted(members, key=_busier)[:busiest]),
+        )
+        for (template, kind), members in groups.items()
+    ]
+    # By counts only: an order that shifts with the clock between two
+    # refreshes of a page would make a quiet page look busy.
+    out.sort(key=lambda s: (-s.waiters, -s.held, s.template is None, s.template or "", s.kind))
+    return out

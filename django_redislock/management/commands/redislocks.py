@@ -1,9 +1,11 @@
 """``manage.py redislocks list|clear``: see and force-release held locks.
 
 ``list`` shows one row per held lock and per semaphore with live permits
-(``--format json`` for scripts). ``clear`` force-releases named locks, those
-matching ``--pattern``, or ``--all``, after confirmation unless ``--noinput``;
-``--dry-run`` only shows what would go. A name asked for that is not held is
+(``--format json`` for scripts), and with ``--summary`` first one line per
+template: how many are held, the longest held, the waiters, the busiest names.
+``clear`` force-releases named locks, those matching ``--pattern``, or
+``--all``, after confirmation unless ``--noinput``; ``--dry-run`` only shows
+what would go. A name asked for that is not held is
 reported and makes the command exit non-zero.
 """
 
@@ -19,8 +21,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ...connection import get_client
 from ...core.exceptions import RedisUnavailable
 from ...core.force import release, select
-from ...core.inspect import KINDS, HeldLock, list_locks
-from ...display import duration, owner_text, printable, quoted, width
+from ...core.inspect import KINDS, HeldLock, TemplateSummary, list_locks, summarize
+from ...display import duration, owner_text, printable, quoted, template_text, width
 from ...locks import keyspace
 
 COLUMNS = (
@@ -87,14 +89,45 @@ def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
     return cells
 
 
-def render_table(rows: list[HeldLock]) -> list[str]:
-    body = table_rows(rows)
-    widths = [max(width(line[i]) for line in [COLUMNS, *body]) for i in range(len(COLUMNS))]
+def _aligned(columns: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(width(line[i]) for line in [columns, *body]) for i in range(len(columns))]
     lines = []
-    for line in [COLUMNS, *body]:
+    for line in [columns, *body]:
         padded = [cell + " " * (widths[i] - width(cell)) for i, cell in enumerate(line)]
         lines.append("  ".join(padded).rstrip())
     return lines
+
+
+def render_table(rows: list[HeldLock]) -> list[str]:
+    return _aligned(COLUMNS, table_rows(rows))
+
+
+SUMMARY_COLUMNS = ("TEMPLATE", "KIND", "HELD", "HOLDERS", "LONGEST HELD", "WAITERS", "BUSIEST")
+
+
+def busiest_text(row: HeldLock) -> str:
+    """``name (2 waiting, 7s)``: one of a summary's busiest names."""
+    return f"{printable(row.name)} ({row.waiters} waiting, {duration(row.held_for)})"
+
+
+def summary_rows(summaries: list[TemplateSummary]) -> list[tuple[str, ...]]:
+    """Cells of the summary table; HOLDERS counts permits (``-`` for locks)."""
+    return [
+        (
+            template_text(s.template),
+            s.kind,
+            str(s.held),
+            "-" if s.kind == "lock" else str(s.holders),
+            duration(s.longest_held),
+            str(s.waiters),
+            "; ".join(busiest_text(row) for row in s.busiest),
+        )
+        for s in summaries
+    ]
+
+
+def render_summary(summaries: list[TemplateSummary]) -> list[str]:
+    return _aligned(SUMMARY_COLUMNS, summary_rows(summaries))
 
 
 def describe(row: HeldLock) -> str:
@@ -146,6 +179,12 @@ class Command(BaseCommand):
             choices=("table", "json"),
             default="table",
             help="table (people, the default) or json (scripts: one array of objects).",
+        )
+        ls.add_argument(
+            "--summary",
+            action="store_true",
+            help="First one line per template (held, longest held, waiters, busiest names); "
+            'in json, an object: {"locks": [...], "summary": [...]}.',
         )
         cl = sub.add_parser("clear", help="Force-release locks and semaphores.")
         _accept_common_options(cl, common)
@@ -199,13 +238,23 @@ class Command(BaseCommand):
 
     def _list(self, client: Any, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
         rows = list_locks(client, keyspace(), options["pattern"], options["literal"], kinds=kinds)
+        summary = options["summary"]
         if options["format"] == "json":
+            locks = [row.as_dict() for row in rows]
+            # Without --summary, the array it has always been: scripts keep working.
+            data: Any = locks
+            if summary:
+                data = {"locks": locks, "summary": [s.as_dict() for s in summarize(rows)]}
             # ASCII escapes keep any name exact, whatever the terminal's encoding.
-            self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
+            self.stdout.write(json.dumps(data, indent=2))
             return
         if not rows:
             self.stdout.write("No locks held.")
             return
+        if summary:
+            for line in render_summary(summarize(rows)):
+                self.stdout.write(line)
+            self.stdout.write("")
         for line in render_table(rows):
             self.stdout.write(line)
 
