@@ -11,15 +11,19 @@ from .exceptions import (
 from .keys import KeySpace
 from .lock import Lock
 from .lock_async import AsyncLock
+from .multi import MultiLock
+from .multi_async import AsyncMultiLock
 
 __all__ = [
     "AsyncLock",
+    "AsyncMultiLock",
     "KeySpace",
     "Lock",
     "LockError",
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "MultiLock",
     "RedisUnavailable",
     "ReplicationTimeout",
 ]

@@ -1,0 +1,103 @@
+"""``AsyncMultiLock``: ``MultiLock`` for asyncio (see ``multi.py`` for how it
+takes several names without ever waiting while it holds one). Same order of
+definitions as the sync driver."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from .exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
+from .lock_async import AsyncLock
+from .multi import MultiBase
+
+__all__ = ["AsyncMultiLock"]
+
+
+class AsyncMultiLock(MultiBase[AsyncLock]):
+    """``MultiLock`` for asyncio: locks on several names, all held or none."""
+
+    _handle = AsyncLock
+
+    async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+        """Take every name, waiting up to ``wait`` seconds in all (0: try once)."""
+        started = time.monotonic()
+        deadline = started + self._wait_s(wait)
+        first: AsyncLock | None = None  # a busy name to wait for, holding nothing
+        while True:
+            taken: list[AsyncLock] = []
+            busy: AsyncLock | None = None
+            try:
+                if first is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not await first.acquire(left, ttl=ttl):
+                        self._stayed_busy(first, started)
+                        return False
+                    taken.append(first)
+                for lock in self.locks.values():
+                    if lock is first:
+                        continue
+                    if not await lock.acquire(0, ttl=ttl):
+                        busy = lock
+                        break
+                    taken.append(lock)
+            except BaseException:
+                # Cancelled too: each release runs to its end regardless.
+                await self._give_back(taken)
+                raise
+            if busy is None:
+                self._taken(started)
+                return True
+            await self._give_back(taken)
+            if time.monotonic() >= deadline:
+                self._stayed_busy(busy, started)
+                return False
+            first = busy
+
+    async def _give_back(self, taken: list[AsyncLock]) -> None:
+        """Release names taken on the way to a busy one (newest first)."""
+        for lock in reversed(taken):
+            try:
+                await lock.release()
+            except (LockError, RedisUnavailable):
+                # Lost meanwhile, or Redis did not answer: the handle already
+                # goes on giving it back off our path; nothing was done under it.
+                pass
+
+    async def release(self) -> None:
+        """Give every name back; see ``MultiLock.release``."""
+        failure: BaseException | None = None
+        for lock in reversed(self.locks.values()):
+            try:
+                await lock.release()
+            except (LockLost, RedisUnavailable) as exc:
+                if failure is None or isinstance(exc, RedisUnavailable):
+                    failure = exc
+                continue
+            self._released(lock)
+        if isinstance(failure, LockLost):
+            raise LockLost(f"lock {self.name!r} was lost before it was released") from failure
+        if failure is not None:
+            raise failure
+
+    async def extend(self, ttl: float | None = None) -> None:
+        """Reset every name's lease to ``ttl`` seconds (default: the handle's)."""
+        for lock in self.locks.values():
+            await lock.extend(ttl)
+
+    async def __aenter__(self) -> AsyncMultiLock:
+        if not await self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockError:
+            if exc_type is None:
+                raise
