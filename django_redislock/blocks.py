@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
 from .conf import conf
-from .context import _held, _push, _reentered, _task_owner
-from .core.base import LockBase
+from .context import Held, _held, _push, _reentered, _task_owner
 from .core.exceptions import LockError, LockNotAcquired
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
-from .locks import get_async_lock, get_lock
+from .core.multi import MultiLock, lock_names
+from .core.multi_async import AsyncMultiLock
+from .locks import get_async_lock, get_async_multi_lock, get_lock, get_multi_lock
 from .options import _options
 from .transactions import connect_early
 
@@ -39,8 +41,10 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
 
     Gives the held ``Lock`` (``AsyncLock`` under ``async with``), with
     ``.name`` and ``.fence``, and makes it ``current_lock()`` inside the
-    block. Raises ``LockNotAcquired`` when busy past ``wait`` and
-    ``RedisUnavailable`` when Redis cannot be reached. With
+    block. A list (or other iterable) of names takes them all or none, as a
+    ``MultiLock`` (``AsyncMultiLock``) with a fence per name. Raises
+    ``LockNotAcquired`` when busy past ``wait`` and ``RedisUnavailable`` when
+    Redis cannot be reached. With
     ``REDISLOCK['ENABLED'] = False`` the block runs unlocked and gets None.
     ``metric_name`` labels the lock in metrics (default "other"): give one
     name to all blocks of one kind, never the lock name with its ids.
@@ -53,7 +57,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
 
     def __init__(
         self,
-        name: str,
+        name: str | Iterable[str],
         *,
         timeout: float | None = None,
         wait: float | None = None,
@@ -63,28 +67,36 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         label: str = "",
         metric_name: str | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"redis_lock(): name must be a non-empty str, not {name!r}")
+        if isinstance(name, str):
+            if not name:
+                raise TypeError("redis_lock(): name must be a non-empty str, not ''")
+            self.name: str | tuple[str, ...] = name
+        else:
+            try:
+                self.name = lock_names(name)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"redis_lock(): name must be a non-empty str or a list of them ({exc})"
+                ) from None
         if metric_name is not None and (not isinstance(metric_name, str) or not metric_name):
             raise TypeError(
                 f"redis_lock(): metric_name must be a non-empty str or None, not {metric_name!r}"
             )
         opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None)
-        self.name = name
         # Without a label, the lock says where it was taken (see _where).
         self._label = label or _where(sys._getframe(1))
         self.metric_name = metric_name
         self._opts = opts
         # Entries per thread or task: the same object may be shared.
         # Each entry: (lock, context token, whether this block acquired it).
-        self._entries: dict[object, list[tuple[LockBase | None, Any, bool]]] = {}
+        self._entries: dict[object, list[tuple[Held | None, Any, bool]]] = {}
         self._guard = threading.Lock()
 
-    def _enter(self, owner: object, entry: tuple[LockBase | None, Any, bool]) -> None:
+    def _enter(self, owner: object, entry: tuple[Held | None, Any, bool]) -> None:
         with self._guard:
             self._entries.setdefault(owner, []).append(entry)
 
-    def _exit(self, owner: object) -> tuple[LockBase | None, Any, bool]:
+    def _exit(self, owner: object) -> tuple[Held | None, Any, bool]:
         with self._guard:
             stack = self._entries[owner]
             entry = stack.pop()
@@ -92,7 +104,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
                 del self._entries[owner]
         return entry
 
-    def __enter__(self) -> Lock | None:
+    def __enter__(self) -> Any:
         owner = threading.get_ident()
         if not conf.ENABLED:
             self._enter(owner, (None, None, False))
@@ -102,18 +114,23 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         if entered is not None:
             # This thread holds it already (an enclosing block or decorated
             # call): run under it; the enclosing one releases.
-            assert isinstance(entered, Lock)
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
-        lock = get_lock(
-            self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
-        )
+        lock: Lock | MultiLock
+        if isinstance(self.name, str):
+            lock = get_lock(
+                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
+            )
+        else:
+            lock = get_multi_lock(
+                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
+            )
         early = conf.CONNECT_EARLY
         if not isinstance(early, bool):
             # Named databases: open them before waiting, as the decorator does.
             connect_early(early)
         if not lock.acquire():
-            raise LockNotAcquired(self.name, retry_after=lock.retry_after)
+            raise LockNotAcquired(lock.name, retry_after=lock.retry_after)
         self._enter(owner, (lock, _push(lock, key, owner), True))
         return lock
 
@@ -129,14 +146,14 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         _held.reset(token)
         if not acquired:
             return
-        assert isinstance(lock, Lock)
+        assert isinstance(lock, (Lock, MultiLock))
         try:
             lock.release()
         except LockError:
             if exc_type is None:
                 raise
 
-    async def __aenter__(self) -> AsyncLock | None:
+    async def __aenter__(self) -> Any:
         owner = _task_owner()
         if not conf.ENABLED:
             self._enter(owner, (None, None, False))
@@ -144,14 +161,19 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         key = (self._opts.cache_alias, self.name)
         entered = _reentered(key, owner)
         if entered is not None:
-            assert isinstance(entered, AsyncLock)
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
-        lock = get_async_lock(
-            self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
-        )
+        lock: AsyncLock | AsyncMultiLock
+        if isinstance(self.name, str):
+            lock = get_async_lock(
+                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
+            )
+        else:
+            lock = get_async_multi_lock(
+                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
+            )
         if not await lock.acquire():
-            raise LockNotAcquired(self.name, retry_after=lock.retry_after)
+            raise LockNotAcquired(lock.name, retry_after=lock.retry_after)
         self._enter(owner, (lock, _push(lock, key, owner), True))
         return lock
 
@@ -167,7 +189,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         _held.reset(token)
         if not acquired:
             return
-        assert isinstance(lock, AsyncLock)
+        assert isinstance(lock, (AsyncLock, AsyncMultiLock))
         try:
             await lock.release()
         except LockError:

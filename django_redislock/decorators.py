@@ -32,12 +32,12 @@ from django.http import HttpRequest
 
 from .blocks import redis_lock
 from .conf import conf
-from .context import _held, _push, _reentered, _task_owner, current_fence, current_lock
+from .context import Key, _held, _push, _reentered, _task_owner, current_fence, current_lock
 from .core.exceptions import LockLost, RedisUnavailable
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
 from .deferred import Deferred, adopt
-from .locks import get_async_lock, get_lock
+from .locks import get_async_lock, get_async_multi_lock, get_lock, get_multi_lock
 from .naming import _describe, _Namer, _namer_for
 from .options import _check_key, _check_target, _django_task, _Options, _options
 from .outcomes import _arelease, _busy, _fail_open, _lost_response, _release, _unavailable
@@ -66,6 +66,23 @@ def _metric_name(namer: _Namer, label: str) -> str:
     return namer.key if isinstance(namer.key, str) else label
 
 
+def _shown(names: str | tuple[str, ...]) -> str:
+    """One name as it is; several as ``"a, b"``, for messages and responses."""
+    return names if isinstance(names, str) else ", ".join(names)
+
+
+def _new_lock(names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any]) -> Any:
+    if isinstance(names, str):
+        return get_lock(names, metric_name=metric, **kwargs)
+    return get_multi_lock(names, metric_name=metric, **kwargs)
+
+
+def _new_async_lock(names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any]) -> Any:
+    if isinstance(names, str):
+        return get_async_lock(names, metric_name=metric, **kwargs)
+    return get_async_multi_lock(names, metric_name=metric, **kwargs)
+
+
 # -- the sync and async paths ---------------------------------------------------------
 def _call_sync(
     wrapper: Any,
@@ -81,8 +98,9 @@ def _call_sync(
     if not conf.ENABLED:
         with txn.atomic():
             return func(*args, **kwargs)
-    name = namer(args, kwargs)
-    key = (opts.cache_alias, name)
+    names = namer(args, kwargs)
+    name = _shown(names)
+    key: Key = (opts.cache_alias, names)
     owner = threading.get_ident()
     entered = _reentered(key, owner)
     if entered is not None:
@@ -100,7 +118,7 @@ def _call_sync(
     if deferred is not None:
         lock = deferred.lock
     else:
-        lock = get_lock(name, metric_name=_metric_name(namer, label), **opts.lock_kwargs(label))
+        lock = _new_lock(names, _metric_name(namer, label), opts.lock_kwargs(label))
         txn.connect_early()
         try:
             acquired = lock.acquire()
@@ -143,7 +161,9 @@ def _call_sync(
     return result
 
 
-async def _name_async(namer: _Namer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+async def _name_async(
+    namer: _Namer, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> str | tuple[str, ...]:
     try:
         return namer(args, kwargs)
     except SynchronousOnlyOperation:
@@ -163,8 +183,9 @@ async def _call_async(
     request = _request_in(args)
     if not conf.ENABLED:
         return await func(*args, **kwargs)
-    name = await _name_async(namer, args, kwargs)
-    key = (opts.cache_alias, name)
+    names = await _name_async(namer, args, kwargs)
+    name = _shown(names)
+    key: Key = (opts.cache_alias, names)
     owner = _task_owner()
     entered = _reentered(key, owner)
     if entered is not None:
@@ -173,7 +194,7 @@ async def _call_async(
             return await func(*args, **kwargs)
         finally:
             _held.reset(token)
-    lock = get_async_lock(name, metric_name=_metric_name(namer, label), **opts.lock_kwargs(label))
+    lock = _new_async_lock(names, _metric_name(namer, label), opts.lock_kwargs(label))
     try:
         acquired = await lock.acquire()
     except RedisUnavailable as exc:

@@ -35,6 +35,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from .context import Key
 from .core import renewal
 from .core.exceptions import LockLost
 from .core.lock import Lock
@@ -42,8 +43,6 @@ from .outcomes import _release
 
 log_lost = logging.getLogger("django_redislock.lost")
 log_release = logging.getLogger("django_redislock.release")
-
-Key = tuple[str, str]  # (cache alias, lock name)
 
 # Per thread: database connections, and so transactions, are per thread.
 _pending_local = threading.local()

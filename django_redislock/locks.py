@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .conf import conf
@@ -10,11 +10,21 @@ from .connection import check_eviction, get_async_client, get_client
 from .core.keys import KeySpace
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
+from .core.multi import MultiLock, lock_names
+from .core.multi_async import AsyncMultiLock
 from .core.semaphore import Semaphore
 from .core.semaphore_async import AsyncSemaphore
 from .signals import observer
 
-__all__ = ["get_async_lock", "get_async_semaphore", "get_lock", "get_semaphore", "keyspace"]
+__all__ = [
+    "get_async_lock",
+    "get_async_multi_lock",
+    "get_async_semaphore",
+    "get_lock",
+    "get_multi_lock",
+    "get_semaphore",
+    "keyspace",
+]
 
 # ("lock" or "semaphore", name) -> longest wait (seconds) for calls on that
 # name. Set only by django_redislock.testing while a test holds the name, so
@@ -117,6 +127,83 @@ def get_async_lock(
     )
     lock.metric_name = metric_name
     return lock
+
+
+def _multi_options(names: tuple[str, ...], wait: float | None, **rest: Any) -> dict[str, Any]:
+    options = _options(names[0], wait=wait, **rest)
+    # A name a test holds caps the wait of every lock that includes it.
+    options["wait"] = min(_wait("lock", name, wait) for name in names)
+    return options
+
+
+def get_multi_lock(
+    names: Iterable[str],
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    renew: bool | None = None,
+    renew_max: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    on_lost: Callable[[Any], None] | None = None,
+    replicas: int | None = None,
+    replicas_timeout: float | None = None,
+    metric_name: str | None = None,
+) -> MultiLock:
+    """A ``MultiLock`` on ``names`` (all held or none), configured as ``get_lock``."""
+    ordered = lock_names(names)
+    client = get_client(alias)
+    check_eviction(client)
+    return MultiLock(
+        client,
+        ordered,
+        metric_name=metric_name,
+        **_multi_options(
+            ordered,
+            wait,
+            timeout=timeout,
+            renew=renew,
+            renew_max=renew_max,
+            label=label,
+            on_lost=on_lost,
+            replicas=replicas,
+            replicas_timeout=replicas_timeout,
+        ),
+    )
+
+
+def get_async_multi_lock(
+    names: Iterable[str],
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    renew: bool | None = None,
+    renew_max: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    on_lost: Callable[[Any], None] | None = None,
+    replicas: int | None = None,
+    replicas_timeout: float | None = None,
+    metric_name: str | None = None,
+) -> AsyncMultiLock:
+    """An ``AsyncMultiLock`` for the running event loop, configured as ``get_lock``."""
+    ordered = lock_names(names)
+    return AsyncMultiLock(
+        get_async_client(alias),
+        ordered,
+        metric_name=metric_name,
+        **_multi_options(
+            ordered,
+            wait,
+            timeout=timeout,
+            renew=renew,
+            renew_max=renew_max,
+            label=label,
+            on_lost=on_lost,
+            replicas=replicas,
+            replicas_timeout=replicas_timeout,
+        ),
+    )
 
 
 def _semaphore_options(

@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .core.multi import lock_names
+
 _formatter = string.Formatter()
 _ROOT = re.compile(r"[^.\[]*")
 
@@ -96,14 +98,19 @@ class _Namer:
                 f"{', '.join(sorted(known)) or '(none)'}, or pass a callable key"
             )
 
-    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | tuple[str, ...]:
         key = self.key
         if not isinstance(key, str):
             name = key(*args, **kwargs)
+            if isinstance(name, (list, tuple, set, frozenset)) and name:
+                try:
+                    return lock_names(name)  # several names: all locked, or none
+                except TypeError as exc:
+                    raise TypeError(f"the lock key callable of {self.where}: {exc}") from None
             if not isinstance(name, str) or not name:
                 raise TypeError(
                     f"the lock key callable of {self.where} returned {name!r}; "
-                    "it must return a non-empty str"
+                    "it must return a non-empty str, or a non-empty list of them"
                 )
             return name
         if self.signature is None:

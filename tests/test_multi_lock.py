@@ -66,7 +66,9 @@ def test_takes_every_name_with_its_own_fence(r: redis.Redis) -> None:
     assert earlier.acquire()
     earlier.release()
     observer = Recorder()
-    multi = MultiLock(r, ["cart:c", "cart:a", "cart:b", "cart:a"], ttl=10, wait=0, observer=observer)
+    multi = MultiLock(
+        r, ["cart:c", "cart:a", "cart:b", "cart:a"], ttl=10, wait=0, observer=observer
+    )
     assert multi.names == ("cart:a", "cart:b", "cart:c")  # distinct, sorted
     assert multi.acquire()
     assert multi.held and 0 < multi.remaining <= 10
@@ -299,9 +301,7 @@ async def test_async_busy_and_wait(ar: Any, r: redis.Redis) -> None:
     assert await asyncio.wait_for(waiting, 10)
 
 
-async def test_async_cancelled_while_waiting_leaves_nothing_behind(
-    ar: Any, r: redis.Redis
-) -> None:
+async def test_async_cancelled_while_waiting_leaves_nothing_behind(ar: Any, r: redis.Redis) -> None:
     holder = AsyncLock(ar, "z:b", ttl=10, wait=0)
     assert await holder.acquire()
     multi = AsyncMultiLock(ar, ["z:a", "z:b", "z:c"], ttl=10, wait=10)

@@ -28,6 +28,7 @@ definitions) is the asyncio one. What they share is ``MultiBase``.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
@@ -53,6 +54,8 @@ def lock_names(names: Iterable[str]) -> tuple[str, ...]:
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"lock names must be str, got {type(name).__name__}: {name!r}")
+        if not name:
+            raise ValueError("lock names must not be empty, got ''")
         unique.add(name)
     if not unique:
         raise ValueError("a MultiLock needs at least one name, got none")
@@ -125,6 +128,12 @@ class MultiBase(Generic[_L]):
         return iter(self.locks.values())
 
     @property
+    def token(self) -> str | None:
+        """The names' tokens, comma-separated, while any is held; else None."""
+        tokens = [lock.token for lock in self.locks.values() if lock.token is not None]
+        return ",".join(tokens) if tokens else None
+
+    @property
     def held(self) -> bool:
         """True while every name is held and none is known lost."""
         return all(lock.held for lock in self.locks.values())
@@ -169,7 +178,7 @@ class MultiBase(Generic[_L]):
             self.observer.acquired(lock, waited)
 
     def _stayed_busy(self, busy: _L, started: float) -> None:
-        self.retry_after = busy.retry_after
+        self.retry_after = getattr(busy, "retry_after", None)
         self.observer.busy(busy, time.monotonic() - started)
 
     def _released(self, lock: _L) -> None:
@@ -228,12 +237,10 @@ class MultiLock(MultiBase[Lock]):
     def _give_back(self, taken: list[Lock]) -> None:
         """Release names taken on the way to a busy one (newest first)."""
         for lock in reversed(taken):
-            try:
+            # Lost meanwhile, or Redis did not answer: the handle already goes
+            # on giving it back off our path; nothing was done under it.
+            with contextlib.suppress(LockError, RedisUnavailable):
                 lock.release()
-            except (LockError, RedisUnavailable):
-                # Lost meanwhile, or Redis did not answer: the handle already
-                # goes on giving it back off our path; nothing was done under it.
-                pass
 
     def release(self) -> None:
         """Give every name back. Raises ``LockLost`` if any was lost meanwhile

@@ -4,6 +4,7 @@ definitions as the sync driver."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import TracebackType
 
@@ -57,12 +58,10 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
     async def _give_back(self, taken: list[AsyncLock]) -> None:
         """Release names taken on the way to a busy one (newest first)."""
         for lock in reversed(taken):
-            try:
+            # Lost meanwhile, or Redis did not answer: the handle already goes
+            # on giving it back off our path; nothing was done under it.
+            with contextlib.suppress(LockError, RedisUnavailable):
                 await lock.release()
-            except (LockError, RedisUnavailable):
-                # Lost meanwhile, or Redis did not answer: the handle already
-                # goes on giving it back off our path; nothing was done under it.
-                pass
 
     async def release(self) -> None:
         """Give every name back; see ``MultiLock.release``."""
