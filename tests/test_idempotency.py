@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -666,3 +667,45 @@ def test_replayed_json_is_byte_identical() -> None:
     again = post(Client(), "/status/201/")
     assert json.loads(again.content) == json.loads(first.content)
     assert again.content == first.content
+
+
+@csrf_exempt
+@idempotent(wait=10)
+def patient(request: HttpRequest) -> HttpResponse:
+    runs.append("patient")
+    gate.pass_()
+    return JsonResponse({"run": len(runs)}, status=201)
+
+
+urlpatterns.append(path("patient/", patient))
+
+
+def test_a_duplicate_with_wait_gets_the_response_once_the_first_is_done(r: redis.Redis) -> None:
+    gate.hold()
+    first, out = in_thread(lambda: post(Client(), "/patient/"))
+    assert gate.entered.wait(WAIT)
+    second, later = in_thread(lambda: post(Client(), "/patient/"))
+    # The second waits in the lock's queue (seen in Redis), then the first finishes.
+    name = records(r)[0].split(b":=", 1)[1].decode()
+    assert wait_until(lambda: r.llen(keyspace().lock(name).queue) == 1, WAIT)
+    gate.open.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert out[0].status_code == later[0].status_code == 201
+    assert later[0][REPLAYED_HEADER] == "true"
+    assert later[0].content == out[0].content
+    assert runs == ["patient"]
+
+
+def test_the_documented_settings_table_is_the_real_defaults() -> None:
+    """docs/idempotency.rst, Settings: every key, with the default it states."""
+    import ast
+    from pathlib import Path
+
+    from django_redislock.idempotency import SETTINGS
+
+    text = (Path(__file__).parent.parent / "docs" / "idempotency.rst").read_text()
+    rows = re.findall(r"^``([A-Z_]+)``\s{2,}\S.*?\s{2,}``(.+?)``\s{2,}", text, re.MULTILINE)
+    assert {key for key, _ in rows} == set(SETTINGS)
+    for key, shown in rows:
+        assert ast.literal_eval(shown) == SETTINGS[key], key
