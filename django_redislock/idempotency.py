@@ -52,6 +52,7 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.http.request import RawPostDataException
 from django.utils.module_loading import import_string
 from redis.exceptions import RedisError
 
@@ -319,11 +320,23 @@ def _scope_sync(request: Any, policy: _Policy) -> str:
 
 
 def _fingerprint(request: Any) -> str:
+    """SHA-256 of the method, the path with its query string, and the body."""
     http_request = getattr(request, "_request", request)
     digest = hashlib.sha256()
     for part in (request.method or "", http_request.get_full_path()):
         digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
-    digest.update(http_request.body)
+    try:
+        digest.update(http_request.body)
+    except RawPostDataException:
+        # A multipart body already parsed (CsrfViewMiddleware reads
+        # request.POST): its fields and files stand in for the bytes.
+        digest.update(b"multipart\0" + json.dumps(sorted(http_request.POST.lists())).encode())
+        for field, files in sorted(http_request.FILES.lists()):
+            for upload in files:
+                digest.update(f"\0{field}\0{upload.name}\0{upload.size}\0".encode())
+                for chunk in upload.chunks():
+                    digest.update(chunk)
+                upload.seek(0)
     return digest.hexdigest()
 
 

@@ -653,15 +653,6 @@ def test_decorating_a_class_or_a_non_view_says_what_to_do() -> None:
         not_a_view(1)
 
 
-@pytest.mark.usefixtures("dead_redis")
-def test_redis_down_answers_503_and_runs_nothing() -> None:
-    # Fails closed whatever FAIL_OPEN says: running unguarded is what it prevents.
-    response = post(Client(), "/plain/")
-    assert response.status_code == 503
-    assert response["Retry-After"] == "5"
-    assert runs == []
-
-
 def test_replayed_json_is_byte_identical() -> None:
     first = post(Client(), "/status/201/")
     again = post(Client(), "/status/201/")
@@ -709,3 +700,35 @@ def test_the_documented_settings_table_is_the_real_defaults() -> None:
     assert {key for key, _ in rows} == set(SETTINGS)
     for key, shown in rows:
         assert ast.literal_eval(shown) == SETTINGS[key], key
+
+
+def test_a_multipart_body_read_before_the_view_is_fingerprinted_by_its_parts() -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    def upload(content: bytes, note: str = "a") -> Any:
+        request = RequestFactory().post(
+            "/plain/",
+            {"note": note, "file": SimpleUploadedFile("r.txt", content)},
+            HTTP_IDEMPOTENCY_KEY="up",
+        )
+        request.POST  # noqa: B018 - as CsrfViewMiddleware does: the body is gone
+        return plain(request)
+
+    assert REPLAYED_HEADER not in upload(b"receipt")
+    assert upload(b"receipt")[REPLAYED_HEADER] == "true"
+    assert upload(b"another receipt").status_code == 422
+    assert upload(b"receipt", note="b").status_code == 422
+    assert runs == ["plain"]
+
+
+@pytest.mark.usefixtures("dead_redis")
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_redis_down_is_503_even_when_locks_fail_open(fail_open: bool) -> None:
+    # Running unguarded is what the decorator prevents: FAIL_OPEN does not apply.
+    with override_settings(
+        REDISLOCK={**settings.REDISLOCK, "FAIL_OPEN": fail_open}  # keeps the short timeouts
+    ):
+        response = post(Client(), "/plain/")
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert runs == []
