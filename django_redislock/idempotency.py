@@ -464,19 +464,23 @@ def _ttl_ms(call: _Call) -> int:
     return max(1, math.ceil(call.policy.ttl * 1000))
 
 
+def _queue_write(pipe: Any, call: _Call, record: dict[bytes, bytes]) -> None:
+    # One by one: a Cluster pipeline's DEL does not return the pipeline.
+    pipe.delete(call.record)
+    pipe.hset(call.record, mapping=record)
+    pipe.pexpire(call.record, _ttl_ms(call))
+
+
 def _write(client: Any, call: _Call, record: dict[bytes, bytes]) -> None:
+    # MULTI: a duplicate never reads a record half replaced (one slot on a Cluster).
     with client.pipeline(transaction=True) as pipe:
-        pipe.delete(call.record).hset(call.record, mapping=record).pexpire(
-            call.record, _ttl_ms(call)
-        )
+        _queue_write(pipe, call, record)
         pipe.execute()
 
 
 async def _awrite(client: Any, call: _Call, record: dict[bytes, bytes]) -> None:
     async with client.pipeline(transaction=True) as pipe:
-        pipe.delete(call.record).hset(call.record, mapping=record).pexpire(
-            call.record, _ttl_ms(call)
-        )
+        _queue_write(pipe, call, record)
         await pipe.execute()
 
 
@@ -527,13 +531,17 @@ def _forget(client: Any, call: _Call) -> None:
 def _read(client: Any, call: _Call) -> tuple[dict[bytes, bytes], int | None]:
     # One slot, one round trip, on a Cluster too.
     with client.pipeline(transaction=False) as pipe:
-        record, pttl = pipe.hgetall(call.record).pttl(call.lease).execute()
+        pipe.hgetall(call.record)
+        pipe.pttl(call.lease)
+        record, pttl = pipe.execute()
     return record, pttl
 
 
 async def _aread(client: Any, call: _Call) -> tuple[dict[bytes, bytes], int | None]:
     async with client.pipeline(transaction=False) as pipe:
-        record, pttl = await pipe.hgetall(call.record).pttl(call.lease).execute()
+        pipe.hgetall(call.record)
+        pipe.pttl(call.lease)
+        record, pttl = await pipe.execute()
     return record, pttl
 
 
