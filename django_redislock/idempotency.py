@@ -24,6 +24,11 @@ lock is released, so a duplicate never sees a response whose writes could
 still roll back, and never runs while the first is between its commit and
 its store.
 
+``IdempotencyMiddleware`` gives the same answers for the paths of
+``IDEMPOTENCY["PATHS"]``, holding the lock around the rest of the chain (so
+``ATOMIC_REQUESTS`` has ended before it stores); a decorated view it serves
+is not served again by its decorator.
+
 Keys, for a request whose scope and key hash to ``<d>`` (SHA-256 hex, so a
 key's own characters never reach Redis) under ``REDISLOCK["PREFIX"]`` ``P``::
 
@@ -48,7 +53,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
@@ -56,18 +61,21 @@ from django.http.request import RawPostDataException
 from django.utils.module_loading import import_string
 from redis.exceptions import RedisError
 
-from .checks import register_problems
+from .checks import AUTH_MIDDLEWARE_PATH, _index, _middleware, register_problems
 from .conf import Problem, conf
 from .connection import get_async_client, get_client
 from .core.base import is_seconds
+from .core.exceptions import RedisUnavailable
 from .decorators import _request_in, redis_locked
 from .http import error_response, retry_after_header, wants_json
-from .locks import keyspace
+from .locks import get_async_lock, get_lock, keyspace
 from .middleware import _ip, _user_key
-from .outcomes import UNAVAILABLE_RETRY_AFTER
+from .outcomes import UNAVAILABLE_RETRY_AFTER, _arelease, _release
 from .transactions import _EVERY_ALIAS, _in_user_transaction
 
-__all__ = ["REPLAYED_HEADER", "SETTINGS", "idempotent"]
+__all__ = ["REPLAYED_HEADER", "SETTINGS", "IdempotencyMiddleware", "idempotent"]
+
+MIDDLEWARE_PATH = "django_redislock.idempotency.IdempotencyMiddleware"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,6 +104,9 @@ SETTINGS: dict[str, Any] = {
     "REPLAY_HEADERS": ["Location"],
     # Whether a 4xx the view answered is stored (as Stripe does) or retried.
     "STORE_CLIENT_ERRORS": True,
+    # IdempotencyMiddleware: regular expressions (re.search on path_info) of
+    # the paths it serves; views it does not reach can use the decorator.
+    "PATHS": [],
 }
 
 # Never stored: they ask the client to try again (a retry must run).
@@ -151,6 +162,19 @@ def _bool_error(value: object) -> str | None:
     return None if isinstance(value, bool) else f"must be True or False; got {value!r}"
 
 
+def _paths_error(value: object) -> str | None:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        return f"must be a list of regular expressions such as [r'^/api/payments/']; got {value!r}"
+    for pattern in value:
+        if not isinstance(pattern, str):
+            return f"must hold regular expression strings; got {pattern!r}"
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            return f"has {pattern!r}, which is not a regular expression ({exc})"
+    return None
+
+
 def _header_error(value: object) -> str | None:
     if isinstance(value, str) and _TOKEN_RE.fullmatch(value):
         return None
@@ -191,6 +215,11 @@ _VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None], str]] = {
     "STORE_CLIENT_ERRORS": ("django_redislock.E064", _bool_error, "Write True or False."),
     "HEADER": ("django_redislock.E065", _header_error, "Use 'Idempotency-Key'."),
     "REPLAY_HEADERS": ("django_redislock.E065", _headers_error, "Use e.g. ['Location']."),
+    "PATHS": (
+        "django_redislock.E066",
+        _paths_error,
+        "Use a list such as [r'^/api/payments/'], or [] for no middleware rule.",
+    ),
 }
 
 
@@ -221,7 +250,37 @@ def idempotency_problems() -> list[Problem]:
             error = validate(raw[key])
             if error is not None:
                 found.append(Problem(check_id, f"REDISLOCK['IDEMPOTENCY'][{key!r}] {error}.", hint))
+    found.extend(_middleware_problems(raw))
     return found
+
+
+def _middleware_problems(raw: dict[str, Any]) -> list[Problem]:
+    entries = _middleware()
+    ours = _index(entries, MIDDLEWARE_PATH)
+    if raw.get("PATHS") and ours is None:
+        return [
+            Problem(
+                "django_redislock.E067",
+                "REDISLOCK['IDEMPOTENCY']['PATHS'] is set, but IdempotencyMiddleware is not in "
+                "MIDDLEWARE: no path is ever served.",
+                f"Add {MIDDLEWARE_PATH!r} to MIDDLEWARE (after AuthenticationMiddleware), "
+                "or remove PATHS.",
+            )
+        ]
+    auth = _index(entries, AUTH_MIDDLEWARE_PATH)
+    if ours is not None and raw.get("SCOPE", "user") == "user" and (auth is None or auth > ours):
+        where = "is not in MIDDLEWARE" if auth is None else "comes after IdempotencyMiddleware"
+        return [
+            Problem(
+                "django_redislock.W060",
+                f"Idempotency keys are per user, but AuthenticationMiddleware {where}: "
+                "request.user is not set when IdempotencyMiddleware runs, so every key is "
+                "scoped per IP address instead.",
+                f"Put {MIDDLEWARE_PATH!r} after {AUTH_MIDDLEWARE_PATH!r} in MIDDLEWARE, or set "
+                "REDISLOCK['IDEMPOTENCY']['SCOPE'] = 'ip' if that is what you want.",
+            )
+        ]
+    return []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +294,7 @@ class _Policy:
     max_body: int
     replay_headers: tuple[str, ...]
     store_client_errors: bool
+    paths: tuple[re.Pattern[str], ...]
 
 
 def _policy(overrides: dict[str, Any]) -> _Policy:
@@ -258,7 +318,13 @@ def _policy(overrides: dict[str, Any]) -> _Policy:
         max_body=value["MAX_BODY"],
         replay_headers=tuple(value["REPLAY_HEADERS"]),
         store_client_errors=value["STORE_CLIENT_ERRORS"],
+        paths=_compiled(tuple(value["PATHS"])),
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(pattern) for pattern in patterns)
 
 
 # -- one request ----------------------------------------------------------------------
@@ -550,11 +616,7 @@ def _busy(*args: Any, **kwargs: Any) -> Any:
     call = _current.get()
     if call.is_async:
         return _abusy(call)
-    try:
-        record, pttl = _read(get_client(call.alias), call)
-    except RedisError as exc:
-        return _unavailable(call, exc)
-    return _answer(call, record, pttl) or _in_progress(call, pttl)
+    return _busy_now(call, get_client(call.alias))
 
 
 async def _abusy(call: _Call) -> HttpResponse:
@@ -569,37 +631,69 @@ def _name(*args: Any, **kwargs: Any) -> str:
     return _current.get().name
 
 
-def _finish(call: _Call, response: Any, client: Any) -> None:
-    """After the view returned, under the lock: store once committed, or forget."""
-    record = _snapshot(response, call) if isinstance(response, HttpResponseBase) else None
-    if record is None:
+def _serve(call: _Call, run: Callable[[], Any]) -> Any:
+    """Under the lock: look again, mark the key in progress, run, store or forget."""
+    client = get_client(call.alias)
+    try:
+        # Again under the lock: the first request may have finished between
+        # the look before the lock and its acquisition.
+        record, _ = _read(client, call)
+        answer = _answer(call, record, None)
+        if answer is not None:
+            return answer
+        _write(client, call, _running(call))
+    except RedisError as exc:
+        return _unavailable(call, exc)
+    try:
+        response = run()
+    except BaseException:
         _forget(client, call)
-        return
-    _after_commit(functools.partial(_store_now, call, record))
+        raise
+    done = _snapshot(response, call) if isinstance(response, HttpResponseBase) else None
+    if done is None:
+        _forget(client, call)
+    else:
+        _after_commit(functools.partial(_store_now, call, done))
+    return response
+
+
+async def _aserve(call: _Call, run: Callable[[], Awaitable[Any]]) -> Any:
+    """``_serve`` for async views and middleware."""
+    client = get_async_client(call.alias)
+    try:
+        record, _ = await _aread(client, call)
+        answer = _answer(call, record, None)
+        if answer is not None:
+            return answer
+        await _awrite(client, call, _running(call))
+    except RedisError as exc:
+        return _unavailable(call, exc)
+    try:
+        response = await run()
+    except BaseException:
+        await _aforget(client, call)
+        raise
+    done = _snapshot(response, call) if isinstance(response, HttpResponseBase) else None
+    try:
+        if done is None:
+            await client.delete(call.record)
+        else:
+            # An async view has no ATOMIC_REQUESTS: its own atomic blocks
+            # (in sync_to_async) have committed by the time it returns.
+            await _awrite(client, call, done)
+    except RedisError as exc:
+        logger.warning(
+            "could not store the response for %s (%s): a duplicate will run the view again",
+            call.name,
+            exc,
+        )
+    return response
 
 
 def _run_sync(view: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(view)
     def under_lock(*args: Any, **kwargs: Any) -> Any:
-        call = _current.get()
-        client = get_client(call.alias)
-        try:
-            # Again under the lock: the first request may have finished
-            # between the look before the lock and its acquisition.
-            record, _ = _read(client, call)
-            answer = _answer(call, record, None)
-            if answer is not None:
-                return answer
-            _write(client, call, _running(call))
-        except RedisError as exc:
-            return _unavailable(call, exc)
-        try:
-            response = view(*args, **kwargs)
-        except BaseException:
-            _forget(client, call)
-            raise
-        _finish(call, response, client)
-        return response
+        return _serve(_current.get(), lambda: view(*args, **kwargs))
 
     return under_lock
 
@@ -607,36 +701,7 @@ def _run_sync(view: Callable[..., Any]) -> Callable[..., Any]:
 def _run_async(view: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(view)
     async def under_lock(*args: Any, **kwargs: Any) -> Any:
-        call = _current.get()
-        client = get_async_client(call.alias)
-        try:
-            record, _ = await _aread(client, call)
-            answer = _answer(call, record, None)
-            if answer is not None:
-                return answer
-            await _awrite(client, call, _running(call))
-        except RedisError as exc:
-            return _unavailable(call, exc)
-        try:
-            response = await view(*args, **kwargs)
-        except BaseException:
-            await _aforget(client, call)
-            raise
-        done = _snapshot(response, call) if isinstance(response, HttpResponseBase) else None
-        try:
-            if done is None:
-                await client.delete(call.record)
-            else:
-                # An async view has no ATOMIC_REQUESTS: its own atomic blocks
-                # (in sync_to_async) have committed by the time it returns.
-                await _awrite(client, call, done)
-        except RedisError as exc:
-            logger.warning(
-                "could not store the response for %s (%s): a duplicate will run the view again",
-                call.name,
-                exc,
-            )
-        return response
+        return await _aserve(_current.get(), lambda: view(*args, **kwargs))
 
     return under_lock
 
@@ -688,7 +753,7 @@ def _wrap(view: Callable[..., Any], overrides: dict[str, Any], lock_kwargs: dict
         @functools.wraps(view)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             request = _need_request(view, args)
-            if not conf.ENABLED:
+            if not conf.ENABLED or _served_by_middleware(request):
                 return await view(*args, **kwargs)
             policy = _policy(overrides)
             if (request.method or "").upper() not in policy.methods:
@@ -717,7 +782,7 @@ def _wrap(view: Callable[..., Any], overrides: dict[str, Any], lock_kwargs: dict
     @functools.wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         request = _need_request(view, args)
-        if not conf.ENABLED:
+        if not conf.ENABLED or _served_by_middleware(request):
             return view(*args, **kwargs)
         prepared = _prepare(request, _policy(overrides), None, overrides.get("alias"))
         if not isinstance(prepared, _Call):
@@ -833,3 +898,103 @@ def idempotent(
     if view is not None:
         return decorate(view)
     return decorate
+
+
+# -- the middleware rule --------------------------------------------------------------------
+_SERVED = "_redislock_idempotency"
+
+
+def _served_by_middleware(request: Any) -> bool:
+    """Whether IdempotencyMiddleware holds this request's key: the decorator steps aside."""
+    return getattr(request, _SERVED, False) is True
+
+
+class IdempotencyMiddleware:
+    """``@idempotent`` for every request whose path matches ``IDEMPOTENCY["PATHS"]``.
+
+    For views you cannot decorate (another app's). It holds the key's lock
+    around the rest of the chain, so ``ATOMIC_REQUESTS`` has committed (or
+    rolled back, and the answer is a 500) before it stores the response.
+    Place it after ``AuthenticationMiddleware`` (``SCOPE = "user"``).
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def _applies(self, request: HttpRequest) -> _Policy | None:
+        if not conf.ENABLED:
+            return None
+        policy = _policy({})
+        if (request.method or "").upper() not in policy.methods:
+            return None
+        if not any(pattern.search(request.path_info) for pattern in policy.paths):
+            return None
+        return policy
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        policy = self._applies(request)
+        if policy is None:
+            return self.get_response(request)
+        prepared = _prepare(request, policy, None, None)
+        if not isinstance(prepared, _Call):
+            return self.get_response(request) if prepared is None else prepared
+        call = prepared
+        client = get_client()
+        try:
+            answer = _answer(call, *_read(client, call))
+            if answer is not None:
+                return answer
+            lock = get_lock(call.name, wait=0, label=_LABEL, metric_name="idempotency")
+            acquired = lock.acquire()
+        except (RedisError, RedisUnavailable) as exc:
+            return _unavailable(call, exc)
+        if not acquired:
+            return _busy_now(call, client)
+        setattr(request, _SERVED, True)
+        try:
+            return _serve(call, lambda: self.get_response(request))
+        finally:
+            _release(lock, quiet=True)
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        policy = self._applies(request)
+        if policy is None:
+            return await self.get_response(request)
+        prepared = _prepare(request, policy, await _ascope(request, policy), None)
+        if not isinstance(prepared, _Call):
+            return await self.get_response(request) if prepared is None else prepared
+        call = prepared
+        try:
+            answer = _answer(call, *await _aread(get_async_client(), call))
+            if answer is not None:
+                return answer
+            lock = get_async_lock(call.name, wait=0, label=_LABEL, metric_name="idempotency")
+            acquired = await lock.acquire()
+        except (RedisError, RedisUnavailable) as exc:
+            return _unavailable(call, exc)
+        if not acquired:
+            return await _abusy(call)
+        setattr(request, _SERVED, True)
+        try:
+            return await _aserve(call, lambda: self.get_response(request))
+        finally:
+            await _arelease(lock, quiet=True)
+
+
+_LABEL = "IdempotencyMiddleware"
+
+
+def _busy_now(call: _Call, client: Any) -> HttpResponse:
+    try:
+        record, pttl = _read(client, call)
+    except RedisError as exc:
+        return _unavailable(call, exc)
+    return _answer(call, record, pttl) or _in_progress(call, pttl)
