@@ -732,3 +732,40 @@ def test_redis_down_is_503_even_when_locks_fail_open(fail_open: bool) -> None:
     assert response.status_code == 503
     assert response["Retry-After"] == "5"
     assert runs == []
+
+
+def test_a_crashed_first_attempt_does_not_block_the_retry(r: redis.Redis) -> None:
+    """docs: a process killed mid-run leaves its marker; once its lease is gone the
+    retry runs (and another request with the key may run too: nothing was stored)."""
+    assert post(Client(), "/plain/").status_code == 200
+    (key,) = records(r)
+    # As a worker killed after marking the key and before storing leaves it.
+    r.hset(key, mapping={"state": "running"})
+    r.hdel(key, "status", "headers", "body")
+    again = post(Client(), "/plain/")
+    assert again.status_code == 200
+    assert REPLAYED_HEADER not in again
+    r.hset(key, mapping={"state": "running", "fp": "0" * 64})
+    assert REPLAYED_HEADER not in post(Client(), "/plain/", body='{"other": 1}')
+    assert runs == ["plain"] * 3
+
+
+def test_a_response_that_cannot_be_stored_is_logged_and_the_retry_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_redislock import idempotency
+
+    real = idempotency._write
+
+    def failing(client: Any, call: Any, record: dict[bytes, bytes]) -> None:
+        if record.get(b"state") == b"done":  # Redis fails after the view committed
+            raise redis.ConnectionError("connection lost")
+        real(client, call, record)
+
+    monkeypatch.setattr(idempotency, "_write", failing)
+    with caplog.at_level("WARNING", logger="django_redislock.idempotency"):
+        assert post(Client(), "/plain/").status_code == 200
+    assert "a duplicate will run the view again" in caplog.text
+    monkeypatch.setattr(idempotency, "_write", real)
+    assert REPLAYED_HEADER not in post(Client(), "/plain/")
+    assert runs == ["plain", "plain"]
