@@ -29,6 +29,7 @@ _LAZY = {
     "Semaphore": "core.semaphore",
     "AsyncSemaphore": "core.semaphore_async",
     "concurrency_limited": "middleware",
+    "idempotent": "idempotency",
 }
 
 __all__ = [

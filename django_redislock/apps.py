@@ -8,7 +8,8 @@ class RedisLockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, metrics, throttle  # noqa: F401 - throttle adds its rule validator
+        # throttle and idempotency add their settings validators to the checks.
+        from . import checks, idempotency, metrics, throttle  # noqa: F401
 
         django_checks.register(checks.check_settings, django_checks.Tags.compatibility)
         django_checks.register(checks.check_throttle_setup, django_checks.Tags.compatibility)

@@ -61,6 +61,9 @@ DEFAULTS: dict[str, Any] = {
     # Metrics backends to feed from the lock signals: "prometheus",
     # "opentelemetry". Read when the app loads (and on override_settings).
     "METRICS": [],
+    # Idempotency-Key handling of @idempotent views: a dict of the keys in
+    # django_redislock.idempotency.SETTINGS (validated there, E060 to E065).
+    "IDEMPOTENCY": {},
 }
 
 
@@ -169,6 +172,11 @@ class Settings:
     def METRICS(self) -> list[str]:
         value = self.get("METRICS")
         return list(value) if isinstance(value, (list, tuple)) else []
+
+    @property
+    def IDEMPOTENCY(self) -> dict[str, Any]:
+        value = self.get("IDEMPOTENCY")
+        return dict(value) if isinstance(value, dict) else {}
 
 
 conf = Settings()

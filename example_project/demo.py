@@ -16,13 +16,16 @@ On this machine only, and cleaned up afterwards, it:
 4. serves the shop with gunicorn (several processes, several threads each)
    on a free loopback port;
 5. sends many concurrent purchases to the unsafe endpoint, the locked one and
-   the locked async one (fresh stock each time), then many concurrent requests
-   to the throttled report, then runs the restock job while another run
-   holds its lock;
+   the locked async one (fresh stock each time); then purchases retried with
+   one ``Idempotency-Key`` each (several copies at once, and one later) to
+   the unprotected endpoint and the two ``@idempotent`` ones, counting double
+   charges; then many concurrent requests to the throttled report, then runs
+   the restock job while another run holds its lock;
 6. prints what happened, measured in this run.
 
-Exit status: 0 when the locked endpoints sold exactly the stock there was and
-the other guarantees held, 1 when they did not, 2 when the demo could not run.
+Exit status: 0 when the locked endpoints sold exactly the stock there was,
+the idempotent ones charged each retried purchase once, and the other
+guarantees held, 1 when they did not, 2 when the demo could not run.
 """
 
 from __future__ import annotations
@@ -448,6 +451,92 @@ def purchase_run(
     }
 
 
+def send_at_once(port: int, path: str, keys: list[str], deadline: float) -> list[Reply | str]:
+    """One POST per key (a key may repeat), each on its own connection, all at one instant.
+
+    Returns, in the order of ``keys``, each reply or the error that stood in
+    for one.
+    """
+    out: list[Reply | str] = ["not sent"] * len(keys)
+    start = threading.Barrier(len(keys) + 1)
+
+    def client(index: int, key: str) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=deadline)
+        try:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                start.wait(deadline)
+            sent = time.perf_counter()
+            conn.request(
+                "POST",
+                path,
+                body=b'{"quantity": 1}',
+                headers={
+                    "Accept": "application/json",
+                    "Content-Type": "application/json",
+                    "Idempotency-Key": key,
+                },
+            )
+            response = conn.getresponse()
+            response.read()
+            took = time.perf_counter() - sent
+            out[index] = Reply(response.status, took, dict(response.getheaders()))
+        except (OSError, http.client.HTTPException) as exc:
+            out[index] = f"{type(exc).__name__}: {exc}"
+        finally:
+            conn.close()
+
+    threads = [
+        threading.Thread(target=client, args=(i, key), daemon=True) for i, key in enumerate(keys)
+    ]
+    for thread in threads:
+        thread.start()
+    with contextlib.suppress(threading.BrokenBarrierError):
+        start.wait(deadline)
+    for thread in threads:
+        thread.join(deadline + 5)
+    return out
+
+
+def retry_run(
+    port: int, path: str, product_id: int, args: argparse.Namespace, *, protected: bool
+) -> dict[str, Any]:
+    """Each of ``--retry-keys`` purchases sent ``--retry-copies`` times at once
+    (a client retrying over a flaky network), then once more afterwards."""
+    from django.db import connection
+
+    from shop.models import Order
+
+    copies, keys = args.retry_copies, [secrets.token_hex(8) for _ in range(args.retry_keys)]
+    # Stock for every request, so that selling out never hides a double charge.
+    reset_stock(product_id, len(keys) * (copies + 1))
+    at_once = send_at_once(port, path, [key for key in keys for _ in range(copies)], args.deadline)
+    later = send_at_once(port, path, keys, args.deadline)
+    orders = Order.objects.filter(product_id=product_id).count()
+    connection.close()
+    replies = [reply for reply in at_once + later if isinstance(reply, Reply)]
+    replayed = [r for r in replies if r.headers.get("Idempotent-Replayed") == "true"]
+    statuses = [reply.status for reply in replies]
+    ran = [r for r in replies if r.status == 200 and r not in replayed]
+    say(f"    {'protected' if protected else 'control':<12} {path}: {len(replies)} answers")
+    return {
+        "path": path,
+        "protected": protected,
+        "purchases": len(keys),
+        "requests": len(keys) * (copies + 1),
+        "orders": orders,
+        # Every purchase should be charged once: anything more is charged twice.
+        "double_charges": max(0, orders - len(keys)),
+        "ran_200": len(ran),
+        "in_progress_409": statuses.count(409),
+        "replayed": len(replayed),
+        "later_replayed": sum(
+            isinstance(r, Reply) and r.headers.get("Idempotent-Replayed") == "true" for r in later
+        ),
+        "errors": sum(s not in (200, 409) for s in statuses) + len(at_once + later) - len(replies),
+        "failures": [r for r in at_once + later if not isinstance(r, Reply)][:5],
+    }
+
+
 def report_run(port: int, args: argparse.Namespace) -> dict[str, Any]:
     from django.conf import settings
 
@@ -541,6 +630,23 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
     ]
     for title, get in rows:
         say(f"  {title:<26}" + "".join(f"{get(runs[name])!s:>14}" for name in names))
+    retries = results["retries"]
+    say()
+    say(
+        f"Retried purchases: {args.retry_keys} purchases, each sent {args.retry_copies} times at "
+        "once with one Idempotency-Key, then once more afterwards"
+    )
+    say(f"  {'':<26}" + "".join(f"{name:>14}" for name in retries))
+    retry_rows: list[tuple[str, Any]] = [
+        ("orders created", lambda r: r["orders"]),
+        ("double charges", lambda r: r["double_charges"]),
+        ("ran (200)", lambda r: r["ran_200"]),
+        ("409 still running", lambda r: r["in_progress_409"]),
+        ("replayed", lambda r: r["replayed"]),
+        ("errors", lambda r: r["errors"]),
+    ]
+    for title, get in retry_rows:
+        say(f"  {title:<26}" + "".join(f"{get(retries[name])!s:>14}" for name in retries))
     rep = results["reports"]
     say()
     say(
@@ -572,6 +678,20 @@ def verdict(results: dict[str, Any]) -> list[str]:
             problems.append(
                 f"{name}: {run['errors'] + run['unsent']} requests failed {run['failures']}"
             )
+    for name, run in results["retries"].items():
+        if not run["protected"]:
+            continue
+        if run["double_charges"] or run["orders"] != run["purchases"]:
+            problems.append(
+                f"retries {name}: {run['orders']} orders for {run['purchases']} purchases"
+            )
+        if run["errors"]:
+            problems.append(f"retries {name}: {run['errors']} requests failed {run['failures']}")
+        if run["later_replayed"] != run["purchases"]:
+            problems.append(
+                f"retries {name}: {run['later_replayed']} of {run['purchases']} later retries "
+                "were replayed"
+            )
     rep = results["reports"]
     if rep["max_in_flight"] > rep["limit"]:
         problems.append(f"report: {rep['max_in_flight']} ran at once, limit {rep['limit']}")
@@ -591,6 +711,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--purchases", type=int, default=120, help="purchase requests per run (120)"
     )
     parser.add_argument("--clients", type=int, default=16, help="concurrent purchase clients (16)")
+    parser.add_argument(
+        "--retry-keys", type=int, default=10, help="purchases retried with one key each (10)"
+    )
+    parser.add_argument(
+        "--retry-copies", type=int, default=4, help="copies of each sent at once (4)"
+    )
     parser.add_argument("--reports", type=int, default=24, help="report requests (24)")
     parser.add_argument(
         "--report-clients", type=int, default=8, help="concurrent report clients (8)"
@@ -633,7 +759,7 @@ def run(args: argparse.Namespace) -> int:
     gunicorn: subprocess.Popen[bytes] | None = None
     started = time.monotonic()
     try:
-        say("[1/6] Redis")
+        say("[1/7] Redis")
         redis_choice = choose_redis(workdir, private=args.private_redis)
         say(f"    using {redis_choice.description}, keys under {prefix}:")
         os.environ.update(
@@ -649,7 +775,7 @@ def run(args: argparse.Namespace) -> int:
             }
         )
 
-        say(f"[2/6] Database: fresh SQLite in {workdir}")
+        say(f"[2/7] Database: fresh SQLite in {workdir}")
         import django
         from django.core.management import call_command
 
@@ -661,14 +787,14 @@ def run(args: argparse.Namespace) -> int:
 
         port = free_port()
         say(
-            f"[3/6] gunicorn: {args.workers} processes x {args.threads} threads on 127.0.0.1:{port}"
+            f"[3/7] gunicorn: {args.workers} processes x {args.threads} threads on 127.0.0.1:{port}"
         )
         log = workdir / "gunicorn.log"
         gunicorn = start_gunicorn(port, args.workers, args.threads, log)
         ready = wait_ready(gunicorn, port, log, deadline=60)
         say(f"    ready in {ready:.1f} s")
 
-        say("[4/6] Concurrent purchases (fresh stock for each endpoint)")
+        say("[4/7] Concurrent purchases (fresh stock for each endpoint)")
         purchases = {}
         for name, path, locked in (
             ("unsafe", f"/unsafe/products/{product.pk}/buy", False),
@@ -679,14 +805,25 @@ def run(args: argparse.Namespace) -> int:
                 port, path, product.pk, args, label=f"{name:<12} {path}", locked=locked
             )
 
-        say("[5/6] Concurrent reports through the throttle")
+        say("[5/7] Retried purchases with an Idempotency-Key (fresh stock for each endpoint)")
+        retries = {
+            name: retry_run(port, path, product.pk, args, protected=protected)
+            for name, path, protected in (
+                ("unprotected", f"/unsafe/products/{product.pk}/buy", False),
+                ("idempotent", f"/products/{product.pk}/buy", True),
+                ("idem. async", f"/async/products/{product.pk}/buy", True),
+            )
+        }
+
+        say("[6/7] Concurrent reports through the throttle")
         reports = report_run(port, args)
 
-        say("[6/6] Restock job")
+        say("[7/7] Restock job")
         restock = restock_run()
 
         results = {
             "purchases": purchases,
+            "retries": retries,
             "reports": reports,
             "restock": restock,
             "seconds": time.monotonic() - started,
@@ -700,7 +837,8 @@ def run(args: argparse.Namespace) -> int:
             say("FAILED: " + "; ".join(problems))
             return 1
         say(
-            f"OK: the locked endpoints sold exactly the stock there was "
+            f"OK: the locked endpoints sold exactly the stock there was, and retried "
+            f"purchases were charged once "
             f"({time.monotonic() - started:.0f} s in all)."
         )
         return 0

@@ -37,7 +37,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_demo_sells_exactly_the_stock_under_the_lock(redis_factory, tmp_path):
+def test_demo_sells_exactly_the_stock_and_charges_retries_once(redis_factory, tmp_path):
     server = redis_factory(port=free_port(), unix=False).start()
     results_file = tmp_path / "results.json"
     stock, purchases = 8, 30
@@ -55,6 +55,10 @@ def test_demo_sells_exactly_the_stock_under_the_lock(redis_factory, tmp_path):
             "10",
             "--report-clients",
             "5",
+            "--retry-keys",
+            "6",
+            "--retry-copies",
+            "3",
             "--workers",
             "2",
             "--threads",
@@ -82,6 +86,18 @@ def test_demo_sells_exactly_the_stock_under_the_lock(redis_factory, tmp_path):
         # slow machine, that the product stayed busy past the lock wait).
         assert run["sold_out_410"] + run["busy_409"] == purchases - stock, run
 
+    # Each purchase sent three times at once with one Idempotency-Key, then
+    # once more: the idempotent endpoints charge it once, and every later
+    # retry gets the first answer; the control charges every copy.
+    for name in ("idempotent", "idem. async"):
+        run = results["retries"][name]
+        assert (run["orders"], run["double_charges"], run["ran_200"]) == (6, 0, 6), run
+        assert run["later_replayed"] == 6, run
+        assert run["in_progress_409"] + run["replayed"] == 6 * 3 + 6 - 6, run
+        assert run["errors"] == 0, run
+    control = results["retries"]["unprotected"]
+    assert (control["orders"], control["double_charges"]) == (24, 18), control
+
     reports = results["reports"]
     assert 1 <= reports["max_in_flight"] <= reports["limit"] == 2, reports
     assert reports["ok_200"] + reports["throttled_503"] == 10, reports
@@ -95,6 +111,7 @@ def test_demo_sells_exactly_the_stock_under_the_lock(redis_factory, tmp_path):
     with server.client() as client:
         assert client.keys("*") == []
     assert "oversold" in done.stdout
+    assert "double charges" in done.stdout
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from django_redislock import current_fence, redis_locked
 from django_redislock.connection import get_client
 from django_redislock.core.inspect import list_locks
 from django_redislock.fencing import fenced_update
+from django_redislock.idempotency import idempotent
 from django_redislock.locks import keyspace
 from shop.models import Order, Product
 
@@ -64,9 +65,15 @@ def _sell(products: QuerySet[Product], product: Product, fence: int) -> Order:
 
 @csrf_exempt
 @require_POST
+@idempotent
 @redis_locked("purchase:{product_id}")
 def buy(request: HttpRequest, product_id: int) -> HttpResponse:
-    """Buy one unit. One purchase per product at a time, across every worker."""
+    """Buy one unit. One purchase per product at a time, across every worker.
+
+    A client may send ``Idempotency-Key`` and retry (after a timeout, a
+    dropped connection) without buying twice: a retry while the purchase
+    runs gets 409, one after it the first answer again (``@idempotent``).
+    """
     waited = _lock_wait_ms(request)
     fence = current_fence()
     products = Product.objects.filter(pk=product_id)
@@ -84,6 +91,7 @@ def buy(request: HttpRequest, product_id: int) -> HttpResponse:
 
 @csrf_exempt
 @require_POST
+@idempotent
 @redis_locked("purchase:{product_id}")
 async def buy_async(request: HttpRequest, product_id: int) -> HttpResponse:
     """The same purchase as an async view; it shares the lock with ``buy``."""

@@ -1,0 +1,771 @@
+"""``@idempotent``: the Idempotency-Key header, against a real Redis and real databases.
+
+Views live in this module (it is its own URLconf). Concurrency is real
+threads, or tasks on one event loop, synchronised by events: a view under
+test blocks on a gate that the test opens once the duplicates have had
+their answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connections, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.test import AsyncClient, Client, RequestFactory, override_settings
+from django.urls import path
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+from redis.crc import key_slot
+
+from django_redislock import current_fence
+from django_redislock.checks import check_settings
+from django_redislock.idempotency import REPLAYED_HEADER, idempotent
+from django_redislock.locks import keyspace
+from tests.helpers_oracles import wait_until
+from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
+from tests.testapp.models import Order, Product
+
+pytestmark = pytest.mark.urls("tests.test_idempotency")
+
+ALIASES = [
+    "default",
+    pytest.param(
+        "postgres",
+        marks=pytest.mark.skipif(
+            "postgres" not in settings.DATABASES, reason="PostgreSQL not reachable"
+        ),
+    ),
+]
+ALL_DBS = ["default", "postgres"] if "postgres" in settings.DATABASES else ["default"]
+db_all = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+
+WAIT = 30  # bound on every wait on an event or a thread
+
+
+# -- views --------------------------------------------------------------------------------
+class Gate:
+    """Lets a test hold a view mid-run: ``entered`` is set when it starts."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.open = threading.Event()
+        self.open.set()
+
+    def hold(self) -> None:
+        self.entered.clear()
+        self.open.clear()
+
+    def pass_(self) -> None:
+        self.entered.set()
+        assert self.open.wait(WAIT), "the test never opened the gate"
+
+
+gate = Gate()
+runs: list[str] = []
+
+
+@csrf_exempt
+@idempotent
+def charge(request: HttpRequest, db: str) -> HttpResponse:
+    runs.append("charge")
+    product = Product.objects.using(db).get(name="coffee")
+    order = Order.objects.using(db).create(product=product)
+    gate.pass_()
+    response = JsonResponse({"order": order.pk, "body": request.body.decode()}, status=201)
+    response["Location"] = f"/orders/{order.pk}"
+    response["X-Not-Replayed"] = "1"
+    response.set_cookie("session", "secret")
+    return response
+
+
+@csrf_exempt
+@idempotent
+def status_view(request: HttpRequest, status: int) -> HttpResponse:
+    runs.append(f"status {status}")
+    return JsonResponse({"run": len(runs)}, status=status)
+
+
+@csrf_exempt
+@idempotent
+def boom(request: HttpRequest) -> HttpResponse:
+    runs.append("boom")
+    if len(runs) == 1:
+        raise RuntimeError("payment provider timed out")
+    return JsonResponse({"run": len(runs)})
+
+
+@csrf_exempt
+@idempotent(max_body=10)
+def big(request: HttpRequest) -> HttpResponse:
+    runs.append("big")
+    return JsonResponse({"text": "x" * 100}, status=201)
+
+
+@csrf_exempt
+@idempotent(max_body=10)
+def streamed(request: HttpRequest) -> HttpResponse:
+    runs.append("streamed")
+    return StreamingHttpResponse(iter([b"a", b"b"]), content_type="text/plain")
+
+
+@csrf_exempt
+@idempotent(scope="ip")
+def per_ip(request: HttpRequest) -> HttpResponse:
+    runs.append("per_ip")
+    return JsonResponse({"run": len(runs)})
+
+
+@csrf_exempt
+@idempotent(required=True, ttl=0.3)
+def strict(request: HttpRequest) -> HttpResponse:
+    runs.append("strict")
+    return JsonResponse({"run": len(runs), "fence": current_fence()})
+
+
+@csrf_exempt
+@idempotent
+def plain(request: HttpRequest) -> HttpResponse:
+    runs.append("plain")
+    return JsonResponse({"run": len(runs)})
+
+
+agate = {"entered": None, "open": None}
+
+
+@csrf_exempt
+@idempotent
+async def acharge(request: HttpRequest) -> HttpResponse:
+    runs.append("acharge")
+    if agate["open"] is not None:
+        agate["entered"].set()  # type: ignore[attr-defined]
+        await asyncio.wait_for(agate["open"].wait(), WAIT)  # type: ignore[attr-defined]
+    return JsonResponse({"run": len(runs), "body": request.body.decode()}, status=201)
+
+
+class Checkout(View):
+    @idempotent
+    def post(self, request: HttpRequest) -> HttpResponse:
+        runs.append("checkout")
+        return JsonResponse({"run": len(runs)}, status=201)
+
+
+urlpatterns = [
+    path("charge/<str:db>/", charge),
+    path("status/<int:status>/", status_view),
+    path("boom/", boom),
+    path("big/", big),
+    path("streamed/", streamed),
+    path("per-ip/", per_ip),
+    path("strict/", strict),
+    path("plain/", plain),
+    path("acharge/", acharge),
+    path("checkout/", csrf_exempt(Checkout.as_view())),
+]
+
+
+# -- fixtures -----------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _reset() -> Iterator[None]:
+    runs.clear()
+    gate.open.set()
+    agate["entered"] = agate["open"] = None
+    yield
+    gate.open.set()
+
+
+@pytest.fixture
+def coffee() -> Callable[[str], Product]:
+    def make(db: str) -> Product:
+        return Product.objects.using(db).create(name="coffee", stock=10)
+
+    return make
+
+
+def post(
+    client: Any, url: str, key: str | None = "k-1", body: str = '{"amount": 5}', **extra: Any
+) -> Any:
+    headers = {} if key is None else {"Idempotency-Key": key}
+    return client.post(url, body, content_type="application/json", headers=headers, **extra)
+
+
+def records(r: redis.Redis) -> list[bytes]:
+    return sorted(r.scan_iter(match=f"{keyspace().prefix}:I:*"))
+
+
+def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(target())
+        except Exception as exc:  # shown by the assertion that reads it
+            out.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+# -- the four answers ------------------------------------------------------------------------
+@db_all
+@pytest.mark.parametrize("db", ALIASES)
+def test_duplicate_during_the_run_gets_409_then_the_stored_response(
+    db: str, coffee: Any, r: redis.Redis
+) -> None:
+    coffee(db)
+    gate.hold()
+    first, out = in_thread(lambda: post(Client(), f"/charge/{db}/"))
+    assert gate.entered.wait(WAIT)
+    busy = post(Client(), f"/charge/{db}/")
+    assert busy.status_code == 409
+    assert int(busy["Retry-After"]) >= 1
+    assert busy.json()["error"] == "idempotency_key_in_use"
+    assert busy["Cache-Control"] == "no-store"
+    # Another body under the same key while the first runs: 422, not 409.
+    other = post(Client(), f"/charge/{db}/", body='{"amount": 6}')
+    assert other.status_code == 422
+    gate.open.set()
+    first.join(WAIT)
+    original = out[0]
+    assert original.status_code == 201
+    assert REPLAYED_HEADER not in original
+
+    replay = post(Client(), f"/charge/{db}/")
+    assert replay.status_code == 201
+    assert replay.content == original.content
+    assert replay[REPLAYED_HEADER] == "true"
+    assert replay["Content-Type"] == original["Content-Type"] == "application/json"
+    assert replay["Location"] == original["Location"]
+    assert "X-Not-Replayed" not in replay
+    assert "session" not in replay.cookies
+    assert runs == ["charge"]
+    assert Order.objects.using(db).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_same_key_different_request_gets_422(coffee: Any) -> None:
+    coffee("default")
+    assert post(Client(), "/charge/default/").status_code == 201
+    for response in (
+        post(Client(), "/charge/default/", body='{"amount": 500}'),  # another body
+        post(Client(), "/charge/default/?coupon=1"),  # another path
+        Client().patch(
+            "/charge/default/",
+            '{"amount": 5}',
+            content_type="application/json",
+            headers={"Idempotency-Key": "k-1"},
+        ),  # another method
+        post(Client(), "/plain/"),  # another endpoint
+    ):
+        assert response.status_code == 422, response
+        assert "different request" in response.json()["detail"]
+    assert runs == ["charge"]
+
+
+def test_key_in_quotes_is_the_same_key() -> None:
+    # The draft sends a structured-field string; many clients send it bare.
+    assert post(Client(), "/plain/", key='"abc"').status_code == 200
+    replay = post(Client(), "/plain/", key="abc")
+    assert replay[REPLAYED_HEADER] == "true"
+    assert runs == ["plain"]
+
+
+# -- failures are not stored ----------------------------------------------------------------
+def test_exception_stores_nothing_and_the_retry_runs(r: redis.Redis) -> None:
+    client = Client(raise_request_exception=False)
+    assert post(client, "/boom/").status_code == 500
+    assert post(client, "/boom/").status_code == 200
+    assert runs == ["boom", "boom"]
+    assert post(client, "/boom/")[REPLAYED_HEADER] == "true"
+
+
+@pytest.mark.parametrize("status", [500, 503, 408, 409, 425, 429])
+def test_failed_or_retryable_status_is_not_stored(status: int, r: redis.Redis) -> None:
+    assert post(Client(), f"/status/{status}/").status_code == status
+    assert records(r) == []
+    assert post(Client(), f"/status/{status}/").status_code == status
+    assert runs == [f"status {status}"] * 2
+
+
+@pytest.mark.parametrize(("store", "stored"), [(True, True), (False, False)])
+def test_client_errors_are_stored_unless_told_not_to(store: bool, stored: bool) -> None:
+    with override_settings(REDISLOCK={"IDEMPOTENCY": {"STORE_CLIENT_ERRORS": store}}):
+        assert post(Client(), "/status/402/").status_code == 402
+        again = post(Client(), "/status/402/")
+    assert again.status_code == 402
+    assert (REPLAYED_HEADER in again) is stored
+    assert len(runs) == (1 if stored else 2)
+
+
+# -- commit ordering -----------------------------------------------------------------------------
+@db_all
+@pytest.mark.parametrize("db", ALIASES)
+def test_response_is_stored_only_when_the_transaction_commits(
+    db: str, coffee: Any, r: redis.Redis
+) -> None:
+    coffee(db)
+    request = RequestFactory().post(
+        f"/charge/{db}/", '{"a": 1}', content_type="application/json", HTTP_IDEMPOTENCY_KEY="t"
+    )
+    with transaction.atomic(using=db):
+        assert charge(request, db).status_code == 201
+        # Written, not committed: nothing to replay yet, and a duplicate waits.
+        (key,) = records(r)
+        assert r.hget(key, "state") == b"running"
+    assert r.hget(key, "state") == b"done"
+
+    # Rolled back: never stored, and the retry runs.
+    request = RequestFactory().post(
+        f"/charge/{db}/", '{"a": 1}', content_type="application/json", HTTP_IDEMPOTENCY_KEY="u"
+    )
+    with pytest.raises(RuntimeError), transaction.atomic(using=db):
+        charge(request, db)
+        raise RuntimeError("something after the view failed")
+    assert Order.objects.using(db).count() == 1
+    retry = post(Client(), f"/charge/{db}/", key="u", body='{"a": 1}')
+    assert retry.status_code == 201
+    assert REPLAYED_HEADER not in retry
+    assert Order.objects.using(db).count() == 2
+
+
+@db_all
+@pytest.mark.parametrize("db", ALIASES)
+def test_atomic_requests_commit_before_the_store(
+    db: str, coffee: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    coffee(db)
+    monkeypatch.setitem(connections.settings[db], "ATOMIC_REQUESTS", True)
+    seen: list[Any] = []
+
+    def at_commit() -> None:
+        # Registered by the view, so before the store: the order is there,
+        # the response not yet.
+        seen.append([r.hget(k, "state") for k in records(r)])
+
+    original = charge.__wrapped__  # type: ignore[attr-defined]
+
+    def view_with_hook(request: HttpRequest, db: str) -> HttpResponse:
+        assert connections[db].in_atomic_block
+        transaction.on_commit(at_commit, using=db)
+        return original(request, db)
+
+    wrapped = idempotent(view_with_hook)
+    request = RequestFactory().post(
+        f"/charge/{db}/", "{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="ar"
+    )
+    assert wrapped(request, db).status_code == 201
+    assert seen == [[b"running"]]
+    assert [r.hget(k, "state") for k in records(r)] == [b"done"]
+
+
+# -- expiry, scope, keys ------------------------------------------------------------------------
+def test_stored_response_expires(r: redis.Redis) -> None:
+    assert post(Client(), "/plain/").status_code == 200
+    (key,) = records(r)
+    assert 86_000_000 < r.pttl(key) <= 86_400_000  # 24 h by default
+    r.delete(key)  # as expiry would
+    assert REPLAYED_HEADER not in post(Client(), "/plain/")
+    assert runs == ["plain", "plain"]
+
+
+def test_short_ttl_runs_out(r: redis.Redis) -> None:
+    assert post(Client(), "/strict/").status_code == 200
+    assert post(Client(), "/strict/")[REPLAYED_HEADER] == "true"
+    assert wait_until(lambda: records(r) == [], 10)
+    assert REPLAYED_HEADER not in post(Client(), "/strict/")
+    assert runs == ["strict", "strict"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keys_are_per_user(django_user_model: Any) -> None:
+    alice = Client()
+    alice.force_login(django_user_model.objects.create(username="alice"))
+    bob = Client()
+    bob.force_login(django_user_model.objects.create(username="bob"))
+    assert REPLAYED_HEADER not in post(alice, "/plain/")
+    assert REPLAYED_HEADER not in post(bob, "/plain/")
+    assert REPLAYED_HEADER not in post(Client(), "/plain/")  # anonymous: per IP
+    assert post(alice, "/plain/")[REPLAYED_HEADER] == "true"
+    assert runs == ["plain"] * 3
+
+
+def test_anonymous_keys_are_per_ip() -> None:
+    assert REPLAYED_HEADER not in post(Client(REMOTE_ADDR="10.0.0.1"), "/per-ip/")
+    assert REPLAYED_HEADER not in post(Client(REMOTE_ADDR="10.0.0.2"), "/per-ip/")
+    assert post(Client(REMOTE_ADDR="10.0.0.1"), "/per-ip/")[REPLAYED_HEADER] == "true"
+    assert runs == ["per_ip"] * 2
+
+
+def scope_by_tenant(request: HttpRequest) -> str:
+    return request.headers.get("X-Tenant", "")
+
+
+def test_scope_callable_from_settings() -> None:
+    scoped = {"IDEMPOTENCY": {"SCOPE": f"{__name__}.scope_by_tenant"}}
+    with override_settings(REDISLOCK=scoped):
+        a = Client(headers={"X-Tenant": "a"})
+        b = Client(headers={"X-Tenant": "b"})
+        assert REPLAYED_HEADER not in post(a, "/plain/")
+        assert REPLAYED_HEADER not in post(b, "/plain/")
+        assert post(a, "/plain/")[REPLAYED_HEADER] == "true"
+        with pytest.raises(TypeError, match="must return a non-empty str"):
+            post(Client(), "/plain/")
+    assert runs == ["plain"] * 2
+
+
+@pytest.mark.parametrize(
+    ("key", "needle"),
+    [
+        ("", "is empty"),
+        ('""', "is empty"),
+        ("x" * 256, "256 characters long"),
+        ("ключ", "characters not allowed"),
+        ("a b", "characters not allowed"),
+        ('a"b', "characters not allowed"),
+    ],
+)
+def test_malformed_keys_get_400_naming_the_shape(key: str, needle: str) -> None:
+    response = post(Client(), "/plain/", key=key)
+    assert response.status_code == 400
+    detail = response.json()["detail"]
+    assert needle in detail
+    assert "1 to 255 visible ASCII characters" in detail
+    assert runs == []
+
+
+def test_hostile_keys_are_hashed_and_share_the_locks_slot(r: redis.Redis) -> None:
+    hostile = "{tag}*?[a-z]\\x:L:" + "~" * 200
+    hostile = hostile.replace("\\", "/")
+    assert post(Client(), "/plain/", key=hostile).status_code == 200
+    assert post(Client(), "/plain/", key=hostile)[REPLAYED_HEADER] == "true"
+    (key,) = records(r)
+    assert b"tag" not in key and b"*" not in key and b"~" not in key
+    name = key.split(b":=", 1)[1].decode()
+    assert name.startswith("idempotency:")
+    assert key_slot(key) == key_slot(keyspace().lock(name).lease)
+    # A glob in a key is data, not a pattern: another key is another request.
+    assert REPLAYED_HEADER not in post(Client(), "/plain/", key="*")
+    assert runs == ["plain", "plain"]
+
+
+def test_missing_key_runs_the_view_or_is_refused() -> None:
+    assert post(Client(), "/plain/", key=None).status_code == 200
+    assert post(Client(), "/plain/", key=None).status_code == 200
+    refused = post(Client(), "/strict/", key=None)
+    assert refused.status_code == 400
+    assert refused.json()["error"] == "idempotency_key_missing"
+    with override_settings(REDISLOCK={"IDEMPOTENCY": {"REQUIRED": True}}):
+        assert post(Client(), "/plain/", key=None).status_code == 400
+    assert runs == ["plain", "plain"]
+
+
+def test_other_methods_and_disabled_run_as_undecorated(r: redis.Redis) -> None:
+    headers = {"Idempotency-Key": "k"}
+    assert Client().get("/plain/", headers=headers).status_code == 200
+    assert Client().put("/plain/", headers=headers).status_code == 200
+    with override_settings(REDISLOCK={"ENABLED": False}):
+        post(Client(), "/plain/")
+        post(Client(), "/plain/")
+    assert records(r) == []
+    assert len(runs) == 4
+
+
+def test_text_answers_without_json() -> None:
+    response = Client().post(
+        "/plain/", "x", content_type="text/plain", headers={"Idempotency-Key": ""}
+    )
+    assert response.status_code == 400
+    assert response["Content-Type"] == "text/plain; charset=utf-8"
+    assert response.content.startswith(b"The Idempotency-Key header is empty")
+
+
+# -- large and streamed responses ------------------------------------------------------------
+@pytest.mark.parametrize("url", ["/big/", "/streamed/"])
+def test_response_too_large_to_keep_is_not_run_again(url: str) -> None:
+    first = post(Client(), url)
+    assert first.status_code in (200, 201)
+    again = post(Client(), url)
+    assert again.status_code == first.status_code
+    assert again[REPLAYED_HEADER] == "true"
+    assert again["Idempotent-Body-Omitted"] == "true"
+    assert again.content == b""
+    assert again["Content-Type"] == first["Content-Type"]
+    assert len(runs) == 1
+
+
+# -- async views and class-based views ------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+async def test_async_view_409_during_run_then_replay() -> None:
+    agate["entered"], agate["open"] = asyncio.Event(), asyncio.Event()
+    client = AsyncClient()
+    first = asyncio.ensure_future(post(client, "/acharge/"))
+    await asyncio.wait_for(agate["entered"].wait(), WAIT)  # type: ignore[union-attr]
+    busy = await post(client, "/acharge/")
+    assert busy.status_code == 409
+    assert (await post(client, "/acharge/", body="{}")).status_code == 422
+    agate["open"].set()  # type: ignore[union-attr]
+    original = await asyncio.wait_for(first, WAIT)
+    assert original.status_code == 201
+    replay = await post(client, "/acharge/")
+    assert replay.content == original.content
+    assert replay[REPLAYED_HEADER] == "true"
+    assert (await post(client, "/acharge/", body="{}")).status_code == 422
+    assert runs == ["acharge"]
+
+
+def test_class_based_view_method() -> None:
+    assert post(Client(), "/checkout/").status_code == 201
+    assert post(Client(), "/checkout/")[REPLAYED_HEADER] == "true"
+    assert runs == ["checkout"]
+
+
+# -- concurrent duplicates ------------------------------------------------------------------
+@db_all
+@pytest.mark.parametrize("db", ALIASES)
+def test_concurrent_duplicates_run_the_view_exactly_once(db: str, coffee: Any) -> None:
+    coffee(db)
+    duplicates = 8
+    gate.hold()
+    start = threading.Barrier(duplicates, timeout=WAIT)
+    answered = threading.Semaphore(0)
+    statuses: list[int] = []
+    mutex = threading.Lock()
+
+    def retry() -> None:
+        try:
+            start.wait()
+            response = post(Client(), f"/charge/{db}/")
+            with mutex:
+                statuses.append(response.status_code)
+        finally:
+            connections.close_all()
+            answered.release()
+
+    threads = [threading.Thread(target=retry) for _ in range(duplicates)]
+    for thread in threads:
+        thread.start()
+    # Every duplicate but the one running has its answer before the gate opens.
+    assert gate.entered.wait(WAIT)
+    for _ in range(duplicates - 1):
+        assert answered.acquire(timeout=WAIT)
+    assert sorted(statuses) == [409] * (duplicates - 1)
+    gate.open.set()
+    for thread in threads:
+        thread.join(WAIT)
+    assert not any(thread.is_alive() for thread in threads)
+    assert sorted(statuses) == [201] + [409] * (duplicates - 1)
+    assert post(Client(), f"/charge/{db}/")[REPLAYED_HEADER] == "true"
+    assert runs == ["charge"]
+    assert Order.objects.using(db).count() == 1
+
+
+# -- settings, checks and arguments ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "check_id", "needle"),
+    [
+        ([], "django_redislock.E060", "must be a dict"),
+        ({"TLL": 5}, "django_redislock.E060", "Unknown REDISLOCK['IDEMPOTENCY'] key(s): 'TLL'"),
+        ({"METHODS": "POST"}, "django_redislock.E061", "non-empty list of HTTP methods"),
+        ({"METHODS": ["post"]}, "django_redislock.E061", "upper-case method names"),
+        ({"TTL": 0}, "django_redislock.E062", "['TTL'] must be a finite number of seconds"),
+        ({"MAX_BODY": -1}, "django_redislock.E062", "['MAX_BODY'] must be a whole number"),
+        ({"MAX_KEY_LENGTH": 0}, "django_redislock.E062", "['MAX_KEY_LENGTH'] must be a whole"),
+        ({"SCOPE": "users"}, "django_redislock.E063", "must be 'user', 'ip', a callable"),
+        ({"REQUIRED": "yes"}, "django_redislock.E064", "['REQUIRED'] must be True or False"),
+        ({"STORE_CLIENT_ERRORS": 1}, "django_redislock.E064", "must be True or False"),
+        ({"HEADER": "Idempotency Key"}, "django_redislock.E065", "must be an HTTP header name"),
+        ({"REPLAY_HEADERS": ["Set-Cookie"]}, "django_redislock.E065", "never hands out cookies"),
+        ({"REPLAY_HEADERS": "Location"}, "django_redislock.E065", "must be a list of header"),
+    ],
+)
+def test_bad_settings_are_reported_by_the_checks(value: Any, check_id: str, needle: str) -> None:
+    with override_settings(REDISLOCK={"IDEMPOTENCY": value}):
+        messages = [m for m in check_settings() if m.id.startswith("django_redislock.E06")]
+        assert [m.id for m in messages] == [check_id]
+        assert needle in messages[0].msg
+        assert messages[0].hint
+        with pytest.raises(SystemCheckError, match=check_id.split(".")[1]):
+            call_command("check")
+
+
+def test_good_settings_pass_the_checks() -> None:
+    good = {
+        "METHODS": ["POST", "PUT"],
+        "HEADER": "X-Idempotency-Key",
+        "REQUIRED": True,
+        "SCOPE": scope_by_tenant,
+        "TTL": 3600,
+        "MAX_KEY_LENGTH": 64,
+        "MAX_BODY": 0,
+        "REPLAY_HEADERS": ["Location", "ETag"],
+        "STORE_CLIENT_ERRORS": False,
+    }
+    with override_settings(REDISLOCK={"IDEMPOTENCY": good}):
+        assert [m for m in check_settings() if m.id.startswith("django_redislock.E06")] == []
+
+
+def test_a_bad_setting_at_request_time_falls_back_to_its_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with override_settings(REDISLOCK={"IDEMPOTENCY": {"TTL": "a day"}}):
+        assert post(Client(), "/plain/").status_code == 200
+    assert "['TTL'] is invalid" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "needle"),
+    [
+        ({"ttl": -1}, ValueError, "idempotent(): ttl must be a finite number of seconds"),
+        ({"methods": ["get"]}, ValueError, "idempotent(): methods must hold upper-case"),
+        ({"scope": "everyone"}, ValueError, "idempotent(): scope must be 'user', 'ip'"),
+        ({"required": 1}, TypeError, "idempotent(): required must be True or False"),
+        ({"alias": ""}, TypeError, "idempotent(): alias must name a CACHES entry"),
+    ],
+)
+def test_bad_arguments_are_refused_when_decorating(kwargs: Any, error: type, needle: str) -> None:
+    with pytest.raises(error) as info:
+        idempotent(**kwargs)
+    assert needle in str(info.value)
+
+
+def test_decorating_a_class_or_a_non_view_says_what_to_do() -> None:
+    with pytest.raises(TypeError, match=r"decorate its dispatch\(\)"):
+        idempotent(Checkout)
+
+    @idempotent
+    def not_a_view(x: int) -> int:
+        return x
+
+    with pytest.raises(TypeError, match="Use redis_locked for functions and tasks"):
+        not_a_view(1)
+
+
+def test_replayed_json_is_byte_identical() -> None:
+    first = post(Client(), "/status/201/")
+    again = post(Client(), "/status/201/")
+    assert json.loads(again.content) == json.loads(first.content)
+    assert again.content == first.content
+
+
+@csrf_exempt
+@idempotent(wait=10)
+def patient(request: HttpRequest) -> HttpResponse:
+    runs.append("patient")
+    gate.pass_()
+    return JsonResponse({"run": len(runs)}, status=201)
+
+
+urlpatterns.append(path("patient/", patient))
+
+
+def test_a_duplicate_with_wait_gets_the_response_once_the_first_is_done(r: redis.Redis) -> None:
+    gate.hold()
+    first, out = in_thread(lambda: post(Client(), "/patient/"))
+    assert gate.entered.wait(WAIT)
+    second, later = in_thread(lambda: post(Client(), "/patient/"))
+    # The second waits in the lock's queue (seen in Redis), then the first finishes.
+    name = records(r)[0].split(b":=", 1)[1].decode()
+    assert wait_until(lambda: r.llen(keyspace().lock(name).queue) == 1, WAIT)
+    gate.open.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert out[0].status_code == later[0].status_code == 201
+    assert later[0][REPLAYED_HEADER] == "true"
+    assert later[0].content == out[0].content
+    assert runs == ["patient"]
+
+
+def test_the_documented_settings_table_is_the_real_defaults() -> None:
+    """docs/idempotency.rst, Settings: every key, with the default it states."""
+    import ast
+    from pathlib import Path
+
+    from django_redislock.idempotency import SETTINGS
+
+    text = (Path(__file__).parent.parent / "docs" / "idempotency.rst").read_text()
+    rows = re.findall(r"^``([A-Z_]+)``\s{2,}\S.*?\s{2,}``(.+?)``\s{2,}", text, re.MULTILINE)
+    assert {key for key, _ in rows} == set(SETTINGS)
+    for key, shown in rows:
+        assert ast.literal_eval(shown) == SETTINGS[key], key
+
+
+def test_a_multipart_body_read_before_the_view_is_fingerprinted_by_its_parts() -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    def upload(content: bytes, note: str = "a") -> Any:
+        request = RequestFactory().post(
+            "/plain/",
+            {"note": note, "file": SimpleUploadedFile("r.txt", content)},
+            HTTP_IDEMPOTENCY_KEY="up",
+        )
+        request.POST  # noqa: B018 - as CsrfViewMiddleware does: the body is gone
+        return plain(request)
+
+    assert REPLAYED_HEADER not in upload(b"receipt")
+    assert upload(b"receipt")[REPLAYED_HEADER] == "true"
+    assert upload(b"another receipt").status_code == 422
+    assert upload(b"receipt", note="b").status_code == 422
+    assert runs == ["plain"]
+
+
+@pytest.mark.usefixtures("dead_redis")
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_redis_down_is_503_even_when_locks_fail_open(fail_open: bool) -> None:
+    # Running unguarded is what the decorator prevents: FAIL_OPEN does not apply.
+    with override_settings(
+        REDISLOCK={**settings.REDISLOCK, "FAIL_OPEN": fail_open}  # keeps the short timeouts
+    ):
+        response = post(Client(), "/plain/")
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert runs == []
+
+
+def test_a_crashed_first_attempt_does_not_block_the_retry(r: redis.Redis) -> None:
+    """docs: a process killed mid-run leaves its marker; once its lease is gone the
+    retry runs (and another request with the key may run too: nothing was stored)."""
+    assert post(Client(), "/plain/").status_code == 200
+    (key,) = records(r)
+    # As a worker killed after marking the key and before storing leaves it.
+    r.hset(key, mapping={"state": "running"})
+    r.hdel(key, "status", "headers", "body")
+    again = post(Client(), "/plain/")
+    assert again.status_code == 200
+    assert REPLAYED_HEADER not in again
+    r.hset(key, mapping={"state": "running", "fp": "0" * 64})
+    assert REPLAYED_HEADER not in post(Client(), "/plain/", body='{"other": 1}')
+    assert runs == ["plain"] * 3
+
+
+def test_a_response_that_cannot_be_stored_is_logged_and_the_retry_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_redislock import idempotency
+
+    real = idempotency._write
+
+    def failing(client: Any, call: Any, record: dict[bytes, bytes]) -> None:
+        if record.get(b"state") == b"done":  # Redis fails after the view committed
+            raise redis.ConnectionError("connection lost")
+        real(client, call, record)
+
+    monkeypatch.setattr(idempotency, "_write", failing)
+    with caplog.at_level("WARNING", logger="django_redislock.idempotency"):
+        assert post(Client(), "/plain/").status_code == 200
+    assert "a duplicate will run the view again" in caplog.text
+    monkeypatch.setattr(idempotency, "_write", real)
+    assert REPLAYED_HEADER not in post(Client(), "/plain/")
+    assert runs == ["plain", "plain"]
