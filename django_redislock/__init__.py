@@ -14,6 +14,8 @@ from .core.exceptions import (
 )
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
+from .core.multi import MultiLock
+from .core.multi_async import AsyncMultiLock
 
 __version__ = "0.1.0"
 
@@ -26,6 +28,8 @@ _LAZY = {
     "current_fence": "decorators",
     "get_lock": "locks",
     "get_async_lock": "locks",
+    "get_multi_lock": "locks",
+    "get_async_multi_lock": "locks",
     "Semaphore": "core.semaphore",
     "AsyncSemaphore": "core.semaphore_async",
     "concurrency_limited": "middleware",
@@ -34,11 +38,13 @@ _LAZY = {
 
 __all__ = [
     "AsyncLock",
+    "AsyncMultiLock",
     "Lock",
     "LockError",
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "MultiLock",
     "RedisUnavailable",
     "ReplicationTimeout",
     *_LAZY,
