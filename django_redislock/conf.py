@@ -61,6 +61,8 @@ DEFAULTS: dict[str, Any] = {
     # Metrics backends to feed from the lock signals: "prometheus",
     # "opentelemetry". Read when the app loads (and on override_settings).
     "METRICS": [],
+    # Unique tasks: how long a queued task that never starts keeps its key (seconds).
+    "UNIQUE_TTL": 3600.0,
 }
 
 
@@ -170,6 +172,10 @@ class Settings:
         value = self.get("METRICS")
         return list(value) if isinstance(value, (list, tuple)) else []
 
+    @property
+    def UNIQUE_TTL(self) -> float:
+        return float(self.get("UNIQUE_TTL"))
+
 
 conf = Settings()
 
@@ -217,6 +223,7 @@ def problems() -> list[Problem]:
         ("CONNECT_TIMEOUT", False),
         ("PERMIT_TIMEOUT", False),
         ("REPLICAS_TIMEOUT", False),
+        ("UNIQUE_TTL", False),
     ):
         if not is_seconds(value(key), allow_zero=allow_zero):
             bound = "0 or more" if allow_zero else "more than 0"
