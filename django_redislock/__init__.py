@@ -29,6 +29,8 @@ _LAZY = {
     "Semaphore": "core.semaphore",
     "AsyncSemaphore": "core.semaphore_async",
     "concurrency_limited": "middleware",
+    "unique_task": "unique",
+    "TaskNotUnique": "unique",
 }
 
 __all__ = [

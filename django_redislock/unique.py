@@ -131,6 +131,12 @@ class UniqueOptions:
     def lock_name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         return PREFIX + self.namer(args, kwargs)
 
+    @property
+    def metric_name(self) -> str:
+        """What metrics call these locks: the template, never a filled-in name."""
+        key = self.namer.key
+        return PREFIX + (key if isinstance(key, str) else self.label)
+
 
 def _fail(exc: Exception, who: str) -> Exception:
     # naming.py speaks for redis_locked(); say whose key it is.
@@ -310,7 +316,7 @@ def claim(
             renew=False,
             alias=opts.alias,
             label=opts.label,
-            metric_name=PREFIX + (opts.namer.key if isinstance(opts.namer.key, str) else "*"),
+            metric_name=opts.metric_name,
         )
         if lock.acquire(wait=0):
             assert lock.token is not None and lock.fence is not None
@@ -368,6 +374,7 @@ class Run:
     def __init__(self, claim: Claim, opts: UniqueOptions | None, label: str) -> None:
         self.claim = claim
         self.alias = opts.alias if opts is not None else None
+        self.metric_name = opts.metric_name if opts is not None else None
         self.label = label
         self.lock: Lock | None = None
 
@@ -384,6 +391,7 @@ class Run:
             renew_max=None,
             alias=self.alias,
             label=self.label,
+            metric_name=self.metric_name,
         )
         try:
             adopted = lock.adopt(claim.token, claim.fence, ttl=claim.lease)

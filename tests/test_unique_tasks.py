@@ -20,9 +20,12 @@ import pytest
 import redis
 from django.test import override_settings
 
-from django_redislock import get_lock
+from django_redislock import RedisUnavailable, get_lock
+from django_redislock import connection as rl_connection
 from django_redislock.signals import task_duplicate
 from django_redislock.unique import KWARG, TaskNotUnique, unique_task
+from tests.servers import free_port
+from tests.test_docs_claims import _signal_arguments, page
 
 try:  # Django 6.0+
     from django.tasks import task
@@ -69,6 +72,11 @@ if task is not None:
     @task
     def build_report(report_id: int) -> int:
         return report_id
+
+    @unique_task("defaults:{n}")
+    @task
+    def with_defaults(n: int) -> int:
+        return int(get_lock("x").client.pttl(get_lock(f"unique:defaults:{n}").keys.lease))
 
     @unique_task("mail:{user_id}", until="enqueue")
     @task
@@ -159,6 +167,7 @@ def test_concurrent_duplicates_of_a_running_task_are_refused(
     assert all(d["task"] is import_feed for d in duplicates)
     refusals = [rec for rec in caplog.records if rec.name == "django_redislock.unique"]
     assert len(refusals) == 6 and "refused a duplicate" in refusals[0].getMessage()
+    assert {rec.levelname for rec in refusals} == {"INFO"}
     assert _lease(r, "unique:import:8")[b"t"] == token  # untouched by the refusals
 
     finish.set()
@@ -238,7 +247,9 @@ def test_the_worker_run_adopts_and_releases(r: redis.Redis) -> None:
     assert not _lease(r, "unique:report:5")
 
 
-def test_another_token_cannot_release_the_key(r: redis.Redis) -> None:
+def test_another_token_cannot_release_the_key(
+    r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     queued = build_report.using(backend="dummy")
     result = queued.enqueue(6)
     claim = result.kwargs[KWARG]
@@ -246,6 +257,8 @@ def test_another_token_cannot_release_the_key(r: redis.Redis) -> None:
     # A task carrying another token runs, but neither adopts nor frees the key.
     assert build_report.func(report_id=6, **{KWARG: forged}) == 6
     assert _lease(r, "unique:report:6")[b"t"].decode() == claim["t"]
+    (warning,) = [rec for rec in caplog.records if rec.name == "django_redislock.unique"]
+    assert warning.levelname == "WARNING" and "running without it" in warning.getMessage()
     # Nor does a malformed claim.
     assert build_report.func(report_id=6, **{KWARG: {"t": 1}}) == 6
     assert _lease(r, "unique:report:6")[b"t"].decode() == claim["t"]
@@ -289,6 +302,10 @@ def _plain(feed_id: int) -> None:
     pass
 
 
+async def _async_plain(feed_id: int) -> None:
+    pass
+
+
 def test_a_bad_template_fails_when_decorating() -> None:
     plain = task(_plain)
     with pytest.raises(ValueError, match=r"unique_task\(\): lock key 'import:\{nope\}' uses"):
@@ -303,3 +320,104 @@ def test_a_bad_template_fails_when_decorating() -> None:
         unique_task("import:{feed_id}", ttl=0)(plain)
     with pytest.raises(TypeError, match=r"goes above @task"):
         unique_task("import:{feed_id}")(_plain)
+    with pytest.raises(TypeError, match="coroutine function"):
+        unique_task("import:{feed_id}")(task(_async_plain))
+
+
+# -- claims of docs/tasks.rst -----------------------------------------------------------------
+def _tasks_page() -> str:
+    """docs/tasks.rst as one line: a sentence may wrap anywhere."""
+    return " ".join(page("tasks").split())
+
+
+def test_redis_down_fails_closed(redis_factory: Any) -> None:
+    """docs/tasks.rst: "Redis unreachable at enqueue raises ``RedisUnavailable``"."""
+    assert "Redis unreachable at enqueue raises ``RedisUnavailable``" in _tasks_page()
+    server = redis_factory(port=free_port(), unix=False).start()
+    url = server.url
+    server.stop()
+    caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url}}
+    queued = build_report.using(backend="dummy")
+    with override_settings(
+        CACHES=caches, REDISLOCK={"CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2}
+    ):
+        rl_connection.reset()
+        try:
+            with pytest.raises(RedisUnavailable):
+                queued.enqueue(1)
+            assert queued.get_backend().results == []  # nothing was queued
+        finally:
+            rl_connection.reset()
+
+
+def test_task_duplicate_carries_the_documented_arguments(
+    duplicates: list[dict[str, Any]],
+) -> None:
+    """docs/operating.rst, Signals: ``task_duplicate``'s keyword arguments."""
+    queued = import_feed.using(backend="dummy")
+    queued.enqueue(feed_id=12)
+    queued.enqueue(feed_id=12)
+    (sent,) = duplicates
+    assert sent["sender"] is type(import_feed)
+    assert set(sent) - {"signal", "sender"} == _signal_arguments()["task_duplicate"]
+
+
+def test_run_after_lengthens_the_pending_ttl(r: redis.Redis) -> None:
+    """docs/tasks.rst: "A ``run_after`` (Celery: ``countdown`` or ``eta``) is added to it"."""
+    assert "A ``run_after`` (Celery: ``countdown`` or ``eta``) is added to it" in _tasks_page()
+    import datetime
+
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=100)
+    build_report.using(backend="dummy", run_after=later).enqueue(13)
+    assert 100_000 < r.pttl(get_lock("unique:report:13").keys.lease) <= 101_000
+
+
+def test_the_lock_name_and_the_claim_as_documented(r: redis.Redis) -> None:
+    """docs/tasks.rst: the lock is named ``unique:<key>``; the claim travels in the
+    ``_redislock_unique`` keyword argument."""
+    text = _tasks_page()
+    assert "named ``unique:`` followed by the key" in text
+    assert "``_redislock_unique``" in text
+    result = build_report.using(backend="dummy").enqueue(14)
+    assert set(result.kwargs) == {"_redislock_unique"}
+    assert result.kwargs["_redislock_unique"]["n"] == "unique:report:14"
+
+
+def test_default_ttl_and_lease(r: redis.Redis) -> None:
+    """docs/tasks.rst: ``ttl`` defaults to ``UNIQUE_TTL`` (an hour), ``lease`` to ``TIMEOUT``."""
+    result = with_defaults.using(backend="dummy").enqueue(1)
+    assert 3_599_000 < r.pttl(get_lock("unique:defaults:1").keys.lease) <= 3_600_000
+    # The run adopts it with the running lease, TIMEOUT (30 s by default).
+    assert 29_000 < with_defaults.func(*result.args, **result.kwargs) <= 30_000
+
+
+def test_a_failed_enqueue_lets_the_key_go(r: redis.Redis, monkeypatch: Any) -> None:
+    """docs/tasks.rst: "If the queueing fails, the key is let go at once"."""
+    assert "If the queueing fails, the key is let go at once." in _tasks_page()
+    queued = build_report.using(backend="dummy")
+    backend_class = type(queued.get_backend())
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the queue is down")
+
+    monkeypatch.setattr(backend_class, "enqueue", refuse)
+    with pytest.raises(ConnectionError):
+        queued.enqueue(15)
+    assert not _lease(r, "unique:report:15")
+
+
+def test_a_duplicate_waits_a_bounded_time_for_the_id() -> None:
+    """docs/tasks.rst: a duplicate "waits for it, up to a second, and is then refused
+    with ``task_id`` None"."""
+    assert "waits for it, up to a second, and is then refused with ``task_id`` None" in (
+        _tasks_page()
+    )
+    # Held as an enqueuer holds it before it writes the id.
+    holder = get_lock("unique:report:16", timeout=30, wait=0)
+    assert holder.acquire()
+    try:
+        with pytest.raises(TaskNotUnique) as info:
+            build_report.using(backend="dummy").enqueue(16)
+        assert info.value.task_id is None
+    finally:
+        holder.release()

@@ -108,6 +108,17 @@ def build_report(report_id: int) -> int:
     return report_id
 
 
+@app.task(
+    base=UniqueTask, bind=True, unique_key="sync:{account}", unique_until="start", max_retries=2
+)
+def sync_account(self: Any, account: str) -> int:
+    c = _locks()
+    c.rpush(f"synced:{account}", json.dumps(_holder(f"unique:sync:{account}")))
+    if self.request.retries < 1:
+        raise self.retry(countdown=0)
+    return int(self.request.retries)
+
+
 @app.task
 def ping() -> str:
     return "pong"
@@ -270,6 +281,14 @@ def test_retries_keep_ownership(worker: Worker, r_locks: redis.Redis) -> None:
     assert not r_locks.exists(get_lock("unique:import:2").keys.lease)
 
 
+def test_until_start_a_retry_runs_without_the_key(worker: Worker, r_locks: redis.Redis) -> None:
+    """docs/tasks.rst, ``"start"``: "a retry it asks for runs without the key"."""
+    assert sync_account.delay("acme").get(timeout=30) == 1
+    held = [json.loads(r_locks.lpop("synced:acme") or b"0") for _ in range(2)]
+    assert held[0] is not None and held[1] is None
+    assert _holder("unique:sync:acme") is None
+
+
 def test_another_task_cannot_release_the_key(worker: Worker, r_locks: redis.Redis) -> None:
     # Queued where no worker listens: it holds the key and never runs.
     parked = import_feed.apply_async((3,), queue="nowhere")
@@ -277,6 +296,7 @@ def test_another_task_cannot_release_the_key(worker: Worker, r_locks: redis.Redi
     token = _holder(name)
     assert token is not None
     assert r_locks.hget(get_lock(name).keys.lease, "j") == parked.id.encode()
+    assert HEADER == "redislock_unique"  # docs/tasks.rst names it
     # A task with the same key but another token runs without the key...
     forged = {"n": name, "t": "0123456789abcdef", "f": 1, "u": "finish", "l": LEASE, "p": 30}
     other = import_feed.apply_async((3,), headers={HEADER: forged})
@@ -295,6 +315,12 @@ def test_a_task_that_never_starts_frees_the_key_within_its_ttl(
     waited = _free_within(r_locks, "unique:report:4", 10)
     assert waited < 1.0 + 0.5  # the ttl, and a margin for a loaded host
     assert build_report.apply_async((4,), queue="nowhere").id != first.id
+
+
+def test_a_countdown_lengthens_the_pending_ttl(broker: RedisServer, r_locks: redis.Redis) -> None:
+    """docs/tasks.rst: "A ``run_after`` (Celery: ``countdown`` or ``eta``) is added to it"."""
+    build_report.apply_async((7,), countdown=100, queue="nowhere")  # unique_ttl=1.0
+    assert 100_000 < r_locks.pttl(get_lock("unique:report:7").keys.lease) <= 101_000
 
 
 def test_a_killed_worker_frees_the_key_within_the_lease(
@@ -345,3 +371,25 @@ def test_a_refusal_is_logged(broker: RedisServer, caplog: pytest.LogCaptureFixtu
         build_report.delay(6)
     (record,) = [rec for rec in caplog.records if rec.name == "django_redislock.unique"]
     assert first.id in record.getMessage()
+
+
+def test_eager_mode_runs_under_the_key(r_locks: redis.Redis) -> None:
+    """docs/tasks.rst: "``task_always_eager`` works: the task runs under the key"."""
+    eager = celery.Celery("eager", set_as_current=False)
+    eager.conf.update(
+        task_always_eager=True,
+        task_eager_propagates=True,
+        broker_url="memory://",
+        result_backend=None,
+    )
+    seen: list[str | None] = []
+
+    @eager.task(base=UniqueTask, unique_key="eager:{n}", shared=False, name="eager.run")
+    def run(n: int) -> int:
+        seen.append(_holder(f"unique:eager:{n}"))
+        return n
+
+    assert run.delay(1).get() == 1
+    assert seen[0] is not None
+    assert _holder("unique:eager:1") is None
+    eager.close()

@@ -94,6 +94,7 @@ class UniqueTask(Task):
         task_id: str | None = None,
         **options: Any,
     ) -> Any:
+        """Send the task, unless a task with its key is pending (see ``unique_task``)."""
         opts = type(self)._unique
         headers = dict(options.get("headers") or {})
         if opts is None or not conf.ENABLED:
@@ -125,6 +126,7 @@ class UniqueTask(Task):
         return result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run in the worker: adopt the key the message carries, and let it go by ``until``."""
         opts = type(self)._unique
         payload = _payload(self.request) if opts is not None else None
         found = Claim.from_payload(payload) if payload is not None else None
