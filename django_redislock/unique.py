@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import hashlib
 import inspect
 import logging
 import time
@@ -78,19 +77,9 @@ ID_WAIT = 1.0
 
 _F = TypeVar("_F")
 
-# Write the task id into a lease, if ``token`` still holds it: a lease that
-# expired and went to another task must not get our id.
-_NOTE_SOURCE = b"""-- KEYS[1] lease hash. ARGV[1] token, ARGV[2] task id.
--- Returns 1 when written, 0 when the token no longer holds the lease.
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'j', ARGV[2])
-return 1
-"""
-_NOTE = scripts.Script(
-    "unique_note", _NOTE_SOURCE, hashlib.sha1(_NOTE_SOURCE).hexdigest(), repeatable=True
-)
+# Write the task id into a lease, if our token still holds it (the header
+# of the script says more). Repeatable: it writes the same id again.
+_NOTE = scripts.load("unique_note", prelude=None, repeatable=True)
 
 
 class TaskNotUnique(LockError):
