@@ -53,7 +53,8 @@ from .core import scripts
 from .core.base import check_seconds
 from .core.exceptions import LockError, RedisUnavailable
 from .core.lock import Lock
-from .locks import get_lock
+from .core.lock_async import AsyncLock
+from .locks import get_async_lock, get_lock
 from .naming import _describe, _Namer
 from .options import _django_task
 from .signals import send_task_duplicate
@@ -263,6 +264,14 @@ def _note(lock: Lock, token: str, task_id: str) -> None:
         logger.warning("could not record task %s for unique key %r: %s", task_id, lock.name, exc)
 
 
+async def _anote(lock: AsyncLock, token: str, task_id: str) -> None:
+    """``_note`` for the asyncio driver."""
+    try:
+        await scripts.run_async(lock.client, _NOTE, (lock.keys.lease,), (token, task_id))
+    except RedisUnavailable as exc:
+        logger.warning("could not record task %s for unique key %r: %s", task_id, lock.name, exc)
+
+
 def _existing(lock: Lock) -> tuple[bool, str | None]:
     """(whether the key is still held, the holder's task id if written yet)."""
     deadline = time.monotonic() + ID_WAIT
@@ -358,7 +367,11 @@ def drop(lock: Lock, token: str, task_id: str | None) -> None:
 
 # -- the worker's side --------------------------------------------------------------------
 class Run:
-    """One run of a unique task in a worker: adopt the key, then let it go."""
+    """One run of a unique task in a worker: adopt the key, then let it go.
+
+    The decisions and messages live here; ``start``/``finish`` are the sync
+    driver, ``astart``/``afinish`` the asyncio one (an ``async def`` task).
+    """
 
     def __init__(self, claim: Claim, opts: UniqueOptions | None, label: str) -> None:
         self.claim = claim
@@ -366,40 +379,70 @@ class Run:
         self.metric_name = opts.metric_name if opts is not None else None
         self.label = label
         self.lock: Lock | None = None
+        self.alock: AsyncLock | None = None
 
+    def _lock_kwargs(self) -> dict[str, Any]:
+        return {
+            "timeout": self.claim.lease,
+            "wait": 0,
+            "renew": True,
+            # However long the run: a worker that dies stops renewing.
+            "renew_max": None,
+            "alias": self.alias,
+            "label": self.label,
+            "metric_name": self.metric_name,
+        }
+
+    def _unreachable(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not adopt unique key %r for %s (%s); running without it; its lease "
+            "runs out by itself",
+            self.claim.name,
+            self.label,
+            exc,
+        )
+
+    def _not_adopted(self) -> None:
+        logger.warning(
+            "unique key %r of %s was no longer held by this task (it waited longer than "
+            "its ttl, or was force-released); running without it",
+            self.claim.name,
+            self.label,
+        )
+
+    def _hands_on(self, retry_in: float | None) -> float | None:
+        """The lease for the retry to adopt, or None to release now."""
+        if retry_in is not None and self.claim.until == "finish":
+            return self.claim.ttl + retry_in
+        return None
+
+    def _not_handed(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not hand unique key %r to the retry of %s: %s",
+            self.claim.name,
+            self.label,
+            exc,
+        )
+
+    def _not_released(self, exc: BaseException) -> None:
+        # A loss was reported already (lock_lost); Redis down: it runs out.
+        logger.warning(
+            "could not release unique key %r of %s: %s", self.claim.name, self.label, exc
+        )
+
+    # -- sync ---------------------------------------------------------------------------
     def start(self, task_id: str | None = None) -> bool:
         """Adopt the key; False when this task no longer holds it (the run
         goes on without it: unique is a guard, not exactly-once)."""
         claim = self.claim
-        lock = get_lock(
-            claim.name,
-            timeout=claim.lease,
-            wait=0,
-            renew=True,
-            # However long the run: a worker that dies stops renewing.
-            renew_max=None,
-            alias=self.alias,
-            label=self.label,
-            metric_name=self.metric_name,
-        )
+        lock = get_lock(claim.name, **self._lock_kwargs())
         try:
             adopted = lock.adopt(claim.token, claim.fence, ttl=claim.lease)
         except RedisUnavailable as exc:
-            logger.warning(
-                "could not adopt unique key %r for %s (%s); running without it; its "
-                "lease runs out by itself",
-                claim.name,
-                self.label,
-                exc,
-            )
+            self._unreachable(exc)
             return False
         if not adopted:
-            logger.warning(
-                "unique key %r of %s was no longer held by this task (it waited longer "
-                "than its ttl, or was force-released); running without it",
-                claim.name,
-                self.label,
-            )
+            self._not_adopted()
             return False
         if task_id is not None:
             _note(lock, claim.token, task_id)
@@ -414,26 +457,62 @@ class Run:
         lock, self.lock = self.lock, None
         if lock is None:
             return
-        if retry_in is not None and self.claim.until == "finish":
-            # The retry carries the same claim and adopts the key in turn.
-            try:
-                lock.detach(ttl=self.claim.ttl + retry_in)
-            except (LockError, RedisUnavailable) as exc:
-                logger.warning(
-                    "could not hand unique key %r to the retry of %s: %s",
-                    self.claim.name,
-                    self.label,
-                    exc,
-                )
+        handed = self._hands_on(retry_in)
+        if handed is None:
+            self._release(lock)
             return
-        self._release(lock)
+        # The retry carries the same claim and adopts the key in turn.
+        try:
+            lock.detach(ttl=handed)
+        except (LockError, RedisUnavailable) as exc:
+            self._not_handed(exc)
 
     def _release(self, lock: Lock) -> None:
         try:
             lock.release()
         except (LockError, RedisUnavailable) as exc:
-            # A loss was reported already (lock_lost); Redis down: it runs out.
-            logger.warning("could not release unique key %r of %s: %s", lock.name, self.label, exc)
+            self._not_released(exc)
+
+    # -- asyncio ------------------------------------------------------------------------
+    async def astart(self, task_id: str | None = None) -> bool:
+        """``start`` for a coroutine task, on its event loop."""
+        claim = self.claim
+        lock = get_async_lock(claim.name, **self._lock_kwargs())
+        try:
+            adopted = await lock.adopt(claim.token, claim.fence, ttl=claim.lease)
+        except RedisUnavailable as exc:
+            self._unreachable(exc)
+            return False
+        if not adopted:
+            self._not_adopted()
+            return False
+        if task_id is not None:
+            await _anote(lock, claim.token, task_id)
+        if claim.until == "enqueue":
+            await self._arelease(lock)
+        else:
+            self.alock = lock
+        return True
+
+    async def afinish(self, retry_in: float | None = None) -> None:
+        """``finish`` for a coroutine task."""
+        lock, self.alock = self.alock, None
+        if lock is None:
+            return
+        handed = self._hands_on(retry_in)
+        if handed is None:
+            await self._arelease(lock)
+            return
+        try:
+            await lock.detach(ttl=handed)
+        except (LockError, RedisUnavailable) as exc:
+            self._not_handed(exc)
+
+    async def _arelease(self, lock: AsyncLock) -> None:
+        try:
+            await lock.release()
+        except (LockError, RedisUnavailable) as exc:
+            self._not_released(exc)
 
 
 # -- Django tasks -------------------------------------------------------------------------
@@ -489,16 +568,37 @@ def _unique_class(base: type) -> type:
 
 
 def _runner(func: Callable[..., Any], opts: UniqueOptions, takes_context: bool) -> Any:
-    @functools.wraps(func)
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def claimed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Run | None, str | None]:
         payload = kwargs.pop(KWARG, None)
         found = Claim.from_payload(payload) if payload is not None else None
         if found is None or not conf.ENABLED:
-            return func(*args, **kwargs)
-        this = Run(found, opts, opts.label)
+            return None, None
         # With a context the run knows its id: a duplicate enqueued while an
         # immediate backend runs it (before enqueue returns) is told the id.
         task_id = str(args[0].task_result.id) if takes_context and args else None
+        return Run(found, opts, opts.label), task_id
+
+    if iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def arun(*args: Any, **kwargs: Any) -> Any:
+            this, task_id = claimed(args, kwargs)
+            if this is None:
+                return await func(*args, **kwargs)
+            await this.astart(task_id)
+            try:
+                return await func(*args, **kwargs)
+            finally:
+                await this.afinish()
+
+        arun._redislock_unique = opts  # type: ignore[attr-defined]
+        return arun
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        this, task_id = claimed(args, kwargs)
+        if this is None:
+            return func(*args, **kwargs)
         this.start(task_id)
         try:
             return func(*args, **kwargs)
@@ -539,11 +639,6 @@ def unique_task(
                 "django_redislock.contrib.celery_unique"
             )
         func = task.func  # type: ignore[attr-defined]
-        if iscoroutinefunction(func):
-            raise TypeError(
-                f"unique_task(): {_describe(func)} is a coroutine function; unique tasks "
-                "run sync functions only for now: make it a def"
-            )
         label = f"{getattr(func, '__module__', '')}.{_describe(func)}"
         opts = make_options(
             key,
