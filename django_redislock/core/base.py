@@ -22,7 +22,6 @@ __all__ = [
     "LockBase",
     "Observer",
     "check_seconds",
-    "check_adopted",
     "is_seconds",
     "same_token",
 ]
@@ -62,22 +61,6 @@ def same_token(current: bytes | str | None, token: str) -> bool:
     if current is None:
         return False
     return (current.decode() if isinstance(current, bytes) else current) == token
-
-
-def check_adopted(token: object, fence: object) -> tuple[str, int]:
-    """Validate the token and fence a handle is asked to ``adopt``."""
-    # The scripts rely on the shape of tokens (16 hex digits: see `d` in
-    # _prelude.lua); anything else cannot be a token this library issued.
-    if not isinstance(token, str) or len(token) != 16 or token.strip("0123456789abcdef"):
-        raise ValueError(
-            f"adopt() needs the token of a lease, as acquire() set it (16 hex digits); "
-            f"got {token!r}"
-        )
-    if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
-        raise ValueError(
-            f"adopt() needs the fence of that lease, as acquire() set it; got {fence!r}"
-        )
-    return token, fence
 
 
 def is_seconds(value: object, *, allow_zero: bool) -> bool:

@@ -29,7 +29,7 @@ from typing import TypeVar
 from redis.exceptions import RedisError
 
 from . import giveback, renewal, scripts
-from .base import LockBase, check_adopted, same_token
+from .base import LockBase, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -42,6 +42,7 @@ from .notify import get_notifier
 from .protocol import (
     Acquisition,
     Move,
+    check_adopted,
     may_have_run,
     renew_interval,
     retry_renewal_in,

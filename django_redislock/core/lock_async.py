@@ -28,7 +28,7 @@ from .aio_calls import (
     raise_if_cancelled_since,
     wait_for,
 )
-from .base import LockBase, check_adopted, same_token
+from .base import LockBase, same_token
 from .exceptions import (
     LockError,
     LockLost,
@@ -41,6 +41,7 @@ from .notify_async import get_async_notifier
 from .protocol import (
     Acquisition,
     Move,
+    check_adopted,
     may_have_run,
     renew_interval,
     retry_renewal_in,
