@@ -120,6 +120,11 @@ def sync_account(self: Any, account: str) -> int:
     return int(self.request.retries)
 
 
+@app.task(base=UniqueTask, unique_key="mail:{user_id}", unique_until="enqueue")
+def send_mail(user_id: int) -> str | None:
+    return _holder(f"unique:mail:{user_id}")
+
+
 @app.task
 def ping() -> str:
     return "pong"
@@ -287,6 +292,12 @@ def test_retries_keep_ownership(worker: Worker, r_locks: redis.Redis) -> None:
     assert {run["token"] for run in runs} == {runs[0]["token"]}
     assert runs[0]["token"] is not None
     assert not r_locks.exists(get_lock("unique:import:2").keys.lease)
+
+
+def test_until_enqueue_frees_the_key_as_the_run_starts(worker: Worker) -> None:
+    """docs/tasks.rst, ``"enqueue"``: "when a worker starts the run"."""
+    assert send_mail.delay(1).get(timeout=20) is None  # free while it ran
+    assert _holder("unique:mail:1") is None
 
 
 def test_until_start_a_retry_runs_without_the_key(worker: Worker, r_locks: redis.Redis) -> None:
