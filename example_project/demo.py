@@ -1237,6 +1237,7 @@ def run(args: argparse.Namespace) -> int:
 
         results: dict[str, Any] = {
             "database": "postgresql" if args.postgres else "sqlite",
+            "postgres_database": postgres_name,
             "scenarios": args.only,
         }
         if "purchases" in args.only:

@@ -59,6 +59,14 @@ def test_demo_sells_exactly_the_stock_and_charges_retries_once(redis_factory, tm
             "6",
             "--retry-copies",
             "3",
+            "--carts",
+            "24",
+            "--cart-clients",
+            "4",
+            "--cart-stock",
+            "6",
+            "--cart-retry-keys",
+            "4",
             "--workers",
             "2",
             "--threads",
@@ -97,6 +105,20 @@ def test_demo_sells_exactly_the_stock_and_charges_retries_once(redis_factory, tm
         assert run["errors"] == 0, run
     control = results["retries"]["unprotected"]
     assert (control["orders"], control["double_charges"]) == (24, 18), control
+
+    # Carts (on SQLite here; tests/test_carts_e2e.py runs them on PostgreSQL):
+    # never oversold, all or nothing, none busy past its wait; each retried
+    # cart of three products charged once, every copy of it in the control.
+    carts = results["carts"]["locked"]
+    assert carts["oversold"] == 0 and carts["consistent"], carts
+    assert carts["orders_match_answers"], carts
+    assert carts["ok_200"] + carts["sold_out_410"] == 24, carts
+    assert carts["busy_409"] == carts["errors"] == carts["unsent"] == 0, carts
+    retried = results["cart_retries"]["idempotent"]
+    assert (retried["orders"], retried["double_charges"]) == (4 * 3, 0), retried
+    assert retried["later_replayed"] == 4, retried
+    control = results["cart_retries"]["unprotected"]
+    assert (control["orders"], control["double_charges"]) == (48, 12), control
 
     reports = results["reports"]
     assert 1 <= reports["max_in_flight"] <= reports["limit"] == 2, reports
