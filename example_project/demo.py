@@ -744,7 +744,11 @@ def cart_retry_run(
     port: int, product_ids: list[int], args: argparse.Namespace, *, path: str, protected: bool
 ) -> dict[str, Any]:
     """Each of ``--cart-retry-keys`` carts (three products, in a random order)
-    sent ``--retry-copies`` times at once with one key, then once more."""
+    sent ``--retry-copies`` times at once with one key, then once more.
+
+    The later retries go one at a time: a client retrying after a timeout,
+    which no row lock of another copy can stop.
+    """
     from django.db import connection
 
     from shop.models import Order
@@ -758,7 +762,7 @@ def cart_retry_run(
     deadlocks_before = postgres_deadlocks()
     sent = [key for key in keys for _ in range(copies)]
     at_once = send_at_once(port, path, sent, args.deadline, bodies)
-    later = send_at_once(port, path, keys, args.deadline, bodies)
+    later = [send_at_once(port, path, [key], args.deadline, bodies)[0] for key in keys]
     deadlocks_after = postgres_deadlocks()
     orders = Order.objects.filter(product_id__in=product_ids).count()
     connection.close()
@@ -766,7 +770,12 @@ def cart_retry_run(
     replayed = [r for r in replies if r.headers.get("Idempotent-Replayed") == "true"]
     statuses = [reply.status for reply in replies]
     say(f"    {'protected' if protected else 'control':<12} {path}: {len(replies)} answers")
-    charged = orders // size
+    # A charge is a cart that ran and answered 200 (not a replay of one).
+    charges = dict.fromkeys(keys, 0)
+    for key, reply in zip(sent + keys, at_once + later, strict=True):
+        replay = isinstance(reply, Reply) and reply.headers.get("Idempotent-Replayed") == "true"
+        if isinstance(reply, Reply) and reply.status == 200 and not replay:
+            charges[key] += 1
     return {
         "path": path,
         "protected": protected,
@@ -774,9 +783,11 @@ def cart_retry_run(
         "cart_size": size,
         "requests": len(keys) * (copies + 1),
         "orders": orders,
-        "whole_carts": orders % size == 0,
-        "carts_charged": charged,
-        "double_charges": max(0, charged - len(keys)),
+        # All or nothing: the orders are exactly the carts charged, whole.
+        "orders_match_answers": orders == size * sum(charges.values()),
+        "carts_charged": sum(charges.values()),
+        # Every cart charged more than once, counted once per extra charge.
+        "double_charges": sum(max(0, n - 1) for n in charges.values()),
         "ran_200": sum(r.status == 200 for r in replies) - len(replayed),
         "in_progress_409": statuses.count(409),
         "replayed": len(replayed),
@@ -982,6 +993,10 @@ def print_carts(results: dict[str, Any], args: argparse.Namespace) -> None:
         [
             ("orders created", lambda r: r["orders"]),
             ("carts charged", lambda r: r["carts_charged"]),
+            (
+                "orders = carts charged, whole",
+                lambda r: "yes" if r["orders_match_answers"] else "NO",
+            ),
             ("double charges", lambda r: r["double_charges"]),
             ("ran (200)", lambda r: r["ran_200"]),
             ("409 still running", lambda r: r["in_progress_409"]),
@@ -1060,7 +1075,11 @@ def verdict(results: dict[str, Any]) -> list[str]:
     for name, run in results.get("cart_retries", {}).items():
         if not run["protected"]:
             continue
-        if run["double_charges"] or run["orders"] != run["carts"] * run["cart_size"]:
+        if (
+            run["double_charges"]
+            or run["orders"] != run["carts"] * run["cart_size"]
+            or not run["orders_match_answers"]
+        ):
             problems.append(
                 f"cart retries {name}: {run['orders']} orders for {run['carts']} carts "
                 f"of {run['cart_size']}"

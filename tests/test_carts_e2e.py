@@ -118,6 +118,7 @@ def test_carts_never_oversell_never_deadlock_and_retries_charge_once(redis_facto
     retried = results["cart_retries"]["idempotent"]
     assert retried["orders"] == RETRY_KEYS * retried["cart_size"], retried
     assert (retried["carts_charged"], retried["double_charges"]) == (RETRY_KEYS, 0), retried
+    assert retried["orders_match_answers"], retried
     assert (retried["ran_200"], retried["later_replayed"]) == (RETRY_KEYS, RETRY_KEYS), retried
     assert retried["in_progress_409"] + retried["replayed"] == RETRY_KEYS * COPIES, retried
     assert (retried["errors"], retried["server_errors_5xx"], retried["deadlocks"]) == (0, 0, 0)
@@ -130,6 +131,7 @@ def test_carts_never_oversell_never_deadlock_and_retries_charge_once(redis_facto
     assert unsafe["server_errors_5xx"] == unsafe["deadlocks"], unsafe
     unprotected = results["cart_retries"]["unprotected"]
     assert unprotected["double_charges"] > 0, unprotected
+    assert unprotected["orders_match_answers"], unprotected
     assert unprotected["server_errors_5xx"] == unprotected["deadlocks"], unprotected
     assert "Control (no lock, no @idempotent) on postgresql:" in done.stdout
 
