@@ -4,6 +4,7 @@ never waiting while holding, no deadlock whatever order callers list names in.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -347,3 +348,44 @@ async def test_async_cancelled_while_waiting_leaves_nothing_behind(ar: Any, r: r
     assert _free(r, "z:a") and _free(r, "z:c")
     await holder.release()
     assert _free(r, "z:b")
+
+
+async def test_async_release_cancelled_midway_still_gives_every_name_back(
+    ar: Any, r: redis.Redis
+) -> None:
+    multi = AsyncMultiLock(ar, ["c:a", "c:b", "c:c"], ttl=30, wait=0)
+
+    async def take_and_release() -> None:
+        assert await multi.acquire()
+        taken.set()
+        await go.wait()
+        await multi.release()
+
+    taken, go = asyncio.Event(), asyncio.Event()
+    task = asyncio.ensure_future(take_and_release())
+    await asyncio.wait_for(taken.wait(), 10)
+    go.set()
+    await asyncio.sleep(0)  # the task resumes, into its first release
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert all(_free(r, name) for name in ("c:a", "c:b", "c:c"))
+
+
+async def test_async_give_back_cancelled_midway_leaves_nothing_held(
+    ar: Any, r: redis.Redis
+) -> None:
+    """Cancelled while it gives back what it took on the way to a busy name."""
+    holder = AsyncLock(ar, "g:d", ttl=30, wait=0)
+    assert await holder.acquire()
+    multi = AsyncMultiLock(ar, ["g:a", "g:b", "g:c", "g:d"], ttl=30, wait=0)
+    for steps in range(20):  # cancel at a different point each time
+        task = asyncio.ensure_future(multi.acquire())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            assert await task is False
+        assert all(_free(r, name) for name in ("g:a", "g:b", "g:c"))
+    await holder.release()
