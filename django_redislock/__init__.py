@@ -34,6 +34,10 @@ _LAZY = {
     "AsyncSemaphore": "core.semaphore_async",
     "concurrency_limited": "middleware",
     "idempotent": "idempotency",
+    "ReadWriteLock": "core.rwlock",
+    "AsyncReadWriteLock": "core.rwlock_async",
+    "get_rw_lock": "locks",
+    "get_async_rw_lock": "locks",
 }
 
 __all__ = [
