@@ -178,3 +178,22 @@ async def test_async_decorator_and_block() -> None:
     other = get_async_rw_lock("doc:6", "write", wait=0)
     assert await other.acquire()
     await other.release()
+
+
+def test_metrics_count_under_the_metric_name() -> None:
+    from django.test import override_settings
+
+    from django_redislock import metrics as rl_metrics
+    from tests.test_metrics import PROM, holds, outcome
+
+    with override_settings(REDISLOCK=PROM):
+        assert rl_metrics.installed() == ["prometheus"]
+        before = outcome("catalogue", "lock", "acquired"), outcome("catalogue", "lock", "busy")
+        held_before = holds("catalogue", "lock")
+        reader = get_rw_lock("catalogue:1", "read", metric_name="catalogue")
+        assert reader.acquire()
+        assert not get_rw_lock("catalogue:1", "write", wait=0, metric_name="catalogue").acquire()
+        reader.release()
+        assert outcome("catalogue", "lock", "acquired") == before[0] + 1
+        assert outcome("catalogue", "lock", "busy") == before[1] + 1
+        assert holds("catalogue", "lock") == held_before + 1
