@@ -21,38 +21,38 @@ local keep = tonumber(ARGV[8])
 local mode = ARGV[9]
 
 purge()
-redis.call('HSET', state, 'n', ARGV[3])
-bump_ttl(state, keep)
 
 local function admit()
-  return grant(token, mode, ttl, keep, ARGV[4])
+  return grant(token, mode, ttl, keep, ARGV[4], ARGV[3])
 end
 
 if redis.call('ZSCORE', holders, token) then
-  if redis.call('HEXISTS', state, 'r:' .. token) == 0 then
+  local st = redis.call('HMGET', state, 'r:' .. token, 'f')
+  if not st[1] then
     -- A retry of an acquire whose reply was lost: the turn is ours already.
     redis.call('ZADD', holders, now_ms + ttl, token)
     bump_ttl(holders, ttl + keep)
     bump_ttl(state, ttl + keep)
-    return {1, redis.call('HGET', state, 'f') or '0'}
+    return {1, st[2] or '0'}
   end
   -- The turn reserved for us when we were woken: claim it.
+  redis.call('HDEL', state, 'r:' .. token)
   return admit()
 end
 
 local result = nil
-if promote(grace, token, function() result = admit() end) then
+local mine, dry = promote(grace, token, function() result = admit() end)
+if mine then
   return result
 end
-if redis.call('LLEN', queue) == 0 and compatible(mode) then
+if dry and compatible(mode) then
   -- Nobody waits ahead of us (we were not queued, or the queue ran dry).
   return admit()
 end
 if wait > 0 then
-  if redis.call('HEXISTS', state, 'w:' .. token) == 0 then
+  if redis.call('HSET', state, 'w:' .. token, (now_ms + wait) .. '|' .. mode .. ARGV[6]) == 1 then
     redis.call('RPUSH', queue, token)
   end
-  redis.call('HSET', state, 'w:' .. token, (now_ms + wait) .. '|' .. mode .. ARGV[6])
   bump_ttl(queue, wait + keep)
   bump_ttl(state, wait + keep)
 end

@@ -4,7 +4,7 @@
 -- Returns 1 when a turn or reservation was passed on, 0 otherwise.
 local token = ARGV[1]
 if redis.call('ZREM', holders, token) == 1 then
-  forget(token)
+  forget(token, nil)
   purge()
   promote(tonumber(ARGV[2]), false, nil)
   return 1

@@ -34,10 +34,11 @@ local function bump_ttl(key, ms)
   end
 end
 
--- Forget everything the state hash says about one holder or reservation.
-local function forget(token)
+-- Forget everything the state hash says about one holder or reservation;
+-- `mode`: its m: field when the caller read it ('r' needs no look at x).
+local function forget(token, mode)
   redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 'm:' .. token)
-  if redis.call('HGET', state, 'x') == token then
+  if mode ~= 'r' and redis.call('HGET', state, 'x') == token then
     redis.call('HDEL', state, 'x')
   end
 end
@@ -47,7 +48,7 @@ end
 local function purge()
   local expired = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms)
   for _, token in ipairs(expired) do
-    forget(token)
+    forget(token, nil)
   end
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', holders, '-inf', now_ms)
@@ -81,21 +82,24 @@ local function wake(chmode, channel, token)
   return true
 end
 
--- Admit `token` in `mode` for ttl ms. A writer gets a new fence: the server's
--- microsecond clock, floored above the last one, as the lock's are.
-local function grant(token, mode, ttl, keep, owner)
+-- Admit `token` in `mode` for ttl ms (its w: and r: fields are gone by now).
+-- A writer gets a new fence: the server's microsecond clock, floored above
+-- the last one, as the lock's are. Returns the acquire script's reply.
+local function grant(token, mode, ttl, keep, owner, name)
   redis.call('ZADD', holders, now_ms + ttl, token)
-  redis.call('HDEL', state, 'r:' .. token, 'w:' .. token)
-  redis.call('HSET', state, 'o:' .. token, owner, 'a:' .. token, now_ms, 'm:' .. token, mode)
+  local last = redis.call('HGET', state, 'f')
   if mode == 'w' then
     local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-    local last = tonumber(redis.call('HGET', state, 'f') or '0')
-    local fence = math.max(now_us, last + 1)
-    redis.call('HSET', state, 'x', token, 'f', string.format('%.0f', fence))
+    last = string.format('%.0f', math.max(now_us, tonumber(last or '0') + 1))
+    redis.call('HSET', state, 'n', name, 'o:' .. token, owner, 'a:' .. token, now_ms,
+      'm:' .. token, mode, 'x', token, 'f', last)
+  else
+    redis.call('HSET', state, 'n', name, 'o:' .. token, owner, 'a:' .. token, now_ms,
+      'm:' .. token, mode)
   end
   bump_ttl(holders, ttl + keep)
   bump_ttl(state, ttl + keep)
-  return {1, redis.call('HGET', state, 'f') or '0'}
+  return {1, last or '0'}
 end
 
 -- Serve the queue from its head while its head can be admitted: readers
@@ -105,13 +109,15 @@ end
 -- Waiters whose deadline passed, or whose channel nobody listens on, are
 -- dropped on the way. If turns were reserved and someone still waits, the new
 -- head is told, so that it learns the reservations' expiry as its timer.
--- Returns whether `self` was admitted.
+-- Returns whether `self` was admitted, and whether the queue ran dry.
 local function promote(grace, self, grant_self)
   local mine = false
   local reserved = 0
+  local dry = false
   while true do
     local head = redis.call('LINDEX', queue, 0)
     if not head then
+      dry = true
       break
     end
     local info = redis.call('HGET', state, 'w:' .. head)
@@ -153,7 +159,7 @@ local function promote(grace, self, grant_self)
       end
     end
   end
-  return mine
+  return mine, dry
 end
 
 -- Milliseconds until the state can change by itself: the earliest expiry of a

@@ -10,16 +10,16 @@ local RING = 64
 local token = ARGV[1]
 local keep = tonumber(ARGV[3])
 local score = redis.call('ZSCORE', holders, token)
-local held = score and tonumber(score) > now_ms
-  and redis.call('HEXISTS', state, 'r:' .. token) == 0
+local st = redis.call('HMGET', state, 'r:' .. token, 'm:' .. token, 'd')
+local held = score and tonumber(score) > now_ms and not st[1]
 if score then
   redis.call('ZREM', holders, token)
-  forget(token)
+  forget(token, st[2])
 end
 purge()
 promote(tonumber(ARGV[2]), false, nil)
 if held then
-  local slot = tonumber(redis.call('HGET', state, 'd') or '0') % RING
+  local slot = tonumber(st[3] or '0') % RING
   redis.call('HSET', state, 'd' .. slot, token, 'd', (slot + 1) % RING)
   bump_ttl(state, keep)
   return 1
