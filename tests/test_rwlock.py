@@ -380,3 +380,32 @@ def test_killed_holder_frees_within_its_lease(
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+
+
+def test_a_woken_waiter_that_died_costs_the_next_only_the_grace(r: redis.Redis) -> None:
+    from django_redislock.core import scripts
+    from django_redislock.core.rwlock import ACQUIRE
+
+    holder = rw(r, "write", ttl=60, grace=0.3)
+    assert holder.acquire()
+    k = KS.rwlock("doc")
+    # A waiter of a process that then died: queued, it never claims its turn.
+    dead = "00000000deadbeef"
+    args = (dead, 60_000, b"doc", "{}", 60_000, b"-", 300, 10_000, b"w")
+    assert list(scripts.run(r, ACQUIRE, (k.lease, k.queue, k.state), args))[0] == 0
+    got: list[tuple[bool, float]] = []
+
+    def wait_in_line() -> None:
+        started = time.monotonic()
+        lock = rw(r, "read", wait=10)
+        got.append((lock.acquire(), time.monotonic() - started))
+
+    waiter = threading.Thread(target=wait_in_line)
+    waiter.start()
+    wait_until(lambda: queued(r) == 2)
+    holder.release()  # the turn is reserved for the dead waiter for 0.3 s
+    # Told of the reservation, the live waiter takes its end (not the 60 s
+    # lease, nor its own 10 s deadline) as its timer: it gets in long before
+    # its wait is over (a bound twenty times the grace, not a measurement).
+    waiter.join(15)
+    assert got[0][0] and got[0][1] < 6

@@ -129,9 +129,6 @@ local function promote(grace, self, grant_self)
       redis.call('LPOP', queue)
       redis.call('HDEL', state, 'w:' .. head)
     elseif not compatible(mode) then
-      if reserved > 0 and head ~= self then
-        wake(chmode, channel, head)
-      end
       break
     else
       redis.call('LPOP', queue)
@@ -157,6 +154,16 @@ local function promote(grace, self, grant_self)
       if admitted and mode == 'w' then
         break
       end
+    end
+  end
+  if reserved > 0 and not dry then
+    -- Tell the new head, if it still waits: a reservation that is never
+    -- claimed (its waiter died) ends its wait grace ms from now.
+    local head = redis.call('LINDEX', queue, 0)
+    local info = head and head ~= self and redis.call('HGET', state, 'w:' .. head)
+    if info then
+      local _, _, chmode, channel = parse(info)
+      wake(chmode, channel, head)
     end
   end
   return mine, dry
