@@ -197,3 +197,75 @@ def test_metrics_count_under_the_metric_name() -> None:
         assert outcome("catalogue", "lock", "acquired") == before[0] + 1
         assert outcome("catalogue", "lock", "busy") == before[1] + 1
         assert holds("catalogue", "lock") == held_before + 1
+
+
+# -- views, through both request paths ---------------------------------------------------
+@redis_locked("page:{pk}", mode="read", wait=0)
+def read_page(request: Any, pk: int) -> Any:
+    from django.http import HttpResponse
+
+    return HttpResponse(f"read {current_fence()}")
+
+
+@redis_locked("page:{pk}", mode="write", wait=0)
+async def write_page(request: Any, pk: int) -> Any:
+    from django.http import HttpResponse
+
+    return HttpResponse(f"write {current_fence()}")
+
+
+def _urls() -> list[Any]:
+    from django.urls import path
+
+    return [path("read/<int:pk>/", read_page), path("write/<int:pk>/", write_page)]
+
+
+urlpatterns = _urls()
+
+
+@pytest.fixture(params=["client", "async_client"])
+def get(request: pytest.FixtureRequest) -> Any:
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient, Client
+
+    from tests.test_decorators import close_async_clients
+
+    if request.param == "client":
+        client = Client(raise_request_exception=False)
+        return lambda url: client.get(url)
+
+    async def aget(url: str) -> Any:
+        try:
+            return await AsyncClient(raise_request_exception=False).get(url)
+        finally:
+            await close_async_clients()
+
+    return lambda url: async_to_sync(aget)(url)
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.test_rwlock_django")
+def test_views_readers_share_and_a_writer_is_refused_while_they_read(get: Any) -> None:
+    reader = get_rw_lock("page:9", "read")
+    assert reader.acquire()
+    response = get("/read/9/")
+    assert response.status_code == 200 and response.content == b"read None"
+    response = get("/write/9/")
+    assert response.status_code == 409 and response["Retry-After"]
+    reader.release()
+    response = get("/write/9/")
+    assert response.status_code == 200 and int(response.content.split()[1]) > 0
+    writer = get_rw_lock("page:9", "write")
+    assert writer.acquire()
+    assert get("/read/9/").status_code == 409
+    writer.release()
+
+
+def test_fenced_update_refuses_a_readers_missing_fence() -> None:
+    from django_redislock.fencing import fenced_update
+    from tests.testapp.models import Product
+
+    with redis_lock("doc:10", mode="read"):
+        assert current_fence() is None
+        with pytest.raises(TypeError, match="needs the lock's fencing token"):
+            fenced_update(Product.objects.none(), current_fence(), stock=1)
