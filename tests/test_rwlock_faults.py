@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from django_redislock.core import KeySpace, ReadWriteLock
-from django_redislock.core.exceptions import RedisUnavailable
+from django_redislock.core.exceptions import LockLost, RedisUnavailable
 from tests.faults.harness import ServerPool, bounded_client, freeze_bound
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 
@@ -119,4 +119,25 @@ def test_frozen_redis_every_call_bounded(pool: ServerPool) -> None:
             with pytest.raises(RedisUnavailable):
                 lock.acquire()
             assert time.monotonic() - started < freeze_bound(timeout) + 0.5
+    client.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_redis_restarted_empty_the_holder_learns_its_loss(pool: ServerPool, mode: str) -> None:
+    server = pool.server(persistence=False)
+    client = bounded_client(server.url, timeout=1.0)
+    first = ReadWriteLock(client, "restart", mode, ttl=30, wait=0)  # type: ignore[arg-type]
+    assert first.acquire()
+    server.restart(kill=True)
+    writer = ReadWriteLock(client, "restart", "write", ttl=30, wait=0)
+    assert writer.acquire()  # the documented limit: Redis forgot the holder
+    if mode == "write":
+        assert writer.fence is not None and first.fence is not None
+        assert writer.fence > first.fence  # the fence still guards the writes
+    with pytest.raises(LockLost):
+        first.extend()
+    with pytest.raises(LockLost):
+        first.release()
+    assert writer.owned()
+    writer.release()
     client.close()

@@ -159,3 +159,15 @@ def test_admin_page_lists_readers_and_releases(r: redis.Redis, django_user_model
     )
     assert "Released rwlock &#x27;catalogue&#x27;." in response.content.decode()
     assert [row.name for row in list_locks(r, KS)] == ["prices"]
+
+
+def test_hostile_and_long_names_are_listed_exactly(r: redis.Redis) -> None:
+    names = ["a\nb", "{brace}", "glob*?[x]", "ü\udcff", "n" * 500]
+    held = [hold(r, "read" if i % 2 else "write", name) for i, name in enumerate(names)]
+    rows = list_locks(r, KS)
+    assert sorted(row.name for row in rows) == sorted(names)
+    assert [row.name for row in list_locks(r, KS, "glob*?[x]", literal=True)] == ["glob*?[x]"]
+    assert not list_locks(r, KS, "n" * 499, literal=True)
+    for lock in held:
+        lock.release()
+    assert list_locks(r, KS) == []
