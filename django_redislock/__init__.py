@@ -34,6 +34,8 @@ _LAZY = {
     "AsyncSemaphore": "core.semaphore_async",
     "concurrency_limited": "middleware",
     "idempotent": "idempotency",
+    "unique_task": "unique",
+    "TaskNotUnique": "unique",
     "ReadWriteLock": "core.rwlock",
     "AsyncReadWriteLock": "core.rwlock_async",
     "get_rw_lock": "locks",

@@ -178,6 +178,35 @@ def test_extend_renews_every_lease(r: redis.Redis) -> None:
     multi.release()
 
 
+def _scripts_run(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in ("eval", "evalsha"))
+
+
+def test_uncontended_costs_one_script_per_name(r: redis.Redis) -> None:
+    """What docs/locks.rst says: k names cost k round trips, like k locks."""
+    multi = MultiLock(r, [f"rt:{i}" for i in range(5)], ttl=10, wait=0)
+    assert multi.acquire()  # loads the scripts
+    multi.release()
+    before = _scripts_run(r)
+    assert multi.acquire()
+    taken = _scripts_run(r)
+    multi.release()
+    assert (taken - before, _scripts_run(r) - taken) == (5, 5)
+
+
+def test_each_name_is_a_row_of_its_own_for_operators(r: redis.Redis) -> None:
+    from django_redislock.core.inspect import list_locks
+    from django_redislock.core.keys import KeySpace
+
+    with MultiLock(r, ["row:b", "row:a"], ttl=10, wait=0, label="checkout") as multi:
+        rows = list_locks(r, KeySpace.default(), "row:*")
+        assert [(row.name, row.label, row.fence) for row in rows] == [
+            ("row:a", "checkout", multi.fence_of("row:a")),
+            ("row:b", "checkout", multi.fence_of("row:b")),
+        ]
+
+
 # -- under load --------------------------------------------------------------------------
 class _NoLock:
     """The control: the same callers with no lock at all."""
