@@ -83,6 +83,13 @@ def test_invalid_mode_fails_at_decoration_with_the_choices() -> None:
     with pytest.raises(TypeError, match="one lock name"):
         redis_lock(["a", "b"], mode="read")
 
+    @redis_locked(lambda pk: [f"a:{pk}", f"b:{pk}"], mode="write")
+    def several(pk: int) -> None:
+        raise AssertionError("never runs")
+
+    with pytest.raises(TypeError, match="one lock name, not several"):
+        several(1)
+
 
 @redis_locked("doc:{pk}", mode="read", wait=0)
 def read_doc(pk: int) -> Any:

@@ -28,6 +28,7 @@ writer (``mode``), and holds one turn at a time.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 from . import scripts
@@ -84,7 +85,7 @@ class ReadWriteLockBase(LockBase):
         label: str = "",
         renew: bool = False,
         renew_max: float | None = None,
-        on_lost: Any = None,
+        on_lost: Callable[[Any], None] | None = None,
         observer: Observer | None = None,
         drift_factor: float = 0.01,
         # How long a woken waiter has to claim its turn before the next goes.
