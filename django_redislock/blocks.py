@@ -15,6 +15,7 @@ from .core.lock import Lock
 from .core.lock_async import AsyncLock
 from .core.multi import MultiLock, lock_names
 from .core.multi_async import AsyncMultiLock
+from .core.rwlock import check_mode
 from .locks import (
     get_async_lock,
     get_async_multi_lock,
@@ -53,10 +54,10 @@ def _reenter(opts: _Options, names: str | tuple[str, ...], owner: object) -> Hel
             "read-write locks are taken one name at a time"
         )
     if opts.mode == "read":
-        writer = _reentered((f"{opts.cache_alias}\x00rw:write", names), owner)
+        writer = _reentered((opts.key_alias("write"), names), owner)
         if writer is not None:
             return writer
-    elif opts.mode == "write" and _reentered((f"{opts.cache_alias}\x00rw:read", names), owner):
+    elif opts.mode == "write" and _reentered((opts.key_alias("read"), names), owner):
         raise LockError(
             f"a write lock on {names} was asked for inside a read lock on it, which this code "
             "already holds: a read lock is not upgraded; take the write lock in the outer call"
@@ -159,7 +160,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         if self._opts.mode is not None and isinstance(self.name, str):
             lock = get_rw_lock(
                 self.name,
-                self._opts.mode,  # type: ignore[arg-type]
+                check_mode(self._opts.mode),
                 metric_name=self.metric_name,
                 **self._opts.lock_kwargs(self._label),
             )
@@ -213,7 +214,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         if self._opts.mode is not None and isinstance(self.name, str):
             lock = get_async_rw_lock(
                 self.name,
-                self._opts.mode,  # type: ignore[arg-type]
+                check_mode(self._opts.mode),
                 metric_name=self.metric_name,
                 **self._opts.lock_kwargs(self._label),
             )

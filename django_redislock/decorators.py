@@ -36,6 +36,7 @@ from .context import Key, _held, _push, _task_owner, current_fence, current_lock
 from .core.exceptions import LockLost, RedisUnavailable
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
+from .core.rwlock import check_mode
 from .deferred import Deferred, adopt
 from .locks import (
     get_async_lock,
@@ -82,7 +83,7 @@ def _new_lock(
     names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
 ) -> Any:
     if mode is not None and isinstance(names, str):
-        return get_rw_lock(names, mode, metric_name=metric, **kwargs)  # type: ignore[arg-type]
+        return get_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
     if isinstance(names, str):
         return get_lock(names, metric_name=metric, **kwargs)
     return get_multi_lock(names, metric_name=metric, **kwargs)
@@ -92,7 +93,7 @@ def _new_async_lock(
     names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
 ) -> Any:
     if mode is not None and isinstance(names, str):
-        return get_async_rw_lock(names, mode, metric_name=metric, **kwargs)  # type: ignore[arg-type]
+        return get_async_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
     if isinstance(names, str):
         return get_async_lock(names, metric_name=metric, **kwargs)
     return get_async_multi_lock(names, metric_name=metric, **kwargs)

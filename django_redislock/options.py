@@ -46,11 +46,15 @@ class _Options:
 
     @property
     def held_key_alias(self) -> str:
-        """The alias part of the key a held lock is known by in ``context``:
-        a read-write lock's names are not a lock's, nor a reader's a writer's."""
-        if self.mode is None:
+        """The alias part of the key a held lock is known by in ``context``."""
+        return self.key_alias(self.mode)
+
+    def key_alias(self, mode: str | None) -> str:
+        """``held_key_alias`` for a lock of ``mode``: a read-write lock's names
+        are not a lock's, nor a reader's a writer's."""
+        if mode is None:
             return self.cache_alias
-        return f"{self.cache_alias}\x00rw:{self.mode}"
+        return f"{self.cache_alias}\x00rw:{mode}"
 
     @property
     def failing_open(self) -> bool:
