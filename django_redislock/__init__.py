@@ -36,6 +36,10 @@ _LAZY = {
     "idempotent": "idempotency",
     "unique_task": "unique",
     "TaskNotUnique": "unique",
+    "ReadWriteLock": "core.rwlock",
+    "AsyncReadWriteLock": "core.rwlock_async",
+    "get_rw_lock": "locks",
+    "get_async_rw_lock": "locks",
 }
 
 __all__ = [

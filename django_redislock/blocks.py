@@ -15,8 +15,16 @@ from .core.lock import Lock
 from .core.lock_async import AsyncLock
 from .core.multi import MultiLock, lock_names
 from .core.multi_async import AsyncMultiLock
-from .locks import get_async_lock, get_async_multi_lock, get_lock, get_multi_lock
-from .options import _options
+from .core.rwlock import check_mode
+from .locks import (
+    get_async_lock,
+    get_async_multi_lock,
+    get_async_rw_lock,
+    get_lock,
+    get_multi_lock,
+    get_rw_lock,
+)
+from .options import _Options, _options
 from .transactions import connect_early
 
 __all__ = ["redis_lock"]
@@ -36,6 +44,27 @@ def _where(frame: FrameType | None) -> str:
     return f"{module}.{function}:{frame.f_lineno}"
 
 
+def _reenter(opts: _Options, names: str | tuple[str, ...], owner: object) -> Held | None:
+    """``_reentered`` for the key of ``opts``' mode: a reader inside a writer of
+    the same name runs under the writer; a writer inside a reader of the same
+    name cannot be served (it would wait for itself), and says so."""
+    if opts.mode is not None and not isinstance(names, str):
+        raise TypeError(
+            f"mode={opts.mode!r} takes one lock name, not several ({', '.join(names)}): "
+            "read-write locks are taken one name at a time"
+        )
+    if opts.mode == "read":
+        writer = _reentered((opts.key_alias("write"), names), owner)
+        if writer is not None:
+            return writer
+    elif opts.mode == "write" and _reentered((opts.key_alias("read"), names), owner):
+        raise LockError(
+            f"a write lock on {names} was asked for inside a read lock on it, which this code "
+            "already holds: a read lock is not upgraded; take the write lock in the outer call"
+        )
+    return _reentered((opts.held_key_alias, names), owner)
+
+
 class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") as lock``
     """``redis_locked``'s lock as a ``with`` / ``async with`` block.
 
@@ -49,6 +78,8 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
     ``metric_name`` labels the lock in metrics (default "other"): give one
     name to all blocks of one kind, never the lock name with its ids.
     One object may be entered by several threads or tasks at once.
+    ``mode="read"`` or ``mode="write"`` takes a ``ReadWriteLock``
+    (``AsyncReadWriteLock``) on one name instead: many readers or one writer.
 
     ``label`` is shown beside the lock by ``manage.py redislocks list`` and
     the admin page; by default, where the block was made:
@@ -66,6 +97,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         alias: str | None = None,
         label: str = "",
         metric_name: str | None = None,
+        mode: str | None = None,
     ) -> None:
         if isinstance(name, str):
             if not name:
@@ -82,7 +114,15 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             raise TypeError(
                 f"redis_lock(): metric_name must be a non-empty str or None, not {metric_name!r}"
             )
-        opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None)
+        try:
+            opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None, mode)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("redis_locked()", "redis_lock()")) from None
+        if mode is not None and not isinstance(self.name, str):
+            raise TypeError(
+                f"redis_lock(): mode={mode!r} takes one lock name, not several "
+                f"({', '.join(self.name)}): read-write locks are taken one name at a time"
+            )
         # Without a label, the lock says where it was taken (see _where).
         self._label = label or _where(sys._getframe(1))
         self.metric_name = metric_name
@@ -109,15 +149,22 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         if not conf.ENABLED:
             self._enter(owner, (None, None, False))
             return None
-        key = (self._opts.cache_alias, self.name)
-        entered = _reentered(key, owner)
+        key = (self._opts.held_key_alias, self.name)
+        entered = _reenter(self._opts, self.name, owner)
         if entered is not None:
             # This thread holds it already (an enclosing block or decorated
             # call): run under it; the enclosing one releases.
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
         lock: Lock | MultiLock
-        if isinstance(self.name, str):
+        if self._opts.mode is not None and isinstance(self.name, str):
+            lock = get_rw_lock(
+                self.name,
+                check_mode(self._opts.mode),
+                metric_name=self.metric_name,
+                **self._opts.lock_kwargs(self._label),
+            )
+        elif isinstance(self.name, str):
             lock = get_lock(
                 self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
             )
@@ -158,13 +205,20 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         if not conf.ENABLED:
             self._enter(owner, (None, None, False))
             return None
-        key = (self._opts.cache_alias, self.name)
-        entered = _reentered(key, owner)
+        key = (self._opts.held_key_alias, self.name)
+        entered = _reenter(self._opts, self.name, owner)
         if entered is not None:
             self._enter(owner, (entered, _push(entered, key, owner), False))
             return entered
         lock: AsyncLock | AsyncMultiLock
-        if isinstance(self.name, str):
+        if self._opts.mode is not None and isinstance(self.name, str):
+            lock = get_async_rw_lock(
+                self.name,
+                check_mode(self._opts.mode),
+                metric_name=self.metric_name,
+                **self._opts.lock_kwargs(self._label),
+            )
+        elif isinstance(self.name, str):
             lock = get_async_lock(
                 self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
             )

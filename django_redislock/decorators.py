@@ -30,14 +30,22 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
 from django.http import HttpRequest
 
-from .blocks import redis_lock
+from .blocks import _reenter, redis_lock
 from .conf import conf
-from .context import Key, _held, _push, _reentered, _task_owner, current_fence, current_lock
+from .context import Key, _held, _push, _task_owner, current_fence, current_lock
 from .core.exceptions import LockLost, RedisUnavailable
 from .core.lock import Lock
 from .core.lock_async import AsyncLock
+from .core.rwlock import check_mode
 from .deferred import Deferred, adopt
-from .locks import get_async_lock, get_async_multi_lock, get_lock, get_multi_lock
+from .locks import (
+    get_async_lock,
+    get_async_multi_lock,
+    get_async_rw_lock,
+    get_lock,
+    get_multi_lock,
+    get_rw_lock,
+)
 from .naming import _describe, _Namer, _namer_for
 from .options import _check_key, _check_target, _django_task, _Options, _options
 from .outcomes import _arelease, _busy, _fail_open, _lost_response, _release, _unavailable
@@ -71,13 +79,21 @@ def _shown(names: str | tuple[str, ...]) -> str:
     return names if isinstance(names, str) else ", ".join(names)
 
 
-def _new_lock(names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any]) -> Any:
+def _new_lock(
+    names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
+) -> Any:
+    if mode is not None and isinstance(names, str):
+        return get_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
     if isinstance(names, str):
         return get_lock(names, metric_name=metric, **kwargs)
     return get_multi_lock(names, metric_name=metric, **kwargs)
 
 
-def _new_async_lock(names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any]) -> Any:
+def _new_async_lock(
+    names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
+) -> Any:
+    if mode is not None and isinstance(names, str):
+        return get_async_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
     if isinstance(names, str):
         return get_async_lock(names, metric_name=metric, **kwargs)
     return get_async_multi_lock(names, metric_name=metric, **kwargs)
@@ -100,9 +116,9 @@ def _call_sync(
             return func(*args, **kwargs)
     names = namer(args, kwargs)
     name = _shown(names)
-    key: Key = (opts.cache_alias, names)
+    key: Key = (opts.held_key_alias, names)
     owner = threading.get_ident()
-    entered = _reentered(key, owner)
+    entered = _reenter(opts, names, owner)
     if entered is not None:
         # Nested call on a lock this thread holds: run under it; the outer
         # call releases.
@@ -118,7 +134,7 @@ def _call_sync(
     if deferred is not None:
         lock = deferred.lock
     else:
-        lock = _new_lock(names, _metric_name(namer, label), opts.lock_kwargs(label))
+        lock = _new_lock(names, _metric_name(namer, label), opts.lock_kwargs(label), opts.mode)
         txn.connect_early()
         try:
             acquired = lock.acquire()
@@ -185,16 +201,16 @@ async def _call_async(
         return await func(*args, **kwargs)
     names = await _name_async(namer, args, kwargs)
     name = _shown(names)
-    key: Key = (opts.cache_alias, names)
+    key: Key = (opts.held_key_alias, names)
     owner = _task_owner()
-    entered = _reentered(key, owner)
+    entered = _reenter(opts, names, owner)
     if entered is not None:
         token = _push(entered, key, owner)
         try:
             return await func(*args, **kwargs)
         finally:
             _held.reset(token)
-    lock = _new_async_lock(names, _metric_name(namer, label), opts.lock_kwargs(label))
+    lock = _new_async_lock(names, _metric_name(namer, label), opts.lock_kwargs(label), opts.mode)
     try:
         acquired = await lock.acquire()
     except RedisUnavailable as exc:
@@ -251,6 +267,7 @@ def redis_locked(
     fail_open: bool | None = None,
     alias: str | None = None,
     label: str | None = None,
+    mode: str | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated callable under the Redis lock named by ``key``.
 
@@ -274,9 +291,13 @@ def redis_locked(
     ``lock_lost`` is sent and the transaction is marked for rollback: its next
     SQL statement raises ``LockLost``; with no further statement, the
     outermost ``atomic`` block rolls back instead of committing, silently.
+
+    ``mode="read"`` or ``mode="write"`` takes a ``ReadWriteLock`` on the name
+    instead of a ``Lock``: many readers at once, or one writer (see
+    ``docs/rwlocks.rst``). Any other mode fails here, at decoration time.
     """
     _check_key(key)
-    opts = _options(timeout, wait, renew, renew_max, on_busy, fail_open, alias, label)
+    opts = _options(timeout, wait, renew, renew_max, on_busy, fail_open, alias, label, mode)
 
     def decorate(func: F) -> F:
         task = _django_task(func)

@@ -12,6 +12,8 @@ from .core.lock import Lock
 from .core.lock_async import AsyncLock
 from .core.multi import MultiLock, lock_names
 from .core.multi_async import AsyncMultiLock
+from .core.rwlock import Mode, ReadWriteLock
+from .core.rwlock_async import AsyncReadWriteLock
 from .core.semaphore import Semaphore
 from .core.semaphore_async import AsyncSemaphore
 from .signals import observer
@@ -19,9 +21,11 @@ from .signals import observer
 __all__ = [
     "get_async_lock",
     "get_async_multi_lock",
+    "get_async_rw_lock",
     "get_async_semaphore",
     "get_lock",
     "get_multi_lock",
+    "get_rw_lock",
     "get_semaphore",
     "keyspace",
 ]
@@ -258,3 +262,63 @@ def get_async_semaphore(
     sem = AsyncSemaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
     sem.metric_name = metric_name
     return sem
+
+
+def get_rw_lock(
+    name: str,
+    mode: Mode,
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    renew: bool | None = None,
+    renew_max: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    on_lost: Callable[[Any], None] | None = None,
+    replicas: int | None = None,
+    replicas_timeout: float | None = None,
+    metric_name: str | None = None,
+) -> ReadWriteLock:
+    """A ``ReadWriteLock`` on ``name`` in ``mode`` (``"read"`` or ``"write"``),
+    configured as ``get_lock``. Its keys are not the lock's: a read-write lock
+    and a ``Lock`` of the same name do not exclude each other."""
+    client = get_client(alias)
+    check_eviction(client)
+    lock = ReadWriteLock(
+        client,
+        name,
+        mode,
+        **_options(
+            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
+        ),
+    )
+    lock.metric_name = metric_name
+    return lock
+
+
+def get_async_rw_lock(
+    name: str,
+    mode: Mode,
+    *,
+    timeout: float | None = None,
+    wait: float | None = None,
+    renew: bool | None = None,
+    renew_max: float | None = None,
+    label: str = "",
+    alias: str | None = None,
+    on_lost: Callable[[Any], None] | None = None,
+    replicas: int | None = None,
+    replicas_timeout: float | None = None,
+    metric_name: str | None = None,
+) -> AsyncReadWriteLock:
+    """An ``AsyncReadWriteLock`` for the running event loop, configured as ``get_rw_lock``."""
+    lock = AsyncReadWriteLock(
+        get_async_client(alias),
+        name,
+        mode,
+        **_options(
+            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
+        ),
+    )
+    lock.metric_name = metric_name
+    return lock

@@ -14,6 +14,7 @@ from .core.base import check_seconds
 from .naming import _describe, _parse_template
 
 _ON_BUSY_CHOICES = (None, "raise", "skip")
+_MODES = ("read", "write")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,8 @@ class _Options:
     fail_open: bool | None
     alias: str | None
     label: str | None
+    # None: an exclusive Lock; "read" or "write": a ReadWriteLock in that mode.
+    mode: str | None = None
 
     def lock_kwargs(self, label: str) -> dict[str, Any]:
         return {
@@ -40,6 +43,18 @@ class _Options:
     @property
     def cache_alias(self) -> str:
         return self.alias or conf.CACHE
+
+    @property
+    def held_key_alias(self) -> str:
+        """The alias part of the key a held lock is known by in ``context``."""
+        return self.key_alias(self.mode)
+
+    def key_alias(self, mode: str | None) -> str:
+        """``held_key_alias`` for a lock of ``mode``: a read-write lock's names
+        are not a lock's, nor a reader's a writer's."""
+        if mode is None:
+            return self.cache_alias
+        return f"{self.cache_alias}\x00rw:{mode}"
 
     @property
     def failing_open(self) -> bool:
@@ -131,7 +146,13 @@ def _options(
     fail_open: object,
     alias: object,
     label: object,
+    mode: object = None,
 ) -> _Options:
+    if mode is not None and mode not in _MODES:
+        raise ValueError(
+            f"redis_locked(): mode must be 'read' or 'write' (a read-write lock), or None "
+            f"(an exclusive lock); got {mode!r}"
+        )
     if on_busy not in _ON_BUSY_CHOICES and not callable(on_busy):
         raise ValueError(
             f"redis_locked(): on_busy must be None, 'raise', 'skip' or a callable; got {on_busy!r}"
@@ -149,6 +170,7 @@ def _options(
         fail_open=_optional_bool("fail_open", fail_open),
         alias=alias,
         label=label,
+        mode=mode,
     )
 
 

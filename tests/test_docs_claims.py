@@ -407,6 +407,7 @@ def _bare(func: Any) -> inspect.Signature:
             "django_redislock.core.semaphore.clear_semaphore",
         ),
         ("views", "fenced_update", "django_redislock.fencing.fenced_update"),
+        ("rwlocks", "ReadWriteLock", "django_redislock.ReadWriteLock"),
     ],
 )
 def test_the_signatures_written_in_the_docs_are_the_real_ones(

@@ -13,10 +13,13 @@ from .lock import Lock
 from .lock_async import AsyncLock
 from .multi import MultiLock
 from .multi_async import AsyncMultiLock
+from .rwlock import ReadWriteLock
+from .rwlock_async import AsyncReadWriteLock
 
 __all__ = [
     "AsyncLock",
     "AsyncMultiLock",
+    "AsyncReadWriteLock",
     "KeySpace",
     "Lock",
     "LockError",
@@ -24,6 +27,7 @@ __all__ = [
     "LockNotAcquired",
     "LockNotOwned",
     "MultiLock",
+    "ReadWriteLock",
     "RedisUnavailable",
     "ReplicationTimeout",
 ]

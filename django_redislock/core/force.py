@@ -43,6 +43,12 @@ def _clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | No
     return int(clear_semaphore(client, keyspace, name, token=token))
 
 
+def _clear_rw_lock(client: Any, keyspace: KeySpace, name: str, token: str | None) -> int:
+    from .rwlock import clear_rw_lock
+
+    return int(clear_rw_lock(client, keyspace, name, token=token))
+
+
 def release(
     client: Any, keyspace: KeySpace, rows: Iterable[HeldLock], *, grace: float = DEFAULT_GRACE
 ) -> ClearResult:
@@ -61,6 +67,9 @@ def release(
                     client, scripts.CLEAR, (k.lease, k.queue, k.state), (grace_ms, row.token)
                 )
             )
+        elif row.kind == "rwlock":
+            # Only the readers or the writer read: one that came since stays.
+            done = sum(_clear_rw_lock(client, keyspace, row.name, h.token) for h in row.holders)
         else:
             done = sum(_clear_semaphore(client, keyspace, row.name, h.token) for h in row.holders)
         if done:

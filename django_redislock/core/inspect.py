@@ -1,4 +1,4 @@
-"""List held locks and semaphores, for operators (``force.py`` releases them).
+"""List held locks, semaphores and read-write locks, for operators (``force.py`` releases them).
 
 Keys are found by SCAN (never KEYS, which blocks Redis), on every primary of a
 Redis Cluster, matching only this library's prefix and key kind. Each key found
@@ -47,11 +47,12 @@ __all__ = [
 
 logger = logging.getLogger("django_redislock.inspect")
 
-KINDS = ("lock", "semaphore")
-_KIND_CODE = {"lock": b"L", "semaphore": b"S"}
+KINDS = ("lock", "semaphore", "rwlock")
+_KIND_CODE = {"lock": b"L", "semaphore": b"S", "rwlock": b"RW"}
 
 INSPECT_LOCK = scripts.load("inspect_lock", prelude=None)
 INSPECT_SEMAPHORE = scripts.load("inspect_semaphore", prelude=None)
+INSPECT_RWLOCK = scripts.load("rw_inspect", prelude=None)
 
 # Keys asked for per SCAN call: large enough to walk a big keyspace in few
 # round trips, small enough that each call stays short on the server.
@@ -76,6 +77,9 @@ class Holder:
     # The template it was taken under (``metric_name``); None for an ad-hoc
     # lock, and for an owner written before templates were stored.
     template: str | None = None
+    # A read-write lock's holder: "read" or "write"; None for other kinds.
+    # (Not in ``as_dict``: a row's ``fence`` is set exactly when a writer holds.)
+    mode: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -90,11 +94,14 @@ class Holder:
 
 @dataclass(frozen=True)
 class HeldLock:
-    """One held lock, or one semaphore with at least one live permit.
+    """One held lock, one semaphore with at least one live permit, or one
+    read-write lock with a writer or at least one reader.
 
     For a semaphore, the owner fields and ``held_for`` are those of the
     longest-held permit and ``lease_left`` is the soonest expiry; every permit
-    is in ``holders``.
+    is in ``holders``. A read-write lock reads the same, with its readers (or
+    its one writer) as holders; its ``fence`` is the writer's while a writer
+    holds it, and None while readers do.
     """
 
     name: str
@@ -194,6 +201,8 @@ def _name_from_key(keyspace: KeySpace, key: bytes, code: bytes) -> tuple[str, st
 
 
 def _key_of(keyspace: KeySpace, kind: str, name: str) -> bytes:
+    if kind == "rwlock":
+        return keyspace.rwlock(name).lease
     keys = keyspace.lock(name) if kind == "lock" else keyspace.semaphore(name)
     return keys.lease
 
@@ -250,13 +259,16 @@ def _siblings(keyspace: KeySpace, kind: str, key: bytes) -> tuple[bytes, bytes, 
     They share its ``{tag}:<n>`` suffix, hence its Cluster slot.
     """
     p = keyspace.prefix.encode()
+    if kind == "rwlock":
+        suffix = key[len(p) + 4 :]
+        return key, p + b":RQ:" + suffix, p + b":RH:" + suffix
     suffix = key[len(p) + 3 :]
     if kind == "lock":
         return key, p + b":Q:" + suffix, p + b":H:" + suffix
     return key, p + b":SQ:" + suffix, p + b":SH:" + suffix
 
 
-_SCRIPTS = {"lock": INSPECT_LOCK, "semaphore": INSPECT_SEMAPHORE}
+_SCRIPTS = {"lock": INSPECT_LOCK, "semaphore": INSPECT_SEMAPHORE, "rwlock": INSPECT_RWLOCK}
 
 # Keys read per pipeline on a single server: one round trip for many locks.
 READ_BATCH = 200
@@ -371,10 +383,65 @@ def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | N
     )
 
 
+def _parse_rwlock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
+    if not reply:
+        return None
+    stored, fence, waiting, now = reply[:4]
+    own = _own_name(keyspace, "rwlock", key, stored)
+    if own is None:
+        logger.debug("skipping %r: not a key of this library", key)
+        return None
+    holders = []
+    rest = reply[4:]
+    for i in range(0, len(rest), 5):
+        token, expiry, owner, acquired, mode = rest[i : i + 5]
+        host, pid, thread, label, template = _owner(owner)
+        acquired_ms = _int(acquired)
+        expiry_ms = _int(float(expiry))
+        holders.append(
+            Holder(
+                host,
+                pid,
+                thread,
+                label,
+                _seconds(now - acquired_ms) if acquired_ms is not None else 0.0,
+                None if expiry_ms is None else _seconds(expiry_ms - now),
+                token.decode("latin-1"),
+                template,
+                "write" if mode == b"w" else "read",
+            )
+        )
+    if not holders:
+        return None
+    holders.sort(key=lambda h: -h.held_for)
+    first = holders[0]
+    lefts = [h.lease_left for h in holders if h.lease_left is not None]
+    writing = any(h.mode == "write" for h in holders)
+    return HeldLock(
+        name=own,
+        kind="rwlock",
+        host=first.host,
+        pid=first.pid,
+        thread=first.thread,
+        label=first.label,
+        fence=_int(fence) if writing else None,
+        held_for=first.held_for,
+        lease_left=min(lefts) if lefts else None,
+        waiters=int(waiting),
+        holders=tuple(holders),
+        limit=None,
+        key=key,
+        template=next((h.template for h in holders if h.template is not None), None),
+    )
+
+
+_PARSERS = {"lock": _parse_lock, "semaphore": _parse_semaphore, "rwlock": _parse_rwlock}
+
+
 def _read_many(
     client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]
 ) -> list[HeldLock | None]:
-    parse = _parse_lock if kind == "lock" else _parse_semaphore
+    parse = _PARSERS[kind]
     replies = _read_replies(client, keyspace, kind, keys)
     return [parse(keyspace, key, reply) for key, reply in zip(keys, replies, strict=True)]
 
@@ -395,7 +462,7 @@ def list_locks(
     *,
     kinds: Iterable[str] = KINDS,
 ) -> list[HeldLock]:
-    """Every held lock and every semaphore with live permits, sorted by name.
+    """Every held lock, semaphore with live permits and held read-write lock, by name.
 
     ``pattern`` filters the readable names (a glob, or an exact name with
     ``literal=True``). Raises ``RedisUnavailable`` when Redis cannot be read.

@@ -6,6 +6,8 @@ Layout, for a lock called ``name`` under the prefix ``P`` (default ``redislock``
     P:Q:{T}:<n>   list   FIFO queue of waiting tokens
     P:H:{T}:<n>   hash   lock state: last fence, reservation, each waiter's deadline
     P:S:{T}:<n>   zset   semaphore holders (token -> expiry), see ``semaphore.py``
+    P:RW:{T}:<n>  zset   read-write lock holders (token -> expiry), see ``rwlock.py``;
+                         its queue is ``P:RQ:{T}:<n>`` and its state ``P:RH:{T}:<n>``
     P:N:<id>      channel a process's wake-up channel (pub/sub, not a key)
     P:N:{T}:<id>  channel the same on a Cluster: sharded, in the slot of tag T
 
@@ -130,6 +132,17 @@ class KeySpace:
             tag=tag,
         )
 
+    def rwlock(self, name: str) -> LockKeys:
+        """Keys of a read-write lock: holders zset in ``lease``, then queue and state."""
+        tag, suffix = self._suffix(encode_name(name))
+        p = self._prefix_b
+        return LockKeys(
+            lease=p + b":RW:" + suffix,
+            queue=p + b":RQ:" + suffix,
+            state=p + b":RH:" + suffix,
+            tag=tag,
+        )
+
     def channel(self, process_id: str, tag: bytes = b"") -> bytes:
         """The wake-up channel of one process (and one hash slot, on a Cluster).
 
@@ -141,7 +154,7 @@ class KeySpace:
         return self._prefix_b + b":N:" + process_id.encode()
 
     def scan_pattern(self, kind: bytes) -> bytes:
-        """SCAN MATCH pattern for every key of one kind (``b"L"``, ``b"S"``)."""
+        """SCAN MATCH pattern for every key of one kind (``b"L"``, ``b"S"``, ``b"RW"``)."""
         return self._prefix_b + b":" + kind + b":{*}:*"
 
 

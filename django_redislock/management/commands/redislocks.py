@@ -1,8 +1,9 @@
 """``manage.py redislocks list|clear``: see and force-release held locks.
 
-``list`` shows one row per held lock and per semaphore with live permits
-(``--format json`` for scripts), and with ``--summary`` first one line per
-template: how many are held, the longest held, the waiters, the busiest names.
+``list`` shows one row per held lock, per semaphore with live permits and per
+held read-write lock, with a line for each reader (``--format json`` for
+scripts), and with ``--summary`` first one line per template: how many are
+held, the longest held, the waiters, the busiest names.
 ``clear`` force-releases named locks, those matching ``--pattern``, or
 ``--all``, after confirmation unless ``--noinput``; ``--dry-run`` only shows
 what would go. A name asked for that is not held is
@@ -39,9 +40,13 @@ COLUMNS = (
 
 
 def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
-    """Cells of the table; a semaphore is followed by one line per permit."""
+    """Cells of the table; a semaphore is followed by one line per permit, and
+    a read-write lock held by readers by one line per reader."""
     cells: list[tuple[str, ...]] = []
     for row in rows:
+        if row.kind == "rwlock":
+            cells.extend(_rwlock_rows(row))
+            continue
         if row.kind == "lock":
             cells.append(
                 (
@@ -87,6 +92,45 @@ def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
                 )
             )
     return cells
+
+
+def _readers(count: int) -> str:
+    return f"{count} reader" + ("" if count == 1 else "s")
+
+
+def _rwlock_rows(row: HeldLock) -> list[tuple[str, ...]]:
+    """A writer reads as a lock does; readers as a semaphore's permits."""
+    writing = row.fence is not None
+    head = (
+        printable(row.name),
+        "rwlock",
+        "writer" if writing else _readers(len(row.holders)),
+        "-" if row.fence is None else str(row.fence),
+        duration(row.held_for),
+        duration(row.lease_left),
+        str(row.waiters),
+        owner_text(row) if writing else _readers(len(row.holders)),
+        printable(row.label) if writing else "",
+    )
+    if writing:
+        return [head]
+    return [
+        head,
+        *(
+            (
+                "",
+                "",
+                "",
+                "",
+                duration(h.held_for),
+                duration(h.lease_left),
+                "",
+                owner_text(h),
+                printable(h.label),
+            )
+            for h in row.holders
+        ),
+    ]
 
 
 def _aligned(columns: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
@@ -136,6 +180,16 @@ def describe(row: HeldLock) -> str:
         return (
             f"lock {quoted(row.name)} (fence {row.fence}, held by {owner_text(row)} "
             f"for {duration(row.held_for)}{label})"
+        )
+    if row.kind == "rwlock" and row.fence is not None:
+        return (
+            f"rwlock {quoted(row.name)} (writer, fence {row.fence}, held by {owner_text(row)} "
+            f"for {duration(row.held_for)}{label})"
+        )
+    if row.kind == "rwlock":
+        return (
+            f"rwlock {quoted(row.name)} ({_readers(len(row.holders))}, longest held by "
+            f"{owner_text(row)} for {duration(row.held_for)}{label})"
         )
     limit = "?" if row.limit is None else str(row.limit)
     return (
@@ -215,7 +269,7 @@ class Command(BaseCommand):
             help="Take --pattern as an exact name, with no wildcards.",
         )
         parser.add_argument(
-            "--kind", choices=KINDS, help="Only locks or only semaphores (default: both)."
+            "--kind", choices=KINDS, help="Only locks, semaphores or rwlocks (default: all)."
         )
         parser.add_argument(
             "--cache",

@@ -1,0 +1,42 @@
+-- Read one read-write lock for operators (inspect.py); writes nothing.
+-- KEYS[1] holders zset, KEYS[2] queue list, KEYS[3] state hash (see
+-- rw_prelude.lua). Returns false when KEYS[1] is not a zset, otherwise
+-- {name, last writer fence, live waiters, server now ms, token1, expiry1,
+--  owner1, acquired1, mode1, ...} for the turns not yet expired, soonest
+-- expiry first. Reservations for woken waiters are not holders yet: left out.
+if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
+  return false
+end
+local clock = redis.call('TIME')
+local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local state = redis.call('TYPE', KEYS[3]).ok == 'hash'
+local function field(name)
+  if not state then
+    return ''
+  end
+  return redis.call('HGET', KEYS[3], name) or ''
+end
+local waiting = 0
+if state and redis.call('TYPE', KEYS[2]).ok == 'list' then
+  for _, token in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+    local info = field('w:' .. token)
+    local sep = string.find(info, '|', 1, true)
+    local deadline = sep and tonumber(string.sub(info, 1, sep - 1))
+    if deadline and deadline > now_ms then
+      waiting = waiting + 1
+    end
+  end
+end
+local out = {field('n'), field('f'), waiting, now_ms}
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '+inf', 'WITHSCORES')
+for i = 1, #live, 2 do
+  local token = live[i]
+  if field('r:' .. token) == '' then
+    table.insert(out, token)
+    table.insert(out, live[i + 1])
+    table.insert(out, field('o:' .. token))
+    table.insert(out, field('a:' .. token))
+    table.insert(out, field('m:' .. token))
+  end
+end
+return out
