@@ -409,3 +409,21 @@ def test_a_woken_waiter_that_died_costs_the_next_only_the_grace(r: redis.Redis) 
     # its wait is over (a bound twenty times the grace, not a measurement).
     waiter.join(15)
     assert got[0][0] and got[0][1] < 6
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_turn_is_handed_between_handles_by_its_token(r: redis.Redis, mode: str) -> None:
+    """``detach`` / ``adopt`` (unique tasks' hand-over) work on either turn."""
+    first = ReadWriteLock(r, "handover", mode, ttl=10, wait=0)
+    assert first.acquire()
+    fence, write_fence = first.fence, first.write_fence
+    token = first.detach(ttl=10)
+    assert not first.held
+    assert not ReadWriteLock(r, "handover", "write", ttl=10, wait=0).acquire()  # still taken
+    second = ReadWriteLock(r, "handover", mode, ttl=10, wait=0)
+    assert second.adopt(token, write_fence or 0)
+    assert second.held and second.owned()
+    assert (second.fence, second.write_fence) == (fence, write_fence)
+    second.release()
+    assert not second.adopt(token, write_fence or 0)  # released: nothing to adopt
+    assert ReadWriteLock(r, "handover", "write", ttl=10, wait=0).acquire()
