@@ -39,6 +39,8 @@ from .exceptions import (
 )
 from .notify_async import get_async_notifier
 from .protocol import (
+    BARGE_DEFER,
+    BARGE_LIMIT,
     Acquisition,
     Move,
     may_have_run,
@@ -180,6 +182,7 @@ class AsyncHandle(LockBase):
             drift_factor=self.drift_factor,
             can_take_handed=not self.replicas,
             now=now,
+            defer=0.0 if self.fair else BARGE_DEFER,
         )
         notifier = get_async_notifier(self.client, self.keyspace) if deadline > now else None
         tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
@@ -223,6 +226,13 @@ class AsyncHandle(LockBase):
                     handed, event.handed = event.handed, None
                     event.clear()
                     step = acq.on_wakeup(handed, time.monotonic())
+                    while step.move is Move.SLEEP:
+                        # Barging: woken to look again, it lets the releaser go first.
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await wait_for(event.wait(), step.timeout)
+                        handed, event.handed = event.handed, None
+                        event.clear()
+                        step = acq.on_wakeup(handed, time.monotonic())
                     if step.move is Move.RETRY:
                         continue
                 if step.move is Move.ACCEPT:
@@ -337,6 +347,9 @@ class AsyncLock(AsyncHandle):
         super()._init_driver()
         self._renewer: asyncio.Task[None] | None = None
         self._ttl_ms_held = 0
+        if not self.fair:
+            # Barging (see _barging.lua): its own scripts; the FIFO ones are untouched.
+            self._acquire_script = scripts.ACQUIRE_BARGING
 
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms
@@ -346,7 +359,14 @@ class AsyncLock(AsyncHandle):
             )
 
     async def _release_call(self, token: str) -> int:
-        return int(await scripts.run_async(self.client, scripts.RELEASE, self._key_tuple, (token,)))
+        if self.fair:
+            return int(
+                await scripts.run_async(self.client, scripts.RELEASE, self._key_tuple, (token,))
+            )
+        args = (token, BARGE_LIMIT)
+        return int(
+            await scripts.run_async(self.client, scripts.RELEASE_BARGING, self._key_tuple, args)
+        )
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:
