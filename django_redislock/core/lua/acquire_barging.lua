@@ -8,7 +8,7 @@
 -- Returns as acquire.lua.
 
 local token = ARGV[1]
-local st = redis.call('HMGET', state, 'q', 'f', 'd', 'b', 'w')
+local st = redis.call('HMGET', state, 'q', 'f', 'd', 'b')
 if st[3] and string.find(st[3], token, 1, true) then
   -- Given up by its caller already (see acquire.lua): grant and queue nothing.
   return 0
@@ -20,11 +20,6 @@ if not holder and not st[1] then
 end
 
 contended()
-
-if st[5] == token then
-  -- Woken to look again, and looking: a later release may wake it anew.
-  redis.call('HDEL', state, 'w')
-end
 
 local function enqueue()
   local wait = tonumber(ARGV[5])
