@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Iterable
@@ -16,7 +17,7 @@ from .core.lock_async import AsyncLock
 from .core.multi import MultiLock, lock_names
 from .core.multi_async import AsyncMultiLock
 from .locks import get_async_lock, get_async_multi_lock, get_lock, get_multi_lock
-from .options import _options
+from .options import _options, check_fair, check_fair_names
 from .transactions import connect_early
 
 __all__ = ["redis_lock"]
@@ -66,6 +67,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         alias: str | None = None,
         label: str = "",
         metric_name: str | None = None,
+        fair: bool = True,
     ) -> None:
         if isinstance(name, str):
             if not name:
@@ -83,6 +85,9 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
                 f"redis_lock(): metric_name must be a non-empty str or None, not {metric_name!r}"
             )
         opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None)
+        if not check_fair(fair, "redis_lock"):
+            check_fair_names({"fair": False}, self.name, "redis_lock")
+            opts = dataclasses.replace(opts, fair=False)
         # Without a label, the lock says where it was taken (see _where).
         self._label = label or _where(sys._getframe(1))
         self.metric_name = metric_name

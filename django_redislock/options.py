@@ -26,9 +26,10 @@ class _Options:
     fail_open: bool | None
     alias: str | None
     label: str | None
+    fair: bool = True
 
     def lock_kwargs(self, label: str) -> dict[str, Any]:
-        return {
+        kwargs = {
             "timeout": self.timeout,
             "wait": self.wait,
             "renew": self.renew,
@@ -36,6 +37,9 @@ class _Options:
             "label": self.label if self.label is not None else label,
             "alias": self.alias,
         }
+        if not self.fair:
+            kwargs["fair"] = False  # one name only: see check_fair_names
+        return kwargs
 
     @property
     def cache_alias(self) -> str:
@@ -150,6 +154,24 @@ def _options(
         alias=alias,
         label=label,
     )
+
+
+def check_fair(fair: object, caller: str = "redis_locked") -> bool:
+    if not isinstance(fair, bool):
+        raise TypeError(
+            f"{caller}(): fair must be True (first come, first served: the default) or "
+            f"False (barging, see docs/locks.rst); got {fair!r}"
+        )
+    return fair
+
+
+def check_fair_names(kwargs: dict[str, Any], names: object, caller: str = "redis_locked") -> None:
+    """The barging order is for one lock: several names are taken in the default order."""
+    if kwargs.get("fair") is False and not isinstance(names, str):
+        raise TypeError(
+            f"{caller}(): fair=False applies to one lock name, not to several ({names!r}): "
+            "leave fair out for a lock on several names"
+        )
 
 
 def _django_task(obj: object) -> Any:
