@@ -665,6 +665,47 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         )
     if data.get("contended"):
         out.append(check("zero mutual-exclusion violations (ours)", viol == 0, str(viol)))
+    out += barging_targets(data)
+    return out
+
+
+def barging_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The barging order (``fair=False``) against redis-py's ``Lock``, which
+    also lets the releasing worker take the lock straight back."""
+    out = []
+    viol = 0
+    for w, per in data.get("contended", {}).items():
+        if "ours_barging" not in per:
+            continue
+        ours = per["ours_barging"]
+        viol += ours["violations"]
+        if int(w) < 8:
+            continue
+        if "redis_py" in per:
+            rp = per["redis_py"]
+            out.append(
+                check(
+                    f"{w} workers, fair=False: throughput > redis-py",
+                    ours["ops_per_s"] > rp["ops_per_s"],
+                    f"{ours['ops_per_s']:.0f} vs {rp['ops_per_s']:.0f}/s",
+                )
+            )
+            out.append(
+                check(
+                    f"{w} workers, fair=False: wait p99 <= redis-py / 10",
+                    ours["wait_p99_ms"] <= rp["wait_p99_ms"] / 10,
+                    f"{ours['wait_p99_ms']:.1f} vs {rp['wait_p99_ms']:.1f} ms",
+                )
+            )
+        out.append(
+            check(
+                f"{w} workers, fair=False: least-served >= 0.1 of mean",
+                ours["least_over_mean_worst"] >= 0.1,
+                f"{ours['least_over_mean_worst']:.2f} (worst round)",
+            )
+        )
+    if any("ours_barging" in per for per in data.get("contended", {}).values()):
+        out.append(check("zero mutual-exclusion violations (fair=False)", viol == 0, str(viol)))
     return out
 
 

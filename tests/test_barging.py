@@ -448,3 +448,16 @@ def test_the_default_order_never_pauses() -> None:
     acq = Acquisition(ttl_ms=1000, deadline=10.0, drift_factor=0.01, can_take_handed=True, now=0.0)
     acq.attempt(0.0)
     assert acq.on_wakeup(None, 0.002).move is Move.RETRY
+
+
+# -- what the documentation says ------------------------------------------------------------------
+def test_the_documented_bound_and_pauses() -> None:
+    """docs/locks.rst, Barging: "at most 64 other acquisitions", "pauses 2 ms",
+    "(or 20 ms passed)"; _barging.lua's WAKE_AGAIN."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "locks.rst").read_text()
+    assert BARGE_LIMIT == 64 and "at most 64 other" in text and "at most 65 times" in text
+    assert BARGE_DEFER == 0.002 and "pauses 2 ms" in text
+    assert "local WAKE_AGAIN = 20\n" in scripts.RELEASE_BARGING.source.decode()
+    assert "(or\n  20 ms passed)" in text
