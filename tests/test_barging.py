@@ -185,6 +185,43 @@ def test_a_release_wakes_the_head_when_nobody_barges(r: redis.Redis) -> None:
     assert not r.hexists(holder.keys.state, "q")
 
 
+def test_a_woken_waiter_is_not_woken_again_before_it_looks(r: redis.Redis) -> None:
+    holder = Lock(r, "once", ttl=30, wait=0, fair=False)
+    assert holder.acquire()
+    channel = "redislock-test:once"
+    pubsub = r.pubsub()
+    pubsub.subscribe(channel)
+    assert pubsub.get_message(timeout=BOUND)["type"] == "subscribe"  # type: ignore[index]
+    token = "0123456789abcdef"
+    _queue_fake_waiter(r, holder, token, b"p" + channel.encode())
+    holder.release()  # wakes the waiter
+    assert r.hget(holder.keys.state, "w").startswith(token.encode() + b"|1|")  # type: ignore[union-attr]
+    for _ in range(3):  # the holder barges, releases: the waiter is not woken again
+        assert holder.acquire(wait=0)
+        holder.release()
+    # The waiter looks again (its attempt 2) and finds the lock taken: queued
+    # again, it is woken by the next release.
+    assert holder.acquire(wait=0)
+    waiter = Lock(r, "once", ttl=30, wait=0, fair=False)
+    waiter._round = 2
+    again = waiter._args_acquire(token, 30_000, "fake", 10_000, b"p" + channel.encode())
+    assert scripts.run(r, scripts.ACQUIRE_BARGING, waiter._key_tuple, again) > 0
+    holder.release()
+    assert r.hget(holder.keys.state, "w").startswith(token.encode() + b"|2|")  # type: ignore[union-attr]
+    r.publish(channel, "end")
+    heard = []
+    while True:
+        message = pubsub.get_message(timeout=BOUND)
+        assert message is not None
+        if message["data"] == b"end":
+            break
+        heard.append(message["data"])
+    assert heard == [token.encode(), token.encode()]  # once per look, not per release
+    pubsub.close()
+    assert scripts.run(r, scripts.CANCEL, waiter._key_tuple, (token,)) == 0
+    assert r.llen(holder.keys.queue) == 0
+
+
 def test_a_dead_waiter_is_dropped_at_release(r: redis.Redis) -> None:
     holder = Lock(r, "dead", ttl=30, wait=0, fair=False)
     assert holder.acquire()
