@@ -333,7 +333,8 @@ class AsyncHandle(LockBase):
 class AsyncLock(AsyncHandle):
     """``Lock`` for asyncio. Shared between tasks it behaves like ``asyncio.Lock``:
     a second task waits for the first to release, and only the task that
-    acquired may release or extend the lease.
+    acquired may release or extend the lease. ``fair=False``: the barging
+    order, as for ``Lock``.
     """
 
     _acquire_script = scripts.ACQUIRE
