@@ -509,6 +509,9 @@ def contended_cell(
         )
         for i in range(workers)
     ]
+    # Commands the server ran in this cell (the private server runs nothing else).
+    admin = server.client()
+    admin.config_resetstat()
     for p in procs:
         p.start()
     try:
@@ -543,6 +546,13 @@ def contended_cell(
     counter = struct.unpack_from("q", shm, 0)[0]
     lost_updates = sum(totals) - counter
     shm.close()
+    stats = admin.info("commandstats")
+    admin.close()
+
+    def calls(*names: str) -> float:
+        n = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in names)
+        return n / sum(totals) if sum(totals) else math.nan
+
     mean = statistics.fmean(counts) if counts else 0.0
     return {
         "ops_per_s": sum(counts) / cfg.duration,
@@ -553,6 +563,10 @@ def contended_cell(
         "lost_updates": lost_updates,
         "failed_acquires": failed,
         "waits": waits,
+        # Per critical section, warm-up included: scripts run (each a round
+        # trip for these locks) and wake-ups published.
+        "scripts_per_cs": calls("evalsha", "eval", "fcall"),
+        "publish_per_cs": calls("publish", "spublish"),
     }
 
 
@@ -580,6 +594,8 @@ def contended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -
                 "violations": sum(run["violations"] for run in runs),
                 "failed_acquires": sum(run["failed_acquires"] for run in runs),
                 "counts": [run["counts"] for run in runs],
+                "scripts_per_cs": statistics.median(run["scripts_per_cs"] for run in runs),
+                "publish_per_cs": statistics.median(run["publish_per_cs"] for run in runs),
             }
         result[str(workers)] = per_impl
     return result
@@ -799,6 +815,8 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                 fmt(v["wait_max_ms"], 1),
                 v["violations"],
                 v["failed_acquires"],
+                fmt(v.get("scripts_per_cs"), 2),
+                fmt(v.get("publish_per_cs"), 2),
             ]
             for k, v in per.items()
         ]
@@ -816,6 +834,8 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                     "max ms",
                     "violations",
                     "failed",
+                    "scripts/CS",
+                    "PUBLISH/CS",
                 ],
                 rows,
             )
