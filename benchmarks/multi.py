@@ -39,7 +39,9 @@ from benchmarks.common import (
 )
 from django_redislock.core import Lock, MultiLock
 
-RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+RELEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
 
 
 def _variants(client: Any, k: int) -> dict[str, Callable[[int], None]]:

@@ -34,6 +34,8 @@ _LAZY = {
     "AsyncSemaphore": "core.semaphore_async",
     "concurrency_limited": "middleware",
     "idempotent": "idempotency",
+    "unique_task": "unique",
+    "TaskNotUnique": "unique",
 }
 
 __all__ = [

@@ -64,6 +64,8 @@ DEFAULTS: dict[str, Any] = {
     # Idempotency-Key handling of @idempotent views: a dict of the keys in
     # django_redislock.idempotency.SETTINGS (validated there, E060 to E065).
     "IDEMPOTENCY": {},
+    # Unique tasks: how long a queued task that never starts keeps its key (seconds).
+    "UNIQUE_TTL": 3600.0,
 }
 
 
@@ -178,6 +180,10 @@ class Settings:
         value = self.get("IDEMPOTENCY")
         return dict(value) if isinstance(value, dict) else {}
 
+    @property
+    def UNIQUE_TTL(self) -> float:
+        return float(self.get("UNIQUE_TTL"))
+
 
 conf = Settings()
 
@@ -225,6 +231,7 @@ def problems() -> list[Problem]:
         ("CONNECT_TIMEOUT", False),
         ("PERMIT_TIMEOUT", False),
         ("REPLICAS_TIMEOUT", False),
+        ("UNIQUE_TTL", False),
     ):
         if not is_seconds(value(key), allow_zero=allow_zero):
             bound = "0 or more" if allow_zero else "more than 0"

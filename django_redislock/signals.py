@@ -9,6 +9,9 @@ Every signal is sent with ``sender`` = the class of the object concerned and:
 * ``redis_unavailable``: ``name``, ``error``, ``fail_open`` (bool), ``lock`` (the
   handle whose acquire failed, or None when there was none yet)
 * ``request_throttled``: ``rule``, ``request``, ``status``
+* ``task_duplicate``: ``name`` (the unique key's lock name), ``task`` (the task
+  whose enqueue was refused), ``task_id`` (the existing task's id, or None),
+  ``on_duplicate``; the sender is the task's class
 
 Metrics backends (``metrics.py``) hear the same events as *sinks*, called
 directly before each signal is sent: the dispatch of a Django signal would
@@ -35,6 +38,7 @@ __all__ = [
     "redis_unavailable",
     "remove_sink",
     "request_throttled",
+    "task_duplicate",
 ]
 
 lock_acquired = Signal()
@@ -43,6 +47,7 @@ lock_released = Signal()
 lock_lost = Signal()
 redis_unavailable = Signal()
 request_throttled = Signal()
+task_duplicate = Signal()
 
 
 logger = logging.getLogger("django_redislock.signals")
@@ -127,3 +132,14 @@ def send_unavailable(
     if _sinks:
         _tell("unavailable", sender, name, error, fail_open, lock)
     _send(redis_unavailable, sender, name=name, error=error, fail_open=fail_open, lock=lock)
+
+
+def send_task_duplicate(task: Any, *, name: str, task_id: str | None, on_duplicate: str) -> None:
+    _send(
+        task_duplicate,
+        type(task),
+        name=name,
+        task=task,
+        task_id=task_id,
+        on_duplicate=on_duplicate,
+    )

@@ -610,6 +610,38 @@ def test_concurrency_middleware_on_a_cluster(
         connection.reset()
 
 
+# -- several names in different slots ---------------------------------------------------------
+def test_multi_lock_spans_slots_all_or_nothing(rc: RedisCluster) -> None:
+    """A cart whose names live on three primaries: one script per name, on its
+    own node; a busy name on one node leaves nothing held on the others."""
+    names = names_on_every_node(rc)
+    holder = Lock(rc, names[1], ttl=10, wait=0)
+    assert holder.acquire()
+    cart = MultiLock(rc, list(reversed(names)), ttl=10, wait=0)
+    assert not cart.acquire()
+    assert all(rc.exists(KS.lock(n).lease) == 0 for n in names if n != names[1])
+    holder.release()
+    assert cart.acquire()
+    assert all(rc.hget(KS.lock(n).lease, "t") is not None for n in names)
+    assert all(isinstance(f, int) for f in cart.fences.values())
+    cart.release()
+    assert all(rc.exists(KS.lock(n).lease) == 0 for n in names)
+
+
+async def test_async_multi_lock_spans_slots(arc: AsyncRedisCluster) -> None:
+    sync = RedisCluster(
+        host=arc.get_default_node().host, port=arc.get_default_node().port, socket_timeout=5
+    )
+    try:
+        names = names_on_every_node(sync)
+        cart = AsyncMultiLock(arc, names, ttl=10, wait=0)
+        async with cart:
+            assert [await arc.exists(KS.lock(n).lease) for n in names] == [1, 1, 1]
+        assert [await arc.exists(KS.lock(n).lease) for n in names] == [0, 0, 0]
+    finally:
+        sync.close()
+
+
 def test_each_call_is_bounded_when_a_primary_dies(rc: RedisCluster) -> None:
     """Last in the module: it kills a node. Calls fail fast, they never hang."""
     name = names_on_every_node(rc)[2]
@@ -644,35 +676,3 @@ async def async_get(path: str) -> int:
             if task.get_name().startswith("redislock-notify"):
                 task.cancel()
         await connection.get_async_client().aclose()
-
-
-# -- several names in different slots ---------------------------------------------------------
-def test_multi_lock_spans_slots_all_or_nothing(rc: RedisCluster) -> None:
-    """A cart whose names live on three primaries: one script per name, on its
-    own node; a busy name on one node leaves nothing held on the others."""
-    names = names_on_every_node(rc)
-    holder = Lock(rc, names[1], ttl=10, wait=0)
-    assert holder.acquire()
-    cart = MultiLock(rc, list(reversed(names)), ttl=10, wait=0)
-    assert not cart.acquire()
-    assert all(rc.exists(KS.lock(n).lease) == 0 for n in names if n != names[1])
-    holder.release()
-    assert cart.acquire()
-    assert all(rc.hget(KS.lock(n).lease, "t") is not None for n in names)
-    assert all(isinstance(f, int) for f in cart.fences.values())
-    cart.release()
-    assert all(rc.exists(KS.lock(n).lease) == 0 for n in names)
-
-
-async def test_async_multi_lock_spans_slots(arc: AsyncRedisCluster) -> None:
-    sync = RedisCluster(
-        host=arc.get_default_node().host, port=arc.get_default_node().port, socket_timeout=5
-    )
-    try:
-        names = names_on_every_node(sync)
-        cart = AsyncMultiLock(arc, names, ttl=10, wait=0)
-        async with cart:
-            assert [await arc.exists(KS.lock(n).lease) for n in names] == [1, 1, 1]
-        assert [await arc.exists(KS.lock(n).lease) for n in names] == [0, 0, 0]
-    finally:
-        sync.close()

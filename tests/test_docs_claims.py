@@ -285,6 +285,7 @@ def test_lock_signals_carry_the_documented_arguments(r: redis.Redis) -> None:
         "lock_lost",
         "redis_unavailable",
         "request_throttled",
+        "task_duplicate",
     }
     seen: dict[str, set[str]] = {}
 

@@ -59,6 +59,14 @@ def test_demo_sells_exactly_the_stock_and_charges_retries_once(redis_factory, tm
             "6",
             "--retry-copies",
             "3",
+            "--carts",
+            "24",
+            "--cart-clients",
+            "4",
+            "--cart-stock",
+            "6",
+            "--cart-retry-keys",
+            "4",
             "--workers",
             "2",
             "--threads",
@@ -98,6 +106,20 @@ def test_demo_sells_exactly_the_stock_and_charges_retries_once(redis_factory, tm
     control = results["retries"]["unprotected"]
     assert (control["orders"], control["double_charges"]) == (24, 18), control
 
+    # Carts (on SQLite here; tests/test_carts_e2e.py runs them on PostgreSQL):
+    # never oversold, all or nothing, none busy past its wait; each retried
+    # cart of three products charged once, every copy of it in the control.
+    carts = results["carts"]["locked"]
+    assert carts["oversold"] == 0 and carts["consistent"], carts
+    assert carts["orders_match_answers"], carts
+    assert carts["ok_200"] + carts["sold_out_410"] == 24, carts
+    assert carts["busy_409"] == carts["errors"] == carts["unsent"] == 0, carts
+    retried = results["cart_retries"]["idempotent"]
+    assert (retried["orders"], retried["double_charges"]) == (4 * 3, 0), retried
+    assert retried["later_replayed"] == 4, retried
+    control = results["cart_retries"]["unprotected"]
+    assert (control["orders"], control["double_charges"]) == (48, 12), control
+
     reports = results["reports"]
     assert 1 <= reports["max_in_flight"] <= reports["limit"] == 2, reports
     assert reports["ok_200"] + reports["throttled_503"] == 10, reports
@@ -112,6 +134,109 @@ def test_demo_sells_exactly_the_stock_and_charges_retries_once(redis_factory, tm
         assert client.keys("*") == []
     assert "oversold" in done.stdout
     assert "double charges" in done.stdout
+
+
+# Run in a subprocess with the example's own settings: a checkout through
+# Django's test client, each case printing its outcome as one JSON object.
+CHECKOUT_CASES = """
+import json
+
+import django
+from django.conf import settings
+from django.core.management import call_command
+from django.test import Client, override_settings
+from django.test.utils import setup_test_environment
+
+django.setup()
+setup_test_environment()
+call_command("migrate", verbosity=0)
+
+from django_redislock import get_lock
+from shop import views
+from shop.models import Order, Product
+
+a, b = (Product.objects.create(name=n, stock=5).pk for n in "ab")
+gone = Product.objects.create(name="gone", stock=0).pk
+client = Client()
+
+
+def post(body, **headers):
+    return client.post("/checkout", body, content_type="application/json", headers=headers)
+
+
+def state():
+    stock = dict(Product.objects.values_list("pk", "stock"))
+    return {"stock": [stock[a], stock[b]], "orders": Order.objects.count()}
+
+
+out = {}
+reply = post({"products": [b, a]})
+out["bought"] = [reply.status_code, reply.json(), state()]
+out["sold_out"] = [post({"products": [a, gone]}).status_code, state()]
+out["unknown"] = [post({"products": [a, 10**6]}).status_code, state()]
+out["bad"] = [
+    post(body).status_code
+    for body in ("not json", {}, {"products": []}, {"products": [a, a]},
+                 {"products": [True]}, {"products": "1"}, {"products": list(range(1, 22))})
+]
+
+# A newer holder wrote product b while this cart was paying: its fence is
+# stale, and the whole cart rolls back, product a included.
+pay = views._pay
+views._pay = lambda: Product.objects.filter(pk=b).update(fence=2**62)
+out["stale"] = [post({"products": [a, b]}).status_code, state()]
+views._pay = pay
+Product.objects.update(fence=0)
+
+# A single purchase of a holds purchase:a: the cart waits for it, not for b alone.
+with override_settings(REDISLOCK={**settings.REDISLOCK, "WAIT": 0}):
+    with get_lock(f"purchase:{a}", timeout=30, wait=0):
+        out["excluded"] = [post({"products": [b, a]}).status_code, state()]
+
+first = post({"products": [a, b]}, **{"Idempotency-Key": "cart-1"})
+again = post({"products": [a, b]}, **{"Idempotency-Key": "cart-1"})
+out["retried"] = [
+    first.status_code, again.status_code, again.headers.get("Idempotent-Replayed"),
+    first.content == again.content, state(),
+]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_checkout_sells_whole_carts_or_nothing(redis_factory, tmp_path):
+    server = redis_factory(port=free_port(), unix=False).start()
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKOUT_CASES],
+        env=_env(
+            REDIS_URL=server.url,
+            DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+            DJANGO_SETTINGS_MODULE="example.settings",
+            DJANGO_DEBUG="0",
+            SHOP_PURCHASE_DELAY="0",
+        ),
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+
+    status, body, state = out["bought"]
+    assert status == 200, body
+    assert (body["products"], body["stock"], len(body["orders"])) == ([2, 1], [4, 4], 2)
+    assert state == {"stock": [4, 4], "orders": 2}
+    # Sold out or unknown on one product: nothing is bought, on any product.
+    assert out["sold_out"] == [410, {"stock": [4, 4], "orders": 2}]
+    assert out["unknown"] == [404, {"stock": [4, 4], "orders": 2}]
+    assert out["bad"] == [400] * 7
+    # A stale fence on one product rolls back the whole cart: 503, as for buy.
+    assert out["stale"] == [503, {"stock": [4, 4], "orders": 2}]
+    # The cart and a single purchase share the product's lock.
+    assert out["excluded"] == [409, {"stock": [4, 4], "orders": 2}]
+    # One Idempotency-Key, sent twice: charged once, the same answer replayed.
+    assert out["retried"] == [200, 200, "true", True, {"stock": [3, 3], "orders": 4}]
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ never waiting while holding, no deadlock whatever order callers list names in.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -178,6 +179,35 @@ def test_extend_renews_every_lease(r: redis.Redis) -> None:
     multi.release()
 
 
+def _scripts_run(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{n}", {}).get("calls", 0)) for n in ("eval", "evalsha"))
+
+
+def test_uncontended_costs_one_script_per_name(r: redis.Redis) -> None:
+    """What docs/locks.rst says: k names cost k round trips, like k locks."""
+    multi = MultiLock(r, [f"rt:{i}" for i in range(5)], ttl=10, wait=0)
+    assert multi.acquire()  # loads the scripts
+    multi.release()
+    before = _scripts_run(r)
+    assert multi.acquire()
+    taken = _scripts_run(r)
+    multi.release()
+    assert (taken - before, _scripts_run(r) - taken) == (5, 5)
+
+
+def test_each_name_is_a_row_of_its_own_for_operators(r: redis.Redis) -> None:
+    from django_redislock.core.inspect import list_locks
+    from django_redislock.core.keys import KeySpace
+
+    with MultiLock(r, ["row:b", "row:a"], ttl=10, wait=0, label="checkout") as multi:
+        rows = list_locks(r, KeySpace.default(), "row:*")
+        assert [(row.name, row.label, row.fence) for row in rows] == [
+            ("row:a", "checkout", multi.fence_of("row:a")),
+            ("row:b", "checkout", multi.fence_of("row:b")),
+        ]
+
+
 # -- under load --------------------------------------------------------------------------
 class _NoLock:
     """The control: the same callers with no lock at all."""
@@ -318,3 +348,44 @@ async def test_async_cancelled_while_waiting_leaves_nothing_behind(ar: Any, r: r
     assert _free(r, "z:a") and _free(r, "z:c")
     await holder.release()
     assert _free(r, "z:b")
+
+
+async def test_async_release_cancelled_midway_still_gives_every_name_back(
+    ar: Any, r: redis.Redis
+) -> None:
+    multi = AsyncMultiLock(ar, ["c:a", "c:b", "c:c"], ttl=30, wait=0)
+
+    async def take_and_release() -> None:
+        assert await multi.acquire()
+        taken.set()
+        await go.wait()
+        await multi.release()
+
+    taken, go = asyncio.Event(), asyncio.Event()
+    task = asyncio.ensure_future(take_and_release())
+    await asyncio.wait_for(taken.wait(), 10)
+    go.set()
+    await asyncio.sleep(0)  # the task resumes, into its first release
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert all(_free(r, name) for name in ("c:a", "c:b", "c:c"))
+
+
+async def test_async_give_back_cancelled_midway_leaves_nothing_held(
+    ar: Any, r: redis.Redis
+) -> None:
+    """Cancelled while it gives back what it took on the way to a busy name."""
+    holder = AsyncLock(ar, "g:d", ttl=30, wait=0)
+    assert await holder.acquire()
+    multi = AsyncMultiLock(ar, ["g:a", "g:b", "g:c", "g:d"], ttl=30, wait=0)
+    for steps in range(20):  # cancel at a different point each time
+        task = asyncio.ensure_future(multi.acquire())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            assert await task is False
+        assert all(_free(r, name) for name in ("g:a", "g:b", "g:c"))
+    await holder.release()

@@ -125,11 +125,18 @@ def celery_app() -> Iterator[Any]:
     )
     yield app
     app.close()
+    # Eager tasks applied from several threads at once leave Celery's global
+    # "joining would block" flag set (each apply restores the value it saw,
+    # and they interleave): a later test's result.get() would then refuse to
+    # run, "within a task".
+    from celery._state import _set_task_join_will_block
+
+    _set_task_join_will_block(False)
 
 
 @needs_celery
 def test_celery_task_runs_under_the_lock(celery_app: Any) -> None:
-    @celery_app.task
+    @celery_app.task(shared=False)
     @redis_locked("report:{report_id}", wait=0)
     def build(report_id: int) -> list[Any]:
         return _fence_and_name()
@@ -143,20 +150,22 @@ def test_celery_task_runs_under_the_lock(celery_app: Any) -> None:
 def test_celery_busy_raises_skips_or_retries(celery_app: Any, held: Any) -> None:
     runs = []
 
-    @celery_app.task
+    @celery_app.task(shared=False)
     @redis_locked("report:{report_id}", wait=0)
     def build(report_id: int) -> str:
         runs.append(report_id)
         return "built"
 
-    @celery_app.task
+    @celery_app.task(shared=False)
     @redis_locked("report:{report_id}", wait=0, on_busy="skip")
     def build_or_skip(report_id: int) -> str:
         runs.append(report_id)
         return "built"
 
     # Celery's own retry machinery works on LockNotAcquired.
-    @celery_app.task(autoretry_for=(LockNotAcquired,), max_retries=2, default_retry_delay=0)
+    @celery_app.task(
+        autoretry_for=(LockNotAcquired,), max_retries=2, default_retry_delay=0, shared=False
+    )
     @redis_locked("report:{report_id}", wait=0)
     def build_with_retries(report_id: int) -> str:
         runs.append(report_id)
@@ -182,7 +191,7 @@ def test_celery_tasks_in_threads_never_overlap(celery_app: Any) -> None:
     overlaps: list[int] = []
     mutex = threading.Lock()
 
-    @celery_app.task
+    @celery_app.task(shared=False)
     @redis_locked("nightly", wait=20)
     def nightly(n: int) -> None:
         with mutex:
@@ -209,7 +218,7 @@ def test_celery_tasks_in_threads_never_overlap(celery_app: Any) -> None:
 
 @needs_celery
 def test_decorator_above_celery_task_is_refused(celery_app: Any) -> None:
-    @celery_app.task
+    @celery_app.task(shared=False)
     def plain(n: int) -> int:
         return n
 

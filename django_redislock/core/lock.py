@@ -48,6 +48,7 @@ from .protocol import (
     BARGE_LIMIT,
     Acquisition,
     Move,
+    check_adopted,
     may_have_run,
     renew_interval,
     retry_renewal_in,
@@ -394,6 +395,60 @@ class Lock(SyncHandle):
         except RedisError as exc:
             raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
         return same_token(current, token) and self.held
+
+    def adopt(self, token: str, fence: int, *, ttl: float | None = None) -> bool:
+        """Hold the lease that another handle took as ``token`` with ``fence``.
+
+        For a lease handed across processes (a task's enqueuer to the worker
+        that runs it): one round trip resets it to ``ttl`` seconds (default:
+        the handle's) from now if ``token`` still holds it, and from then on
+        this handle holds it as if it had acquired it, renewal included.
+        Returns False, holding nothing, when ``token`` no longer holds it.
+        """
+        token, fence = check_adopted(token, fence)
+        ttl_ms = self._ttl_ms(ttl)
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        if self.token is not None and self._thread == threading.get_ident():
+            raise self._already_held()
+        if not self._gate.acquire(False):
+            raise LockError(
+                f"lock {self.name!r}: this handle is held by another thread; "
+                "adopt with a handle of its own"
+            )
+        sent = time.monotonic()
+        try:
+            ok = self._extend_call(token, ttl_ms)
+        except BaseException:
+            self._gate.release()
+            raise
+        if not ok:
+            self._gate.release()
+            return False
+        self._granted(token, fence, sent, ttl_ms)
+        self._thread = threading.get_ident()
+        self._on_acquired(ttl_ms)
+        log_acquire.debug("adopted %r fence=%s", self.name, fence)
+        return True
+
+    def detach(self, ttl: float | None = None) -> str:
+        """Stop holding the lease without releasing it, for a handle to ``adopt``.
+
+        The lease is reset to ``ttl`` seconds (default: the handle's) from now
+        and no longer renewed; returns its token. Raises ``LockLost`` (and the
+        handle holds nothing) if the lease was gone.
+        """
+        token = self._check_owner("detach")
+        try:
+            if self.lost:
+                raise LockLost(f"lock {self.name!r} was already lost")
+            self.extend(ttl)
+        finally:
+            self._stop_renewal()
+            self._forget()
+            self._thread = None
+            self._gate.release()
+        return token
 
     def _renew_once(self) -> float | None:
         """One renewal, from the watchdog: seconds until the next, or None to stop."""

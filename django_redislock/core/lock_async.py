@@ -43,6 +43,7 @@ from .protocol import (
     BARGE_LIMIT,
     Acquisition,
     Move,
+    check_adopted,
     may_have_run,
     renew_interval,
     retry_renewal_in,
@@ -416,6 +417,51 @@ class AsyncLock(AsyncHandle):
         except RedisError as exc:
             raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
         return same_token(current, token) and self.held
+
+    async def adopt(self, token: str, fence: int, *, ttl: float | None = None) -> bool:
+        """Hold the lease that another handle took as ``token`` with ``fence``;
+        as ``Lock.adopt``."""
+        token, fence = check_adopted(token, fence)
+        ttl_ms = self._ttl_ms(ttl)
+        me = asyncio.current_task()
+        if self.token is not None and self._task is me:
+            raise self._already_held()
+        gate = self._get_gate()
+        if gate.locked():
+            raise LockError(
+                f"lock {self.name!r}: this handle is held by another task; "
+                "adopt with a handle of its own"
+            )
+        await gate.acquire()
+        sent = time.monotonic()
+        try:
+            ok = await self._extend_call(token, ttl_ms)
+        except BaseException:
+            gate.release()
+            raise
+        if not ok:
+            gate.release()
+            return False
+        self._granted(token, fence, sent, ttl_ms)
+        self._task = me
+        self._on_acquired(ttl_ms)
+        log_acquire.debug("adopted %r fence=%s", self.name, fence)
+        return True
+
+    async def detach(self, ttl: float | None = None) -> str:
+        """Stop holding the lease without releasing it; as ``Lock.detach``."""
+        token = self._check_owner("detach")
+        try:
+            if self.lost:
+                raise LockLost(f"lock {self.name!r} was already lost")
+            await self.extend(ttl)
+        finally:
+            self._stop_renewal()
+            self._forget()
+            self._task = None
+            if self._gate is not None and self._gate.locked():
+                self._gate.release()
+        return token
 
     async def _renew_loop(self) -> None:
         """The renewal task: ``Lock._renew_once`` in a loop, on this event loop."""

@@ -4,7 +4,7 @@ definitions as the sync driver."""
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import time
 from types import TracebackType
 
@@ -57,15 +57,25 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
 
     async def _give_back(self, taken: list[AsyncLock]) -> None:
         """Release names taken on the way to a busy one (newest first)."""
+        cancelled: asyncio.CancelledError | None = None
         for lock in reversed(taken):
-            # Lost meanwhile, or Redis did not answer: the handle already goes
-            # on giving it back off our path; nothing was done under it.
-            with contextlib.suppress(LockError, RedisUnavailable):
+            try:
                 await lock.release()
+            except (LockError, RedisUnavailable):
+                # Lost meanwhile, or Redis did not answer: the handle already
+                # goes on giving it back off our path; nothing was done under it.
+                pass
+            except asyncio.CancelledError as exc:
+                # That release ran to its end; the others must too.
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
 
     async def release(self) -> None:
-        """Give every name back; see ``MultiLock.release``."""
+        """Give every name back; see ``MultiLock.release``. Cancelled meanwhile,
+        it still gives back every name, then raises ``CancelledError``."""
         failure: BaseException | None = None
+        cancelled: asyncio.CancelledError | None = None
         for lock in reversed(self.locks.values()):
             try:
                 await lock.release()
@@ -73,7 +83,12 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
                 if failure is None or isinstance(exc, RedisUnavailable):
                     failure = exc
                 continue
+            except asyncio.CancelledError as exc:
+                cancelled = exc  # that release ran to its end; the others must too
+                continue
             self._released(lock)
+        if cancelled is not None:
+            raise cancelled
         if isinstance(failure, LockLost):
             raise LockLost(f"lock {self.name!r} was lost before it was released") from failure
         if failure is not None:

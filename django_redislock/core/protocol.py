@@ -10,7 +10,8 @@ reply means and what to do next is decided here, once, for both:
 * what a failed call leaves behind (``may_have_run``) and so whether a
   give-back must follow it;
 * after a failed renewal: try again, or report the loss while Redis still
-  has the key.
+  has the key;
+* whether a token and fence handed from elsewhere can be adopted.
 
 Nothing here reads a clock: times are passed in, so every decision can be
 tested with plain numbers.
@@ -34,6 +35,7 @@ __all__ = [
     "Move",
     "Step",
     "acquire_reply",
+    "check_adopted",
     "may_have_run",
     "renew_interval",
     "retry_renewal_in",
@@ -251,3 +253,19 @@ class Acquisition:
         ):
             return Step(Move.ACCEPT, fence=handed.fence)
         return Step(Move.RETRY)
+
+
+def check_adopted(token: object, fence: object) -> tuple[str, int]:
+    """Validate the token and fence a handle is asked to ``adopt``."""
+    # The scripts rely on the shape of tokens (16 hex digits: see `d` in
+    # _prelude.lua); anything else cannot be a token this library issued.
+    if not isinstance(token, str) or len(token) != 16 or token.strip("0123456789abcdef"):
+        raise ValueError(
+            f"adopt() needs the token of a lease, as acquire() set it (16 hex digits); "
+            f"got {token!r}"
+        )
+    if isinstance(fence, bool) or not isinstance(fence, int) or fence < 0:
+        raise ValueError(
+            f"adopt() needs the fence of that lease, as acquire() set it; got {fence!r}"
+        )
+    return token, fence

@@ -1,4 +1,4 @@
-"""The shop's views: purchases with and without a lock, a heavy report, a status page.
+"""The shop's views: purchases and carts with and without locks, a heavy report, a status page.
 
 Purchases are JSON endpoints for scripts and other services, so they are
 exempt from CSRF; a shop with browser sessions would check a token instead.
@@ -7,10 +7,12 @@ exempt from CSRF; a shop with browser sessions would check a token instead.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.exceptions import BadRequest
 from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -124,6 +126,107 @@ def buy_unsafe(request: HttpRequest, product_id: int) -> HttpResponse:
     product.save(update_fields=["stock"])
     order = Order.objects.create(product=product)
     return _bought(order, product.stock)
+
+
+# A cart locks one name per product: a client that lists twenty products
+# keeps twenty purchases waiting, so a checkout takes at most this many.
+MAX_CART = 20
+
+
+def _cart(request: HttpRequest) -> list[int]:
+    """The product ids of a checkout, from a body such as ``{"products": [3, 1, 2]}``."""
+    try:
+        products = json.loads(request.body)["products"]
+    except (ValueError, KeyError, TypeError):
+        raise BadRequest('Send a JSON body such as {"products": [3, 1, 2]}.') from None
+    if (
+        not isinstance(products, list)
+        or not 0 < len(products) <= MAX_CART
+        or not all(type(pk) is int for pk in products)
+        or len(set(products)) != len(products)
+    ):
+        raise BadRequest(f'"products" must list 1 to {MAX_CART} distinct product ids.')
+    return products
+
+
+def _cart_locks(request: HttpRequest) -> list[str]:
+    """One lock per product, named as ``buy`` names its lock: a cart and a
+    single purchase of the same product exclude each other."""
+    return [f"purchase:{pk}" for pk in _cart(request)]
+
+
+@csrf_exempt
+@require_POST
+@idempotent
+@redis_locked(_cart_locks)
+def checkout(request: HttpRequest) -> HttpResponse:
+    """Buy one unit of each product in the cart, or nothing.
+
+    The products are locked all together, in whatever order the client lists
+    them, without deadlocking against other carts. Each row is fenced with
+    the token of its own product's lock. Sold out on any product: 410, and
+    nothing is bought. ``Idempotency-Key`` works as for ``buy``.
+    """
+    waited = _lock_wait_ms(request)
+    ids = _cart(request)
+    fences = {pk: current_fence(f"purchase:{pk}") for pk in ids}
+    # Claim every row before reading it, as buy does.
+    for pk, fence in fences.items():
+        if not fenced_update(Product.objects.filter(pk=pk), fence):
+            raise Http404(f"No product {pk}.")
+    products = Product.objects.in_bulk(ids)
+    sold_out = [pk for pk in ids if products[pk].stock <= 0]
+    if sold_out:
+        return JsonResponse({"error": "sold out", "products": sold_out}, status=410)
+    _pay()
+    # Every sale or none: a stale fence on any row rolls back the others.
+    # No other locked writer touches these rows now, so their order is free.
+    with transaction.atomic():
+        orders = [_sell(Product.objects.filter(pk=pk), products[pk], fences[pk]) for pk in ids]
+    response = JsonResponse(
+        {
+            "orders": [order.pk for order in orders],
+            "products": ids,
+            "stock": [products[pk].stock - 1 for pk in ids],
+        }
+    )
+    if waited:
+        response["X-Lock-Wait-Ms"] = waited
+    return response
+
+
+@csrf_exempt
+@require_POST
+def checkout_unsafe(request: HttpRequest) -> HttpResponse:
+    """The cart as naive code writes it: read, pay, write in a transaction. Do not copy.
+
+    It oversells as ``buy_unsafe`` does, charges every retry again, and two
+    carts that write the same products in opposite orders each wait for a
+    row the other has written: PostgreSQL ends one of them ("deadlock
+    detected") and its customer gets a 500.
+    """
+    ids = _cart(request)
+    products = Product.objects.in_bulk(ids)
+    if len(products) != len(ids):
+        raise Http404("No such product.")
+    sold_out = [pk for pk in ids if products[pk].stock <= 0]
+    if sold_out:
+        return JsonResponse({"error": "sold out", "products": sold_out}, status=410)
+    _pay()
+    with transaction.atomic():
+        orders = []
+        for pk in ids:
+            product = products[pk]
+            product.stock -= 1  # read before the payment: stale by now
+            product.save(update_fields=["stock"])
+            orders.append(Order.objects.create(product=product))
+    return JsonResponse(
+        {
+            "orders": [order.pk for order in orders],
+            "products": ids,
+            "stock": [products[pk].stock for pk in ids],
+        }
+    )
 
 
 def _in_flight_key() -> str:

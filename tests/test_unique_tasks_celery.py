@@ -1,0 +1,414 @@
+"""Unique Celery tasks (``UniqueTask``) with a real worker.
+
+The broker (and result backend) is a private redis-server of this module; the
+locks live in the session's private Redis, as for every test. The worker is a
+``celery worker -P solo`` subprocess that this module starts and stops by its
+PID; it imports this module to find the tasks (the module sets Django up there).
+Tasks tell the test where they are through lists in the lock Redis.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+celery = pytest.importorskip("celery")
+
+import django  # noqa: E402
+import redis  # noqa: E402
+from django.apps import apps  # noqa: E402
+from kombu.exceptions import VersionMismatch  # noqa: E402
+
+if not apps.ready:  # in the worker: this module is its task module
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    django.setup()
+
+from django_redislock import get_lock  # noqa: E402
+from django_redislock.contrib.celery_unique import UniqueTask  # noqa: E402
+from django_redislock.signals import task_duplicate  # noqa: E402
+from django_redislock.unique import HEADER, TaskNotUnique  # noqa: E402
+from tests.servers import RedisServer, free_port  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKER_ENV = "REDISLOCK_TEST_CELERY_BROKER"
+QUEUE = "unique-tests"
+LEASE = 1.0  # the running lease of the tasks below: renewed while they run
+
+app = celery.Celery("unique_tests", set_as_current=False)
+
+
+def _configure(broker: str) -> None:
+    app.conf.update(
+        broker_url=broker,
+        result_backend=broker.rsplit("/", 1)[0] + "/1",
+        task_default_queue=QUEUE,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=False,
+        worker_hijack_root_logger=False,
+        result_expires=300,
+    )
+
+
+if os.environ.get(BROKER_ENV):
+    _configure(os.environ[BROKER_ENV])
+
+
+def _locks() -> redis.Redis:
+    """The session's lock Redis, where tasks report to the test."""
+    return redis.Redis(unix_socket_path=os.environ["REDISLOCK_TEST_SOCKET"], socket_timeout=40)
+
+
+def _holder(name: str) -> str | None:
+    token = _locks().hget(get_lock(name).keys.lease, "t")
+    return token.decode() if token else None
+
+
+@app.task(
+    base=UniqueTask,
+    bind=True,
+    unique_key="import:{feed_id}",
+    unique_lease=LEASE,
+    unique_ttl=30,
+    max_retries=5,
+)
+def import_feed(self: Any, feed_id: int, retries: int = 0, block: bool = False) -> int:
+    c = _locks()
+    c.rpush(
+        f"started:{feed_id}",
+        json.dumps(
+            {
+                "attempt": self.request.retries,
+                "id": self.request.id,
+                "token": _holder(f"unique:import:{feed_id}"),
+            }
+        ),
+    )
+    if block:
+        c.blpop([f"go:{feed_id}"], timeout=30)
+    if self.request.retries < retries:
+        raise self.retry(countdown=0)
+    return feed_id
+
+
+@app.task(
+    base=UniqueTask, unique_key="report:{report_id}", unique_ttl=1.0, unique_on_duplicate="raise"
+)
+def build_report(report_id: int) -> int:
+    return report_id
+
+
+@app.task(
+    base=UniqueTask, bind=True, unique_key="sync:{account}", unique_until="start", max_retries=2
+)
+def sync_account(self: Any, account: str) -> int:
+    c = _locks()
+    c.rpush(f"synced:{account}", json.dumps(_holder(f"unique:sync:{account}")))
+    if self.request.retries < 1:
+        raise self.retry(countdown=0)
+    return int(self.request.retries)
+
+
+@app.task(base=UniqueTask, unique_key="mail:{user_id}", unique_until="enqueue")
+def send_mail(user_id: int) -> str | None:
+    return _holder(f"unique:mail:{user_id}")
+
+
+@app.task
+def ping() -> str:
+    return "pong"
+
+
+# -- the broker and the worker ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def broker() -> Iterator[RedisServer]:
+    server = RedisServer(port=free_port(), unix=False).start()
+    _configure(server.url)
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1)
+    except VersionMismatch as exc:
+        # kombu 5.6+ wants redis-py 6.1+ for its Redis transport (the redis5 envs).
+        server.cleanup()
+        pytest.skip(f"Celery's Redis broker cannot run with this redis-py: {exc}")
+    yield server
+    # Results unsubscribe from the backend when collected: while it still runs.
+    gc.collect()
+    app.close()
+    server.cleanup()
+
+
+class Worker:
+    def __init__(self, broker: RedisServer, redis_socket: str, queue: str = QUEUE) -> None:
+        self.queue = queue
+        self.log = broker.dir / f"worker-{time.monotonic_ns()}.log"
+        env = {
+            **os.environ,
+            BROKER_ENV: broker.url,
+            "REDISLOCK_TEST_SOCKET": redis_socket,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT),
+        }
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "tests.test_unique_tasks_celery:app",
+                    "worker",
+                    "-P",
+                    "solo",
+                    "-Q",
+                    queue,
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "--loglevel",
+                    "INFO",
+                    "-n",
+                    f"unique-{os.getpid()}-{time.monotonic_ns()}@localhost",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            # Ready when it answers a task (the start is included in the bound).
+            assert ping.apply_async(queue=queue).get(timeout=30) == "pong"
+        except BaseException:
+            self.stop()
+            raise
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def worker(broker: RedisServer, redis_server: Any) -> Iterator[Worker]:
+    w = Worker(broker, redis_server.socket_path)
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def r_locks(redis_server: Any) -> Iterator[redis.Redis]:
+    client = redis.Redis(unix_socket_path=redis_server.socket_path, socket_timeout=40)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def duplicates() -> Iterator[list[dict[str, Any]]]:
+    sent: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    task_duplicate.connect(receiver)
+    yield sent
+    task_duplicate.disconnect(receiver)
+
+
+def _started(r: redis.Redis, feed_id: int, worker: Worker) -> dict[str, Any]:
+    found = r.blpop([f"started:{feed_id}"], timeout=30)
+    assert found is not None, f"the task never started; worker log:\n{worker.tail()}"
+    return json.loads(found[1])  # type: ignore[no-any-return]
+
+
+def _free_within(r: redis.Redis, name: str, bound: float) -> float:
+    """Seconds until ``name``'s lease is gone, at most ``bound`` (then it fails)."""
+    key = get_lock(name).keys.lease
+    start = time.monotonic()
+    while r.exists(key):
+        assert time.monotonic() - start < bound, f"{name!r} still held after {bound}s"
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+# -- tests ---------------------------------------------------------------------------------
+def test_duplicates_of_a_running_task_get_its_result(
+    worker: Worker, r_locks: redis.Redis, duplicates: list[dict[str, Any]]
+) -> None:
+    first = import_feed.delay(1, block=True)
+    seen = _started(r_locks, 1, worker)
+    assert seen["id"] == first.id and seen["token"] is not None
+
+    barrier = threading.Barrier(5)
+    ids: list[str] = []
+
+    def duplicate() -> None:
+        barrier.wait(10)
+        ids.append(import_feed.delay(1, block=True).id)
+
+    threads = [threading.Thread(target=duplicate) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert ids == [first.id] * 5
+    assert [d["task_id"] for d in duplicates] == [first.id] * 5
+
+    r_locks.rpush("go:1", "1")
+    assert first.get(timeout=20) == 1
+    # The run that finished let the key go: the next enqueue is a new task.
+    assert not r_locks.exists(get_lock("unique:import:1").keys.lease)
+    again = import_feed.delay(1)
+    assert again.id != first.id and again.get(timeout=20) == 1
+
+
+def test_retries_keep_ownership(worker: Worker, r_locks: redis.Redis) -> None:
+    result = import_feed.delay(2, retries=2)
+    assert result.get(timeout=30) == 2
+    runs = [_started(r_locks, 2, worker) for _ in range(3)]
+    assert [run["attempt"] for run in runs] == [0, 1, 2]
+    # Every attempt ran under the enqueuer's token, and the last let it go.
+    assert {run["token"] for run in runs} == {runs[0]["token"]}
+    assert runs[0]["token"] is not None
+    assert not r_locks.exists(get_lock("unique:import:2").keys.lease)
+
+
+def test_until_enqueue_frees_the_key_as_the_run_starts(worker: Worker) -> None:
+    """docs/tasks.rst, ``"enqueue"``: "when a worker starts the run"."""
+    assert send_mail.delay(1).get(timeout=20) is None  # free while it ran
+    assert _holder("unique:mail:1") is None
+
+
+def test_until_start_a_retry_runs_without_the_key(worker: Worker, r_locks: redis.Redis) -> None:
+    """docs/tasks.rst, ``"start"``: "a retry it asks for runs without the key"."""
+    assert sync_account.delay("acme").get(timeout=30) == 1
+    held = [json.loads(r_locks.lpop("synced:acme") or b"0") for _ in range(2)]
+    assert held[0] is not None and held[1] is None
+    assert _holder("unique:sync:acme") is None
+
+
+def test_another_task_cannot_release_the_key(worker: Worker, r_locks: redis.Redis) -> None:
+    # Queued where no worker listens: it holds the key and never runs.
+    parked = import_feed.apply_async((3,), queue="nowhere")
+    name = "unique:import:3"
+    token = _holder(name)
+    assert token is not None
+    assert r_locks.hget(get_lock(name).keys.lease, "j") == parked.id.encode()
+    assert HEADER == "redislock_unique"  # docs/tasks.rst names it
+    # A task with the same key but another token runs without the key...
+    forged = {"n": name, "t": "0123456789abcdef", "f": 1, "u": "finish", "l": LEASE, "p": 30}
+    other = import_feed.apply_async((3,), headers={HEADER: forged})
+    assert other.get(timeout=20) == 3
+    # ...and cannot release it.
+    assert _holder(name) == token
+
+
+def test_a_task_that_never_starts_frees_the_key_within_its_ttl(
+    broker: RedisServer, r_locks: redis.Redis
+) -> None:
+    first = build_report.apply_async((4,), queue="nowhere")  # unique_ttl=1.0
+    with pytest.raises(TaskNotUnique) as info:
+        build_report.apply_async((4,), queue="nowhere")
+    assert info.value.task_id == first.id
+    waited = _free_within(r_locks, "unique:report:4", 10)
+    assert waited < 1.0 + 0.5  # the ttl, and a margin for a loaded host
+    assert build_report.apply_async((4,), queue="nowhere").id != first.id
+
+
+def test_a_countdown_lengthens_the_pending_ttl(broker: RedisServer, r_locks: redis.Redis) -> None:
+    """docs/tasks.rst: "A ``run_after`` (Celery: ``countdown`` or ``eta``) is added to it"."""
+    build_report.apply_async((7,), countdown=100, queue="nowhere")  # unique_ttl=1.0
+    assert 100_000 < r_locks.pttl(get_lock("unique:report:7").keys.lease) <= 101_000
+
+
+def test_a_killed_worker_frees_the_key_within_the_lease(
+    broker: RedisServer, redis_server: Any, r_locks: redis.Redis
+) -> None:
+    # A worker of its own, on a queue of its own: the module's worker must not take the task.
+    doomed = Worker(broker, redis_server.socket_path, queue="doomed")
+    try:
+        import_feed.apply_async((5,), {"block": True}, queue="doomed")
+        _started(r_locks, 5, doomed)
+        name = "unique:import:5"
+        token = _holder(name)
+        # Renewed while it runs: still held after more than one lease.
+        time.sleep(LEASE * 1.5)
+        assert _holder(name) == token
+        doomed.kill()
+        waited = _free_within(r_locks, name, 10)
+        assert waited < LEASE + 0.5
+    finally:
+        doomed.stop()
+
+
+def test_bad_options_fail_when_the_task_is_made() -> None:
+    other = celery.Celery("bad_options", set_as_current=False)
+    with pytest.raises(ValueError, match=r"UniqueTask bad_template: lock key 'import:\{nope\}'"):
+
+        @other.task(base=UniqueTask, unique_key="import:{nope}", shared=False, name="bad.1")
+        def bad_template(feed_id: int) -> None:
+            pass
+
+        other.finalize(auto=True)
+    with pytest.raises(ValueError, match="until must be one of"):
+
+        @other.task(
+            base=UniqueTask, unique_key="x:{a}", unique_until="done", shared=False, name="bad.2"
+        )
+        def until_done(a: int) -> None:
+            pass
+
+        other.finalize(auto=True)
+    other.close()
+
+
+def test_a_refusal_is_logged(broker: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="django_redislock.unique")
+    first = build_report.apply_async((6,), queue="nowhere")
+    with pytest.raises(TaskNotUnique):
+        build_report.delay(6)
+    (record,) = [rec for rec in caplog.records if rec.name == "django_redislock.unique"]
+    assert first.id in record.getMessage()
+
+
+def test_eager_mode_runs_under_the_key(r_locks: redis.Redis) -> None:
+    """docs/tasks.rst: "``task_always_eager`` works: the task runs under the key"."""
+    eager = celery.Celery("eager", set_as_current=False)
+    eager.conf.update(
+        task_always_eager=True,
+        task_eager_propagates=True,
+        broker_url="memory://",
+        result_backend=None,
+    )
+    seen: list[str | None] = []
+
+    @eager.task(base=UniqueTask, unique_key="eager:{n}", shared=False, name="eager.run")
+    def run(n: int) -> int:
+        seen.append(_holder(f"unique:eager:{n}"))
+        return n
+
+    assert run.delay(1).get() == 1
+    assert seen[0] is not None
+    assert _holder("unique:eager:1") is None
+    eager.close()
