@@ -33,11 +33,10 @@ end
 
 -- Wake the oldest live waiter with "<token>" (look again; nothing handed
 -- over), unless `woken` (the state's `w`) has not looked again since it was
--- woken, less than WAKE_AGAIN ms ago. Waiters whose
--- deadline passed, or whose wake-up channel nobody listens on (their process
--- died), are dropped on the way, as hand_off does. A waiter queued without a
--- channel finds the lease free at its next retry. Called after contended(),
--- with the lease free.
+-- woken, less than WAKE_AGAIN ms ago. Waiters whose deadline passed, or
+-- whose wake-up channel nobody listens on (their process died), are dropped
+-- on the way, as hand_off does. A waiter queued without a channel finds the
+-- lease free at its next retry. Called after contended(), with the lease free.
 local function wake_head(woken)
   local now = slow.read_clock()
   if woken then
