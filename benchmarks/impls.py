@@ -51,6 +51,12 @@ def _ours(client: Any, name: str, ttl: float, wait: float) -> Handle:
     return Lock(client, name, ttl=ttl, wait=wait)
 
 
+def _ours_barging(client: Any, name: str, ttl: float, wait: float) -> Handle:
+    from django_redislock.core import Lock
+
+    return Lock(client, name, ttl=ttl, wait=wait, fair=False)
+
+
 # -- redis-py ---------------------------------------------------------------------
 def _redis_py(client: Any, name: str, ttl: float, wait: float) -> Handle:
     from redis.lock import Lock
@@ -193,6 +199,14 @@ IMPLS: dict[str, Impl] = {
     impl.key: impl
     for impl in (
         Impl("ours", "django_redislock.Lock", _ours, peer=False, module="django_redislock.core"),
+        Impl(
+            "ours_barging",
+            "django_redislock.Lock, fair=False",
+            _ours_barging,
+            peer=False,
+            module="django_redislock.core",
+            note="barging: a freed lease goes to whoever asks first, within a bound",
+        ),
         Impl(
             "baseline",
             "baseline SET NX + EVALSHA",

@@ -509,6 +509,9 @@ def contended_cell(
         )
         for i in range(workers)
     ]
+    # Commands the server ran in this cell (the private server runs nothing else).
+    admin = server.client()
+    admin.config_resetstat()
     for p in procs:
         p.start()
     try:
@@ -543,6 +546,13 @@ def contended_cell(
     counter = struct.unpack_from("q", shm, 0)[0]
     lost_updates = sum(totals) - counter
     shm.close()
+    stats = admin.info("commandstats")
+    admin.close()
+
+    def calls(*names: str) -> float:
+        n = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in names)
+        return n / sum(totals) if sum(totals) else math.nan
+
     mean = statistics.fmean(counts) if counts else 0.0
     return {
         "ops_per_s": sum(counts) / cfg.duration,
@@ -553,6 +563,10 @@ def contended_cell(
         "lost_updates": lost_updates,
         "failed_acquires": failed,
         "waits": waits,
+        # Per critical section, warm-up included: scripts run (each a round
+        # trip for these locks) and wake-ups published.
+        "scripts_per_cs": calls("evalsha", "eval", "fcall"),
+        "publish_per_cs": calls("publish", "spublish"),
     }
 
 
@@ -580,6 +594,8 @@ def contended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -
                 "violations": sum(run["violations"] for run in runs),
                 "failed_acquires": sum(run["failed_acquires"] for run in runs),
                 "counts": [run["counts"] for run in runs],
+                "scripts_per_cs": statistics.median(run["scripts_per_cs"] for run in runs),
+                "publish_per_cs": statistics.median(run["publish_per_cs"] for run in runs),
             }
         result[str(workers)] = per_impl
     return result
@@ -665,6 +681,47 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         )
     if data.get("contended"):
         out.append(check("zero mutual-exclusion violations (ours)", viol == 0, str(viol)))
+    out += barging_targets(data)
+    return out
+
+
+def barging_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The barging order (``fair=False``) against redis-py's ``Lock``, which
+    also lets the releasing worker take the lock straight back."""
+    out = []
+    viol = 0
+    for w, per in data.get("contended", {}).items():
+        if "ours_barging" not in per:
+            continue
+        ours = per["ours_barging"]
+        viol += ours["violations"]
+        if int(w) < 8:
+            continue
+        if "redis_py" in per:
+            rp = per["redis_py"]
+            out.append(
+                check(
+                    f"{w} workers, fair=False: throughput > redis-py",
+                    ours["ops_per_s"] > rp["ops_per_s"],
+                    f"{ours['ops_per_s']:.0f} vs {rp['ops_per_s']:.0f}/s",
+                )
+            )
+            out.append(
+                check(
+                    f"{w} workers, fair=False: wait p99 <= redis-py / 10",
+                    ours["wait_p99_ms"] <= rp["wait_p99_ms"] / 10,
+                    f"{ours['wait_p99_ms']:.1f} vs {rp['wait_p99_ms']:.1f} ms",
+                )
+            )
+        out.append(
+            check(
+                f"{w} workers, fair=False: least-served >= 0.1 of mean",
+                ours["least_over_mean_worst"] >= 0.1,
+                f"{ours['least_over_mean_worst']:.2f} (worst round)",
+            )
+        )
+    if any("ours_barging" in per for per in data.get("contended", {}).values()):
+        out.append(check("zero mutual-exclusion violations (fair=False)", viol == 0, str(viol)))
     return out
 
 
@@ -758,6 +815,8 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                 fmt(v["wait_max_ms"], 1),
                 v["violations"],
                 v["failed_acquires"],
+                fmt(v.get("scripts_per_cs"), 2),
+                fmt(v.get("publish_per_cs"), 2),
             ]
             for k, v in per.items()
         ]
@@ -775,6 +834,8 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                     "max ms",
                     "violations",
                     "failed",
+                    "scripts/CS",
+                    "PUBLISH/CS",
                 ],
                 rows,
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from .locks import (
     get_multi_lock,
     get_rw_lock,
 )
-from .options import _Options, _options
+from .options import _Options, _options, check_fair, check_fair_mode, check_fair_names
 from .transactions import connect_early
 
 __all__ = ["redis_lock"]
@@ -98,6 +99,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         label: str = "",
         metric_name: str | None = None,
         mode: str | None = None,
+        fair: bool = True,
     ) -> None:
         if isinstance(name, str):
             if not name:
@@ -123,6 +125,10 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
                 f"redis_lock(): mode={mode!r} takes one lock name, not several "
                 f"({', '.join(self.name)}): read-write locks are taken one name at a time"
             )
+        if not check_fair(fair, "redis_lock"):
+            check_fair_names({"fair": False}, self.name, "redis_lock")
+            check_fair_mode(mode, "redis_lock")
+            opts = dataclasses.replace(opts, fair=False)
         # Without a label, the lock says where it was taken (see _where).
         self._label = label or _where(sys._getframe(1))
         self.metric_name = metric_name

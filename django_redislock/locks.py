@@ -87,17 +87,20 @@ def get_lock(
     replicas: int | None = None,
     replicas_timeout: float | None = None,
     metric_name: str | None = None,
+    fair: bool = True,
 ) -> Lock:
     """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals.
 
     ``metric_name`` labels it in metrics (``docs/metrics.rst``): a name shared
     by every lock of one kind, such as ``"purchase"``; without it, "other".
+    ``fair=False``: the barging order (``docs/locks.rst``).
     """
     client = get_client(alias)
     check_eviction(client)
     lock = Lock(
         client,
         name,
+        fair=fair,
         **_options(
             name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
         ),
@@ -119,12 +122,14 @@ def get_async_lock(
     replicas: int | None = None,
     replicas_timeout: float | None = None,
     metric_name: str | None = None,
+    fair: bool = True,
 ) -> AsyncLock:
     """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
     client = get_async_client(alias)
     lock = AsyncLock(
         client,
         name,
+        fair=fair,
         **_options(
             name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
         ),

@@ -29,9 +29,10 @@ class _Options:
     label: str | None
     # None: an exclusive Lock; "read" or "write": a ReadWriteLock in that mode.
     mode: str | None = None
+    fair: bool = True
 
     def lock_kwargs(self, label: str) -> dict[str, Any]:
-        return {
+        kwargs = {
             "timeout": self.timeout,
             "wait": self.wait,
             "renew": self.renew,
@@ -39,6 +40,9 @@ class _Options:
             "label": self.label if self.label is not None else label,
             "alias": self.alias,
         }
+        if not self.fair:
+            kwargs["fair"] = False  # one name only: see check_fair_names
+        return kwargs
 
     @property
     def cache_alias(self) -> str:
@@ -172,6 +176,43 @@ def _options(
         label=label,
         mode=mode,
     )
+
+
+def check_fair(fair: object, caller: str = "redis_locked") -> bool:
+    if not isinstance(fair, bool):
+        raise TypeError(
+            f"{caller}(): fair must be True (first come, first served: the default) or "
+            f"False (barging, see docs/locks.rst); got {fair!r}"
+        )
+    return fair
+
+
+def check_fair_names(kwargs: dict[str, Any], names: object, caller: str = "redis_locked") -> None:
+    """The barging order is for one lock: several names are taken in the default order."""
+    if kwargs.get("fair") is False and not isinstance(names, str):
+        raise TypeError(
+            f"{caller}(): fair=False applies to one lock name, not to several ({names!r}): "
+            "leave fair out for a lock on several names"
+        )
+
+
+def check_fair_mode(mode: object, caller: str = "redis_locked") -> None:
+    """The barging order is the exclusive lock's: read-write locks queue first come first served."""
+    if mode is not None:
+        raise TypeError(
+            f"{caller}(): fair=False applies to an exclusive lock, not to a read-write lock "
+            f"(mode={mode!r}): leave fair out with a mode"
+        )
+
+
+def check_mode_names(mode: object, names: object, caller: str = "redis_locked") -> None:
+    """A read-write lock has one name: a key callable returning several is an error."""
+    if mode is not None and not isinstance(names, str):
+        raise TypeError(
+            f"{caller}(): mode={mode!r} takes one lock name, but the key returned several "
+            f"({', '.join(names) if isinstance(names, tuple) else names!r}): read-write "
+            "locks are taken one name at a time"
+        )
 
 
 def _django_task(obj: object) -> Any:

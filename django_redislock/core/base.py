@@ -15,7 +15,7 @@ from typing import Any
 
 from .exceptions import LockLost
 from .keys import KeySpace, LockKeys, shows_name
-from .protocol import STATE_KEEP_MS, acquire_reply, may_have_run, validity
+from .protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
 
 __all__ = [
     "STATE_KEEP_MS",
@@ -133,6 +133,9 @@ class LockBase:
         # fewer in time and the lease is given back (ReplicationTimeout).
         replicas: int = 0,
         replicas_timeout: float = 0.1,
+        # True: first come, first served. False: barging, a freed lease goes
+        # to whoever asks first, within a bound (BARGE_LIMIT); locks only.
+        fair: bool = True,
     ) -> None:
         self.client = client
         self.keyspace = keyspace if keyspace is not None else KeySpace.default()
@@ -160,6 +163,12 @@ class LockBase:
         self.replicas_timeout = check_seconds(
             "replicas_timeout", replicas_timeout, allow_zero=False
         )
+        if not isinstance(fair, bool):
+            raise TypeError(
+                "fair must be True (first come, first served: the default) or False "
+                f"(barging: more throughput, waiters served within a bound); got {fair!r}"
+            )
+        self.fair = fair
         # Per-acquisition state. The token lives here, in the handle, and in
         # nothing shared: no other handle, thread or process can present it.
         self.token: str | None = None
@@ -277,7 +286,7 @@ class LockBase:
     def _args_acquire(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple:
-        return (
+        args = (
             token,
             ttl_ms,
             self._stored_name,
@@ -287,6 +296,7 @@ class LockBase:
             ttl_ms + STATE_KEEP_MS,
             self._round,
         )
+        return args if self.fair else (*args, BARGE_LIMIT)
 
     @staticmethod
     def _acquire_reply(reply: Any) -> tuple[int, int]:

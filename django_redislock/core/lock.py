@@ -10,7 +10,11 @@ Protocol, one round trip each when uncontended:
   channel with its fence: it holds the lock as it wakes, no second round trip.
 
 Because a freed lock goes straight to the oldest waiter, nobody can barge in
-and waits are first come first served across processes.
+and waits are first come first served across processes. ``fair=False`` opts
+into barging instead (``acquire_barging.lua``, ``release_barging.lua``): a
+release frees the lease and wakes the oldest waiter to look again, and
+whoever asks first takes it, until the head of the queue has seen
+``BARGE_LIMIT`` others served; then it is handed over as above.
 
 This module is the sync driver: it sends, receives and waits. What a reply
 means and what to do next is decided in ``protocol.py``, which the asyncio
@@ -40,6 +44,8 @@ from .exceptions import (
 )
 from .notify import get_notifier
 from .protocol import (
+    BARGE_DEFER,
+    BARGE_LIMIT,
     Acquisition,
     Move,
     check_adopted,
@@ -164,6 +170,7 @@ class SyncHandle(LockBase):
             drift_factor=self.drift_factor,
             can_take_handed=not self.replicas,
             now=now,
+            defer=0.0 if self.fair else BARGE_DEFER,
         )
         # Only a process already listening queues on the first attempt; the
         # uncontended path must not start a channel or wait for one.
@@ -204,6 +211,10 @@ class SyncHandle(LockBase):
                         continue
                     handed = notifier.wait(event, step.timeout)
                     step = acq.on_wakeup(handed, time.monotonic())
+                    while step.move is Move.SLEEP:
+                        # Barging: woken to look again, it lets the releaser go first.
+                        handed = notifier.wait(event, step.timeout)
+                        step = acq.on_wakeup(handed, time.monotonic())
                     if step.move is Move.RETRY:
                         continue
                 if step.move is Move.ACCEPT:
@@ -308,6 +319,11 @@ class Lock(SyncHandle):
     may be acquired again after release. Shared between threads, it behaves
     like ``threading.Lock``: a second thread waits for the first to release,
     and only the thread that acquired may release or extend. Not reentrant.
+
+    ``fair=False`` takes it in the barging order (docs/locks.rst): a release
+    frees the lease and wakes the oldest waiter to look again, whoever asks
+    first takes it, and the head of the queue is served within ``BARGE_LIMIT``
+    others. More throughput for a hot lock, longer tail waits.
     """
 
     _acquire_script = scripts.ACQUIRE
@@ -320,6 +336,9 @@ class Lock(SyncHandle):
     def _init_driver(self) -> None:
         super()._init_driver()
         self._ttl_ms_held = 0
+        if not self.fair:
+            # Barging (see _barging.lua): its own scripts; the FIFO ones are untouched.
+            self._acquire_script = scripts.ACQUIRE_BARGING
 
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms
@@ -327,7 +346,10 @@ class Lock(SyncHandle):
             renewal.watchdog.add(self, renew_interval(ttl_ms))
 
     def _release_call(self, token: str) -> int:
-        return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,)))
+        if self.fair:
+            return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,)))
+        args = (token, BARGE_LIMIT)
+        return int(scripts.run(self.client, scripts.RELEASE_BARGING, self._key_tuple, args))
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:

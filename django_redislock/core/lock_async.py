@@ -39,6 +39,8 @@ from .exceptions import (
 )
 from .notify_async import get_async_notifier
 from .protocol import (
+    BARGE_DEFER,
+    BARGE_LIMIT,
     Acquisition,
     Move,
     check_adopted,
@@ -181,6 +183,7 @@ class AsyncHandle(LockBase):
             drift_factor=self.drift_factor,
             can_take_handed=not self.replicas,
             now=now,
+            defer=0.0 if self.fair else BARGE_DEFER,
         )
         notifier = get_async_notifier(self.client, self.keyspace) if deadline > now else None
         tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
@@ -224,6 +227,13 @@ class AsyncHandle(LockBase):
                     handed, event.handed = event.handed, None
                     event.clear()
                     step = acq.on_wakeup(handed, time.monotonic())
+                    while step.move is Move.SLEEP:
+                        # Barging: woken to look again, it lets the releaser go first.
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await wait_for(event.wait(), step.timeout)
+                        handed, event.handed = event.handed, None
+                        event.clear()
+                        step = acq.on_wakeup(handed, time.monotonic())
                     if step.move is Move.RETRY:
                         continue
                 if step.move is Move.ACCEPT:
@@ -324,7 +334,8 @@ class AsyncHandle(LockBase):
 class AsyncLock(AsyncHandle):
     """``Lock`` for asyncio. Shared between tasks it behaves like ``asyncio.Lock``:
     a second task waits for the first to release, and only the task that
-    acquired may release or extend the lease.
+    acquired may release or extend the lease. ``fair=False``: the barging
+    order, as for ``Lock``.
     """
 
     _acquire_script = scripts.ACQUIRE
@@ -338,6 +349,9 @@ class AsyncLock(AsyncHandle):
         super()._init_driver()
         self._renewer: asyncio.Task[None] | None = None
         self._ttl_ms_held = 0
+        if not self.fair:
+            # Barging (see _barging.lua): its own scripts; the FIFO ones are untouched.
+            self._acquire_script = scripts.ACQUIRE_BARGING
 
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms
@@ -347,7 +361,14 @@ class AsyncLock(AsyncHandle):
             )
 
     async def _release_call(self, token: str) -> int:
-        return int(await scripts.run_async(self.client, scripts.RELEASE, self._key_tuple, (token,)))
+        if self.fair:
+            return int(
+                await scripts.run_async(self.client, scripts.RELEASE, self._key_tuple, (token,))
+            )
+        args = (token, BARGE_LIMIT)
+        return int(
+            await scripts.run_async(self.client, scripts.RELEASE_BARGING, self._key_tuple, args)
+        )
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:

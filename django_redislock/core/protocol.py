@@ -29,6 +29,8 @@ from .wakeup import NO_CHANNEL, Handed
 
 __all__ = [
     "STATE_KEEP_MS",
+    "BARGE_DEFER",
+    "BARGE_LIMIT",
     "Acquisition",
     "Move",
     "Step",
@@ -47,6 +49,20 @@ __all__ = [
 # a lock per request on distinct names keeps few of them (one small hash per
 # name for TTL + 10 s). The Lua scripts get it as KEEP (scripts.load).
 STATE_KEEP_MS = 10_000
+
+# The barging order (``Lock(..., fair=False)``): once a waiter is at the head
+# of the queue, at most this many others take the lock before it does. Each
+# barge saves a switch to another process; each is also one more turn the
+# head waits. See docs/locks.rst ("Barging") for the numbers behind it.
+BARGE_LIMIT = 64
+# The barging order: a waiter woken to look again (nothing handed over) waits
+# this much longer before it does. Linux runs a process woken from its socket
+# ahead of the one that just released, so a waiter retrying at once takes
+# most freed leases, each a switch between processes, and barging turns into
+# first come, first served plus a round trip. Measured on two cores: 2,800
+# critical sections per second with 8 workers retrying at once, 4,200 with
+# this pause. It is also the latency of a release to an idle lock's waiter.
+BARGE_DEFER = 0.002
 
 # Longest a first contended acquire waits for its process's wake-up channel
 # to come up before it queues without one (and relies on its timer).
@@ -148,6 +164,7 @@ class Acquisition:
         drift_factor: float,
         can_take_handed: bool,
         now: float,
+        defer: float = 0.0,
     ) -> None:
         self.ttl_ms = ttl_ms
         self.deadline = deadline
@@ -163,6 +180,10 @@ class Acquisition:
         self.listening = False
         self.address = NO_CHANNEL
         self.retry_after: float | None = None
+        # Barging (BARGE_DEFER): how long a waiter woken to look again lets
+        # others go first; whether it has, since its last attempt.
+        self.defer = defer
+        self._deferred = False
 
     def attempt(self, now: float) -> tuple[int, int]:
         """An acquire script is about to be sent: ``(round, wait ms)``.
@@ -175,6 +196,7 @@ class Acquisition:
         self.round += 1
         self.sent = now
         self.replied = False
+        self._deferred = False
         wait_ms = max(1, int((self.deadline - now) * 1000)) if self.listening else 0
         self.queued = self.queued or wait_ms > 0
         return self.round, wait_ms
@@ -213,6 +235,13 @@ class Acquisition:
         self.address = address
 
     def on_wakeup(self, handed: Handed | None, now: float) -> Step:
+        """After a sleep: take a lease handed over, look again, or (barging,
+        woken with nothing handed over) sleep ``defer`` more first."""
+        if handed is None and self.defer > 0 and not self._deferred:
+            remaining = self.deadline - now
+            if remaining > 0:
+                self._deferred = True
+                return Step(Move.SLEEP, timeout=min(remaining, self.defer))
         if (
             handed is not None
             and self.can_take_handed

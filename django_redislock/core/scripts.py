@@ -48,8 +48,17 @@ def _read(filename: str) -> str:
     return (resources.files(__package__) / "lua" / filename).read_text("utf-8")
 
 
-def load(name: str, *, prelude: str | None = "_prelude.lua", repeatable: bool = False) -> Script:
+def load(
+    name: str,
+    *,
+    prelude: str | None = "_prelude.lua",
+    repeatable: bool = False,
+    helpers: str | None = None,
+) -> Script:
     text = _read(f"{name}.lua")
+    if helpers:
+        # Shared by a family of scripts, after the prelude (whose locals it uses).
+        text = _read(helpers) + "\n" + text
     if prelude:
         text = _read(prelude) + "\n" + text
     # One source for the state's keep time: the scripts say @STATE_KEEP_MS@.
@@ -212,3 +221,7 @@ RELEASE = load("release", repeatable=True)
 EXTEND = load("extend", repeatable=True)
 CANCEL = load("cancel", repeatable=True)
 CLEAR = load("clear")
+# The barging order (``Lock(..., fair=False)``): its own scripts, so that the
+# first-come, first-served ones above stay exactly as they are.
+ACQUIRE_BARGING = load("acquire_barging", helpers="_barging.lua")
+RELEASE_BARGING = load("release_barging", repeatable=True, helpers="_barging.lua")
