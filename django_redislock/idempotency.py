@@ -64,6 +64,7 @@ from redis.exceptions import RedisError
 from .checks import AUTH_MIDDLEWARE_PATH, _index, _middleware, register_problems
 from .conf import Problem, conf
 from .connection import get_async_client, get_client
+from .core import scripts
 from .core.base import is_seconds
 from .core.exceptions import RedisUnavailable
 from .decorators import _request_in, redis_locked
@@ -117,6 +118,10 @@ RETRYABLE_STATUSES = frozenset({408, 409, 425, 429})
 # base64 token all fit; nothing of it reaches Redis unhashed anyway.
 _KEY_RE = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+
+# What a failed call to Redis raises: redis-py's errors, and the library's
+# own for the scripts it runs.
+_FAILED = (RedisError, RedisUnavailable)
 
 _RECORD_FIELDS = (b"fp", b"state", b"status", b"headers", b"body", b"omitted")
 
@@ -530,24 +535,20 @@ def _ttl_ms(call: _Call) -> int:
     return max(1, math.ceil(call.policy.ttl * 1000))
 
 
-def _queue_write(pipe: Any, call: _Call, record: dict[bytes, bytes]) -> None:
-    # One by one: a Cluster pipeline's DEL does not return the pipeline.
-    pipe.delete(call.record)
-    pipe.hset(call.record, mapping=record)
-    pipe.pexpire(call.record, _ttl_ms(call))
+# Replaces the record in one step (DEL, HSET, PEXPIRE), on a Cluster too.
+_REPLACE = scripts.load("record_replace", prelude=None, repeatable=True)
+
+
+def _replace_args(call: _Call, record: dict[bytes, bytes]) -> tuple[Any, ...]:
+    return (_ttl_ms(call), *(part for item in record.items() for part in item))
 
 
 def _write(client: Any, call: _Call, record: dict[bytes, bytes]) -> None:
-    # MULTI: a duplicate never reads a record half replaced (one slot on a Cluster).
-    with client.pipeline(transaction=True) as pipe:
-        _queue_write(pipe, call, record)
-        pipe.execute()
+    scripts.run(client, _REPLACE, (call.record,), _replace_args(call, record))
 
 
 async def _awrite(client: Any, call: _Call, record: dict[bytes, bytes]) -> None:
-    async with client.pipeline(transaction=True) as pipe:
-        _queue_write(pipe, call, record)
-        await pipe.execute()
+    await scripts.run_async(client, _REPLACE, (call.record,), _replace_args(call, record))
 
 
 def _running(call: _Call) -> dict[bytes, bytes]:
@@ -557,7 +558,7 @@ def _running(call: _Call) -> dict[bytes, bytes]:
 def _store_now(call: _Call, record: dict[bytes, bytes]) -> None:
     try:
         _write(get_client(call.alias), call, record)
-    except RedisError as exc:
+    except _FAILED as exc:
         logger.warning(
             "could not store the response for %s (%s): a duplicate will run the view again",
             call.name,
@@ -642,7 +643,7 @@ def _serve(call: _Call, run: Callable[[], Any]) -> Any:
         if answer is not None:
             return answer
         _write(client, call, _running(call))
-    except RedisError as exc:
+    except _FAILED as exc:
         return _unavailable(call, exc)
     try:
         response = run()
@@ -666,7 +667,7 @@ async def _aserve(call: _Call, run: Callable[[], Awaitable[Any]]) -> Any:
         if answer is not None:
             return answer
         await _awrite(client, call, _running(call))
-    except RedisError as exc:
+    except _FAILED as exc:
         return _unavailable(call, exc)
     try:
         response = await run()
@@ -681,7 +682,7 @@ async def _aserve(call: _Call, run: Callable[[], Awaitable[Any]]) -> Any:
             # An async view has no ATOMIC_REQUESTS: its own atomic blocks
             # (in sync_to_async) have committed by the time it returns.
             await _awrite(client, call, done)
-    except RedisError as exc:
+    except _FAILED as exc:
         logger.warning(
             "could not store the response for %s (%s): a duplicate will run the view again",
             call.name,

@@ -1,0 +1,10 @@
+-- Replace a hash with the given fields and give it a TTL, in one step, for
+-- an idempotency record (django_redislock/idempotency.py): a duplicate never
+-- reads a record half replaced. Stand-alone, no prelude; one key, so one
+-- slot on a Cluster (MULTI is refused there by some redis-py versions).
+-- KEYS[1] the hash.
+-- ARGV[1] TTL, ms.  ARGV[2..] field, value, field, value, ...
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
