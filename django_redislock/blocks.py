@@ -25,7 +25,14 @@ from .locks import (
     get_multi_lock,
     get_rw_lock,
 )
-from .options import _Options, _options, check_fair, check_fair_mode, check_fair_names
+from .options import (
+    _Options,
+    _options,
+    check_fair,
+    check_fair_mode,
+    check_fair_names,
+    check_mode_names,
+)
 from .transactions import connect_early
 
 __all__ = ["redis_lock"]
@@ -49,11 +56,7 @@ def _reenter(opts: _Options, names: str | tuple[str, ...], owner: object) -> Hel
     """``_reentered`` for the key of ``opts``' mode: a reader inside a writer of
     the same name runs under the writer; a writer inside a reader of the same
     name cannot be served (it would wait for itself), and says so."""
-    if opts.mode is not None and not isinstance(names, str):
-        raise TypeError(
-            f"mode={opts.mode!r} takes one lock name, not several ({', '.join(names)}): "
-            "read-write locks are taken one name at a time"
-        )
+    check_mode_names(opts.mode, names)
     if opts.mode == "read":
         writer = _reentered((opts.key_alias("write"), names), owner)
         if writer is not None:
@@ -120,11 +123,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None, mode)
         except ValueError as exc:
             raise ValueError(str(exc).replace("redis_locked()", "redis_lock()")) from None
-        if mode is not None and not isinstance(self.name, str):
-            raise TypeError(
-                f"redis_lock(): mode={mode!r} takes one lock name, not several "
-                f"({', '.join(self.name)}): read-write locks are taken one name at a time"
-            )
+        check_mode_names(mode, self.name, "redis_lock")
         if not check_fair(fair, "redis_lock"):
             check_fair_names({"fair": False}, self.name, "redis_lock")
             check_fair_mode(mode, "redis_lock")

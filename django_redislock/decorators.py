@@ -56,7 +56,6 @@ from .options import (
     check_fair,
     check_fair_mode,
     check_fair_names,
-    check_mode_names,
 )
 from .outcomes import _arelease, _busy, _fail_open, _lost_response, _release, _unavailable
 from .transactions import _EVERY_ALIAS, _lost_before_commit, _Transactions
@@ -93,7 +92,6 @@ def _new_lock(
     names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
 ) -> Any:
     check_fair_names(kwargs, names)
-    check_mode_names(mode, names)
     if mode is not None and isinstance(names, str):
         return get_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
     if isinstance(names, str):
@@ -105,7 +103,6 @@ def _new_async_lock(
     names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
 ) -> Any:
     check_fair_names(kwargs, names)
-    check_mode_names(mode, names)
     if mode is not None and isinstance(names, str):
         return get_async_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
     if isinstance(names, str):

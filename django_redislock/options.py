@@ -206,12 +206,12 @@ def check_fair_mode(mode: object, caller: str = "redis_locked") -> None:
 
 
 def check_mode_names(mode: object, names: object, caller: str = "redis_locked") -> None:
-    """A read-write lock has one name: a key callable returning several is an error."""
+    """A read-write lock has one name: a list, or a key callable returning one, is an error."""
     if mode is not None and not isinstance(names, str):
+        shown = ", ".join(names) if isinstance(names, tuple) else repr(names)
         raise TypeError(
-            f"{caller}(): mode={mode!r} takes one lock name, but the key returned several "
-            f"({', '.join(names) if isinstance(names, tuple) else names!r}): read-write "
-            "locks are taken one name at a time"
+            f"{caller}(): mode={mode!r} takes one lock name, not several ({shown}): "
+            "read-write locks are taken one name at a time"
         )
 
 

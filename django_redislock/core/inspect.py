@@ -331,6 +331,62 @@ def _parse_lock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
     )
 
 
+def _timed_holder(
+    now: int, token: bytes, expiry: Any, owner: bytes, acquired: Any, mode: str | None = None
+) -> Holder:
+    """One holder of a semaphore or read-write lock: a member of its holders
+    set (score: its expiry) with owner and acquisition time in its state."""
+    host, pid, thread, label, template = _owner(owner)
+    acquired_ms = _int(acquired)
+    expiry_ms = _int(float(expiry))
+    return Holder(
+        host,
+        pid,
+        thread,
+        label,
+        _seconds(now - acquired_ms) if acquired_ms is not None else 0.0,
+        None if expiry_ms is None else _seconds(expiry_ms - now),
+        token.decode("latin-1"),
+        template,
+        mode,
+    )
+
+
+def _row_of_holders(
+    own: str,
+    kind: str,
+    key: bytes,
+    holders: list[Holder],
+    waiting: Any,
+    *,
+    fence: int | None,
+    limit: int | None,
+) -> HeldLock | None:
+    if not holders:
+        return None
+    # The longest-held speaks for the row: the likeliest to be stuck.
+    holders.sort(key=lambda h: -h.held_for)
+    first = holders[0]
+    lefts = [h.lease_left for h in holders if h.lease_left is not None]
+    return HeldLock(
+        name=own,
+        kind=kind,
+        host=first.host,
+        pid=first.pid,
+        thread=first.thread,
+        label=first.label,
+        fence=fence,
+        held_for=first.held_for,
+        lease_left=min(lefts) if lefts else None,
+        waiters=int(waiting),
+        holders=tuple(holders),
+        limit=limit,
+        key=key,
+        # Holders from before templates were stored have none: the first that has one.
+        template=next((h.template for h in holders if h.template is not None), None),
+    )
+
+
 def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
     if not reply:
         return None
@@ -339,48 +395,9 @@ def _parse_semaphore(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | N
     if own is None:
         logger.debug("skipping %r: not a key of this library", key)
         return None
-    holders = []
     rest = reply[4:]
-    for i in range(0, len(rest), 4):
-        token, expiry, owner, acquired = rest[i : i + 4]
-        host, pid, thread, label, template = _owner(owner)
-        acquired_ms = _int(acquired)
-        expiry_ms = _int(float(expiry))
-        holders.append(
-            Holder(
-                host,
-                pid,
-                thread,
-                label,
-                _seconds(now - acquired_ms) if acquired_ms is not None else 0.0,
-                None if expiry_ms is None else _seconds(expiry_ms - now),
-                token.decode("latin-1"),
-                template,
-            )
-        )
-    if not holders:
-        return None
-    # The longest-held permit speaks for the row: the likeliest to be stuck.
-    holders.sort(key=lambda h: -h.held_for)
-    first = holders[0]
-    lefts = [h.lease_left for h in holders if h.lease_left is not None]
-    return HeldLock(
-        name=own,
-        kind="semaphore",
-        host=first.host,
-        pid=first.pid,
-        thread=first.thread,
-        label=first.label,
-        fence=None,
-        held_for=first.held_for,
-        lease_left=min(lefts) if lefts else None,
-        waiters=int(waiting),
-        holders=tuple(holders),
-        limit=_int(limit),
-        key=key,
-        # Permits taken before an upgrade have none: the first that has one.
-        template=next((h.template for h in holders if h.template is not None), None),
-    )
+    holders = [_timed_holder(now, *rest[i : i + 4]) for i in range(0, len(rest), 4)]
+    return _row_of_holders(own, "semaphore", key, holders, waiting, fence=None, limit=_int(limit))
 
 
 def _parse_rwlock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None:
@@ -391,47 +408,16 @@ def _parse_rwlock(keyspace: KeySpace, key: bytes, reply: Any) -> HeldLock | None
     if own is None:
         logger.debug("skipping %r: not a key of this library", key)
         return None
-    holders = []
     rest = reply[4:]
+    holders = []
     for i in range(0, len(rest), 5):
         token, expiry, owner, acquired, mode = rest[i : i + 5]
-        host, pid, thread, label, template = _owner(owner)
-        acquired_ms = _int(acquired)
-        expiry_ms = _int(float(expiry))
         holders.append(
-            Holder(
-                host,
-                pid,
-                thread,
-                label,
-                _seconds(now - acquired_ms) if acquired_ms is not None else 0.0,
-                None if expiry_ms is None else _seconds(expiry_ms - now),
-                token.decode("latin-1"),
-                template,
-                "write" if mode == b"w" else "read",
-            )
+            _timed_holder(now, token, expiry, owner, acquired, "write" if mode == b"w" else "read")
         )
-    if not holders:
-        return None
-    holders.sort(key=lambda h: -h.held_for)
-    first = holders[0]
-    lefts = [h.lease_left for h in holders if h.lease_left is not None]
     writing = any(h.mode == "write" for h in holders)
-    return HeldLock(
-        name=own,
-        kind="rwlock",
-        host=first.host,
-        pid=first.pid,
-        thread=first.thread,
-        label=first.label,
-        fence=_int(fence) if writing else None,
-        held_for=first.held_for,
-        lease_left=min(lefts) if lefts else None,
-        waiters=int(waiting),
-        holders=tuple(holders),
-        limit=None,
-        key=key,
-        template=next((h.template for h in holders if h.template is not None), None),
+    return _row_of_holders(
+        own, "rwlock", key, holders, waiting, fence=_int(fence) if writing else None, limit=None
     )
 
 
