@@ -25,6 +25,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from django.db import models, transaction
+from django.db.models.expressions import Col
+from django.db.models.lookups import Exact
+from django.db.models.sql.where import AND
 
 from .conf import conf
 from .core.exceptions import LockLost
@@ -57,9 +60,15 @@ def fenced_update(
     larger token, nothing is updated and ``StaleFence`` is raised. Returns the
     number of rows updated (0 when ``queryset`` matches no row).
 
-    Two statements (an UPDATE, then a check for newer tokens). Inside a
-    transaction, ``StaleFence`` marks the whole transaction for rollback, as a
-    lost lock does: a holder whose lease ran out commits nothing.
+    A queryset that names one row (an exact match on its primary key or
+    another unique field, as ``filter(pk=...)``) costs one statement when the
+    write goes through: the UPDATE, with no transaction of its own; a second
+    one runs only when it updated nothing, to tell "no such row" (0) from "a
+    newer holder wrote" (``StaleFence``). Any other queryset costs two (the
+    UPDATE, then a check for newer tokens) in a transaction of its own when
+    the caller has none. Inside a transaction, ``StaleFence`` marks the whole
+    transaction for rollback, as a lost lock does: a holder whose lease ran
+    out commits nothing.
 
     ``fence=None`` is accepted only while ``REDISLOCK['ENABLED']`` is False
     (no lock, so no token): then it is a plain ``update()``.
@@ -78,6 +87,19 @@ def fenced_update(
             f"fenced_update(): {field!r} is the fence field and is set from fence=; "
             "remove it from the updates"
         )
+    connection = transaction.get_connection(queryset.db)
+    mine = queryset.filter(**{f"{field}__lte": fence})
+    newer = queryset.filter(**{f"{field}__gt": fence})
+    if _names_one_row(queryset):
+        # One row: the UPDATE alone is all or nothing, and when it updates
+        # that row no row of the queryset can hold a newer token.
+        updated = mine.update(**{field: fence}, **updates)
+        if updated or not newer.exists():
+            return updated
+        if connection.in_atomic_block:
+            # What leaving an atomic block without a savepoint does on an error.
+            connection.set_rollback(True)
+        raise _stale(queryset, fence)
     # All or nothing without a savepoint: on its own, this is one transaction;
     # inside the caller's, StaleFence dooms that whole transaction (Django marks
     # it for rollback), so a partial update never commits, and neither does
@@ -85,16 +107,39 @@ def fenced_update(
     # more round trips on every call, only to let a holder whose lease ran out
     # commit the rest of its work.
     with transaction.atomic(using=queryset.db, savepoint=False):
-        updated = queryset.filter(**{f"{field}__lte": fence}).update(**{field: fence}, **updates)
-        newer = queryset.filter(**{f"{field}__gt": fence})
+        updated = mine.update(**{field: fence}, **updates)
         if newer.exists():
-            raise StaleFence(
-                f"{queryset.model.__name__} was written under a newer lock holder than "
-                f"fence {fence}: this holder's lease ran out, and its write was refused",
-                fence=fence,
-                model=queryset.model,
-            )
+            raise _stale(queryset, fence)
     return updated
+
+
+def _names_one_row(queryset: models.QuerySet[Any]) -> bool:
+    """Whether ``queryset``'s filter pins one row: ``unique_field=value`` ANDed in.
+
+    Read from the query Django built, so nothing is sent. Anything else (OR,
+    negation, ``__in``, a unique field reached through a join) answers False,
+    which only costs the general path's second statement.
+    """
+    query = queryset.query
+    where = query.where
+    if where.connector != AND or where.negated or query.is_sliced or query.combinator:
+        return False
+    base = query.base_table
+    for child in where.children:
+        if isinstance(child, Exact) and isinstance(child.lhs, Col):
+            column = child.lhs
+            if column.alias == base and column.target.unique and child.rhs is not None:
+                return True
+    return False
+
+
+def _stale(queryset: models.QuerySet[Any], fence: int) -> StaleFence:
+    return StaleFence(
+        f"{queryset.model.__name__} was written under a newer lock holder than "
+        f"fence {fence}: this holder's lease ran out, and its write was refused",
+        fence=fence,
+        model=queryset.model,
+    )
 
 
 class FencedQuerySetMixin:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.models import Q
 from django.db.transaction import TransactionManagementError
 from django.test import Client, override_settings
 
@@ -608,19 +609,71 @@ def test_a_stale_fence_dooms_the_callers_transaction(alias: str) -> None:
     assert products.get(pk=a.pk).name == "a"
 
 
-@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
-@pytest.mark.parametrize("alias", ALIASES)
-def test_fenced_update_inside_a_transaction_is_two_statements(alias: str) -> None:
-    """No savepoint: the UPDATE and the check for newer tokens, nothing else."""
+def _statements(alias: str, call: Callable[[], Any]) -> list[str]:
     from django.test.utils import CaptureQueriesContext
 
+    with CaptureQueriesContext(connections[alias]) as seen:
+        call()
+    return [q["sql"].split()[0].upper() for q in seen.captured_queries]
+
+
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_fenced_update_that_succeeds_is_one_statement(alias: str) -> None:
+    """One UPDATE, in the caller's transaction or on its own: no check, no BEGIN."""
     products = Product.objects.using(alias)
     a = products.create(name="a", stock=2)
-    with transaction.atomic(using=alias), CaptureQueriesContext(connections[alias]) as seen:
+
+    def claim_then_write() -> None:
         assert fenced_update(products.filter(pk=a.pk), 7) == 1  # the claim
         assert fenced_update(products.filter(pk=a.pk), 7, stock=1) == 1
-    statements = [q["sql"].split()[0].upper() for q in seen.captured_queries]
-    assert statements == ["UPDATE", "SELECT", "UPDATE", "SELECT"], statements
+
+    with transaction.atomic(using=alias):
+        assert _statements(alias, claim_then_write) == ["UPDATE", "UPDATE"]
+    assert _statements(alias, claim_then_write) == ["UPDATE", "UPDATE"]
+    assert products.get(pk=a.pk).fence == 7
+    # Updating nothing takes the check that tells a missing row from a newer holder.
+    assert _statements(alias, lambda: fenced_update(products.filter(pk=-1), 7)) == [
+        "UPDATE",
+        "SELECT",
+    ]
+
+
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_fenced_update_of_several_rows_checks_after_the_update(alias: str) -> None:
+    """Several rows: the UPDATE, then the check for newer tokens, in one transaction."""
+    products = Product.objects.using(alias)
+    a = products.create(name="a", stock=1)
+    b = products.create(name="b", stock=1)
+    both = products.filter(pk__in=[a.pk, b.pk])
+    with transaction.atomic(using=alias):
+        assert _statements(alias, lambda: fenced_update(both, 7, stock=0)) == [
+            "UPDATE",
+            "SELECT",
+        ]
+    assert list(products.order_by("pk").values_list("stock", "fence")) == [(0, 7), (0, 7)]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("make", "one"),
+    [
+        (lambda qs: qs.filter(pk=1), True),
+        (lambda qs: qs.filter(id=1, stock__gt=0), True),
+        (lambda qs: qs.filter(stock__gt=0).filter(pk=1), True),
+        (lambda qs: qs.filter(pk__in=[1]), False),
+        (lambda qs: qs.filter(name="a"), False),
+        (lambda qs: qs.filter(Q(pk=1) | Q(pk=2)), False),
+        (lambda qs: qs.exclude(pk=1), False),
+        (lambda qs: qs.filter(order__pk=1), False),  # a unique field, through a join
+        (lambda qs: qs.all(), False),
+    ],
+)
+def test_which_querysets_name_one_row(make: Callable[[Any], Any], one: bool) -> None:
+    from django_redislock.fencing import _names_one_row
+
+    assert _names_one_row(make(Product.objects.all())) is one
 
 
 @pytest.mark.django_db
