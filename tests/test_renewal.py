@@ -112,3 +112,49 @@ def test_many_renewing_locks(r: redis.Redis) -> None:
         assert not lock.lost
     for lock in locks:
         lock.release()
+
+
+class _Tick:
+    """A renewable that records its renewals and asks for no more."""
+
+    def __init__(self) -> None:
+        self.renewed = threading.Event()
+
+    def _renew_once(self) -> float | None:
+        self.renewed.set()
+        return None
+
+
+class _CountingCondition(threading.Condition):
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_a_later_renewal_does_not_wake_the_watchdog() -> None:
+    """Each acquire adds a renewal; only one due before the thread's next wake-up
+    may wake it (a wake-up takes the GIL from the holder in its critical section)."""
+    from django_redislock.core.renewal import Watchdog
+
+    dog = Watchdog()
+    dog._cond = _CountingCondition()
+    first, later, middle, sooner, after = _Tick(), _Tick(), _Tick(), _Tick(), _Tick()
+    dog.add(first, 0.3)
+    assert dog._cond.notified == 1  # the thread has nothing earlier to sleep until
+    dog.add(later, 60)
+    dog.discard(first)  # a released lock: its entry stays in the heap, inactive
+    dog.add(middle, 30)
+    assert dog._cond.notified == 1
+    dog.add(sooner, 0.05)
+    assert dog._cond.notified == 2
+    assert sooner.renewed.wait(10)
+    dog.add(after, 0.4)  # past the discarded entry's time
+    assert after.renewed.wait(10)
+    assert not first.renewed.is_set()  # discarded: never renewed
+    assert not later.renewed.is_set() and not middle.renewed.is_set()
+    dog.discard(later)
+    dog.discard(middle)

@@ -46,7 +46,11 @@ class Watchdog:
                     target=self._run, name="redislock-renew", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0][1] == seq:
+                # Due before whatever the thread sleeps until. Otherwise it
+                # wakes in time by itself: waking it on every acquire would
+                # take the GIL from the holder inside its critical section.
+                self._cond.notify()
 
     def discard(self, lock: Renewable) -> None:
         with self._cond:
