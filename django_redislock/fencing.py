@@ -117,7 +117,8 @@ def _names_one_row(queryset: models.QuerySet[Any]) -> bool:
     """Whether ``queryset``'s filter pins one row: ``unique_field=value`` ANDed in.
 
     Read from the query Django built, so nothing is sent. Anything else (OR,
-    negation, ``__in``, a unique field reached through a join) answers False,
+    negation, ``__in``, a unique field reached through a join, or compared
+    with an expression) answers False,
     which only costs the general path's second statement.
     """
     query = queryset.query
@@ -128,7 +129,10 @@ def _names_one_row(queryset: models.QuerySet[Any]) -> bool:
     for child in where.children:
         if isinstance(child, Exact) and isinstance(child.lhs, Col):
             column = child.lhs
-            if column.alias == base and column.target.unique and child.rhs is not None:
+            # A value, not an expression: ``pk=F("other")`` compares each row
+            # with itself and can match many.
+            value = child.rhs is not None and not hasattr(child.rhs, "resolve_expression")
+            if column.alias == base and column.target.unique and value:
                 return True
     return False
 

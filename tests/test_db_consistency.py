@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Q
+from django.db.models import F, Q, Value
 from django.db.transaction import TransactionManagementError
 from django.test import Client, override_settings
 
@@ -655,6 +655,19 @@ def test_a_fenced_update_of_several_rows_checks_after_the_update(alias: str) -> 
     assert list(products.order_by("pk").values_list("stock", "fence")) == [(0, 7), (0, 7)]
 
 
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_unique_field_compared_with_a_column_is_not_one_row(alias: str) -> None:
+    """``pk=F("stock")`` can match every row: all or nothing still holds."""
+    products = Product.objects.using(alias)
+    a = products.create(name="a", fence=5)
+    b = products.create(name="b", fence=9)
+    products.filter(pk__in=[a.pk, b.pk]).update(stock=F("pk"))
+    with pytest.raises(StaleFence):
+        fenced_update(products.filter(pk=F("stock")), 7, name="x")
+    assert list(products.order_by("pk").values_list("name", "fence")) == [("a", 5), ("b", 9)]
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("make", "one"),
@@ -667,6 +680,8 @@ def test_a_fenced_update_of_several_rows_checks_after_the_update(alias: str) -> 
         (lambda qs: qs.filter(Q(pk=1) | Q(pk=2)), False),
         (lambda qs: qs.exclude(pk=1), False),
         (lambda qs: qs.filter(order__pk=1), False),  # a unique field, through a join
+        (lambda qs: qs.filter(pk=F("stock")), False),  # each row against itself
+        (lambda qs: qs.filter(pk=Value(1)), False),  # expressions are not read
         (lambda qs: qs.all(), False),
     ],
 )
