@@ -89,12 +89,11 @@ def fenced_update(
         )
     connection = transaction.get_connection(queryset.db)
     mine = queryset.filter(**{f"{field}__lte": fence})
-    newer = queryset.filter(**{f"{field}__gt": fence})
     if _names_one_row(queryset):
         # One row: the UPDATE alone is all or nothing, and when it updates
         # that row no row of the queryset can hold a newer token.
         updated = mine.update(**{field: fence}, **updates)
-        if updated or not newer.exists():
+        if updated or not queryset.filter(**{f"{field}__gt": fence}).exists():
             return updated
         if connection.in_atomic_block:
             # What leaving an atomic block without a savepoint does on an error.
@@ -108,7 +107,7 @@ def fenced_update(
     # commit the rest of its work.
     with transaction.atomic(using=queryset.db, savepoint=False):
         updated = mine.update(**{field: fence}, **updates)
-        if newer.exists():
+        if queryset.filter(**{f"{field}__gt": fence}).exists():
             raise _stale(queryset, fence)
     return updated
 
@@ -117,13 +116,17 @@ def _names_one_row(queryset: models.QuerySet[Any]) -> bool:
     """Whether ``queryset``'s filter pins one row: ``unique_field=value`` ANDed in.
 
     Read from the query Django built, so nothing is sent. Anything else (OR,
-    negation, ``__in``, a unique field reached through a join, or compared
-    with an expression) answers False,
+    negation, ``__in``, a unique field reached through a join or compared
+    with an expression, a model with multi-table inheritance) answers False,
     which only costs the general path's second statement.
     """
     query = queryset.query
     where = query.where
     if where.connector != AND or where.negated or query.is_sliced or query.combinator:
+        return False
+    if queryset.model._meta.parents:
+        # Multi-table inheritance: an update of a parent's field is several
+        # statements, which only the general path's transaction keeps together.
         return False
     base = query.base_table
     for child in where.children:

@@ -25,7 +25,7 @@ from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_update
 from django_redislock.signals import lock_lost, lock_released
 from tests.test_decorators import force_release, make_get
 from tests.testapp import views_locked
-from tests.testapp.models import Order, Product
+from tests.testapp.models import GiftCard, Order, Product
 
 pytestmark = pytest.mark.urls("tests.urls_locked")
 
@@ -689,6 +689,27 @@ def test_which_querysets_name_one_row(make: Callable[[Any], Any], one: bool) -> 
     from django_redislock.fencing import _names_one_row
 
     assert _names_one_row(make(Product.objects.all())) is one
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_update_through_multi_table_inheritance_stays_one_transaction() -> None:
+    """A parent's field and a child's in one call: the general path, all or nothing."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_redislock.fencing import _names_one_row
+
+    card = GiftCard.objects.create(name="card", stock=1, fence=5)
+    cards = GiftCard.objects.filter(pk=card.pk)
+    assert not _names_one_row(cards)
+    with CaptureQueriesContext(connections["default"]) as seen:
+        assert fenced_update(cards, 7, stock=0, code="used") == 1
+    assert [q["sql"].split()[0].upper() for q in seen.captured_queries][0] == "BEGIN"
+    card.refresh_from_db()
+    assert (card.stock, card.fence, card.code) == (0, 7, "used")
+    with pytest.raises(StaleFence):
+        fenced_update(cards, 6, stock=5, code="again")
+    card.refresh_from_db()
+    assert (card.stock, card.fence, card.code) == (0, 7, "used")
 
 
 @pytest.mark.django_db

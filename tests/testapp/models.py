@@ -16,3 +16,9 @@ class Order(models.Model):
 
     def __str__(self) -> str:
         return f"order {self.pk} of {self.product_id}"
+
+
+class GiftCard(Product):
+    """Multi-table inheritance: its fence lives in the parent's table."""
+
+    code = models.CharField(max_length=20, default="")
