@@ -10,12 +10,11 @@ holder's write is refused by the database itself::
     def purchase(product_id):
         fence = current_fence()
         qs = Product.objects.filter(pk=product_id)
-        fenced_update(qs, fence)             # claim the row first (see below)
-        product = qs.get()
+        product = fenced_get(qs, fence)      # claim the row as it is read
         fenced_update(qs, fence, stock=product.stock - 1)
 
 ``fence <= token`` (not ``<``) lets one holder write the same row several
-times. Claiming the row before reading it closes the remaining gap: from the
+times. Claiming the row as it is read closes the remaining gap: from the
 claim on, writes of every older holder are refused, so nothing older can
 change what this holder read.
 """
@@ -24,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from django.db import models, transaction
+from django.db import connections, models, transaction
+from django.db.models import sql
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact
 from django.db.models.sql.where import AND
@@ -32,7 +32,7 @@ from django.db.models.sql.where import AND
 from .conf import conf
 from .core.exceptions import LockLost
 
-__all__ = ["FencedQuerySet", "FencedQuerySetMixin", "StaleFence", "fenced_update"]
+__all__ = ["FencedQuerySet", "FencedQuerySetMixin", "StaleFence", "fenced_get", "fenced_update"]
 
 M = TypeVar("M", bound=models.Model)
 
@@ -112,6 +112,88 @@ def fenced_update(
     return updated
 
 
+def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = "fence") -> M:
+    """Claim the one row of ``queryset`` for this holder, and return it.
+
+    What ``fenced_update(queryset, fence)`` then ``queryset.get()`` do, so
+    that from the claim on the database refuses the writes of every older
+    holder and nothing older can change what was read. Raises
+    ``queryset.model.DoesNotExist`` when no row matches, ``StaleFence`` when a
+    newer holder wrote the row (inside a transaction, that dooms it, as
+    ``fenced_update`` does), and ``MultipleObjectsReturned`` as ``get()`` does.
+
+    One statement where the database returns the rows an UPDATE wrote
+    (``UPDATE ... RETURNING``: PostgreSQL, SQLite 3.35 and later) and the
+    queryset names one row (an exact match on its primary key or another
+    unique field, as ``filter(pk=...)``); otherwise the UPDATE and then the
+    read. ``fence=None`` is accepted only while ``REDISLOCK['ENABLED']`` is
+    False: then it is a plain ``get()``.
+    """
+    if fence is None and not conf.ENABLED:
+        return queryset.get()
+    if (
+        fence is not None
+        and not isinstance(fence, bool)
+        and isinstance(fence, int)
+        and _names_one_row(queryset)
+        and _returns_from_update(queryset.db)
+    ):
+        rows = _claim_returning(queryset.filter(**{f"{field}__lte": fence}), {field: fence})
+        if rows:
+            return rows[0]  # one row at most: _names_one_row
+        if queryset.filter(**{f"{field}__gt": fence}).exists():
+            connection = transaction.get_connection(queryset.db)
+            if connection.in_atomic_block:
+                connection.set_rollback(True)
+            raise _stale(queryset, fence)
+        raise queryset.model.DoesNotExist(  # type: ignore[attr-defined]
+            f"{queryset.model._meta.object_name} matching query does not exist."
+        )
+    fenced_update(queryset, fence, field=field)  # the checks and errors of the fence
+    return queryset.get()
+
+
+def _returns_from_update(alias: str) -> bool:
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return True
+    # Django reads SQLite's RETURNING support (3.35+) into this flag.
+    return connection.vendor == "sqlite" and connection.features.can_return_rows_from_bulk_insert
+
+
+def _claim_returning(queryset: models.QuerySet[M], values: dict[str, Any]) -> list[M]:
+    """``queryset.update(**values)`` that returns the updated rows as instances."""
+    connection = connections[queryset.db]
+    query: Any = queryset.query.chain(sql.UpdateQuery)
+    query.add_update_values(values)
+    query.clear_select_clause()
+    update_sql, params = query.get_compiler(queryset.db).as_sql()
+    meta = queryset.model._meta
+    fields = meta.concrete_fields
+    quote = connection.ops.quote_name
+    returning = ", ".join(quote(str(f.column)) for f in fields)
+    columns = [f.get_col(query.base_table) for f in fields]
+    converters = [
+        connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+        for column in columns
+    ]
+    with (
+        transaction.mark_for_rollback_on_error(using=queryset.db),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(f"{update_sql} RETURNING {returning}", params)
+        rows = cursor.fetchall()
+    names = [f.attname for f in fields]
+    found = []
+    for row in rows:
+        values_read = list(row)
+        for i, (column, convert) in enumerate(zip(columns, converters, strict=True)):
+            for converter in convert:
+                values_read[i] = converter(values_read[i], column, connection)
+        found.append(queryset.model.from_db(queryset.db, names, values_read))
+    return found
+
+
 def _names_one_row(queryset: models.QuerySet[Any]) -> bool:
     """Whether ``queryset``'s filter pins one row: ``unique_field=value`` ANDed in.
 
@@ -150,10 +232,13 @@ def _stale(queryset: models.QuerySet[Any], fence: int) -> StaleFence:
 
 
 class FencedQuerySetMixin:
-    """Adds ``.fenced_update(fence, **updates)`` to a QuerySet class."""
+    """Adds ``.fenced_update(fence, **updates)`` and ``.fenced_get(fence)`` to a QuerySet class."""
 
     def fenced_update(self, fence: int | None, *, field: str = "fence", **updates: Any) -> int:
         return fenced_update(self, fence, field=field, **updates)  # type: ignore[arg-type]
+
+    def fenced_get(self, fence: int | None, *, field: str = "fence") -> Any:
+        return fenced_get(self, fence, field=field)  # type: ignore[arg-type]
 
 
 class FencedQuerySet(FencedQuerySetMixin, models.QuerySet[M]):

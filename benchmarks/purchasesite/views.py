@@ -29,7 +29,7 @@ from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 
 from django_redislock import current_fence, redis_locked
-from django_redislock.fencing import StaleFence, fenced_update
+from django_redislock.fencing import StaleFence, fenced_get, fenced_update
 from django_redislock.signals import lock_acquired, lock_released
 
 from .models import Order, Product
@@ -156,9 +156,10 @@ def buy_locked(request: HttpRequest, slow_ms: int, pk: int) -> HttpResponse:
     fence = current_fence()
     with transaction.atomic():
         products = Product.objects.filter(pk=pk)
-        if not fenced_update(products, fence):  # claim the row first
-            raise Http404("No such product.")
-        product = products.get()
+        try:
+            product = fenced_get(products, fence)  # claim the row as it is read
+        except Product.DoesNotExist:
+            raise Http404("No such product.") from None
         if product.stock <= 0:
             return _sold_out()
         _slow(slow_ms)

@@ -24,7 +24,7 @@ from django_redis import get_redis_connection
 from django_redislock import current_fence, redis_locked
 from django_redislock.connection import get_client
 from django_redislock.core.inspect import list_locks
-from django_redislock.fencing import fenced_update
+from django_redislock.fencing import fenced_get, fenced_update
 from django_redislock.idempotency import idempotent
 from django_redislock.locks import keyspace
 from shop.models import Order, Product
@@ -79,11 +79,12 @@ def buy(request: HttpRequest, product_id: int) -> HttpResponse:
     waited = _lock_wait_ms(request)
     fence = current_fence()
     products = Product.objects.filter(pk=product_id)
-    # Claim the row before reading it: from now on the database refuses the
+    # Claim the row as we read it: from now on the database refuses the
     # writes of any older holder, so nothing can change what we read.
-    if not fenced_update(products, fence):
-        raise Http404("No such product.")
-    product = products.get()
+    try:
+        product = fenced_get(products, fence)
+    except Product.DoesNotExist:
+        raise Http404("No such product.") from None
     if product.stock <= 0:
         return _sold_out(product)
     _pay()
@@ -100,9 +101,10 @@ async def buy_async(request: HttpRequest, product_id: int) -> HttpResponse:
     waited = _lock_wait_ms(request)
     fence = current_fence()
     products = Product.objects.filter(pk=product_id)
-    if not await sync_to_async(fenced_update)(products, fence):
-        raise Http404("No such product.")
-    product = await products.aget()
+    try:
+        product = await sync_to_async(fenced_get)(products, fence)
+    except Product.DoesNotExist:
+        raise Http404("No such product.") from None
     if product.stock <= 0:
         return _sold_out(product)
     await asyncio.sleep(settings.SHOP_PURCHASE_DELAY)

@@ -22,3 +22,18 @@ class GiftCard(Product):
     """Multi-table inheritance: its fence lives in the parent's table."""
 
     code = models.CharField(max_length=20, default="")
+
+
+class Ticket(models.Model):
+    """Fields whose values the database hands back in their own types."""
+
+    fence = models.BigIntegerField(default=0)
+    code = models.SlugField(unique=True, default="")
+    sold_at = models.DateTimeField(null=True)
+    paid = models.BooleanField(default=False)
+    price = models.DecimalField(max_digits=8, decimal_places=2, default=0)
+    data = models.JSONField(default=dict)
+    uid = models.UUIDField(null=True)
+
+    def __str__(self) -> str:
+        return self.code

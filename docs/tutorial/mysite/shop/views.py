@@ -7,7 +7,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
 from django_redislock import current_fence, redis_locked
-from django_redislock.fencing import fenced_update
+from django_redislock.fencing import fenced_get, fenced_update
 
 from .models import Order, Product
 
@@ -20,11 +20,12 @@ def buy(request, product_id):
     fence = current_fence()
     with transaction.atomic():
         products = Product.objects.filter(pk=product_id)
-        # Claim the row before reading it: from now on the database refuses
+        # Claim the row as we read it: from now on the database refuses
         # the writes of any older lock holder, so what we read stays true.
-        if not fenced_update(products, fence):
-            raise Http404("No such product.")
-        product = products.get()
+        try:
+            product = fenced_get(products, fence)
+        except Product.DoesNotExist:
+            raise Http404("No such product.") from None
         if product.stock == 0:
             return JsonResponse({"error": "sold out"}, status=410)
         fenced_update(products, fence, stock=product.stock - 1)
