@@ -446,6 +446,7 @@ def _contended_worker(
     end = window_start + cfg.duration
     while time.monotonic() < start:
         time.sleep(0.0005)
+    cpu0 = time.process_time()
     waits = array("d")
     in_window = total = violations = failed = 0
     clock = time.monotonic
@@ -478,6 +479,8 @@ def _contended_worker(
     struct.pack_into("qqqq", shm, slot, in_window, total, violations, failed)
     with open(out_path, "wb") as f:
         waits.tofile(f)
+    with open(f"{out_path}.cpu", "w") as f:
+        f.write(repr(time.process_time() - cpu0))
 
 
 def contended_cell(
@@ -512,6 +515,7 @@ def contended_cell(
     # Commands the server ran in this cell (the private server runs nothing else).
     admin = server.client()
     admin.config_resetstat()
+    server_cpu = _server_cpu(admin)
     for p in procs:
         p.start()
     try:
@@ -526,6 +530,8 @@ def contended_cell(
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     _join(procs, time.monotonic() + 0.05 + cfg.warmup + cfg.duration + cfg.wait + 30)
+    server_cpu = _server_cpu(admin) - server_cpu
+    client_cpu = 0.0
     try:
         _raise_child_errors(errs)
         waits: list[float] = []
@@ -534,6 +540,8 @@ def contended_cell(
             with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
                 a.frombytes(f.read())
             waits += a.tolist()
+            with contextlib.suppress(FileNotFoundError), open(f"{path}.cpu") as f:
+                client_cpu += float(f.read())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     counts, totals, violations, failed = [], [], 0, 0
@@ -567,7 +575,17 @@ def contended_cell(
         # trip for these locks) and wake-ups published.
         "scripts_per_cs": calls("evalsha", "eval", "fcall"),
         "publish_per_cs": calls("publish", "spublish"),
+        # CPU seconds per critical section, warm-up included, in microseconds:
+        # the worker processes' own (their loop, user and system) and the
+        # server's (INFO cpu, its main thread and any others).
+        "client_cpu_us_per_cs": client_cpu / sum(totals) * 1e6 if sum(totals) else math.nan,
+        "server_cpu_us_per_cs": server_cpu / sum(totals) * 1e6 if sum(totals) else math.nan,
     }
+
+
+def _server_cpu(admin: Any) -> float:
+    info = admin.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 def contended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> dict[str, Any]:
@@ -596,6 +614,12 @@ def contended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -
                 "counts": [run["counts"] for run in runs],
                 "scripts_per_cs": statistics.median(run["scripts_per_cs"] for run in runs),
                 "publish_per_cs": statistics.median(run["publish_per_cs"] for run in runs),
+                "client_cpu_us_per_cs": statistics.median(
+                    run["client_cpu_us_per_cs"] for run in runs
+                ),
+                "server_cpu_us_per_cs": statistics.median(
+                    run["server_cpu_us_per_cs"] for run in runs
+                ),
             }
         result[str(workers)] = per_impl
     return result
@@ -817,6 +841,8 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                 v["failed_acquires"],
                 fmt(v.get("scripts_per_cs"), 2),
                 fmt(v.get("publish_per_cs"), 2),
+                fmt(v.get("client_cpu_us_per_cs"), 0),
+                fmt(v.get("server_cpu_us_per_cs"), 0),
             ]
             for k, v in per.items()
         ]
@@ -836,6 +862,8 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                     "failed",
                     "scripts/CS",
                     "PUBLISH/CS",
+                    "client CPU us/CS",
+                    "server CPU us/CS",
                 ],
                 rows,
             )
