@@ -27,6 +27,7 @@ from django.db import connections, models, transaction
 from django.db.models import sql
 from django.db.models.expressions import Col
 from django.db.models.lookups import Exact
+from django.db.models.query import ModelIterable
 from django.db.models.sql.where import AND
 
 from .conf import conf
@@ -123,11 +124,13 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
     ``fenced_update`` does), and ``MultipleObjectsReturned`` as ``get()`` does.
 
     One statement where the database returns the rows an UPDATE wrote
-    (``UPDATE ... RETURNING``: PostgreSQL, SQLite 3.35 and later) and the
+    (``UPDATE ... RETURNING``: PostgreSQL, SQLite 3.35 and later), the
     queryset names one row (an exact match on its primary key or another
-    unique field, as ``filter(pk=...)``); otherwise the UPDATE and then the
-    read. ``fence=None`` is accepted only while ``REDISLOCK['ENABLED']`` is
-    False: then it is a plain ``get()``.
+    unique field, as ``filter(pk=...)``) and it reads plain instances.
+    Otherwise (other databases, ``values()``, ``annotate()``,
+    ``select_related()``, ``only()``...) the UPDATE and then ``get()``, whose
+    result it returns. ``fence=None`` is accepted only while
+    ``REDISLOCK['ENABLED']`` is False: then it is a plain ``get()``.
     """
     if fence is None and not conf.ENABLED:
         return queryset.get()
@@ -136,6 +139,7 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
         and not isinstance(fence, bool)
         and isinstance(fence, int)
         and _names_one_row(queryset)
+        and _reads_whole_instances(queryset)
         and _returns_from_update(queryset.db)
     ):
         rows = _claim_returning(queryset.filter(**{f"{field}__lte": fence}), {field: fence})
@@ -151,6 +155,20 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
         )
     fenced_update(queryset, fence, field=field)  # the checks and errors of the fence
     return queryset.get()
+
+
+def _reads_whole_instances(queryset: models.QuerySet[Any]) -> bool:
+    """Whether ``get()`` would return a plain instance: no ``values()``,
+    ``annotate()``, ``select_related()``, ``only()``/``defer()`` or ``extra()``,
+    whose results the claim's RETURNING could not give as ``get()`` does."""
+    query = queryset.query
+    return (
+        queryset._iterable_class is ModelIterable
+        and not query.annotations
+        and not query.select_related
+        and not query.extra
+        and query.deferred_loading == (frozenset(), True)
+    )
 
 
 def _returns_from_update(alias: str) -> bool:

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.db import connections, transaction
+from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_redislock.fencing import FencedQuerySet, StaleFence, _returns_from_update, fenced_get
-from tests.testapp.models import Product, Ticket
+from tests.testapp.models import Order, Product, Ticket
 
 ALIASES = [
     "default",
@@ -132,3 +133,39 @@ def test_queryset_method_errors_and_locks_off() -> None:
         fenced_get(Product.objects.filter(pk=a.pk), "5")  # type: ignore[arg-type]
     with override_settings(REDISLOCK={"ENABLED": False}):
         assert fenced_get(Product.objects.filter(pk=a.pk), None).fence == 4
+
+
+@pytest.mark.parametrize(
+    ("shape", "expect"),
+    [
+        (lambda qs: qs.values("name", "fence"), {"name": "a", "fence": 7}),
+        (lambda qs: qs.values_list("fence", flat=True), 7),
+        (lambda qs: qs.annotate(twice=F("stock") * 2), 6),
+        (lambda qs: qs.only("name"), "a"),
+    ],
+    ids=["values", "values_list", "annotate", "only"],
+)
+def test_querysets_that_read_more_or_less_than_an_instance_get_what_get_gives(
+    shape: Callable[[Any], Any], expect: Any
+) -> None:
+    a = Product.objects.create(name="a", stock=3)
+    got, statements = _statements(
+        "default", lambda: fenced_get(shape(Product.objects.filter(pk=a.pk)), 7)
+    )
+    assert [s for s in statements if s not in ("BEGIN", "COMMIT")] == ["UPDATE", "SELECT"]
+    if isinstance(expect, (dict, int)) and not isinstance(got, Product):
+        assert got == expect
+    elif hasattr(got, "twice"):
+        assert got.twice == expect
+    else:
+        assert got.name == expect and got.get_deferred_fields() == {"stock", "fence"}
+
+
+def test_select_related_and_extra_are_read_by_get() -> None:
+    from django_redislock.fencing import _reads_whole_instances
+
+    orders = Order.objects.filter(pk=1)
+    assert _reads_whole_instances(orders)
+    assert not _reads_whole_instances(orders.select_related("product"))
+    assert not _reads_whole_instances(orders.extra(select={"one": "1"}))
+    assert not _reads_whole_instances(orders.defer("product"))
