@@ -67,7 +67,6 @@ def test_values_come_back_in_the_types_get_gives(alias: str) -> None:
         sold_at=datetime.datetime(2026, 11, 25, 19, 0, 1, 250000, tzinfo=datetime.timezone.utc),
         paid=True,
         price=decimal.Decimal("12.50"),
-        data={"seats": [1, 2], "vip": False},
         uid=uuid.UUID("12345678-1234-5678-1234-567812345678"),
     )
     got = fenced_get(tickets.filter(code="t-1"), 9)  # a unique field names one row too
