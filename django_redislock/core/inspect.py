@@ -51,8 +51,7 @@ KINDS = ("lock", "semaphore", "rwlock")
 _KIND_CODE = {"lock": b"L", "semaphore": b"S", "rwlock": b"RW"}
 
 INSPECT_LOCK = scripts.load("inspect_lock", prelude=None)
-INSPECT_SEMAPHORE = scripts.load("inspect_semaphore", prelude=None)
-INSPECT_RWLOCK = scripts.load("rw_inspect", prelude=None)
+INSPECT_HOLDERS = scripts.load("inspect_holders", prelude=None)
 
 # Keys asked for per SCAN call: large enough to walk a big keyspace in few
 # round trips, small enough that each call stays short on the server.
@@ -268,7 +267,12 @@ def _siblings(keyspace: KeySpace, kind: str, key: bytes) -> tuple[bytes, bytes, 
     return key, p + b":SQ:" + suffix, p + b":SH:" + suffix
 
 
-_SCRIPTS = {"lock": INSPECT_LOCK, "semaphore": INSPECT_SEMAPHORE, "rwlock": INSPECT_RWLOCK}
+# The inspect script of each kind, and its arguments.
+_SCRIPTS = {
+    "lock": (INSPECT_LOCK, ()),
+    "semaphore": (INSPECT_HOLDERS, (b"l", b"")),
+    "rwlock": (INSPECT_HOLDERS, (b"f", b"m:")),
+}
 
 # Keys read per pipeline on a single server: one round trip for many locks.
 READ_BATCH = 200
@@ -276,15 +280,15 @@ READ_BATCH = 200
 
 def _read_replies(client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]) -> list[Any]:
     """The inspect script's reply for each key, in order."""
-    script = _SCRIPTS[kind]
+    script, args = _SCRIPTS[kind]
     if is_cluster(client) or len(keys) < 2:
         # A Cluster pipeline would split by node anyway; keep it simple there.
-        return [scripts.run(client, script, _siblings(keyspace, kind, k), ()) for k in keys]
+        return [scripts.run(client, script, _siblings(keyspace, kind, k), args) for k in keys]
     try:
         client.script_load(script.source)
         pipe = client.pipeline(transaction=False)
         for key in keys:
-            pipe.evalsha(script.sha, 3, *_siblings(keyspace, kind, key))
+            pipe.evalsha(script.sha, 3, *_siblings(keyspace, kind, key), *args)
         replies = pipe.execute(raise_on_error=False)
     except Exception as exc:
         raise failures.unavailable("reading locks", exc, failures.address_of(client)) from exc
@@ -292,7 +296,7 @@ def _read_replies(client: Any, keyspace: KeySpace, kind: str, keys: list[bytes])
         if isinstance(reply, Exception):
             # NOSCRIPT after a SCRIPT FLUSH mid-way, or a real error: retry
             # alone, where run() falls back to EVAL or raises RedisUnavailable.
-            replies[i] = scripts.run(client, script, _siblings(keyspace, kind, keys[i]), ())
+            replies[i] = scripts.run(client, script, _siblings(keyspace, kind, keys[i]), args)
     return list(replies)
 
 

@@ -1,9 +1,15 @@
--- Read one semaphore for operators (inspect.py); writes nothing.
+-- Read one semaphore or read-write lock for operators (inspect.py); writes
+-- nothing. Both keep their holders the same way.
 -- KEYS[1] holders zset, KEYS[2] queue list, KEYS[3] state hash (see
--- sem_prelude.lua). Returns false when KEYS[1] is not a zset, otherwise
--- {name, limit, live waiters, server now ms, token1, expiry1, owner1,
---  acquired1, ...} for the permits not yet expired, soonest expiry first.
--- Reservations for woken waiters (r:<token>) are not holders yet: left out.
+-- sem_prelude.lua and rw_prelude.lua).
+-- ARGV[1] the state field read second: l (a semaphore's limit) or f (a
+--         read-write lock's last writer fence)
+-- ARGV[2] '' or the prefix of one more field read per holder: m: (a
+--         read-write lock holder's mode)
+-- Returns false when KEYS[1] is not a zset, otherwise {name, ARGV[1]'s field,
+-- live waiters, server now ms, token1, expiry1, owner1, acquired1[, extra1],
+-- ...} for the holders not yet expired, soonest expiry first. Reservations
+-- for woken waiters (r:<token>) are not holders yet: left out.
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
   return false
 end
@@ -27,7 +33,7 @@ if state and redis.call('TYPE', KEYS[2]).ok == 'list' then
     end
   end
 end
-local out = {field('n'), field('l'), waiting, now_ms}
+local out = {field('n'), field(ARGV[1]), waiting, now_ms}
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '+inf', 'WITHSCORES')
 for i = 1, #live, 2 do
   local token = live[i]
@@ -36,6 +42,9 @@ for i = 1, #live, 2 do
     table.insert(out, live[i + 1])
     table.insert(out, field('o:' .. token))
     table.insert(out, field('a:' .. token))
+    if ARGV[2] ~= '' then
+      table.insert(out, field(ARGV[2] .. token))
+    end
   end
 end
 return out
