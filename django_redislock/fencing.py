@@ -21,7 +21,7 @@ change what this holder read.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models import sql
@@ -74,21 +74,13 @@ def fenced_update(
     ``fence=None`` is accepted only while ``REDISLOCK['ENABLED']`` is False
     (no lock, so no token): then it is a plain ``update()``.
     """
-    if fence is None:
-        if conf.ENABLED:
-            raise TypeError(
-                "fenced_update() needs the lock's fencing token: pass current_fence() "
-                "(or lock.fence) from inside the lock"
-            )
+    if not _is_token(fence, "fenced_update"):
         return queryset.update(**updates) if updates else queryset.count()
-    if isinstance(fence, bool) or not isinstance(fence, int):
-        raise TypeError(f"fenced_update(): fence must be an int token, not {fence!r}")
     if field in updates:
         raise TypeError(
             f"fenced_update(): {field!r} is the fence field and is set from fence=; "
             "remove it from the updates"
         )
-    connection = transaction.get_connection(queryset.db)
     mine = queryset.filter(**{f"{field}__lte": fence})
     if _names_one_row(queryset):
         # One row: the UPDATE alone is all or nothing, and when it updates
@@ -96,10 +88,7 @@ def fenced_update(
         updated = mine.update(**{field: fence}, **updates)
         if updated or not queryset.filter(**{f"{field}__gt": fence}).exists():
             return updated
-        if connection.in_atomic_block:
-            # What leaving an atomic block without a savepoint does on an error.
-            connection.set_rollback(True)
-        raise _stale(queryset, fence)
+        raise _refused(queryset, fence)
     # All or nothing without a savepoint: on its own, this is one transaction;
     # inside the caller's, StaleFence dooms that whole transaction (Django marks
     # it for rollback), so a partial update never commits, and neither does
@@ -132,13 +121,10 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
     result it returns. ``fence=None`` is accepted only while
     ``REDISLOCK['ENABLED']`` is False: then it is a plain ``get()``.
     """
-    if fence is None and not conf.ENABLED:
+    if not _is_token(fence, "fenced_get"):
         return queryset.get()
     if (
-        fence is not None
-        and not isinstance(fence, bool)
-        and isinstance(fence, int)
-        and _names_one_row(queryset)
+        _names_one_row(queryset)
         and _reads_whole_instances(queryset)
         and _returns_from_update(queryset.db)
     ):
@@ -146,15 +132,27 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
         if rows:
             return rows[0]  # one row at most: _names_one_row
         if queryset.filter(**{f"{field}__gt": fence}).exists():
-            connection = transaction.get_connection(queryset.db)
-            if connection.in_atomic_block:
-                connection.set_rollback(True)
-            raise _stale(queryset, fence)
+            raise _refused(queryset, fence)
         raise queryset.model.DoesNotExist(  # type: ignore[attr-defined]
             f"{queryset.model._meta.object_name} matching query does not exist."
         )
-    fenced_update(queryset, fence, field=field)  # the checks and errors of the fence
+    fenced_update(queryset, fence, field=field)
     return queryset.get()
+
+
+def _is_token(fence: int | None, caller: str) -> TypeGuard[int]:
+    """Whether ``fence`` is a token to write; False for ``None`` while locks
+    are off (no lock, so no token); TypeError for anything else."""
+    if fence is None:
+        if conf.ENABLED:
+            raise TypeError(
+                f"{caller}() needs the lock's fencing token: pass current_fence() "
+                "(or lock.fence) from inside the lock"
+            )
+        return False
+    if isinstance(fence, bool) or not isinstance(fence, int):
+        raise TypeError(f"{caller}(): fence must be an int token, not {fence!r}")
+    return True
 
 
 def _reads_whole_instances(queryset: models.QuerySet[Any]) -> bool:
@@ -238,6 +236,16 @@ def _names_one_row(queryset: models.QuerySet[Any]) -> bool:
             if column.alias == base and column.target.unique and value:
                 return True
     return False
+
+
+def _refused(queryset: models.QuerySet[Any], fence: int) -> StaleFence:
+    """StaleFence for a write refused outside the general path's atomic
+    block: the caller's transaction is marked for rollback, as leaving an
+    atomic block without a savepoint on an error does."""
+    connection = transaction.get_connection(queryset.db)
+    if connection.in_atomic_block:
+        connection.set_rollback(True)
+    return _stale(queryset, fence)
 
 
 def _stale(queryset: models.QuerySet[Any], fence: int) -> StaleFence:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import F
 from django.db.transaction import TransactionManagementError
@@ -17,18 +16,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_redislock.fencing import FencedQuerySet, StaleFence, _returns_from_update, fenced_get
+from tests.test_db_consistency import ALIASES, ALL_DBS
 from tests.testapp.models import Order, Product, Ticket
 
-ALIASES = [
-    "default",
-    pytest.param(
-        "postgres",
-        marks=pytest.mark.skipif(
-            "postgres" not in settings.DATABASES, reason="PostgreSQL not reachable"
-        ),
-    ),
-]
-ALL_DBS = ["default", "postgres"] if "postgres" in settings.DATABASES else ["default"]
 pytestmark = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
 
 
