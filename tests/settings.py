@@ -12,8 +12,15 @@ USE_TZ = True
 ALLOWED_HOSTS = ["*"]
 
 # conftest.py starts a private redis-server on this socket for the session.
+# Under pytest-xdist every worker has its own: the controller sets nothing a
+# worker inherits, so each worker (and the servers it starts, which inherit its
+# environment) agrees on one socket of its own.
+_SOCKET_VAR = "REDISLOCK_TEST_SOCKET"
+if os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("REDISLOCK_TEST_SOCKET_WORKER"):
+    os.environ["REDISLOCK_TEST_SOCKET_WORKER"] = os.environ["PYTEST_XDIST_WORKER"]
+    os.environ.pop(_SOCKET_VAR, None)
 REDIS_SOCKET = os.environ.setdefault(
-    "REDISLOCK_TEST_SOCKET", os.path.join(tempfile.mkdtemp(prefix="redislock-"), "redis.sock")
+    _SOCKET_VAR, os.path.join(tempfile.mkdtemp(prefix="redislock-"), "redis.sock")
 )
 
 INSTALLED_APPS = [
