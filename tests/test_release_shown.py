@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 from django.core.management import CommandError, call_command
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_redislock import connection
@@ -25,6 +25,7 @@ from django_redislock.core.force import Shown, release, still_held
 from django_redislock.core.inspect import holder_id, list_locks
 from django_redislock.core.lock import Lock
 from django_redislock.core.semaphore import Semaphore
+from django_redislock.unique import unique_task
 
 KS = KeySpace("redislock")
 NAME = "job"
@@ -153,6 +154,45 @@ def test_admin_confirmation_shows_only_the_holders_the_list_showed(
         assert parse_selection(value).holders == {holder_id(first.token)}
         assert "second" not in page
     assert second.owned()
+
+
+# A unique task's key is a lock (tasks.rst): the task shown is released, not one
+# queued after it finished.
+try:  # Django 6.0+
+    from django.tasks import task
+except ImportError:
+    try:
+        from django_tasks import task  # type: ignore[no-redef]
+    except ImportError:
+        task = None
+
+if task is not None:
+    DUMMY = f"{task.__module__.rsplit('.', 1)[0]}.backends.dummy.DummyBackend"
+
+    @unique_task("report:{report_id}")
+    @task
+    def build_report(report_id: int) -> int:
+        return report_id
+
+
+@pytest.mark.skipif(task is None, reason="no django.tasks / django_tasks")
+@pytest.mark.django_db
+def test_admin_leaves_a_unique_task_queued_since_alone(r: redis.Redis, admin: Client) -> None:
+    with override_settings(TASKS={"default": {"BACKEND": DUMMY}}):
+        shown = build_report.enqueue(1)
+        (row,) = list_locks(r, KS)
+        assert row.name == "unique:report:1"
+        values = SELECTED.findall(confirmation(admin, [selection(row)]))
+        # The task shown runs and finishes (a worker would); another is queued.
+        assert build_report.func(*shown.args, **shown.kwargs) == 1
+        queued = build_report.enqueue(1)
+        assert queued.id != shown.id
+        response = admin.post(URL, {"selected": values, "confirm": "yes"}, follow=True)
+    assert messages_of(response) == [
+        "Not released: lock 'unique:report:1' was released or changed hands meanwhile."
+    ]
+    (left,) = list_locks(r, KS)
+    assert r.hget(left.key, "j") == str(queued.id).encode()
 
 
 # -- the command --------------------------------------------------------------------------
