@@ -8,8 +8,9 @@ There is no model and no migration: ``install(site)`` adds one URL to an
 entry to its app list. Only active staff reach the page (the admin's own
 login), and then only users allowed by ``REDISLOCK['ADMIN_PERMISSION']``
 (superusers by default). Releasing takes a POST with a CSRF token, through a
-confirmation page that shows what will go; a lock that changed hands after the
-confirmation page was shown is left alone.
+confirmation page that shows what will go. Each page carries the holders it
+showed (``core.force.Shown``: their ids, never their tokens) and releases only
+those: a holder that came after the page was shown, of any kind, is left alone.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +34,8 @@ from django.utils.module_loading import import_string
 from .conf import conf
 from .connection import get_client
 from .core.exceptions import RedisUnavailable
-from .core.force import release
-from .core.inspect import KINDS, HeldLock, TemplateSummary, find, list_locks, summarize
+from .core.force import Shown, release, still_held
+from .core.inspect import KINDS, HeldLock, TemplateSummary, list_locks, summarize
 from .core.keys import decode_name, encode_name
 from .display import duration, owner_text, printable, quoted, template_text
 from .locks import keyspace
@@ -58,21 +60,28 @@ def has_permission(user: Any) -> bool:
 
 
 # -- selections -----------------------------------------------------------------
-# A checkbox value names one row: kind, fence (locks) and the name in base64,
-# because a browser rewrites line breaks in form values and cannot send lone
-# surrogates at all, and lock names may contain both.
+# A checkbox value names one row as shown: its kind, the ids of the holders
+# shown (``Holder.ident``, comma-separated) and the name in base64, because a
+# browser rewrites line breaks in form values and cannot send lone surrogates
+# at all, and lock names may contain both.
 def selection(row: HeldLock) -> str:
     name = base64.urlsafe_b64encode(encode_name(row.name)).decode()
-    return f"{row.kind}:{'' if row.fence is None else row.fence}:{name}"
+    return f"{row.kind}:{','.join(sorted(h.ident for h in row.holders))}:{name}"
 
 
-def parse_selection(value: str) -> tuple[str, int | None, str]:
-    kind, fence, name = value.split(":", 2)
+def parse_selection(value: str) -> Shown:
+    kind, idents, name = value.split(":", 2)
     if kind not in KINDS:
         raise ValueError(kind)
+    holders = frozenset(idents.split(",")) if idents else frozenset()
+    if not holders or not all(_IDENT.fullmatch(i) for i in holders):
+        raise ValueError(idents)
     text = decode_name(base64.urlsafe_b64decode(name.encode("ascii")))
     encode_name(text)  # rejects an empty name, as every lock name is
-    return kind, (int(fence) if fence else None), text
+    return Shown(kind, text, holders)
+
+
+_IDENT = re.compile(r"[0-9a-f]{16}")
 
 
 # Digits of a fencing token shown in the table; the whole token is in the
@@ -230,30 +239,33 @@ def _post(
         messages.warning(request, "Select at least one lock to release.")
         return back
     ks = keyspace()
-    current: list[HeldLock] = []
-    gone: list[str] = []
-    for kind, fence, name in chosen:
-        rows, _missing = find(client, ks, [name], kinds=(kind,))
-        # A lock is identified by its fence: the acquisition the user saw.
-        if rows and (kind != "lock" or fence is None or rows[0].fence == fence):
-            current.append(rows[0])
-        else:
-            gone.append(f"{kind} {quoted(name)}")
+    # Only the holders this request's page showed, as they hold now.
+    current, gone = still_held(client, ks, chosen)
     if request.POST.get("confirm") != "yes":
         context.update(
             title="Release these locks?",
             rows=[_row(row) for row in current],
-            gone=gone,
+            gone=[_gone(item) for item in gone],
         )
         return TemplateResponse(request, "admin/django_redislock/confirm_release.html", context)
     result = release(client, ks, current)
     for row in result.released:
         logger.warning("released from the admin by %s: %s", request.user, _described(row))
         messages.success(request, f"Released {_described(row)}.")
-    gone.extend(_described(row) for row in result.changed)
-    for what in gone:
+    lost = [_gone(item) for item in gone]
+    lost.extend(_gone(Shown.of(row)) for row in result.changed)
+    for what in lost:
         messages.warning(request, f"Not released: {what} was released or changed hands meanwhile.")
     return back
+
+
+def _gone(item: Shown) -> str:
+    """``lock 'x'``, or ``semaphore 'x' (2 holders)`` when a kind has several."""
+    what = f"{item.kind} {quoted(item.name)}"
+    if item.kind == "lock":
+        return what
+    count = len(item.holders)
+    return f"{what} ({count} holder{'' if count == 1 else 's'})"
 
 
 # -- wiring ---------------------------------------------------------------------

@@ -14,9 +14,10 @@ is an ordinary ``Lock``; what is particular is who holds it:
   (Celery). The enqueuer's handle is dropped without releasing anything.
 * **The worker adopts it** (``Lock.adopt``: the same token, one round trip)
   and renews it while the run lasts, with a lease of ``lease`` seconds: a
-  worker killed mid-run frees the key within that lease. A retry carries the
-  same claim, so it keeps ownership; another task, with another token, can
-  neither adopt nor release it.
+  worker killed mid-run frees the key within that lease, and it writes its
+  own owner metadata into the lease, so operators see the worker, not the
+  enqueuer. A retry carries the same claim, so it keeps ownership; another
+  task, with another token, can neither adopt nor release it.
 
 ``until`` says when the key is let go:
 
@@ -25,7 +26,9 @@ is an ordinary ``Lock``; what is particular is who holds it:
 * ``"start"``: when the run that started ends, however it ends; a retry it
   asks for runs without the key.
 * ``"finish"`` (default): when the task is finished for good. A retry keeps
-  the key (its lease is reset to ``ttl`` plus the retry's delay), and the key
+  the key (its lease is reset to ``ttl`` plus the retry's delay): the run
+  knows of it by the message it sent (``Run.retrying``, Celery) or by the
+  ``Retry`` it raised, and hands the key on however it then ends. The key
   goes when a run ends without asking for one (success or final failure).
 
 A duplicate gets the existing task's result handle (``on_duplicate="existing"``)
@@ -36,11 +39,13 @@ under ``django_redislock.unique``. Never a silent drop.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import functools
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -78,8 +83,8 @@ ID_WAIT = 1.0
 
 _F = TypeVar("_F")
 
-# Write the task id into a lease, if our token still holds it (the header
-# of the script says more). Repeatable: it writes the same id again.
+# Write the task id and the owner into a lease, if our token still holds it
+# (the header of the script says more). Repeatable: it writes the same again.
 _NOTE = scripts.load("unique_note", prelude=None, repeatable=True)
 
 
@@ -261,21 +266,30 @@ def _seconds_until(when: Any) -> float:
     return 0.0
 
 
-def _note(lock: Lock, token: str, task_id: str) -> None:
-    """Write the task id beside the token, for duplicates to find."""
+def _not_noted(name: str, task_id: str | None, exc: Exception) -> None:
+    # Only the duplicates' answer (TaskNotUnique without an id) and the
+    # operators' view (the former holder) suffer.
+    what = f"task {task_id}" if task_id is not None else "the worker"
+    logger.warning("could not record %s in unique key %r: %s", what, name, exc)
+
+
+def _note(lock: Lock, token: str, task_id: str | None, owner: str = "") -> None:
+    """Write the task id beside the token, for duplicates to find, and the
+    owner (a worker that adopted the lease) for operators."""
     try:
-        scripts.run(lock.client, _NOTE, (lock.keys.lease,), (token, task_id))
+        scripts.run(lock.client, _NOTE, (lock.keys.lease,), (token, task_id or "", owner))
     except RedisUnavailable as exc:
-        # Only the duplicates' answer suffers: they get TaskNotUnique without an id.
-        logger.warning("could not record task %s for unique key %r: %s", task_id, lock.name, exc)
+        _not_noted(lock.name, task_id, exc)
 
 
-async def _anote(lock: AsyncLock, token: str, task_id: str) -> None:
+async def _anote(lock: AsyncLock, token: str, task_id: str | None, owner: str = "") -> None:
     """``_note`` for the asyncio driver."""
     try:
-        await scripts.run_async(lock.client, _NOTE, (lock.keys.lease,), (token, task_id))
+        await scripts.run_async(
+            lock.client, _NOTE, (lock.keys.lease,), (token, task_id or "", owner)
+        )
     except RedisUnavailable as exc:
-        logger.warning("could not record task %s for unique key %r: %s", task_id, lock.name, exc)
+        _not_noted(lock.name, task_id, exc)
 
 
 def _existing(lock: Lock) -> tuple[bool, str | None]:
@@ -386,6 +400,13 @@ class Run:
         self.label = label
         self.lock: Lock | None = None
         self.alock: AsyncLock | None = None
+        # Seconds until the retry this run sent may run; None: none was sent.
+        self.retry_in: float | None = None
+
+    def retrying(self, delay: float) -> None:
+        """This run sent its own retry (the same task id and claim), to run in
+        ``delay`` seconds: the key goes with it, however the run then ends."""
+        self.retry_in = delay if self.retry_in is None else max(self.retry_in, delay)
 
     def _lock_kwargs(self) -> dict[str, Any]:
         return {
@@ -417,9 +438,14 @@ class Run:
         )
 
     def _hands_on(self, retry_in: float | None) -> float | None:
-        """The lease for the retry to adopt, or None to release now."""
-        if retry_in is not None and self.claim.until == "finish":
-            return self.claim.ttl + retry_in
+        """The lease for the retry to adopt, or None to release now.
+
+        A retry is known by the message this run sent (``retrying``: a
+        ``self.retry(throw=False)`` returns normally) or by the ``Retry`` it
+        raised (an eager retry sends no message)."""
+        delays = [d for d in (retry_in, self.retry_in) if d is not None]
+        if delays and self.claim.until == "finish":
+            return self.claim.ttl + max(delays)
         return None
 
     def _not_handed(self, exc: BaseException) -> None:
@@ -450,12 +476,12 @@ class Run:
         if not adopted:
             self._not_adopted()
             return False
-        if task_id is not None:
-            _note(lock, claim.token, task_id)
         if claim.until == "enqueue":
             self._release(lock)
-        else:
-            self.lock = lock
+            return True
+        # From now on operators see this worker, not the enqueuer, as the holder.
+        _note(lock, claim.token, task_id, lock.owner_metadata(threading.current_thread().name))
+        self.lock = lock
         return True
 
     def finish(self, retry_in: float | None = None) -> None:
@@ -492,12 +518,13 @@ class Run:
         if not adopted:
             self._not_adopted()
             return False
-        if task_id is not None:
-            await _anote(lock, claim.token, task_id)
         if claim.until == "enqueue":
             await self._arelease(lock)
-        else:
-            self.alock = lock
+            return True
+        current = asyncio.current_task()
+        who = current.get_name() if current is not None else "?"
+        await _anote(lock, claim.token, task_id, lock.owner_metadata(who))
+        self.alock = lock
         return True
 
     async def afinish(self, retry_in: float | None = None) -> None:

@@ -186,7 +186,7 @@ def test_hostile_names_round_trip(url: str, superuser: Any, r: redis.Redis) -> N
     for name in names:
         hold(r, name)
     rows = list_locks(r, KS)
-    assert sorted(parse_selection(selection(row))[2] for row in rows) == sorted(names)
+    assert sorted(parse_selection(selection(row)).name for row in rows) == sorted(names)
     client = logged_in(superuser)
     response = client.post(
         url, {"selected": [selection(row) for row in rows], "confirm": "yes"}, follow=True

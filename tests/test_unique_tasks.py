@@ -10,6 +10,7 @@ starts. A real worker, killed mid-run, is exercised with Celery in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -22,6 +23,8 @@ from django.test import override_settings
 
 from django_redislock import RedisUnavailable, get_lock
 from django_redislock import connection as rl_connection
+from django_redislock.core.inspect import list_locks
+from django_redislock.locks import keyspace
 from django_redislock.signals import task_duplicate
 from django_redislock.unique import KWARG, TaskNotUnique, unique_task
 from tests.servers import free_port
@@ -107,6 +110,19 @@ if task is not None:
         if fail:
             raise RuntimeError("sync failed")
         return held
+
+    @unique_task("owned:{n}", ttl=60, lease=5)
+    @task
+    def held_by(n: int) -> str:
+        """Who ``redislocks list`` says holds the key while the run is on."""
+        (row,) = list_locks(_locks(), keyspace(), f"unique:owned:{n}", literal=True)
+        return row.thread
+
+    @unique_task("owned:{n}", ttl=60, lease=5)
+    @task
+    async def aheld_by(n: int) -> str:
+        (row,) = list_locks(_locks(), keyspace(), f"unique:owned:{n}", literal=True)
+        return row.thread
 
 
 @pytest.fixture(autouse=True)
@@ -469,3 +485,27 @@ def test_a_key_callable_returning_several_names_is_refused_at_enqueue() -> None:
     object.__setattr__(unique, "namer", _Namer(lambda a: [f"x:{a}", "y"], job))
     with pytest.raises(TypeError, match="several names .*return one str"):
         unique.lock_name((1,), {})
+
+
+def test_the_run_that_adopts_the_key_is_listed_as_its_holder(r: redis.Redis) -> None:
+    """docs/operating.rst: a unique task's key names its enqueuer, then its run."""
+    result = held_by.using(backend="dummy").enqueue(1)
+    (row,) = list_locks(r, keyspace(), "unique:owned:1", literal=True)
+    assert row.thread == threading.current_thread().name  # the enqueuer
+    seen: list[str] = []
+    worker = threading.Thread(
+        target=lambda: seen.append(held_by.func(*result.args, **result.kwargs)), name="worker-7"
+    )
+    worker.start()
+    worker.join(20)
+    assert seen == ["worker-7"]
+    assert not _lease(r, "unique:owned:1")
+
+
+async def test_a_coroutine_run_that_adopts_the_key_is_listed_as_its_holder(
+    r: redis.Redis,
+) -> None:
+    result = await aheld_by.using(backend="dummy").aenqueue(2)
+    run = asyncio.create_task(aheld_by.func(*result.args, **result.kwargs), name="worker-task-3")
+    assert await asyncio.wait_for(run, 20) == "worker-task-3"
+    assert not _lease(r, "unique:owned:2")

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ celery = pytest.importorskip("celery")
 
 import django  # noqa: E402
 import redis  # noqa: E402
+from celery.signals import task_postrun  # noqa: E402
 from django.apps import apps  # noqa: E402
+from django.core.management import call_command  # noqa: E402
 from kombu.exceptions import VersionMismatch  # noqa: E402
 
 if not apps.ready:  # in the worker: this module is its task module
@@ -37,6 +40,8 @@ if not apps.ready:  # in the worker: this module is its task module
 
 from django_redislock import get_lock  # noqa: E402
 from django_redislock.contrib.celery_unique import UniqueTask  # noqa: E402
+from django_redislock.core.inspect import list_locks  # noqa: E402
+from django_redislock.locks import keyspace  # noqa: E402
 from django_redislock.signals import task_duplicate  # noqa: E402
 from django_redislock.unique import HEADER, TaskNotUnique  # noqa: E402
 from tests.servers import RedisServer, free_port  # noqa: E402
@@ -128,6 +133,114 @@ def send_mail(user_id: int) -> str | None:
 @app.task
 def ping() -> str:
     return "pong"
+
+
+# -- every way Celery schedules a retry ------------------------------------------------------
+# Each task below asks for one retry, in its own way, COUNTDOWN seconds ahead;
+# the retry waits for the test's "go" before it finishes. A signal in the
+# worker tells the test when each attempt has ended (its key handed on or let
+# go), so the test looks at the key between the first attempt and the retry.
+COUNTDOWN = 1
+
+
+class Flaky(Exception):
+    """What the autoretry tasks fail with on their first attempt."""
+
+
+def _attempt(task: Any, job: str) -> bool:
+    """Report this attempt; True on the first one (ask for a retry), else wait for go."""
+    c = _locks()
+    name = f"unique:retry:{job}"
+    c.rpush(
+        f"attempts:{job}", json.dumps({"attempt": task.request.retries, "token": _holder(name)})
+    )
+    if task.request.retries == 0 and not task.request.kwargs.get("again"):
+        return True
+    c.blpop([f"go:{job}"], timeout=30)
+    return False
+
+
+RETRYING = {"unique_key": "retry:{job}", "unique_lease": LEASE, "unique_ttl": 30}
+
+
+@app.task(base=UniqueTask, bind=True, max_retries=3, **RETRYING)
+def retry_raised(self: Any, job: str) -> str:
+    if _attempt(self, job):
+        raise self.retry(countdown=COUNTDOWN)
+    return job
+
+
+@app.task(base=UniqueTask, bind=True, max_retries=3, **RETRYING)
+def retry_not_thrown(self: Any, job: str) -> str:
+    if _attempt(self, job):
+        self.retry(countdown=COUNTDOWN, throw=False)
+        return "asked for a retry"
+    return job
+
+
+@app.task(
+    base=UniqueTask,
+    bind=True,
+    autoretry_for=(Flaky,),
+    retry_kwargs={"countdown": COUNTDOWN, "max_retries": 3},
+    **RETRYING,
+)
+def retry_automatic(self: Any, job: str) -> str:
+    if _attempt(self, job):
+        raise Flaky(job)
+    return job
+
+
+@app.task(
+    base=UniqueTask,
+    bind=True,
+    autoretry_for=(Flaky,),
+    retry_backoff=COUNTDOWN,
+    retry_jitter=False,
+    max_retries=3,
+    **RETRYING,
+)
+def retry_backing_off(self: Any, job: str) -> str:
+    if _attempt(self, job):
+        raise Flaky(job)
+    return job
+
+
+@app.task(base=UniqueTask, bind=True, **RETRYING)
+def resent_by_itself(self: Any, job: str, again: bool = False) -> str:
+    if _attempt(self, job):
+        self.apply_async((job,), {"again": True}, task_id=self.request.id, countdown=COUNTDOWN)
+        return "sent itself again"
+    return job
+
+
+RETRY_TASKS = {
+    "raise self.retry()": retry_raised,
+    "self.retry(throw=False)": retry_not_thrown,
+    "autoretry_for": retry_automatic,
+    "retry_backoff": retry_backing_off,
+    "self.apply_async(task_id=own id)": resent_by_itself,
+}
+
+
+# What a first attempt that asked for its retry and returned gave back.
+FIRST_RETURNS = {
+    "self.retry(throw=False)": "asked for a retry",
+    "self.apply_async(task_id=own id)": "sent itself again",
+}
+
+
+@task_postrun.connect
+def _attempt_ended(sender: Any = None, args: Any = None, **kwargs: Any) -> None:
+    if sender is not None and sender.name in {t.name for t in RETRY_TASKS.values()}:
+        _locks().rpush(f"ended:{args[0]}", "1")
+
+
+@app.task(base=UniqueTask, bind=True, unique_key="owner:{job}", unique_lease=LEASE)
+def report_owner(self: Any, job: str) -> None:
+    c = _locks()
+    c.rpush(f"running:{job}", str(os.getpid()))
+    c.blpop([f"go:{job}"], timeout=30)
 
 
 # -- the broker and the worker ---------------------------------------------------------------
@@ -412,3 +525,65 @@ def test_eager_mode_runs_under_the_key(r_locks: redis.Redis) -> None:
     assert seen[0] is not None
     assert _holder("unique:eager:1") is None
     eager.close()
+
+
+def _pop(r: redis.Redis, key: str, worker: Worker) -> bytes:
+    found = r.blpop([key], timeout=30)
+    assert found is not None, f"nothing on {key!r}; worker log:\n{worker.tail()}"
+    return found[1]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("how", list(RETRY_TASKS))
+def test_every_kind_of_retry_keeps_the_key_until_it_has_run(
+    how: str, worker: Worker, r_locks: redis.Redis, duplicates: list[dict[str, Any]]
+) -> None:
+    """docs/tasks.rst, ``"finish"``: a retry, however it is asked for, keeps the key."""
+    job_task = RETRY_TASKS[how]
+    job = f"{job_task.name.rsplit('.', 1)[-1]}"
+    name = f"unique:retry:{job}"
+    try:
+        first = job_task.delay(job)
+        seen = json.loads(_pop(r_locks, f"attempts:{job}", worker))
+        assert seen == {"attempt": 0, "token": seen["token"]} and seen["token"]
+        _pop(r_locks, f"ended:{job}", worker)
+        # The first attempt is over and its retry is queued: the key is still
+        # the claim's, and a duplicate is given the task that will retry.
+        assert _holder(name) == seen["token"]
+        assert job_task.delay(job).id == first.id
+        assert [d["task_id"] for d in duplicates] == [first.id]
+        retried = json.loads(_pop(r_locks, f"attempts:{job}", worker))
+        assert retried["token"] == seen["token"]
+    finally:
+        r_locks.rpush(f"go:{job}", "1")
+    _pop(r_locks, f"ended:{job}", worker)
+    # (A first attempt that returned stored its value, and Celery keeps a
+    # success: which value shows depends on how the retry was asked for.)
+    assert job_task.AsyncResult(first.id).get(timeout=30) in {job, FIRST_RETURNS.get(how)}
+    # The retry ended without asking for another: the key is free.
+    assert _holder(name) is None
+    assert r_locks.llen(f"attempts:{job}") == 0
+
+
+def test_the_worker_that_runs_a_task_is_listed_as_its_holder(
+    worker: Worker, r_locks: redis.Redis
+) -> None:
+    """docs/operating.rst: a unique task's key names its enqueuer, then its worker."""
+    name = "unique:owner:1"
+
+    def listed_pid() -> int:
+        out = StringIO()
+        call_command("redislocks", "list", "--pattern", name, "--format", "json", stdout=out)
+        (row,) = json.loads(out.getvalue())
+        return int(row["pid"])
+
+    parked = report_owner.apply_async(("2",), queue="nowhere")
+    # Queued, not started: the process that queued it holds the key.
+    (row,) = list_locks(r_locks, keyspace(), "unique:owner:2", literal=True)
+    assert parked.id and row.pid == os.getpid()
+    try:
+        report_owner.delay("1")
+        running_pid = int(_pop(r_locks, "running:1", worker))
+        assert running_pid == worker.proc.pid != os.getpid()
+        assert listed_pid() == running_pid
+    finally:
+        r_locks.rpush("go:1", "1")

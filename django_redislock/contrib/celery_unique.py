@@ -15,9 +15,13 @@ The options are those of ``unique_task`` (``django_redislock.unique``), named
 Celery creates the task class: at import with a finalized app, else when the
 app finalizes (a worker's start, or the task's first use).
 
-The claim travels in the message headers (``redislock_unique``); a retry
-(``self.retry()``, ``autoretry_for``) sends the same headers and task id, so
-it keeps the key with ``unique_until="finish"``.
+The claim travels in the message headers (``redislock_unique``). A retry
+sends the same task id; whatever sends it (``raise self.retry()``,
+``self.retry(throw=False)`` then a return, ``autoretry_for`` and
+``retry_backoff``, or the task's own ``apply_async`` with its own id), the
+message goes through ``apply_async`` while the run is still on: the run hears
+of it there, puts its claim in the message and, with
+``unique_until="finish"``, keeps the key for it however the run then ends.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ from ..unique import (
 )
 
 __all__ = ["UniqueTask"]
+
+# The request attribute that holds the run under way (a Celery request is a
+# plain object, one per run, gone with it).
+RUN = "_redislock_unique_run"
 
 
 def _payload(request: Any) -> Any:
@@ -99,15 +107,21 @@ class UniqueTask(Task):
         headers = dict(options.get("headers") or {})
         if opts is None or not conf.ENABLED:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
+        delay = max(_seconds_until(options.get("countdown")), _seconds_until(options.get("eta")))
+        run = self._sending_itself(task_id)
+        if run is not None:
+            # This run sends itself again: a retry, however it was asked for.
+            # It runs with the run's claim, and the run keeps the key for it.
+            run.retrying(delay)
+            headers[HEADER] = run.claim.payload()
         if HEADER in headers:
-            # A retry of a task that holds the key (it sends its own headers).
+            # A retry, or a message sent with a claim of its own (not checked).
             if opts.until != "finish":
                 del headers[HEADER]  # "enqueue" and "start": it runs without the key
-                options["headers"] = headers
+            options["headers"] = headers
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         name = opts.lock_name(tuple(args or ()), dict(kwargs or {}))
         task_id = task_id or uuid()
-        delay = max(_seconds_until(options.get("countdown")), _seconds_until(options.get("eta")))
         lock, outcome = claim(opts, name, delay, task_id=task_id)
         if isinstance(outcome, TaskNotUnique):
             refused(self, opts, outcome)
@@ -125,15 +139,26 @@ class UniqueTask(Task):
         drop(lock, outcome.token, None)  # the id went in with the claim
         return result
 
+    def _sending_itself(self, task_id: str | None) -> Run | None:
+        """The run of this task under way here, if ``task_id`` is its own id."""
+        request = self.request
+        run = getattr(request, RUN, None)
+        if run is None or task_id is None or task_id != getattr(request, "id", None):
+            return None
+        return run
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run in the worker: adopt the key the message carries, and let it go by ``until``."""
         opts = type(self)._unique
-        payload = _payload(self.request) if opts is not None else None
+        request = self.request
+        payload = _payload(request) if opts is not None else None
         found = Claim.from_payload(payload) if payload is not None else None
         if found is None or not conf.ENABLED:
             return super().__call__(*args, **kwargs)
         run = Run(found, opts, opts.label if opts is not None else self.name)
         run.start()
+        # Where apply_async finds it when the run sends its own retry.
+        setattr(request, RUN, run)
         retry_in: float | None = None
         try:
             return super().__call__(*args, **kwargs)
@@ -141,4 +166,5 @@ class UniqueTask(Task):
             retry_in = _seconds_until(exc.when)
             raise
         finally:
+            setattr(request, RUN, None)
             run.finish(retry_in)

@@ -204,6 +204,12 @@ class LockBase:
             os.getpid(), who, self.label, template if isinstance(template, str) else None
         )
 
+    def owner_metadata(self, who: str) -> str:
+        """The owner metadata (JSON) this handle writes with a lease it takes,
+        naming ``who`` (a thread or an asyncio task): for a lease it came to
+        hold another way, such as a unique task's ``adopt``."""
+        return self._owner(who)
+
     def _validity(self, sent: float, ttl_ms: int) -> float:
         return validity(sent, ttl_ms, self.drift_factor)
 

@@ -1,9 +1,16 @@
-"""Force-release held locks and semaphores, for operators.
+"""Force-release held locks, semaphores and read-write locks, for operators.
 
-Force-release of a lock runs the ``clear`` script with the token that was read
-(``inspect.py``): if the lock changed hands in between, the new holder is left
-alone. The next waiter is woken at once; the former holder finds out at its
-next renewal, extend or release (``LockLost``, and ``held`` turns False).
+An operator releases what was shown and nothing else, whatever the kind: each
+holder shown (a lock's lease, a semaphore's permit, a reader's or a writer's
+turn) is released by its own token, which the kind's ``clear`` script
+compares with what Redis holds in the same step. A holder that came since has
+another token (one per acquisition) and is left alone. ``release`` does it for
+rows as they were read; a page that showed rows to a person carries what it
+showed as ``Shown`` (holder ids, never tokens), and ``still_held`` narrows a
+fresh read to exactly that before ``release``.
+
+The next waiter is woken at once; the former holder finds out at its next
+renewal, extend or release (``LockLost``, and ``held`` turns False).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from .base import DEFAULT_GRACE
 from .inspect import KINDS, HeldLock, find, list_locks
 from .keys import KeySpace
 
-__all__ = ["ClearResult", "clear", "release", "select"]
+__all__ = ["ClearResult", "Shown", "clear", "release", "select", "still_held"]
 
 logger = logging.getLogger("django_redislock.inspect")
 
@@ -27,64 +34,99 @@ logger = logging.getLogger("django_redislock.inspect")
 class ClearResult:
     """What a force-release did."""
 
-    # Rows as they were just before they were released.
+    # Rows as they were just before they were released (only the holders released).
     released: list[HeldLock] = field(default_factory=list)
     # Names asked for explicitly that were not held (as any kind asked for).
     not_held: list[str] = field(default_factory=list)
-    # Rows that changed hands (or were released) between reading and releasing:
-    # left alone, so a new holder is never thrown out unseen.
+    # Rows (only the holders concerned) that changed hands or were released
+    # between reading and releasing: left alone, so a new holder is never
+    # thrown out unseen.
     changed: list[HeldLock] = field(default_factory=list)
 
 
-def _clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | None) -> int:
-    # Imported here: semaphores are optional for inspecting locks.
-    from .semaphore import clear_semaphore
+@dataclass(frozen=True)
+class Shown:
+    """What an operator was shown of one row: its holders, by ``Holder.ident``."""
 
-    return int(clear_semaphore(client, keyspace, name, token=token))
+    kind: str
+    name: str
+    holders: frozenset[str]
+
+    @classmethod
+    def of(cls, row: HeldLock) -> Shown:
+        return cls(row.kind, row.name, frozenset(h.ident for h in row.holders))
 
 
-def _clear_rw_lock(client: Any, keyspace: KeySpace, name: str, token: str | None) -> int:
-    from .rwlock import clear_rw_lock
+def still_held(
+    client: Any, keyspace: KeySpace, shown: Iterable[Shown]
+) -> tuple[list[HeldLock], list[Shown]]:
+    """Read again what was shown: (rows with only the holders shown that still
+    hold, what was shown and holds no more). A holder that came since is in
+    neither."""
+    rows: list[HeldLock] = []
+    gone: list[Shown] = []
+    for item in shown:
+        found, _missing = find(client, keyspace, [item.name], kinds=(item.kind,))
+        row = found[0].only(item.holders) if found else None
+        left = item.holders - {h.ident for h in row.holders} if row is not None else item.holders
+        if row is not None:
+            rows.append(row)
+        if left:
+            gone.append(Shown(item.kind, item.name, frozenset(left)))
+    return rows, gone
 
-    return int(clear_rw_lock(client, keyspace, name, token=token))
+
+def _clear_script(kind: str, keyspace: KeySpace, name: str) -> tuple[Any, tuple[bytes, ...]]:
+    """The kind's force-release script and its keys: all three take (lease,
+    queue, state) and (grace ms, token), and release a holder only by its token."""
+    if kind == "lock":
+        k = keyspace.lock(name)
+        return scripts.CLEAR, (k.lease, k.queue, k.state)
+    # Imported here: semaphores and read-write locks are optional for locks.
+    if kind == "semaphore":
+        from .semaphore import CLEAR as SEMAPHORE_CLEAR
+
+        s = keyspace.semaphore(name)
+        return SEMAPHORE_CLEAR, (s.lease, s.queue, s.state)
+    from .rwlock import CLEAR as RW_CLEAR
+
+    w = keyspace.rwlock(name)
+    return RW_CLEAR, (w.lease, w.queue, w.state)
 
 
 def release(
     client: Any, keyspace: KeySpace, rows: Iterable[HeldLock], *, grace: float = DEFAULT_GRACE
 ) -> ClearResult:
-    """Force-release exactly these rows, as they were read.
+    """Force-release exactly the holders of these rows, as they were read.
 
-    A lock is released only if its token is still the one read; a semaphore
-    gives back only the permits read. The next waiter is woken at once.
+    Each holder goes only if its token still holds (a lock's lease, a
+    semaphore's permit, a read-write lock's reader or writer); one that came
+    since stays. The next waiter is woken at once.
     """
     result = ClearResult()
     grace_ms = int(grace * 1000)
     for row in rows:
-        if row.kind == "lock":
-            k = keyspace.lock(row.name)
-            done = int(
-                scripts.run(
-                    client, scripts.CLEAR, (k.lease, k.queue, k.state), (grace_ms, row.token)
-                )
-            )
-        elif row.kind == "rwlock":
-            # Only the readers or the writer read: one that came since stays.
-            done = sum(_clear_rw_lock(client, keyspace, row.name, h.token) for h in row.holders)
-        else:
-            done = sum(_clear_semaphore(client, keyspace, row.name, h.token) for h in row.holders)
-        if done:
+        script, keys = _clear_script(row.kind, keyspace, row.name)
+        done = set()
+        for h in row.holders:
+            # An empty token would tell the scripts "every holder": never sent.
+            if h.token and int(scripts.run(client, script, keys, (grace_ms, h.token))):
+                done.add(h.ident)
+        released = row.only(done)
+        if released is not None:
             logger.warning(
                 "force-released %s %r (held by %s pid %s %s %r)",
-                row.kind,
-                row.name,
-                row.host,
-                row.pid,
-                row.thread,
-                row.label,
+                released.kind,
+                released.name,
+                released.host,
+                released.pid,
+                released.thread,
+                released.label,
             )
-            result.released.append(row)
-        else:
-            result.changed.append(row)
+            result.released.append(released)
+        changed = row.only({h.ident for h in row.holders} - done)
+        if changed is not None:
+            result.changed.append(changed)
     return result
 
 

@@ -19,6 +19,7 @@ per call.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -39,6 +40,7 @@ __all__ = [
     "Holder",
     "TemplateSummary",
     "find",
+    "holder_id",
     "list_locks",
     "matches",
     "scan_keys",
@@ -60,6 +62,17 @@ SCAN_COUNT = 500
 _HEX16 = re.compile(rb"^[0-9a-f]{16}$")
 
 
+def holder_id(token: str) -> str:
+    """What names one acquisition to people and forms, in place of its token.
+
+    A token is per acquisition (a lease, permit or turn taken, or handed on
+    to a task's worker), so its digest tells "the holder that was shown" from
+    a holder that came since, whatever the kind; the token itself, which
+    releases the lease, is never shown. 64 bits, as many as a token has.
+    """
+    return hashlib.blake2b(token.encode("latin-1"), digest_size=8).hexdigest()
+
+
 @dataclass(frozen=True)
 class Holder:
     """Who holds a lock or one permit of a semaphore."""
@@ -79,6 +92,11 @@ class Holder:
     # A read-write lock's holder: "read" or "write"; None for other kinds.
     # (Not in ``as_dict``: a row's ``fence`` is set exactly when a writer holds.)
     mode: str | None = None
+
+    @property
+    def ident(self) -> str:
+        """``holder_id`` of its token: safe to put in a page or a form."""
+        return holder_id(self.token)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +142,25 @@ class HeldLock:
     def token(self) -> str:
         """The lock's current token (locks only); never shown to people."""
         return self.holders[0].token if self.kind == "lock" and self.holders else ""
+
+    def only(self, idents: Iterable[str]) -> HeldLock | None:
+        """This row with only the holders whose ``ident`` is in ``idents``
+        (None when none is): what an operator was shown of it, still held."""
+        wanted = set(idents)
+        kept = [h for h in self.holders if h.ident in wanted]
+        if len(kept) == len(self.holders):
+            return self
+        # A lock's one holder and a writer are all or nothing: only a
+        # semaphore's permits and a read-write lock's readers get here.
+        return _row_of_holders(
+            self.name,
+            self.kind,
+            self.key,
+            kept,
+            self.waiters,
+            fence=self.fence,
+            limit=self.limit,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form; the keys are the same for every kind, always."""

@@ -1,12 +1,19 @@
--- Write a queued task's id into a lock's lease, for a unique task's
--- duplicates to be told (django_redislock/unique.py); stand-alone, no prelude.
--- KEYS[1] lease hash (see _prelude.lua); the id goes in field j.
--- ARGV[1] token: only a lease this token still holds gets the id, never one
+-- Write what a unique task's lease says about its holder (django_redislock/
+-- unique.py): the queued task's id, for its duplicates to be told, and the
+-- owner, once a worker adopts it, for operators; stand-alone, no prelude.
+-- KEYS[1] lease hash (see _prelude.lua); the id goes in field j, the owner in o.
+-- ARGV[1] token: only a lease this token still holds is written, never one
 --         that expired and went to another task.
--- ARGV[2] task id.
+-- ARGV[2] task id, or '' to leave j as it is.
+-- ARGV[3] owner metadata (JSON, as an acquire writes it), or '' to leave o.
 -- Returns 1 when written, 0 when the token no longer holds the lease.
 if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'j', ARGV[2])
+if ARGV[2] ~= '' then
+  redis.call('HSET', KEYS[1], 'j', ARGV[2])
+end
+if ARGV[3] ~= '' then
+  redis.call('HSET', KEYS[1], 'o', ARGV[3])
+end
 return 1
