@@ -93,9 +93,15 @@ def redis_factory() -> Iterator[type[RedisServer]]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _postgres_required() -> None:
-    """In CI (REDISLOCK_REQUIRE_POSTGRES=1) a missing PostgreSQL is a failure."""
+def _databases_required() -> None:
+    """In CI (REDISLOCK_REQUIRE_POSTGRES=1, REDISLOCK_REQUIRE_MYSQL=1) a
+    database server that did not answer is a failure, not skipped tests."""
     from django.conf import settings
 
-    if os.environ.get("REDISLOCK_REQUIRE_POSTGRES") == "1" and "postgres" not in settings.DATABASES:
-        pytest.fail("PostgreSQL is required (REDISLOCK_REQUIRE_POSTGRES=1) but did not answer")
+    for variable, alias, server in [
+        ("REDISLOCK_REQUIRE_POSTGRES", "postgres", "PostgreSQL"),
+        ("REDISLOCK_REQUIRE_POSTGRES", "postgres_pool", "Django's pool (psycopg[pool])"),
+        ("REDISLOCK_REQUIRE_MYSQL", "mysql", "MariaDB/MySQL"),
+    ]:
+        if os.environ.get(variable) == "1" and alias not in settings.DATABASES:
+            pytest.fail(f"{server} is required ({variable}=1) but did not answer")

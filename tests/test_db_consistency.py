@@ -1,9 +1,11 @@
 """The lock keeps the database consistent: transactions, concurrent purchases, fencing.
 
 Purchases run in real threads, each with its own database connection, against
-SQLite (a file) and PostgreSQL (the "postgres" alias, when a server answers).
-The unprotected and naively protected variants must oversell, or the tests
-that pass for the decorator would prove nothing.
+SQLite (a file), PostgreSQL (the "postgres" alias) and MariaDB or MySQL at
+READ COMMITTED and REPEATABLE READ ("mysql", "mysql_repeatable_read"), the
+servers when they answer (tests/settings.py). The unprotected and naively
+protected variants must oversell, or the tests that pass for the decorator
+would prove nothing.
 """
 
 from __future__ import annotations
@@ -29,16 +31,20 @@ from tests.testapp.models import GiftCard, Order, Product
 
 pytestmark = pytest.mark.urls("tests.urls_locked")
 
-ALIASES = [
-    "default",
-    pytest.param(
-        "postgres",
-        marks=pytest.mark.skipif(
-            "postgres" not in settings.DATABASES, reason="PostgreSQL not reachable"
-        ),
-    ),
-]
-ALL_DBS = ["default", "postgres"] if "postgres" in settings.DATABASES else ["default"]
+
+def _alias(alias: str) -> Any:
+    server = "PostgreSQL" if alias.startswith("postgres") else "MariaDB/MySQL"
+    return pytest.param(
+        alias,
+        marks=pytest.mark.skipif(alias not in settings.DATABASES, reason=f"{server} not reachable"),
+    )
+
+
+# The databases every consistency test runs on; a MySQL alias is one isolation level.
+ALIASES = ["default", *map(_alias, ["postgres", "mysql", "mysql_repeatable_read"])]
+# Those that let a second connection commit while a transaction is open (not SQLite's file).
+SERVERS = ALIASES[1:]
+ALL_DBS = [alias for alias in settings.DATABASES if alias != "postgres_pool"]
 db_all = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
 
 STOCK = 5
@@ -136,20 +142,22 @@ def test_unlocked_purchases_oversell(alias: str, atomic_requests: Any) -> None:
 
 
 @db_all
-@pytest.mark.skipif("postgres" not in settings.DATABASES, reason="PostgreSQL not reachable")
-def test_unlocked_purchases_oversell_under_atomic_requests(atomic_requests: Any) -> None:
-    atomic_requests("postgres", True)
-    statuses, orders, stock = buy_concurrently("purchase-unlocked", "postgres")
+@pytest.mark.parametrize("alias", SERVERS)
+def test_unlocked_purchases_oversell_under_atomic_requests(
+    alias: str, atomic_requests: Any
+) -> None:
+    atomic_requests(alias, True)
+    statuses, orders, stock = buy_concurrently("purchase-unlocked", alias)
     assert orders > STOCK, (statuses, orders, stock)
 
 
 @db_all
-@pytest.mark.skipif("postgres" not in settings.DATABASES, reason="PostgreSQL not reachable")
-def test_lock_released_before_commit_oversells(atomic_requests: Any) -> None:
+@pytest.mark.parametrize("alias", SERVERS)
+def test_lock_released_before_commit_oversells(alias: str, atomic_requests: Any) -> None:
     # A lock taken inside the view and released before Django commits the
     # request's transaction: the next holder reads stock not yet committed.
-    atomic_requests("postgres", True)
-    statuses, orders, stock = buy_concurrently("purchase-naive", "postgres")
+    atomic_requests(alias, True)
+    statuses, orders, stock = buy_concurrently("purchase-naive", alias)
     assert orders > STOCK, (statuses, orders, stock)
 
 
