@@ -105,3 +105,19 @@ def _databases_required() -> None:
     ]:
         if os.environ.get(variable) == "1" and alias not in settings.DATABASES:
             pytest.fail(f"{server} is required ({variable}=1) but did not answer")
+
+
+@pytest.fixture(autouse=True)
+def _connection_pools_closed() -> Iterator[None]:
+    """Django keeps one pool per alias for the life of the process: closed
+    after each test, so that no pooled connection outlives the test database."""
+    yield
+    from django.conf import settings
+    from django.db import connections
+
+    for alias, database in settings.DATABASES.items():
+        if database.get("OPTIONS", {}).get("pool"):
+            connection = connections[alias]
+            if alias in getattr(connection, "_connection_pools", {}):
+                connection.close()  # this thread's, back to the pool
+                connection.close_pool()

@@ -106,7 +106,7 @@ if _postgres_reachable():
     else:
         DATABASES["postgres_pool"] = {
             **PG,
-            "OPTIONS": {"pool": {"min_size": 0, "max_size": 8, "timeout": 10}},
+            "OPTIONS": {"pool": {"min_size": 0, "max_size": 16, "timeout": 10}},
             "TEST": {"MIRROR": "postgres"},
         }
 

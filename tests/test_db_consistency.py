@@ -1,9 +1,10 @@
 """The lock keeps the database consistent: transactions, concurrent purchases, fencing.
 
 Purchases run in real threads, each with its own database connection, against
-SQLite (a file), PostgreSQL (the "postgres" alias) and MariaDB or MySQL at
-READ COMMITTED and REPEATABLE READ ("mysql", "mysql_repeatable_read"), the
-servers when they answer (tests/settings.py). The unprotected and naively
+SQLite (a file), PostgreSQL (the "postgres" alias, and "postgres_pool"
+through Django's connection pool) and MariaDB or MySQL at READ COMMITTED and
+REPEATABLE READ ("mysql", "mysql_repeatable_read"), the servers when they
+answer (tests/settings.py). The unprotected and naively
 protected variants must oversell, or the tests that pass for the decorator
 would prove nothing.
 """
@@ -40,13 +41,17 @@ def _alias(alias: str) -> Any:
     )
 
 
-# The databases every consistency test runs on; a MySQL alias is one isolation level.
-ALIASES = ["default", *map(_alias, ["postgres", "mysql", "mysql_repeatable_read"])]
+# The databases every consistency test runs on: "postgres_pool" is PostgreSQL
+# through Django's connection pool; a MySQL alias is one isolation level.
+ALIASES = [
+    "default",
+    *map(_alias, ["postgres", "postgres_pool", "mysql", "mysql_repeatable_read"]),
+]
 # Those that let a second connection commit while a transaction is open (not SQLite's file).
 SERVERS = ALIASES[1:]
 # Every isolation level Django supports on MySQL (tests/settings.py).
 MYSQL_LEVELS = [_alias(alias) for alias in settings.MYSQL_ISOLATION_LEVELS]
-ALL_DBS = [alias for alias in settings.DATABASES if alias != "postgres_pool"]
+ALL_DBS = list(settings.DATABASES)
 db_all = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
 
 STOCK = 5
