@@ -67,9 +67,12 @@ def fenced_update(
     one runs only when it updated nothing, to tell "no such row" (0) from "a
     newer holder wrote" (``StaleFence``). Any other queryset costs two (the
     UPDATE, then a check for newer tokens) in a transaction of its own when
-    the caller has none. Inside a transaction, ``StaleFence`` marks the whole
-    transaction for rollback, as a lost lock does: a holder whose lease ran
-    out commits nothing.
+    the caller has none. On MySQL and MariaDB the check inside a transaction
+    is a locking read (``SELECT ... FOR UPDATE``), which reads the rows as
+    last committed at every isolation level, REPEATABLE READ included.
+    Inside a transaction, ``StaleFence`` marks the whole transaction for
+    rollback, as a lost lock does: a holder whose lease ran out commits
+    nothing.
 
     ``fence=None`` is accepted only while ``REDISLOCK['ENABLED']`` is False
     (no lock, so no token): then it is a plain ``update()``.
@@ -86,7 +89,7 @@ def fenced_update(
         # One row: the UPDATE alone is all or nothing, and when it updates
         # that row no row of the queryset can hold a newer token.
         updated = mine.update(**{field: fence}, **updates)
-        if updated or not queryset.filter(**{f"{field}__gt": fence}).exists():
+        if updated or not _newer_token_stored(queryset, field, fence):
             return updated
         raise _refused(queryset, fence)
     # All or nothing without a savepoint: on its own, this is one transaction;
@@ -97,7 +100,7 @@ def fenced_update(
     # commit the rest of its work.
     with transaction.atomic(using=queryset.db, savepoint=False):
         updated = mine.update(**{field: fence}, **updates)
-        if queryset.filter(**{f"{field}__gt": fence}).exists():
+        if _newer_token_stored(queryset, field, fence):
             raise _stale(queryset, fence)
     return updated
 
@@ -116,10 +119,11 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
     (``UPDATE ... RETURNING``: PostgreSQL, SQLite 3.35 and later), the
     queryset names one row (an exact match on its primary key or another
     unique field, as ``filter(pk=...)``) and it reads plain instances.
-    Otherwise (other databases, ``values()``, ``annotate()``,
-    ``select_related()``, ``only()``...) the UPDATE and then ``get()``, whose
-    result it returns. ``fence=None`` is accepted only while
-    ``REDISLOCK['ENABLED']`` is False: then it is a plain ``get()``.
+    Otherwise (MySQL, MariaDB, ``values()``, ``annotate()``,
+    ``select_related()``, ``only()``...) ``fenced_update()`` and then, when
+    it claimed a row, ``get()``, whose result it returns. ``fence=None`` is
+    accepted only while ``REDISLOCK['ENABLED']`` is False: then it is a
+    plain ``get()``.
     """
     if not _is_token(fence, "fenced_get"):
         return queryset.get()
@@ -131,13 +135,41 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
         rows = _claim_returning(queryset.filter(**{f"{field}__lte": fence}), {field: fence})
         if rows:
             return rows[0]  # one row at most: _names_one_row
-        if queryset.filter(**{f"{field}__gt": fence}).exists():
+        if _newer_token_stored(queryset, field, fence):
             raise _refused(queryset, fence)
-        raise queryset.model.DoesNotExist(  # type: ignore[attr-defined]
-            f"{queryset.model._meta.object_name} matching query does not exist."
-        )
-    fenced_update(queryset, fence, field=field)
+        raise _does_not_exist(queryset)
+    if not fenced_update(queryset, fence, field=field):
+        # Nothing claimed and nothing newer: no row matches as last committed.
+        # get() would read the transaction's snapshot on MySQL under
+        # REPEATABLE READ, where a row a newer holder deleted is still found.
+        raise _does_not_exist(queryset)
+    # The claimed rows: the UPDATE read them as last committed, and from then
+    # on every read in this transaction sees this holder's own version.
     return queryset.get()
+
+
+def _newer_token_stored(queryset: models.QuerySet[Any], field: str, fence: int) -> bool:
+    """Whether a row of ``queryset``, as last committed, holds a token above ``fence``.
+
+    Inside a transaction on MySQL and MariaDB a plain SELECT reads the
+    transaction's snapshot under REPEATABLE READ (taken at its first read,
+    maybe before the newer holder committed; READ COMMITTED is per statement):
+    there the check would find nothing newer, and a stale holder's refused
+    UPDATE would pass for "no such row" or commit half its rows. A locking
+    read (``FOR UPDATE``) reads the last committed version at every InnoDB
+    isolation level, and waits for a writer still in its transaction. The
+    rows it locks are the ones this holder meant to write anyway. Elsewhere
+    a plain read: PostgreSQL at REPEATABLE READ and above refuses, in the
+    UPDATE itself, a row changed since the snapshot (a serialization
+    failure); SQLite lets one writer in at a time.
+    """
+    newer = queryset.filter(**{f"{field}__gt": fence})
+    connection = connections[queryset.db]
+    if connection.vendor == "mysql" and not connection.get_autocommit():
+        # Outside a transaction each statement reads what has committed, and
+        # Django refuses select_for_update() there.
+        newer = newer.select_for_update()
+    return newer.exists()
 
 
 def _is_token(fence: int | None, caller: str) -> TypeGuard[int]:
@@ -246,6 +278,11 @@ def _refused(queryset: models.QuerySet[Any], fence: int) -> StaleFence:
     if connection.in_atomic_block:
         connection.set_rollback(True)
     return _stale(queryset, fence)
+
+
+def _does_not_exist(queryset: models.QuerySet[Any]) -> Exception:
+    model: Any = queryset.model
+    return model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
 
 
 def _stale(queryset: models.QuerySet[Any], fence: int) -> StaleFence:

@@ -3,6 +3,7 @@
 
     python3 example_project/demo.py
     python3 example_project/demo.py --only carts --postgres postgres://postgres@127.0.0.1/test
+    python3 example_project/demo.py --only carts --mysql mysql://root@127.0.0.1:3306/test
 
 On this machine only, and cleaned up afterwards, it:
 
@@ -13,8 +14,9 @@ On this machine only, and cleaned up afterwards, it:
    (used under a key prefix unique to this run; nothing else is touched),
    else a private ``redis-server`` on a free port, stopped at the end;
 3. migrates a fresh SQLite database in a temporary directory, or with
-   ``--postgres URL`` a database of its own that it creates on that
-   PostgreSQL server and drops at the end, and seeds the products;
+   ``--postgres URL`` (``--mysql URL``) a database of its own that it
+   creates on that PostgreSQL (MariaDB, MySQL) server and drops at the end,
+   and seeds the products;
 4. serves the shop with gunicorn (several processes, several threads each)
    on a free loopback port;
 5. sends many concurrent purchases to the unsafe endpoint, the locked one and
@@ -64,8 +66,9 @@ PROJECT_DIR = Path(__file__).resolve().parent
 REPO_DIR = PROJECT_DIR.parent
 VENV_DIR = PROJECT_DIR / ".venv"
 REQUIRED_MODULES = ("django", "redis", "django_redis", "gunicorn")
-# With --postgres only; requirements.txt leaves it out for SQLite users.
+# With --postgres or --mysql only; requirements.txt leaves them out for SQLite users.
 POSTGRES_DRIVER = ("psycopg", "psycopg[binary]>=3.1")
+MYSQL_DRIVER = ("MySQLdb", "mysqlclient>=2.2.1")  # built from source: needs the client headers
 
 
 class DemoError(Exception):
@@ -77,23 +80,23 @@ def say(message: str = "") -> None:
 
 
 # -- 1. environment -------------------------------------------------------------------
-def missing_modules(*, postgres: bool = False) -> list[str]:
-    wanted = [*REQUIRED_MODULES, POSTGRES_DRIVER[0]] if postgres else REQUIRED_MODULES
+def missing_modules(*, driver: tuple[str, str] | None = None) -> list[str]:
+    wanted = [*REQUIRED_MODULES, driver[0]] if driver else REQUIRED_MODULES
     return [name for name in wanted if importlib.util.find_spec(name) is None]
 
 
-def ensure_environment(*, postgres: bool = False) -> None:
+def ensure_environment(*, driver: tuple[str, str] | None = None) -> None:
     """Return if the requirements import; otherwise re-run inside .venv (made once)."""
     if sys.version_info < (3, 10):  # noqa: UP036  (say so, rather than fail obscurely)
         raise DemoError("Python 3.10 or newer is needed (Django 5.2); run it with python3.10+")
-    missing = missing_modules(postgres=postgres)
+    missing = missing_modules(driver=driver)
     if not missing:
         return
     venv_python = VENV_DIR / "bin" / "python"
     if Path(sys.prefix).resolve() == VENV_DIR.resolve():
         raise DemoError(
             f"{', '.join(missing)} still missing in {VENV_DIR} after installing "
-            f"requirements.txt{' and ' + POSTGRES_DRIVER[1] if postgres else ''}; delete "
+            f"requirements.txt{' and ' + driver[1] if driver else ''}; delete "
             "that directory and run the demo again"
         )
     if not venv_python.exists():
@@ -131,9 +134,9 @@ def ensure_environment(*, postgres: bool = False) -> None:
         if installed.returncode != 0:
             raise DemoError("pip could not install requirements.txt (see its output above)")
         stamp.write_bytes(requirements)
-    has_driver = [str(venv_python), "-c", f"import {POSTGRES_DRIVER[0]}"]
-    if postgres and subprocess.run(has_driver, capture_output=True, check=False).returncode:
-        say(f"demo: installing {POSTGRES_DRIVER[1]} into it for --postgres (once)")
+    has_driver = [str(venv_python), "-c", f"import {driver[0] if driver else 'sys'}"]
+    if driver and subprocess.run(has_driver, capture_output=True, check=False).returncode:
+        say(f"demo: installing {driver[1]} into it (once)")
         installed = subprocess.run(
             [
                 str(venv_python),
@@ -142,12 +145,12 @@ def ensure_environment(*, postgres: bool = False) -> None:
                 "install",
                 "--disable-pip-version-check",
                 "--quiet",
-                POSTGRES_DRIVER[1],
+                driver[1],
             ],
             check=False,
         )
         if installed.returncode != 0:
-            raise DemoError(f"pip could not install {POSTGRES_DRIVER[1]} (see its output above)")
+            raise DemoError(f"pip could not install {driver[1]} (see its output above)")
     say("demo: continuing inside example_project/.venv")
     os.execv(str(venv_python), [str(venv_python), str(Path(__file__).resolve()), *sys.argv[1:]])
 
@@ -297,6 +300,54 @@ def drop_postgres_database(url: str, name: str) -> None:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
+
+
+def _mysql_connect(url: str) -> Any:
+    import MySQLdb
+
+    from example.dburl import parse
+
+    entry = parse(url)
+    where = {"unix_socket": entry["HOST"]} if entry["HOST"].startswith("/") else {}
+    return MySQLdb.connect(
+        host=entry["HOST"] or "localhost",
+        port=int(entry["PORT"] or 3306),
+        user=entry["USER"],
+        password=entry["PASSWORD"],
+        connect_timeout=5,
+        **where,
+    )
+
+
+def create_mysql_database(url: str) -> tuple[str, str]:
+    """``create_postgres_database`` for a MariaDB or MySQL server."""
+    try:
+        import MySQLdb
+    except ImportError:
+        raise DemoError(
+            f"--mysql needs mysqlclient: {sys.executable} -m pip install '{MYSQL_DRIVER[1]}'"
+        ) from None
+    name = f"redislock_demo_{secrets.token_hex(4)}"
+    try:
+        conn = _mysql_connect(url)
+        try:
+            conn.cursor().execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        finally:
+            conn.close()
+    except MySQLdb.Error as exc:
+        raise DemoError(
+            f"could not create a database on the server --mysql names ({exc}); "
+            "check the URL, and that its user may CREATE DATABASE"
+        ) from None
+    return name, urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+
+
+def drop_mysql_database(url: str, name: str) -> None:
+    conn = _mysql_connect(url)
+    try:
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
 
 
 # -- 4. gunicorn -------------------------------------------------------------------------
@@ -630,7 +681,10 @@ def reset_products(product_ids: list[int], stock: int) -> None:
 
 
 def postgres_deadlocks() -> int | None:
-    """Deadlocks PostgreSQL has detected in this run's database; None on SQLite.
+    """Deadlocks PostgreSQL has detected in this run's database; None elsewhere.
+
+    MariaDB and MySQL count deadlocks only for the whole server, other
+    clients' included: there a deadlocked request shows as a 500 alone.
 
     A server process reports its counts as it exits, and gunicorn's end with
     each request (``CONN_MAX_AGE`` is 0): so first wait until no other
@@ -970,7 +1024,8 @@ def print_results(results: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def deadlocks(run: dict[str, Any]) -> str:
-    return "- (SQLite)" if run["deadlocks"] is None else str(run["deadlocks"])
+    # Counted per database on PostgreSQL only; MariaDB counts them server-wide.
+    return "not counted" if run["deadlocks"] is None else str(run["deadlocks"])
 
 
 def print_carts(results: dict[str, Any], args: argparse.Namespace) -> None:
@@ -1041,12 +1096,15 @@ def cart_control(results: dict[str, Any]) -> str:
     if unprotected["double_charges"]:
         found.append(f"charged retried carts {unprotected['double_charges']} extra times")
     deadlocked = (unsafe["deadlocks"] or 0) + (unprotected["deadlocks"] or 0)
+    errors = unsafe["server_errors_5xx"] + unprotected["server_errors_5xx"]
     if deadlocked:
-        errors = unsafe["server_errors_5xx"] + unprotected["server_errors_5xx"]
         found.append(f"hit {deadlocked} database deadlocks ({errors} answers were 500)")
+    elif errors:
+        found.append(f"{errors} answers were 500 (deadlocks are counted on PostgreSQL only)")
     if results["database"] == "sqlite":
         found.append(
-            "SQLite takes one writer at a time, so it cannot deadlock: --postgres shows that"
+            "SQLite takes one writer at a time, so it cannot deadlock: --postgres or "
+            "--mysql shows that"
         )
     return "; ".join(found) if found else "no failure seen in this run"
 
@@ -1175,6 +1233,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(default: SQLite in a temporary directory)",
     )
     parser.add_argument(
+        "--mysql",
+        metavar="URL",
+        help="run on MariaDB or MySQL, as --postgres does (mysql://user@host:3306/dbname; "
+        "?isolation_level=repeatable+read for another level than READ COMMITTED)",
+    )
+    parser.add_argument(
         "--only",
         type=scenario_list,
         default=list(SCENARIOS),
@@ -1183,6 +1247,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE")
     args = parser.parse_args(argv)
+    if args.postgres and args.mysql:
+        parser.error("--postgres and --mysql: choose one database")
     if args.cart_products < 2:
         parser.error("--cart-products must be 2 or more: a cart needs two products")
     return args
@@ -1220,7 +1286,7 @@ def run(args: argparse.Namespace) -> int:
     prefix = f"demo-{secrets.token_hex(4)}"
     redis_choice: RedisChoice | None = None
     gunicorn: subprocess.Popen[bytes] | None = None
-    postgres_name: str | None = None
+    server_database: tuple[Callable[[str, str], None], str, str] | None = None  # drop, URL, name
     started = time.monotonic()
     steps = 3 + len(args.only)
     step = itertools.count(1)
@@ -1233,8 +1299,13 @@ def run(args: argparse.Namespace) -> int:
         redis_choice = choose_redis(workdir, private=args.private_redis)
         say(f"    using {redis_choice.description}, keys under {prefix}:")
         if args.postgres:
-            postgres_name, database_url = create_postgres_database(args.postgres)
-            database = f"PostgreSQL database {postgres_name} (dropped at the end)"
+            name, database_url = create_postgres_database(args.postgres)
+            server_database = (drop_postgres_database, args.postgres, name)
+            database = f"PostgreSQL database {name} (dropped at the end)"
+        elif args.mysql:
+            name, database_url = create_mysql_database(args.mysql)
+            server_database = (drop_mysql_database, args.mysql, name)
+            database = f"MariaDB/MySQL database {name} (dropped at the end)"
         else:
             database_url = f"sqlite:///{workdir / 'db.sqlite3'}"
             database = f"fresh SQLite in {workdir}"
@@ -1276,8 +1347,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"    ready in {ready:.1f} s")
 
         results: dict[str, Any] = {
-            "database": "postgresql" if args.postgres else "sqlite",
-            "postgres_database": postgres_name,
+            "database": connection.vendor,  # sqlite, postgresql or mysql (MariaDB too)
+            "server_database": server_database[2] if server_database else None,
             "scenarios": args.only,
         }
         if "purchases" in args.only:
@@ -1349,15 +1420,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         stop_process(gunicorn)
-        if postgres_name is not None:
+        if server_database is not None:
             if "django.db" in sys.modules:
                 from django.db import connections
 
                 connections.close_all()
+            drop, url, name = server_database
             try:
-                drop_postgres_database(args.postgres, postgres_name)
+                drop(url, name)
             except Exception as exc:
-                say(f"demo: could not drop the database {postgres_name}: {exc}; drop it by hand")
+                say(f"demo: could not drop the database {name}: {exc}; drop it by hand")
         if redis_choice is not None:
             if redis_choice.shared:
                 with contextlib.suppress(Exception):
@@ -1369,7 +1441,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        ensure_environment(postgres=args.postgres is not None)
+        ensure_environment(
+            driver=POSTGRES_DRIVER if args.postgres else MYSQL_DRIVER if args.mysql else None
+        )
         with terminate_on_sigterm():
             return run(args)
     except DemoError as exc:

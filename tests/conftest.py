@@ -93,9 +93,31 @@ def redis_factory() -> Iterator[type[RedisServer]]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _postgres_required() -> None:
-    """In CI (REDISLOCK_REQUIRE_POSTGRES=1) a missing PostgreSQL is a failure."""
+def _databases_required() -> None:
+    """In CI (REDISLOCK_REQUIRE_POSTGRES=1, REDISLOCK_REQUIRE_MYSQL=1) a
+    database server that did not answer is a failure, not skipped tests."""
     from django.conf import settings
 
-    if os.environ.get("REDISLOCK_REQUIRE_POSTGRES") == "1" and "postgres" not in settings.DATABASES:
-        pytest.fail("PostgreSQL is required (REDISLOCK_REQUIRE_POSTGRES=1) but did not answer")
+    for variable, alias, server in [
+        ("REDISLOCK_REQUIRE_POSTGRES", "postgres", "PostgreSQL"),
+        ("REDISLOCK_REQUIRE_POSTGRES", "postgres_pool", "Django's pool (psycopg[pool])"),
+        ("REDISLOCK_REQUIRE_MYSQL", "mysql", "MariaDB/MySQL"),
+    ]:
+        if os.environ.get(variable) == "1" and alias not in settings.DATABASES:
+            pytest.fail(f"{server} is required ({variable}=1) but did not answer")
+
+
+@pytest.fixture(autouse=True)
+def _connection_pools_closed() -> Iterator[None]:
+    """Django keeps one pool per alias for the life of the process: closed
+    after each test, so that no pooled connection outlives the test database."""
+    yield
+    from django.conf import settings
+    from django.db import connections
+
+    for alias, database in settings.DATABASES.items():
+        if database.get("OPTIONS", {}).get("pool"):
+            connection = connections[alias]
+            if alias in getattr(connection, "_connection_pools", {}):
+                connection.close()  # this thread's, back to the pool
+                connection.close_pool()

@@ -1,4 +1,4 @@
-"""Settings for the test suite: one private Redis, SQLite or PostgreSQL."""
+"""Settings for the test suite: one private Redis; SQLite, PostgreSQL, MariaDB/MySQL."""
 
 from __future__ import annotations
 
@@ -104,6 +104,70 @@ PG: dict[str, Any] = {
 }
 if _postgres_reachable():
     DATABASES["postgres"] = PG
+    # The same database through Django's connection pool (Django 5.1+,
+    # psycopg_pool): a connection closed by Django goes back to the pool, open.
+    try:
+        import psycopg_pool  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        DATABASES["postgres_pool"] = {
+            **PG,
+            "OPTIONS": {"pool": {"min_size": 0, "max_size": 16, "timeout": 10}},
+            "TEST": {"MIRROR": "postgres"},
+        }
+
+
+def _mysql_reachable() -> bool:
+    try:
+        import MySQLdb
+    except ImportError:
+        return False
+    try:
+        MySQLdb.connect(
+            host=MYSQL["HOST"],
+            port=int(MYSQL["PORT"]),
+            user=MYSQL["USER"],
+            password=MYSQL["PASSWORD"],
+            database=MYSQL["NAME"],
+            connect_timeout=2,
+        ).close()
+    except Exception:
+        return False
+    return True
+
+
+# MariaDB or MySQL (InnoDB, mysqlclient), when a server answers
+# (127.0.0.1:3306, user root, database "test", by default; the
+# REDISLOCK_MYSQL_* variables below say otherwise). The suite creates and drops
+# its own test database there, named after the process as PostgreSQL's is.
+# "mysql" runs at READ COMMITTED, Django's default for MySQL; each other alias
+# is the same test database at another isolation level (TEST MIRROR: one
+# database, created and flushed once), through connections of its own.
+# REDISLOCK_REQUIRE_MYSQL=1 (CI) turns its absence into a failure.
+MYSQL: dict[str, Any] = {
+    "ENGINE": "django.db.backends.mysql",
+    "HOST": os.environ.get("REDISLOCK_MYSQL_HOST", "127.0.0.1"),
+    "PORT": os.environ.get("REDISLOCK_MYSQL_PORT", "3306"),
+    "USER": os.environ.get("REDISLOCK_MYSQL_USER", "root"),
+    "PASSWORD": os.environ.get("REDISLOCK_MYSQL_PASSWORD", ""),
+    "NAME": os.environ.get("REDISLOCK_MYSQL_DATABASE", "test"),
+    "OPTIONS": {"isolation_level": "read committed"},
+    "TEST": {"NAME": f"test_django_redislock_{os.getpid()}"},
+}
+MYSQL_ISOLATION_LEVELS = {
+    "mysql": "read committed",
+    "mysql_repeatable_read": "repeatable read",
+    "mysql_serializable": "serializable",
+    "mysql_read_uncommitted": "read uncommitted",
+}
+if _mysql_reachable():
+    for _alias, _level in MYSQL_ISOLATION_LEVELS.items():
+        DATABASES[_alias] = {
+            **MYSQL,
+            "OPTIONS": {"isolation_level": _level},
+            "TEST": MYSQL["TEST"] if _alias == "mysql" else {"MIRROR": "mysql"},
+        }
 
 REDISLOCK: dict[str, object] = {}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -8,7 +8,7 @@ connection is opened before the wait instead (``transactions.connect_early``).
 Each test closes the connection first, as the end of the previous request
 does with ``CONN_MAX_AGE = 0``, then records the order of two events: the
 ``connection_created`` signal of the alias and the ``lock_acquired`` signal.
-Real SQLite and PostgreSQL, real Redis.
+Real SQLite and PostgreSQL (also through Django's connection pool), real Redis.
 """
 
 from __future__ import annotations
@@ -30,12 +30,22 @@ from tests.testapp.models import Product
 
 pytestmark = pytest.mark.urls("tests.urls_locked")
 
-ALL_DBS = ["default", "postgres"] if "postgres" in settings.DATABASES else ["default"]
+ALL_DBS = [
+    alias for alias in ["default", "postgres", "postgres_pool"] if alias in settings.DATABASES
+]
 db_all = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
 needs_postgres = pytest.mark.skipif(
     "postgres" not in settings.DATABASES, reason="PostgreSQL not reachable"
 )
-ALIASES = ["default", pytest.param("postgres", marks=needs_postgres)]
+needs_pool = pytest.mark.skipif(
+    "postgres_pool" not in settings.DATABASES, reason="PostgreSQL or psycopg_pool missing"
+)
+# "postgres_pool": PostgreSQL through Django's connection pool (tests/settings.py).
+ALIASES = [
+    "default",
+    pytest.param("postgres", marks=needs_postgres),
+    pytest.param("postgres_pool", marks=needs_pool),
+]
 CONNECTED_FIRST = ["connect", "acquired"]
 LOCKED_FIRST = ["acquired", "connect"]
 
@@ -115,24 +125,43 @@ def test_a_view_connects_first_to_the_database_it_used_before(events: Events, al
 
 
 @db_all
-@needs_postgres
+@pytest.mark.parametrize("alias", ALIASES[1:])
 @pytest.mark.usefixtures("early_on")
 def test_a_view_connects_first_to_its_atomic_requests_database(
-    events: Events, monkeypatch: pytest.MonkeyPatch
+    events: Events, monkeypatch: pytest.MonkeyPatch, alias: str
 ) -> None:
-    # The decorator opens the request's transaction on "postgres" inside the
+    # The decorator opens the request's transaction on the database inside the
     # lock; its connection is opened before, from the first call.
-    monkeypatch.setitem(connections.settings["postgres"], "ATOMIC_REQUESTS", True)
-    assert buy("postgres") == 200
-    assert events["postgres"] == CONNECTED_FIRST
+    monkeypatch.setitem(connections.settings[alias], "ATOMIC_REQUESTS", True)
+    assert buy(alias) == 200
+    assert events[alias] == CONNECTED_FIRST
 
 
 @db_all
-@needs_postgres
-def test_a_list_names_the_databases_to_connect_first(events: Events) -> None:
-    with override_settings(REDISLOCK={"CONNECT_EARLY": ["postgres"]}):
-        assert buy("postgres") == 200
-    assert events["postgres"] == CONNECTED_FIRST
+@pytest.mark.parametrize("alias", ALIASES[1:])
+def test_a_list_names_the_databases_to_connect_first(events: Events, alias: str) -> None:
+    with override_settings(REDISLOCK={"CONNECT_EARLY": [alias]}):
+        assert buy(alias) == 200
+    assert events[alias] == CONNECTED_FIRST
+
+
+@db_all
+@needs_pool
+@pytest.mark.usefixtures("early_on")
+def test_with_django_s_pool_the_early_connection_goes_back_to_the_pool(
+    events: Events, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Taken from the pool before the lock: the one the view then uses, and
+    the only one, given back when the request's connection is closed."""
+    monkeypatch.setitem(connections.settings["postgres_pool"], "ATOMIC_REQUESTS", True)
+    for _ in range(3):
+        assert buy("postgres_pool") == 200  # closes this thread's connection first
+        assert events["postgres_pool"] == CONNECTED_FIRST
+    assert Product.objects.using("postgres_pool").filter(stock=0).count() == 3
+    # As at the end of a request (the test client keeps the connection open).
+    connections["postgres_pool"].close()
+    stats = connections["postgres_pool"].pool.get_stats()
+    assert (stats["pool_size"], stats["pool_available"]) == (1, 1), stats
 
 
 @db_all

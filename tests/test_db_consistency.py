@@ -1,9 +1,12 @@
 """The lock keeps the database consistent: transactions, concurrent purchases, fencing.
 
 Purchases run in real threads, each with its own database connection, against
-SQLite (a file) and PostgreSQL (the "postgres" alias, when a server answers).
-The unprotected and naively protected variants must oversell, or the tests
-that pass for the decorator would prove nothing.
+SQLite (a file), PostgreSQL (the "postgres" alias, and "postgres_pool"
+through Django's connection pool) and MariaDB or MySQL at READ COMMITTED and
+REPEATABLE READ ("mysql", "mysql_repeatable_read"), the servers when they
+answer (tests/settings.py). The unprotected and naively
+protected variants must oversell, or the tests that pass for the decorator
+would prove nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from django.db.transaction import TransactionManagementError
 from django.test import Client, override_settings
 
 from django_redislock import LockLost, current_lock, get_lock, redis_lock, redis_locked
-from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_update
+from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_get, fenced_update
 from django_redislock.signals import lock_lost, lock_released
 from tests.test_decorators import force_release, make_get
 from tests.testapp import views_locked
@@ -29,16 +32,26 @@ from tests.testapp.models import GiftCard, Order, Product
 
 pytestmark = pytest.mark.urls("tests.urls_locked")
 
+
+def _alias(alias: str) -> Any:
+    server = "PostgreSQL" if alias.startswith("postgres") else "MariaDB/MySQL"
+    return pytest.param(
+        alias,
+        marks=pytest.mark.skipif(alias not in settings.DATABASES, reason=f"{server} not reachable"),
+    )
+
+
+# The databases every consistency test runs on: "postgres_pool" is PostgreSQL
+# through Django's connection pool; a MySQL alias is one isolation level.
 ALIASES = [
     "default",
-    pytest.param(
-        "postgres",
-        marks=pytest.mark.skipif(
-            "postgres" not in settings.DATABASES, reason="PostgreSQL not reachable"
-        ),
-    ),
+    *map(_alias, ["postgres", "postgres_pool", "mysql", "mysql_repeatable_read"]),
 ]
-ALL_DBS = ["default", "postgres"] if "postgres" in settings.DATABASES else ["default"]
+# Those that let a second connection commit while a transaction is open (not SQLite's file).
+SERVERS = ALIASES[1:]
+# Every isolation level Django supports on MySQL (tests/settings.py).
+MYSQL_LEVELS = [_alias(alias) for alias in settings.MYSQL_ISOLATION_LEVELS]
+ALL_DBS = list(settings.DATABASES)
 db_all = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
 
 STOCK = 5
@@ -136,20 +149,22 @@ def test_unlocked_purchases_oversell(alias: str, atomic_requests: Any) -> None:
 
 
 @db_all
-@pytest.mark.skipif("postgres" not in settings.DATABASES, reason="PostgreSQL not reachable")
-def test_unlocked_purchases_oversell_under_atomic_requests(atomic_requests: Any) -> None:
-    atomic_requests("postgres", True)
-    statuses, orders, stock = buy_concurrently("purchase-unlocked", "postgres")
+@pytest.mark.parametrize("alias", SERVERS)
+def test_unlocked_purchases_oversell_under_atomic_requests(
+    alias: str, atomic_requests: Any
+) -> None:
+    atomic_requests(alias, True)
+    statuses, orders, stock = buy_concurrently("purchase-unlocked", alias)
     assert orders > STOCK, (statuses, orders, stock)
 
 
 @db_all
-@pytest.mark.skipif("postgres" not in settings.DATABASES, reason="PostgreSQL not reachable")
-def test_lock_released_before_commit_oversells(atomic_requests: Any) -> None:
+@pytest.mark.parametrize("alias", SERVERS)
+def test_lock_released_before_commit_oversells(alias: str, atomic_requests: Any) -> None:
     # A lock taken inside the view and released before Django commits the
     # request's transaction: the next holder reads stock not yet committed.
-    atomic_requests("postgres", True)
-    statuses, orders, stock = buy_concurrently("purchase-naive", "postgres")
+    atomic_requests(alias, True)
+    statuses, orders, stock = buy_concurrently("purchase-naive", alias)
     assert orders > STOCK, (statuses, orders, stock)
 
 
@@ -607,6 +622,85 @@ def test_a_stale_fence_dooms_the_callers_transaction(alias: str) -> None:
         with pytest.raises(TransactionManagementError):
             products.count()  # Django refuses: the transaction must roll back
     assert products.get(pk=a.pk).name == "a"
+
+
+def newer_holder_commits(write: Callable[[], Any]) -> None:
+    """A newer holder, on a connection of its own (another thread), runs ``write`` and commits."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write()
+        except BaseException as exc:  # recorded, so a failure shows what happened
+            failed.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the newer holder hung"
+    assert not failed, failed
+
+
+# What a stale holder tries, with the fence 7, on rows a and b of which the
+# newer holder (fence 9) wrote b: each must raise StaleFence.
+STALE_WRITES: dict[str, Callable[[Any, Any, Any], Any]] = {
+    "fenced_update_one_row": lambda products, a, b: fenced_update(
+        products.filter(pk=b.pk), 7, stock=0
+    ),
+    "fenced_update_several_rows": lambda products, a, b: fenced_update(
+        products.filter(pk__in=[a.pk, b.pk]), 7, stock=0
+    ),
+    "fenced_get": lambda products, a, b: fenced_get(products.filter(pk=b.pk), 7),
+    "fenced_get_values": lambda products, a, b: fenced_get(
+        products.filter(pk=b.pk).values("stock"), 7
+    ),
+}
+
+
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", [SERVERS[0], *MYSQL_LEVELS])
+@pytest.mark.parametrize("read_first", [True, False], ids=["read_before", "no_read_before"])
+@pytest.mark.parametrize("attempt", list(STALE_WRITES))
+def test_a_stale_holder_inside_a_transaction_is_refused_at_every_isolation_level(
+    alias: str, read_first: bool, attempt: str
+) -> None:
+    """The newer holder commits while the stale holder's transaction is open.
+
+    With ``read_before`` that transaction read something first: under
+    REPEATABLE READ its reads see a snapshot from before the newer holder's
+    commit. The refusal must not depend on it, and nothing of the stale
+    holder's (its own order, half of a several-row update) may commit.
+    """
+    products = Product.objects.using(alias)
+    a = products.create(name="a", stock=5)
+    b = products.create(name="b", stock=5)
+    with pytest.raises(StaleFence), transaction.atomic(using=alias):
+        if read_first:
+            # Another table, so that SERIALIZABLE (reads lock) lets the newer holder in.
+            assert not Order.objects.using(alias).exists()
+        newer_holder_commits(lambda: fenced_update(products.filter(pk=b.pk), 9, stock=4))
+        Order.objects.using(alias).create(product_id=a.pk)
+        STALE_WRITES[attempt](products, a, b)
+    assert not Order.objects.using(alias).exists()
+    assert list(products.order_by("pk").values_list("stock", "fence")) == [(5, 0), (4, 9)]
+
+
+@pytest.mark.django_db(transaction=True, databases=ALL_DBS)
+@pytest.mark.parametrize("alias", [SERVERS[0], *MYSQL_LEVELS])
+@pytest.mark.parametrize("shape", ["instance", "values"])
+def test_fenced_get_of_a_row_a_newer_holder_deleted_raises_does_not_exist(
+    alias: str, shape: str
+) -> None:
+    products = Product.objects.using(alias)
+    a = products.create(name="a", stock=5)
+    queryset = products.filter(pk=a.pk)
+    with pytest.raises(Product.DoesNotExist), transaction.atomic(using=alias):
+        assert not Order.objects.using(alias).exists()  # the snapshot, under REPEATABLE READ
+        newer_holder_commits(lambda: products.filter(pk=a.pk).delete())
+        fenced_get(queryset if shape == "instance" else queryset.values("stock"), 7)
+    assert not products.exists()
 
 
 def _statements(alias: str, call: Callable[[], Any]) -> list[str]:

@@ -305,6 +305,29 @@ def _dburl() -> ModuleType:
                 "PORT": "5432",
             },
         ),
+        (
+            "mysql://root@127.0.0.1:3306/shop?isolation_level=repeatable+read",
+            {
+                "ENGINE": "django.db.backends.mysql",
+                "NAME": "shop",
+                "USER": "root",
+                "PASSWORD": "",
+                "HOST": "127.0.0.1",
+                "PORT": "3306",
+                "OPTIONS": {"isolation_level": "repeatable read"},
+            },
+        ),
+        (
+            "mariadb://shop:pw@%2Frun%2Fmysqld%2Fmysqld.sock/shop",
+            {
+                "ENGINE": "django.db.backends.mysql",
+                "NAME": "shop",
+                "USER": "shop",
+                "PASSWORD": "pw",
+                "HOST": "/run/mysqld/mysqld.sock",
+                "PORT": "",
+            },
+        ),
     ],
 )
 def test_database_url(url, expected):
@@ -312,5 +335,7 @@ def test_database_url(url, expected):
 
 
 def test_database_url_names_the_supported_schemes():
-    with pytest.raises(ValueError, match=r"'mysql' is not supported.*sqlite:///.*postgres://"):
-        _dburl().parse("mysql://root@localhost/shop")
+    with pytest.raises(
+        ValueError, match=r"'oracle' is not supported.*sqlite:///.*postgres://.*mysql://"
+    ):
+        _dburl().parse("oracle://scott@localhost/shop")

@@ -3,7 +3,8 @@
 Everything a deployment changes comes from the environment:
 
 ``DATABASE_URL``
-    ``postgres://...`` for PostgreSQL; unset, a SQLite file beside manage.py.
+    ``postgres://...`` for PostgreSQL, ``mysql://...`` for MariaDB or MySQL
+    (example/dburl.py); unset, a SQLite file beside manage.py.
 ``REDIS_URL``
     The Redis for locks, throttling and the cache (default redis://127.0.0.1:6379/0).
 ``SHOP_REDIS_PREFIX``
