@@ -15,13 +15,13 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
-from .conf import Problem, conf, problems
+from .conf import Problem, cache_backend, cache_locations, conf, problems
 
 __all__ = ["check_settings", "check_throttle_setup", "check_url_names", "register_problems"]
 
 MIDDLEWARE_PATH = "django_redislock.middleware.ConcurrencyLimitMiddleware"
 AUTH_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
-# What redis-py's ``from_url`` accepts (django-redis hands it LOCATION).
+# What redis-py's ``from_url`` accepts (both Redis cache backends hand it LOCATION).
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 # Other modules (the throttling rules, for one) add their own validators here.
@@ -48,27 +48,20 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
 
 
 # -- the cache's LOCATION ----------------------------------------------------------------
-def _locations(value: object) -> list[object]:
-    # django-redis takes a list of URLs, or one string with commas between them.
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",")]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
-
-
 def _location_problems() -> list[Problem]:
     raw = conf.raw
     alias = raw.get("CACHE", "default")
     if raw.get("CLIENT") is not None or not isinstance(alias, str):
         return []
     cache = getattr(django_settings, "CACHES", {}).get(alias)
-    if not isinstance(cache, dict) or not str(cache.get("BACKEND", "")).startswith("django_redis."):
+    if not isinstance(cache, dict) or cache_backend(cache) is None:
         return []  # E005 / E006 say what is wrong with the alias.
     found = []
-    for location in _locations(cache.get("LOCATION")):
+    # Replicas too: the cache reads from them, and fails there just the same.
+    for index, location in enumerate(cache_locations(cache)):
         if isinstance(location, str) and location.lower().startswith(URL_SCHEMES):
             continue
+        fails = "the first lock" if index == 0 else "the cache's first read from that replica"
         example = (
             f"redis://{location}/0"
             if isinstance(location, str) and location and "/" not in location
@@ -78,8 +71,8 @@ def _location_problems() -> list[Problem]:
             Problem(
                 "django_redislock.E011",
                 f"CACHES[{alias!r}]['LOCATION'] = {location!r} is not a Redis URL: it needs a "
-                "scheme (redis://, rediss:// or unix://); the first lock would fail with "
-                "redis-py's ValueError.",
+                f"scheme (redis://, rediss:// or unix://); {fails} would fail with redis-py's "
+                "ValueError.",
                 f"Write it as a URL, e.g. {example!r} (or 'unix:///path/to/redis.sock?db=0').",
             )
         )
