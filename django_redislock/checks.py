@@ -59,20 +59,23 @@ def _location_problems() -> list[Problem]:
     found = []
     # Replicas too: the cache reads from them, and fails there just the same.
     for index, location in enumerate(cache_locations(cache)):
-        if isinstance(location, str) and location.lower().startswith(URL_SCHEMES):
+        # Case-sensitive, as redis-py reads it: "REDIS://" is refused too.
+        if isinstance(location, str) and location.startswith(URL_SCHEMES):
             continue
         fails = "the first lock" if index == 0 else "the cache's first read from that replica"
-        example = (
-            f"redis://{location}/0"
-            if isinstance(location, str) and location and "/" not in location
-            else "redis://127.0.0.1:6379/0"
-        )
+        example = "redis://127.0.0.1:6379/0"
+        if isinstance(location, str):
+            scheme, sep, rest = location.partition("://")
+            if sep and f"{scheme.lower()}://" in URL_SCHEMES:
+                example = f"{scheme.lower()}://{rest}"
+            elif location and "/" not in location:
+                example = f"redis://{location}/0"
         found.append(
             Problem(
                 "django_redislock.E011",
                 f"CACHES[{alias!r}]['LOCATION'] = {location!r} is not a Redis URL: it needs a "
-                f"scheme (redis://, rediss:// or unix://); {fails} would fail with redis-py's "
-                "ValueError.",
+                f"scheme in lower case (redis://, rediss:// or unix://); {fails} would fail "
+                "with redis-py's ValueError.",
                 f"Write it as a URL, e.g. {example!r} (or 'unix:///path/to/redis.sock?db=0').",
             )
         )

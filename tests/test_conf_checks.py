@@ -253,6 +253,9 @@ def _redis_cache(location: Any) -> dict[str, Any]:
         (["redis://a:1/0", "b:2"], ["b:2"], "redis://b:2/0"),
         ("redis://a:1/0,b:2,c:3", ["b:2", "c:3"], "redis://b:2/0"),
         (None, [None], "redis://127.0.0.1:6379/0"),
+        # redis-py reads the scheme case-sensitively.
+        ("REDIS://127.0.0.1/0", ["REDIS://127.0.0.1/0"], "redis://127.0.0.1/0"),
+        (["redis://a:1/0", "Unix:///run/r.sock"], ["Unix:///run/r.sock"], "unix:///run/r.sock"),
     ],
 )
 def test_e011_location_without_a_scheme(location: Any, bad: list[Any], example: str) -> None:
@@ -271,7 +274,6 @@ def test_e011_location_without_a_scheme(location: Any, bad: list[Any], example: 
         "redis://127.0.0.1:6379/0",
         "rediss://user:pw@example.com:6380/1",
         "unix:///run/redis.sock?db=0",
-        "REDIS://127.0.0.1/0",
         ["redis://a:1/0", "redis://b:2/0"],
         "redis://a:1/0, redis://b:2/0",
     ],
@@ -328,15 +330,16 @@ def test_e011_not_raised_when_a_client_factory_replaces_the_cache() -> None:
         assert check_settings() == []
 
 
+@pytest.mark.parametrize("location", ["127.0.0.1:6391", "REDIS://127.0.0.1:6391/0"])
 @pytest.mark.parametrize("caches", [_redis_cache, _django_cache])
-def test_e011_is_what_the_first_lock_would_hit(caches: Any) -> None:
+def test_e011_is_what_the_first_lock_would_hit(caches: Any, location: str) -> None:
     # The mistake the check reports: redis-py refuses the location at the first use.
     from django_redislock import connection, get_lock
 
     connection.reset()
     try:
         with (
-            override_settings(CACHES=caches("127.0.0.1:6391"), REDISLOCK={}),
+            override_settings(CACHES=caches(location), REDISLOCK={}),
             pytest.raises(ValueError, match="scheme"),
         ):
             get_lock("x").acquire()
