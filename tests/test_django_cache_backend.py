@@ -209,6 +209,8 @@ def acl_server(redis_factory: Any) -> RedisServer:
         ("redis://locker:s3cret@127.0.0.1:{port}/2", {}),
         ("redis://127.0.0.1:{port}", {"username": "locker", "password": "s3cret", "db": 2}),
         ("redis://:s3cret@127.0.0.1:{port}/2", {"username": "locker"}),
+        # What the URL says wins, as in redis-py's from_url.
+        ("redis://locker:s3cret@127.0.0.1:{port}/2", {"username": "x", "password": "y", "db": 5}),
     ],
 )
 def test_username_password_and_db(
