@@ -16,6 +16,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
 from .conf import Problem, cache_backend, cache_locations, conf, problems
+from .core.green import RENEWAL_HINT, green_runtime, renewal_warning
 
 __all__ = ["check_settings", "check_throttle_setup", "check_url_names", "register_problems"]
 
@@ -44,7 +45,25 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     for validator in _extra:
         found.extend(validator())
     found.extend(_location_problems())
+    found.extend(_green_problems())
     return [_message(p) for p in found]
+
+
+# -- renewal on green threads ----------------------------------------------------------
+def _green_problems() -> list[Problem]:
+    # Only REDISLOCK["RENEW"]: a decorator's or a lock's own renew=True is
+    # told by the log at its first renewal (core/renewal.py), in the process
+    # that runs it, which is where green threads matter.
+    runtime = green_runtime()
+    if runtime is None or conf.raw.get("RENEW") is not True:
+        return []
+    return [
+        Problem(
+            "django_redislock.W004",
+            f"REDISLOCK['RENEW'] is True. {renewal_warning(runtime)}",
+            RENEWAL_HINT,
+        )
+    ]
 
 
 # -- the cache's LOCATION ----------------------------------------------------------------
