@@ -15,13 +15,14 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
-from .conf import Problem, conf, problems
+from .conf import Problem, cache_backend, cache_locations, conf, problems
+from .core.green import RENEWAL_HINT, green_runtime, renewal_warning
 
 __all__ = ["check_settings", "check_throttle_setup", "check_url_names", "register_problems"]
 
 MIDDLEWARE_PATH = "django_redislock.middleware.ConcurrencyLimitMiddleware"
 AUTH_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
-# What redis-py's ``from_url`` accepts (django-redis hands it LOCATION).
+# What redis-py's ``from_url`` accepts (both Redis cache backends hand it LOCATION).
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 # Other modules (the throttling rules, for one) add their own validators here.
@@ -44,42 +45,56 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     for validator in _extra:
         found.extend(validator())
     found.extend(_location_problems())
+    found.extend(_green_problems())
     return [_message(p) for p in found]
 
 
+# -- renewal on green threads ----------------------------------------------------------
+def _green_problems() -> list[Problem]:
+    # Only REDISLOCK["RENEW"]: a decorator's or a lock's own renew=True is
+    # told by the log at its first renewal (core/renewal.py), in the process
+    # that runs it, which is where green threads matter.
+    runtime = green_runtime()
+    if runtime is None or conf.raw.get("RENEW") is not True:
+        return []
+    return [
+        Problem(
+            "django_redislock.W004",
+            f"REDISLOCK['RENEW'] is True. {renewal_warning(runtime)}",
+            RENEWAL_HINT,
+        )
+    ]
+
+
 # -- the cache's LOCATION ----------------------------------------------------------------
-def _locations(value: object) -> list[object]:
-    # django-redis takes a list of URLs, or one string with commas between them.
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",")]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    return [value]
-
-
 def _location_problems() -> list[Problem]:
     raw = conf.raw
     alias = raw.get("CACHE", "default")
     if raw.get("CLIENT") is not None or not isinstance(alias, str):
         return []
     cache = getattr(django_settings, "CACHES", {}).get(alias)
-    if not isinstance(cache, dict) or not str(cache.get("BACKEND", "")).startswith("django_redis."):
+    if not isinstance(cache, dict) or cache_backend(cache) is None:
         return []  # E005 / E006 say what is wrong with the alias.
     found = []
-    for location in _locations(cache.get("LOCATION")):
-        if isinstance(location, str) and location.lower().startswith(URL_SCHEMES):
+    # Replicas too: the cache reads from them, and fails there just the same.
+    for index, location in enumerate(cache_locations(cache)):
+        # Case-sensitive, as redis-py reads it: "REDIS://" is refused too.
+        if isinstance(location, str) and location.startswith(URL_SCHEMES):
             continue
-        example = (
-            f"redis://{location}/0"
-            if isinstance(location, str) and location and "/" not in location
-            else "redis://127.0.0.1:6379/0"
-        )
+        fails = "the first lock" if index == 0 else "the cache's first read from that replica"
+        example = "redis://127.0.0.1:6379/0"
+        if isinstance(location, str):
+            scheme, sep, rest = location.partition("://")
+            if sep and f"{scheme.lower()}://" in URL_SCHEMES:
+                example = f"{scheme.lower()}://{rest}"
+            elif location and "/" not in location:
+                example = f"redis://{location}/0"
         found.append(
             Problem(
                 "django_redislock.E011",
                 f"CACHES[{alias!r}]['LOCATION'] = {location!r} is not a Redis URL: it needs a "
-                "scheme (redis://, rediss:// or unix://); the first lock would fail with "
-                "redis-py's ValueError.",
+                f"scheme in lower case (redis://, rediss:// or unix://); {fails} would fail "
+                "with redis-py's ValueError.",
                 f"Write it as a URL, e.g. {example!r} (or 'unix:///path/to/redis.sock?db=0').",
             )
         )

@@ -7,6 +7,7 @@ the system checks (``checks.py``) without touching the network.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +17,21 @@ from django.conf import settings as django_settings
 from .core.base import is_seconds
 from .core.keys import validate_prefix
 
-__all__ = ["DEFAULTS", "Problem", "conf", "problems"]
+__all__ = [
+    "DEFAULTS",
+    "DJANGO_REDIS_CACHE",
+    "Problem",
+    "cache_backend",
+    "cache_locations",
+    "conf",
+    "problems",
+]
 
 DEFAULTS: dict[str, Any] = {
     # Master switch: when False, decorators and middleware run the code unlocked.
     "ENABLED": True,
-    # django-redis CACHES alias whose connection settings are used.
+    # CACHES alias (django-redis, or Django's own RedisCache) whose connection
+    # settings are used.
     "CACHE": "default",
     # Dotted path to a callable returning a redis client (Cluster, custom setups).
     "CLIENT": None,
@@ -188,6 +198,39 @@ class Settings:
 conf = Settings()
 
 
+# Django's own Redis cache backend (Django 4.0+). django-redis is any backend
+# under ``django_redis.``, as it always was.
+DJANGO_REDIS_CACHE = "django.core.cache.backends.redis.RedisCache"
+
+
+def cache_backend(cache: object) -> str | None:
+    """Which Redis cache a ``CACHES`` entry is: ``"django-redis"``, ``"django"`` or None."""
+    backend = str(cache.get("BACKEND", "")) if isinstance(cache, dict) else ""
+    if backend.startswith("django_redis."):
+        return "django-redis"
+    if backend == DJANGO_REDIS_CACHE:
+        return "django"
+    return None
+
+
+def cache_locations(cache: dict[str, Any]) -> list[object]:
+    """The servers of a Redis ``CACHES`` entry, read as its backend reads them.
+
+    Both backends write to the first and read from the others (replicas), so
+    the first is the one every lock goes to. A string is split as the backend
+    splits it: django-redis on commas, Django's RedisCache on commas and
+    semicolons (without stripping spaces, which its redis-py then refuses).
+    """
+    value = cache.get("LOCATION")
+    if isinstance(value, str):
+        if cache_backend(cache) == "django":
+            return list(re.split("[;,]", value))
+        return [part.strip() for part in value.split(",")]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
 @dataclass(frozen=True)
 class Problem:
     id: str
@@ -268,18 +311,21 @@ def problems() -> list[Problem]:
             Problem(
                 "django_redislock.E005",
                 f"REDISLOCK['CACHE'] = {value('CACHE')!r} names no entry of CACHES.",
-                "Add a django-redis cache under that alias to CACHES, or set "
-                "REDISLOCK['CACHE'] to an existing alias.",
+                "Add a Redis cache (django-redis, or Django's own RedisCache) under that "
+                "alias to CACHES, or set REDISLOCK['CACHE'] to an existing alias.",
             )
         )
     else:
-        backend = getattr(django_settings, "CACHES", {}).get(value("CACHE"), {}).get("BACKEND", "")
-        if value("CLIENT") is None and not str(backend).startswith("django_redis."):
+        cache = getattr(django_settings, "CACHES", {}).get(value("CACHE"), {})
+        if value("CLIENT") is None and cache_backend(cache) is None:
+            backend = cache.get("BACKEND", "") if isinstance(cache, dict) else cache
             found.append(
                 Problem(
                     "django_redislock.E006",
-                    f"CACHES[{value('CACHE')!r}] uses {backend!r}, not django-redis.",
-                    "Use BACKEND 'django_redis.cache.RedisCache' for that alias, or point "
+                    f"CACHES[{value('CACHE')!r}] uses {backend!r}, which is not a Redis cache "
+                    "the library can read its connection from.",
+                    "Use BACKEND 'django_redis.cache.RedisCache' (django-redis) or "
+                    f"{DJANGO_REDIS_CACHE!r} (Django's own) for that alias, or point "
                     "REDISLOCK['CACHE'] at one that does (or set REDISLOCK['CLIENT']).",
                 )
             )

@@ -1,4 +1,8 @@
-"""Redis clients for the library, built from a django-redis ``CACHES`` alias.
+"""Redis clients for the library, built from a ``CACHES`` alias.
+
+The alias is a django-redis cache or Django's own ``RedisCache``; either way
+the library reads the connection parameters of its first server (the one both
+write to) and never uses the cache itself.
 
 The cache's own client may have no socket timeout (redis-py's default) and its
 own retry policy. Lock calls must be bounded (DESIGN invariant 8), so the
@@ -24,11 +28,12 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from django.conf import settings
 from django.utils.module_loading import import_string
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from .conf import conf
+from .conf import cache_backend, cache_locations, conf
 
 __all__ = ["get_async_client", "get_client", "reset"]
 
@@ -131,9 +136,37 @@ def _retry() -> Retry:
 
 
 def _cache_client(alias: str) -> Any:
+    """A client whose pool holds the connection parameters of ``alias``'s primary.
+
+    It is only read (its pool's class and kwargs), never used: a pool connects
+    on first use.
+    """
+    cache = getattr(settings, "CACHES", {}).get(alias)
+    if isinstance(cache, dict) and cache_backend(cache) == "django":
+        return _django_cache_client(cache)
     from django_redis import get_redis_connection
 
     return get_redis_connection(alias)
+
+
+def _django_cache_client(cache: dict[str, Any]) -> redis.Redis:
+    """What Django's ``RedisCache`` would connect to for a write, built as it builds it.
+
+    Its ``RedisCacheClient`` passes OPTIONS (but ``serializer``) to
+    ``pool_class.from_url`` of the first LOCATION, and reads from the others,
+    its replicas: a lock is a write, so only the first counts. Built from the
+    settings, not through the cache object, whose client is private to Django.
+    """
+    options = dict(cache.get("OPTIONS") or {})
+    options.pop("serializer", None)
+    pool_class = options.pop("pool_class", None) or redis.ConnectionPool
+    if isinstance(pool_class, str):
+        pool_class = import_string(pool_class)
+    if isinstance(options.get("parser_class"), str):
+        options["parser_class"] = import_string(options["parser_class"])
+    # Not a str: redis-py's from_url says what is wrong, as the cache's would (E011).
+    pool = pool_class.from_url(cache_locations(cache)[0], **options)  # type: ignore[arg-type]
+    return redis.Redis(connection_pool=pool)
 
 
 def _user_client(path_or_callable: Any, *, asyncio_client: bool) -> Any:

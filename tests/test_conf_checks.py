@@ -16,7 +16,7 @@ from django.core.management.base import SystemCheckError
 from django.test import RequestFactory, override_settings
 
 from django_redislock.checks import check_settings, check_throttle_setup, check_url_names
-from django_redislock.conf import DEFAULTS, conf
+from django_redislock.conf import DEFAULTS, DJANGO_REDIS_CACHE, conf
 from django_redislock.middleware import ConcurrencyLimitMiddleware
 
 REDIS_CACHE = {
@@ -120,6 +120,19 @@ def test_non_django_redis_cache_is_e006() -> None:
         # A CLIENT factory replaces the cache: then any backend is fine.
         with override_settings(REDISLOCK={"CLIENT": "tests.settings.make_client"}):
             assert check_settings() == []
+
+
+def test_djangos_own_redis_cache_is_not_e006() -> None:
+    # Django 4.0+'s backend: the library reads its connection as it reads django-redis's.
+    caches = {"default": {"BACKEND": DJANGO_REDIS_CACHE, "LOCATION": "redis://127.0.0.1:1/0"}}
+    with override_settings(CACHES=caches, REDISLOCK={}):
+        assert check_settings() == []
+    caches = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCacheX"}}
+    with override_settings(CACHES=caches, REDISLOCK={}):
+        messages = check_settings()
+    assert _ids(messages) == ["django_redislock.E006"]
+    assert "'django.core.cache.backends.redis.RedisCacheX'" in messages[0].msg
+    assert repr(DJANGO_REDIS_CACHE) in messages[0].hint
 
 
 def test_e005_names_the_alias_and_passes_with_another_alias() -> None:
@@ -240,6 +253,9 @@ def _redis_cache(location: Any) -> dict[str, Any]:
         (["redis://a:1/0", "b:2"], ["b:2"], "redis://b:2/0"),
         ("redis://a:1/0,b:2,c:3", ["b:2", "c:3"], "redis://b:2/0"),
         (None, [None], "redis://127.0.0.1:6379/0"),
+        # redis-py reads the scheme case-sensitively.
+        ("REDIS://127.0.0.1/0", ["REDIS://127.0.0.1/0"], "redis://127.0.0.1/0"),
+        (["redis://a:1/0", "Unix:///run/r.sock"], ["Unix:///run/r.sock"], "unix:///run/r.sock"),
     ],
 )
 def test_e011_location_without_a_scheme(location: Any, bad: list[Any], example: str) -> None:
@@ -258,7 +274,6 @@ def test_e011_location_without_a_scheme(location: Any, bad: list[Any], example: 
         "redis://127.0.0.1:6379/0",
         "rediss://user:pw@example.com:6380/1",
         "unix:///run/redis.sock?db=0",
-        "REDIS://127.0.0.1/0",
         ["redis://a:1/0", "redis://b:2/0"],
         "redis://a:1/0, redis://b:2/0",
     ],
@@ -266,6 +281,45 @@ def test_e011_location_without_a_scheme(location: Any, bad: list[Any], example: 
 def test_e011_accepts_redis_urls(location: Any) -> None:
     with override_settings(CACHES=_redis_cache(location), REDISLOCK={}):
         assert check_settings() == []
+
+
+def _django_cache(location: Any) -> dict[str, Any]:
+    return {"default": {"BACKEND": DJANGO_REDIS_CACHE, "LOCATION": location}}
+
+
+@pytest.mark.parametrize(
+    ("location", "bad"),
+    [
+        ("127.0.0.1:6391", ["127.0.0.1:6391"]),
+        (["redis://a:1/0", "b:2"], ["b:2"]),
+        # Django splits on semicolons too, and keeps the spaces (which redis-py refuses).
+        ("redis://a:1/0;b:2", ["b:2"]),
+        ("redis://a:1/0, redis://b:2/0", [" redis://b:2/0"]),
+        (None, [None]),
+    ],
+)
+def test_e011_for_djangos_own_redis_cache(location: Any, bad: list[Any]) -> None:
+    with override_settings(CACHES=_django_cache(location), REDISLOCK={}):
+        messages = check_settings()
+    assert _ids(messages) == ["django_redislock.E011"] * len(bad)
+    for message, value in zip(messages, bad, strict=True):
+        assert f"= {value!r} is not a Redis URL" in message.msg
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["redis://a:1/0", "redis://a:1/0;unix:///run/redis.sock?db=1", ["rediss://a/0", "redis://b/0"]],
+)
+def test_e011_accepts_djangos_own_redis_urls(location: Any) -> None:
+    with override_settings(CACHES=_django_cache(location), REDISLOCK={}):
+        assert check_settings() == []
+
+
+def test_e011_says_which_use_would_fail() -> None:
+    with override_settings(CACHES=_redis_cache(["a:1", "b:2"]), REDISLOCK={}):
+        first, replica = check_settings()
+    assert "the first lock would fail" in first.msg
+    assert "the cache's first read from that replica would fail" in replica.msg
 
 
 def test_e011_not_raised_when_a_client_factory_replaces_the_cache() -> None:
@@ -276,14 +330,16 @@ def test_e011_not_raised_when_a_client_factory_replaces_the_cache() -> None:
         assert check_settings() == []
 
 
-def test_e011_is_what_the_first_lock_would_hit() -> None:
+@pytest.mark.parametrize("location", ["127.0.0.1:6391", "REDIS://127.0.0.1:6391/0"])
+@pytest.mark.parametrize("caches", [_redis_cache, _django_cache])
+def test_e011_is_what_the_first_lock_would_hit(caches: Any, location: str) -> None:
     # The mistake the check reports: redis-py refuses the location at the first use.
     from django_redislock import connection, get_lock
 
     connection.reset()
     try:
         with (
-            override_settings(CACHES=_redis_cache("127.0.0.1:6391"), REDISLOCK={}),
+            override_settings(CACHES=caches(location), REDISLOCK={}),
             pytest.raises(ValueError, match="scheme"),
         ):
             get_lock("x").acquire()

@@ -24,14 +24,13 @@ FAST = {"SOCKET_TIMEOUT": 0.3, "CONNECT_TIMEOUT": 0.3, "TIMEOUT": 5, "WAIT": 0}
 OLD_WORDS = "could not be reached in time"
 
 
-def _caches(location: str, **options: Any) -> dict[str, Any]:
-    return {
-        "default": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": location,
-            "OPTIONS": options,
-        }
-    }
+def _caches(
+    location: str, backend: str = "django_redis.cache.RedisCache", **options: Any
+) -> dict[str, Any]:
+    return {"default": {"BACKEND": backend, "LOCATION": location, "OPTIONS": options}}
+
+
+DJANGO_BACKEND = "django.core.cache.backends.redis.RedisCache"
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +83,10 @@ ATTEMPTS = {"sync": _sync_error, "async": _async_error}
         ("redis://someone:wrong@127.0.0.1:{port}/0", {}),
         ("redis://127.0.0.1:{port}/0", {"PASSWORD": "wrong"}),
         ("redis://127.0.0.1:{port}/0", {}),
+        # Django's own RedisCache: its OPTIONS are redis-py's, in lower case.
+        ("redis://127.0.0.1:{port}/0", {"backend": DJANGO_BACKEND, "password": "wrong"}),
+        ("redis://:wrong@127.0.0.1:{port}/0", {"backend": DJANGO_BACKEND}),
+        ("redis://127.0.0.1:{port}/0", {"backend": DJANGO_BACKEND}),
     ],
 )
 def test_wrong_or_missing_password(
@@ -98,12 +101,19 @@ def test_wrong_or_missing_password(
     assert message.startswith(
         f"Redis at {address} did not accept the client's username and password running "
     )
-    assert "USERNAME/PASSWORD in CACHES' OPTIONS, or user:password in the LOCATION URL" in message
+    assert (
+        "user:password in the LOCATION URL, or in CACHES' OPTIONS: PASSWORD for django-redis, "
+        "username and password for Django's RedisCache" in message
+    )
     assert OLD_WORDS not in message
 
 
-def test_the_right_password_works(locked_server: RedisServer) -> None:
-    caches = _caches(f"redis://127.0.0.1:{locked_server.port}/0", PASSWORD="right-one")
+@pytest.mark.parametrize(
+    "options",
+    [{"PASSWORD": "right-one"}, {"backend": DJANGO_BACKEND, "password": "right-one"}],
+)
+def test_the_right_password_works(locked_server: RedisServer, options: dict[str, Any]) -> None:
+    caches = _caches(f"redis://127.0.0.1:{locked_server.port}/0", **options)
     with override_settings(CACHES=caches, REDISLOCK=FAST):
         lock = get_lock("reason")
         assert lock.acquire()

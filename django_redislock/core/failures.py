@@ -82,8 +82,9 @@ def unavailable(doing: str, exc: BaseException, address: str | None) -> RedisUna
     if reason == AUTH:
         text = (
             f"Redis{at} did not accept the client's username and password {doing}: {exc} "
-            "Check the credentials the client uses (with Django: USERNAME/PASSWORD in "
-            "CACHES' OPTIONS, or user:password in the LOCATION URL)."
+            "Check the credentials the client uses (with Django: user:password in the "
+            "LOCATION URL, or in CACHES' OPTIONS: PASSWORD for django-redis, username and "
+            "password for Django's RedisCache)."
         )
     elif reason == PERMISSION:
         text = (

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Protocol
 
+from .green import RENEWAL_HINT, green_runtime, renewal_warning
+
 __all__ = ["Renewable", "watchdog"]
 
 logger = logging.getLogger("django_redislock.renew")
@@ -35,8 +37,15 @@ class Watchdog:
         self._active: dict[int, int] = {}  # id(lock) -> sequence number of its entry
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        self._runtime_checked = False
 
     def add(self, lock: Renewable, delay: float) -> None:
+        if not self._runtime_checked and getattr(lock, "renew", False):
+            # Once per process (a fork starts a new watchdog), at the first
+            # renewing lock: gunicorn's and Celery's green workers patch before
+            # they load the project, and show no system check (W004).
+            self._runtime_checked = True
+            _warn_if_green()
         with self._cond:
             seq = next(self._seq)
             self._active[id(lock)] = seq
@@ -84,6 +93,12 @@ class Watchdog:
                     del self._active[id(lock)]
                 else:
                     heapq.heappush(self._heap, (time.monotonic() + again, seq, lock))
+
+
+def _warn_if_green() -> None:
+    runtime = green_runtime()
+    if runtime is not None:
+        logger.warning("%s %s (django_redislock.W004)", renewal_warning(runtime), RENEWAL_HINT)
 
 
 watchdog = Watchdog()
