@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .core.exceptions import (
@@ -18,6 +19,13 @@ from .core.multi import MultiLock
 from .core.multi_async import AsyncMultiLock
 
 __version__ = "0.2.0"
+
+# Library code never prints. Without a handler of its own, a WARNING from a
+# logger the project did not configure (Django configures "django", not the
+# root) would go to logging.lastResort, which writes it to stderr: under the
+# answer of "manage.py redislocks clear", for one. A project's LOGGING still
+# gets every record.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Names whose modules import Django: loaded on first use, so that importing
 # the package (or its Django-free core) never needs configured settings.
