@@ -99,6 +99,7 @@ def test_wrong_or_missing_password(
         f"Redis at {address} did not accept the client's username and password running "
     )
     assert "USERNAME/PASSWORD in CACHES' OPTIONS, or user:password in the LOCATION URL" in message
+    assert ". Check the credentials" in message  # two sentences, not one run-on
     assert OLD_WORDS not in message
 
 
