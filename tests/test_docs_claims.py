@@ -77,11 +77,17 @@ def test_the_librarys_clients_retry_a_broken_connection_once_never_a_timeout() -
 
 
 def test_settings_table_matches_the_defaults() -> None:
-    """docs/settings.rst: every key of the table, with the default it states."""
+    """docs/settings.rst: every key, under an anchor of its own (``setting-KEY``,
+    which the guides link to), with the default it states."""
     section = page("settings")
-    rows = re.findall(r"^``([A-Z_]+)``\s{2,}\S.*?\s{2,}(\S+)\s{2,}", section, re.MULTILINE)
-    assert {key for key, _ in rows} == set(DEFAULTS)
-    for key, shown in rows:
+    rows = re.findall(
+        r"^\.\. _setting-([A-Z_]+):\n\n``([A-Z_]+)``\n    [^;]*;\s+default\s+(\S+?)\.\s",
+        section,
+        re.MULTILINE,
+    )
+    assert {anchor for anchor, _, _ in rows} == set(DEFAULTS)
+    for anchor, key, shown in rows:
+        assert anchor == key
         text = shown.strip("`")
         value = ast.literal_eval(text)
         assert value == DEFAULTS[key], (key, shown, DEFAULTS[key])
