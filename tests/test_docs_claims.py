@@ -423,3 +423,44 @@ def test_the_signatures_written_in_the_docs_are_the_real_ones(
     module, _, name = target.rpartition(".")
     func = getattr(importlib.import_module(module), name)
     assert _documented_signature(page(page_name), call) == _bare(func)
+
+
+_PATH = re.compile(r"(?<![\w`])[\w./-]*\w\.(?:py|lua|rst|html|ini|toml|cfg)\b")
+
+
+def _plain_paths(doc: str) -> list[str]:
+    """File paths a docstring shows as plain text, outside ````literal```` markup."""
+    return _PATH.findall(re.sub(r"``[^`]*``", "", doc))
+
+
+def test_docstrings_show_file_paths_as_literals() -> None:
+    """The API reference (docs/api.rst, from the docstrings) shows a file path as
+    ``literal`` text, as the pages do, never as plain words."""
+    assert _plain_paths("see docs/locks.rst and ``core/keys.py``") == ["docs/locks.rst"]
+    found = []
+    for path in sorted((ROOT / "django_redislock").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False) or ""
+                found += [f"{path.name}: {node.name}: {p}" for p in _plain_paths(doc)]
+    assert not found, found
+
+
+GUIDES = ["index", "tutorial", "views", "locks", "semaphores", "rwlocks", "testing", "metrics"]
+
+
+@pytest.mark.parametrize("name", GUIDES)
+def test_the_guides_link_to_the_api_reference_and_the_settings(name: str) -> None:
+    """The guides name API objects with roles that link to docs/api.rst, and
+    settings with links to their entries in docs/settings.rst (sphinx-build -W
+    checks that every link has a target)."""
+    text = page(name)
+    assert re.search(r":(?:func|class|exc):`~?django_redislock\.", text), name
+    if name in {"views", "locks", "semaphores", "testing"}:
+        assert re.search(r":ref:`[^`]*<setting-[A-Z_]+>`", text), name
+
+
+def test_the_index_page_shows_the_quick_starts_view() -> None:
+    """docs/index.rst: the decorated purchase view of the Quick start (the
+    tutorial's ``buy``, which tests/test_tutorial.py holds equal to it)."""
+    assert ".. literalinclude:: tutorial/mysite/shop/views.py\n   :pyobject: buy\n" in page("index")
