@@ -464,3 +464,42 @@ def test_the_index_page_shows_the_quick_starts_view() -> None:
     """docs/index.rst: the decorated purchase view of the Quick start (the
     tutorial's ``buy``, which tests/test_tutorial.py holds equal to it)."""
     assert ".. literalinclude:: tutorial/mysite/shop/views.py\n   :pyobject: buy\n" in page("index")
+
+
+def _readme_sections() -> set[str]:
+    lines = README.splitlines()
+    return {lines[i - 1] for i, line in enumerate(lines) if i and re.fullmatch(r"[=-]{3,}", line)}
+
+
+def _pointers_to_missing_readme_sections(text: str, sections: set[str]) -> list[str]:
+    """Sentences of ``text`` that send the reader to a README section it does not have."""
+    missing = []
+    for sentence in re.split(r"(?<=[.;:])\s", " ".join(text.split())):
+        if "README" not in sentence:
+            continue
+        named = re.findall(r"[\"'“]([^\"'”]+)[\"'”]", sentence)
+        if "section" in sentence or "covers" in sentence:
+            if not named or any(name not in sections for name in named):
+                missing.append(sentence)
+        elif any(name not in sections for name in named if name[:1].isupper()):
+            missing.append(sentence)
+    return missing
+
+
+def test_the_pages_point_only_at_readme_sections_that_exist() -> None:
+    """docs/*.rst: a page that sends the reader to a README section names one the
+    README has (the README is short: what it once covered moved to the pages)."""
+    sections = _readme_sections()
+    assert {"Installation", "Quick start"} <= sections
+    assert _pointers_to_missing_readme_sections(
+        'See the README\'s "Throttling heavy requests" section.', sections
+    )
+    assert _pointers_to_missing_readme_sections("The README covers every argument.", sections)
+    assert not _pointers_to_missing_readme_sections(
+        'The README\'s "Quick start" shows it.', sections
+    )
+    found = {
+        path.name: _pointers_to_missing_readme_sections(path.read_text(), sections)
+        for path in sorted((ROOT / "docs").glob("*.rst"))
+    }
+    assert not any(found.values()), {k: v for k, v in found.items() if v}
