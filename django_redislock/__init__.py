@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 from .core.exceptions import (
     LockError,
@@ -17,7 +18,14 @@ from .core.lock_async import AsyncLock
 from .core.multi import MultiLock
 from .core.multi_async import AsyncMultiLock
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# Library code never prints. Without a handler of its own, a WARNING from a
+# logger the project did not configure (Django configures "django", not the
+# root) would go to logging.lastResort, which writes it to stderr: under the
+# answer of "manage.py redislocks clear", for one. A project's LOGGING still
+# gets every record.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # Names whose modules import Django: loaded on first use, so that importing
 # the package (or its Django-free core) never needs configured settings.
@@ -26,34 +34,87 @@ _LAZY = {
     "redis_lock": "decorators",
     "current_lock": "decorators",
     "current_fence": "decorators",
+    "fenced_get": "fencing",
+    "fenced_update": "fencing",
+    "StaleFence": "fencing",
     "get_lock": "locks",
     "get_async_lock": "locks",
     "get_multi_lock": "locks",
     "get_async_multi_lock": "locks",
+    "get_semaphore": "locks",
+    "get_async_semaphore": "locks",
+    "get_rw_lock": "locks",
+    "get_async_rw_lock": "locks",
     "Semaphore": "core.semaphore",
     "AsyncSemaphore": "core.semaphore_async",
+    "ReadWriteLock": "core.rwlock",
+    "AsyncReadWriteLock": "core.rwlock_async",
     "concurrency_limited": "middleware",
     "idempotent": "idempotency",
     "unique_task": "unique",
     "TaskNotUnique": "unique",
-    "ReadWriteLock": "core.rwlock",
-    "AsyncReadWriteLock": "core.rwlock_async",
-    "get_rw_lock": "locks",
-    "get_async_rw_lock": "locks",
 }
 
+# The same names for type checkers, which never run __getattr__ below: without
+# these imports every lazy name would be Any to them. tests/test_typing.py
+# checks that this block and _LAZY name the same objects.
+if TYPE_CHECKING:
+    from .core.rwlock import ReadWriteLock
+    from .core.rwlock_async import AsyncReadWriteLock
+    from .core.semaphore import Semaphore
+    from .core.semaphore_async import AsyncSemaphore
+    from .decorators import current_fence, current_lock, redis_lock, redis_locked
+    from .fencing import StaleFence, fenced_get, fenced_update
+    from .idempotency import idempotent
+    from .locks import (
+        get_async_lock,
+        get_async_multi_lock,
+        get_async_rw_lock,
+        get_async_semaphore,
+        get_lock,
+        get_multi_lock,
+        get_rw_lock,
+        get_semaphore,
+    )
+    from .middleware import concurrency_limited
+    from .unique import TaskNotUnique, unique_task
+
+# Spelled out, not built from _LAZY: type checkers and linters read only a
+# literal list (a strict mypy re-exports nothing else).
 __all__ = [
     "AsyncLock",
     "AsyncMultiLock",
+    "AsyncReadWriteLock",
+    "AsyncSemaphore",
+    "concurrency_limited",
+    "current_fence",
+    "current_lock",
+    "fenced_get",
+    "fenced_update",
+    "get_async_lock",
+    "get_async_multi_lock",
+    "get_async_rw_lock",
+    "get_async_semaphore",
+    "get_lock",
+    "get_multi_lock",
+    "get_rw_lock",
+    "get_semaphore",
+    "idempotent",
     "Lock",
     "LockError",
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
     "MultiLock",
+    "ReadWriteLock",
+    "redis_lock",
+    "redis_locked",
     "RedisUnavailable",
     "ReplicationTimeout",
-    *_LAZY,
+    "Semaphore",
+    "StaleFence",
+    "TaskNotUnique",
+    "unique_task",
 ]
 
 

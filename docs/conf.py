@@ -10,6 +10,7 @@ from django.conf import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
 # autodoc imports the Django side of the package, which needs configured
 # settings; nothing here connects to Redis or to a database.
@@ -44,7 +45,9 @@ release = django_redislock.__version__
 version = ".".join(release.split(".")[:2])
 
 # No intersphinx: the build must not need the network.
-extensions = ["sphinx.ext.autodoc"]
+# rendered_errors (docs/_ext): fails the build on what a page shows as an error
+# without a warning, such as Furo's box over a ".. contents::" table.
+extensions = ["sphinx.ext.autodoc", "rendered_errors"]
 
 exclude_patterns = ["_build"]
 html_theme = "furo"

@@ -77,11 +77,17 @@ def test_the_librarys_clients_retry_a_broken_connection_once_never_a_timeout() -
 
 
 def test_settings_table_matches_the_defaults() -> None:
-    """docs/settings.rst: every key of the table, with the default it states."""
+    """docs/settings.rst: every key, under an anchor of its own (``setting-KEY``,
+    which the guides link to), with the default it states."""
     section = page("settings")
-    rows = re.findall(r"^``([A-Z_]+)``\s{2,}\S.*?\s{2,}(\S+)\s{2,}", section, re.MULTILINE)
-    assert {key for key, _ in rows} == set(DEFAULTS)
-    for key, shown in rows:
+    rows = re.findall(
+        r"^\.\. _setting-([A-Z_]+):\n\n``([A-Z_]+)``\n    [^;]*;\s+default\s+(\S+?)\.\s",
+        section,
+        re.MULTILINE,
+    )
+    assert {anchor for anchor, _, _ in rows} == set(DEFAULTS)
+    for anchor, key, shown in rows:
+        assert anchor == key
         text = shown.strip("`")
         value = ast.literal_eval(text)
         assert value == DEFAULTS[key], (key, shown, DEFAULTS[key])
@@ -417,3 +423,83 @@ def test_the_signatures_written_in_the_docs_are_the_real_ones(
     module, _, name = target.rpartition(".")
     func = getattr(importlib.import_module(module), name)
     assert _documented_signature(page(page_name), call) == _bare(func)
+
+
+_PATH = re.compile(r"(?<![\w`])[\w./-]*\w\.(?:py|lua|rst|html|ini|toml|cfg)\b")
+
+
+def _plain_paths(doc: str) -> list[str]:
+    """File paths a docstring shows as plain text, outside ````literal```` markup."""
+    return _PATH.findall(re.sub(r"``[^`]*``", "", doc))
+
+
+def test_docstrings_show_file_paths_as_literals() -> None:
+    """The API reference (docs/api.rst, from the docstrings) shows a file path as
+    ``literal`` text, as the pages do, never as plain words."""
+    assert _plain_paths("see docs/locks.rst and ``core/keys.py``") == ["docs/locks.rst"]
+    found = []
+    for path in sorted((ROOT / "django_redislock").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node, clean=False) or ""
+                found += [f"{path.name}: {node.name}: {p}" for p in _plain_paths(doc)]
+    assert not found, found
+
+
+GUIDES = ["index", "tutorial", "views", "locks", "semaphores", "rwlocks", "testing", "metrics"]
+
+
+@pytest.mark.parametrize("name", GUIDES)
+def test_the_guides_link_to_the_api_reference_and_the_settings(name: str) -> None:
+    """The guides name API objects with roles that link to docs/api.rst, and
+    settings with links to their entries in docs/settings.rst (sphinx-build -W
+    checks that every link has a target)."""
+    text = page(name)
+    assert re.search(r":(?:func|class|exc):`~?django_redislock\.", text), name
+    if name in {"views", "locks", "semaphores", "testing"}:
+        assert re.search(r":ref:`[^`]*<setting-[A-Z_]+>`", text), name
+
+
+def test_the_index_page_shows_the_quick_starts_view() -> None:
+    """docs/index.rst: the decorated purchase view of the Quick start (the
+    tutorial's ``buy``, which tests/test_tutorial.py holds equal to it)."""
+    assert ".. literalinclude:: tutorial/mysite/shop/views.py\n   :pyobject: buy\n" in page("index")
+
+
+def _readme_sections() -> set[str]:
+    lines = README.splitlines()
+    return {lines[i - 1] for i, line in enumerate(lines) if i and re.fullmatch(r"[=-]{3,}", line)}
+
+
+def _pointers_to_missing_readme_sections(text: str, sections: set[str]) -> list[str]:
+    """Sentences of ``text`` that send the reader to a README section it does not have."""
+    missing = []
+    for sentence in re.split(r"(?<=[.;:])\s", " ".join(text.split())):
+        if "README" not in sentence:
+            continue
+        named = re.findall(r"[\"'“]([^\"'”]+)[\"'”]", sentence)
+        if "section" in sentence or "covers" in sentence:
+            if not named or any(name not in sections for name in named):
+                missing.append(sentence)
+        elif any(name not in sections for name in named if name[:1].isupper()):
+            missing.append(sentence)
+    return missing
+
+
+def test_the_pages_point_only_at_readme_sections_that_exist() -> None:
+    """docs/*.rst: a page that sends the reader to a README section names one the
+    README has (the README is short: what it once covered moved to the pages)."""
+    sections = _readme_sections()
+    assert {"Installation", "Quick start"} <= sections
+    assert _pointers_to_missing_readme_sections(
+        'See the README\'s "Throttling heavy requests" section.', sections
+    )
+    assert _pointers_to_missing_readme_sections("The README covers every argument.", sections)
+    assert not _pointers_to_missing_readme_sections(
+        'The README\'s "Quick start" shows it.', sections
+    )
+    found = {
+        path.name: _pointers_to_missing_readme_sections(path.read_text(), sections)
+        for path in sorted((ROOT / "docs").glob("*.rst"))
+    }
+    assert not any(found.values()), {k: v for k, v in found.items() if v}

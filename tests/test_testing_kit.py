@@ -359,6 +359,10 @@ def test_documented_pytest_examples_pass_with_the_entry_point(entry_point_path: 
         "-q",
         "-c",
         str(EXAMPLES / "pytest.ini"),
+        # The file names a new project's settings (docs/testing.rst); the
+        # examples run against the suite's.
+        "--ds",
+        "tests.settings",
         str(EXAMPLES / "test_with_pytest.py"),
         env=child_env(entry_point_path),
     )

@@ -7,10 +7,13 @@ every ``$ command`` of a ``console`` block runs, its output compared line for
 line with the output the page shows under it. A ``text`` block is an example
 and is not compared. What the test does differently from a reader, and why:
 
-* ``python3 -m venv .venv`` makes the venv without pip, with a ``.pth`` file
-  that puts this checkout's ``django_redislock`` and the running environment's
-  packages on its path; ``pip install django-redislock gunicorn`` then only
-  checks that both import. No network, and the working tree is what is tested.
+* ``git clone`` of the project's repository (the ``Source`` URL of setup.cfg)
+  links this checkout in its place. ``python3 -m venv .venv`` makes the venv
+  without pip, with a ``.pth`` file that puts this checkout's
+  ``django_redislock`` and the running environment's packages on its path;
+  ``pip install ./django-redislock gunicorn`` then checks that the directory
+  is the clone and that both import. No network, and the working tree is what
+  is tested.
 * ``django-admin`` runs as ``python -m django`` (the same program; the venv has
   no scripts of its own).
 * The Redis is a private ``redis-server`` on a free port, passed in
@@ -31,6 +34,7 @@ and is not compared. What the test does differently from a reader, and why:
 from __future__ import annotations
 
 import ast
+import configparser
 import contextlib
 import http.cookiejar
 import os
@@ -178,6 +182,16 @@ def tutorial_steps() -> list[Step]:
     return steps
 
 
+def source_url() -> str:
+    """The repository a reader clones: setup.cfg's ``Source`` project URL."""
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / "setup.cfg")
+    urls = dict(
+        line.split(" = ", 1) for line in parser["metadata"]["project_urls"].strip().splitlines()
+    )
+    return urls["Source"]
+
+
 def readme_quick_start() -> str:
     text = README.read_text()
     match = re.search(r"\nQuick start\n=+\n(.*?)\n[^\n]+\n=+\n", text, re.S)
@@ -300,9 +314,18 @@ class Reader:
             self.env["PATH"] = f"{self.venv / 'bin'}{os.pathsep}{self.env['PATH']}"
             self.env["VIRTUAL_ENV"] = str(self.venv)
             return ""
+        if argv[:2] == ["git", "clone"]:
+            assert args[1:] == [source_url()], f"{line}: not the project's repository"
+            (self.cwd / Path(args[1]).name).symlink_to(ROOT)
+            return ""
         if argv[:4] == ["python", "-m", "pip", "install"]:
-            modules = {"django-redislock": "django_redislock", "gunicorn": "gunicorn"}
-            names = [modules[name] for name in args[3:]]
+            names = []
+            for name in args[3:]:
+                if name.startswith("."):  # a checkout: the clone made above
+                    assert (self.cwd / name).resolve() == ROOT, f"{line}: no checkout at {name}"
+                    names.append("django_redislock")
+                else:
+                    names.append({"gunicorn": "gunicorn"}[name])
             self.call([self.python, "-c", f"import {', '.join(names)}"], line)
             return ""
         if program == "cd":

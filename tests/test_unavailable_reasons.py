@@ -105,6 +105,7 @@ def test_wrong_or_missing_password(
         "user:password in the LOCATION URL, or in CACHES' OPTIONS: PASSWORD for django-redis, "
         "username and password for Django's RedisCache" in message
     )
+    assert ". Check the credentials" in message  # two sentences, not one run-on
     assert OLD_WORDS not in message
 
 

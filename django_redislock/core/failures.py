@@ -79,26 +79,28 @@ def unavailable(doing: str, exc: BaseException, address: str | None) -> RedisUna
     """The ``RedisUnavailable`` for ``exc``, raised while ``doing`` (e.g. "running acquire")."""
     reason = reason_of(exc)
     at = f" at {address}" if address else ""
+    # redis-py's messages end without a full stop; the advice that follows is a sentence.
+    said = f"{exc}".rstrip() + ("" if f"{exc}".rstrip().endswith((".", "!", "?")) else ".")
     if reason == AUTH:
         text = (
-            f"Redis{at} did not accept the client's username and password {doing}: {exc} "
+            f"Redis{at} did not accept the client's username and password {doing}: {said} "
             "Check the credentials the client uses (with Django: user:password in the "
             "LOCATION URL, or in CACHES' OPTIONS: PASSWORD for django-redis, username and "
             "password for Django's RedisCache)."
         )
     elif reason == PERMISSION:
         text = (
-            f"Redis{at} does not let this user {doing.replace('running', 'run')}: {exc} "
+            f"Redis{at} does not let this user {doing.replace('running', 'run')}: {said} "
             "Check the ACL rules of the user the client logs in as."
         )
     elif reason == REFUSED:
         text = (
-            f"Redis{at} refused the connection {doing}: {exc} "
+            f"Redis{at} refused the connection {doing}: {said} "
             f"Is Redis running at {address or 'the configured address'}?"
         )
     elif reason == TIMEOUT:
         text = (
-            f"Redis{at} did not answer in time {doing}: {exc} It may be overloaded, paused "
+            f"Redis{at} did not answer in time {doing}: {said} It may be overloaded, paused "
             "or behind a firewall that drops packets; SOCKET_TIMEOUT and CONNECT_TIMEOUT "
             "bound the wait."
         )

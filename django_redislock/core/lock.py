@@ -320,7 +320,7 @@ class Lock(SyncHandle):
     like ``threading.Lock``: a second thread waits for the first to release,
     and only the thread that acquired may release or extend. Not reentrant.
 
-    ``fair=False`` takes it in the barging order (docs/locks.rst): a release
+    ``fair=False`` takes it in the barging order (``docs/locks.rst``): a release
     frees the lease and wakes the oldest waiter to look again, whoever asks
     first takes it, and the head of the queue is served within ``BARGE_LIMIT``
     others. More throughput for a hot lock, longer tail waits.

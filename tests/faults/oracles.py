@@ -6,7 +6,8 @@
   token seen per lock (a token that does not increase is a violation). Their
   own atomicity comes from a process-shared semaphore, not from Redis.
 * ``FenceTable``: a one-row SQLite table written only with
-  ``UPDATE ... WHERE fence < ?``, the storage-side guard fencing tokens exist for.
+  ``UPDATE ... WHERE fence <= ?``, the storage-side guard fencing tokens exist for
+  (the check ``fenced_update`` makes: a holder may write its row again).
 * ``KeyspaceAudit``: after a scenario, no library key is left without a TTL and
   no key outside the library's prefix was touched.
 * ``TokenLedger``: which process issued each lock token and when that process
@@ -212,7 +213,7 @@ class FenceTable:
         db = self._connect()
         try:
             cur = db.execute(
-                "UPDATE resource SET fence = ?, value = ? WHERE id = 1 AND fence < ?",
+                "UPDATE resource SET fence = ?, value = ? WHERE id = 1 AND fence <= ?",
                 (fence, value, fence),
             )
             return cur.rowcount == 1

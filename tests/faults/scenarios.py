@@ -215,7 +215,7 @@ def holder_paused(pool: ServerPool, rng: random.Random, repeats: int) -> dict[st
     """SIGSTOP the holder process past its lease; a new holder takes over and
     writes; the old one resumes and writes with its stale fence, then releases.
 
-    The stale write must be rejected by ``UPDATE ... WHERE fence < ?`` and the
+    The stale write must be rejected by ``UPDATE ... WHERE fence <= ?`` and the
     stale release must not delete the new holder's lease.
     """
     server = pool.server()

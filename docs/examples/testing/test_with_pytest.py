@@ -34,6 +34,7 @@ def test_a_lock_taken_in_the_test_is_reentered(client, redislock_prefix):
     assert response.status_code == 200
 
 
+@pytest.mark.asyncio  # pytest-asyncio runs it
 async def test_async_view_answers_409_too(async_client, redislock_prefix, redislock_hold):
     redislock_hold("item:shelf")
 

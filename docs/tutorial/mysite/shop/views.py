@@ -6,8 +6,7 @@ from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from django_redislock import current_fence, redis_locked
-from django_redislock.fencing import fenced_get, fenced_update
+from django_redislock import current_fence, fenced_get, fenced_update, redis_locked
 
 from .models import Order, Product
 
