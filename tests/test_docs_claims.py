@@ -332,9 +332,15 @@ def test_the_readme_is_short_and_keeps_what_ci_and_readers_rely_on() -> None:
     headings = [lines[i - 1] for i, line in enumerate(lines) if i and re.fullmatch(r"=+", line)]
     assert headings.count("Quick start") == 1
     assert headings.index("Installation") < headings.index("Quick start")
-    # The label CI runs needs the two Pythons the README names.
-    assert re.search(r"ci = .*py310-.*py313-", (ROOT / "tox.ini").read_text())
-    assert "Python 3.10 and 3.13" in README
+    # The README names every Python the label CI runs needs, and the servers.
+    label = re.search(r"^\s*ci = (.*)$", (ROOT / "tox.ini").read_text(), re.M)
+    assert label is not None
+    pythons = sorted({f"3.{m}" for m in re.findall(r"\bpy3(\d+)-", label.group(1))})
+    said = re.search(r"they need Python\s+([\d., and]+)", README)
+    assert said is not None
+    assert sorted(re.findall(r"3\.\d+", said.group(1))) == pythons, pythons
+    for service in ("redis-server", "PostgreSQL", "MariaDB"):
+        assert service in README
 
 
 def _subcommand_options(action: str) -> set[str]:
