@@ -776,3 +776,25 @@ def test_a_response_that_cannot_be_stored_is_logged_and_the_retry_runs(
     monkeypatch.setattr(idempotency_records, "write", real)
     assert REPLAYED_HEADER not in post(Client(), "/plain/")
     assert runs == ["plain", "plain"]
+
+
+@csrf_exempt
+@idempotent
+def in_transaction(request: HttpRequest) -> HttpResponse:
+    runs.append("in_transaction")
+    return JsonResponse({"atomic": connections["default"].in_atomic_block})
+
+
+urlpatterns.append(path("in-transaction/", in_transaction))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", ["t-1", None])
+def test_atomic_requests_hold_with_and_without_a_key(
+    key: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decorator tells Django it opens ATOMIC_REQUESTS itself: it must, also when
+    a request has no key and the view runs as if undecorated (fails before this
+    change without a key: the view ran outside any transaction)."""
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
+    assert post(Client(), "/in-transaction/", key=key).json() == {"atomic": True}
