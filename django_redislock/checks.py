@@ -18,7 +18,14 @@ from django.utils.module_loading import import_string
 from .conf import Problem, cache_backend, cache_locations, conf, problems
 from .core.green import RENEWAL_HINT, green_runtime, renewal_warning
 
-__all__ = ["check_settings", "check_throttle_setup", "check_url_names", "register_problems"]
+__all__ = [
+    "check_settings",
+    "check_throttle_setup",
+    "check_url_names",
+    "middleware_entries",
+    "middleware_index",
+    "register_problems",
+]
 
 MIDDLEWARE_PATH = "django_redislock.middleware.ConcurrencyLimitMiddleware"
 AUTH_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
@@ -102,7 +109,8 @@ def _location_problems() -> list[Problem]:
 
 
 # -- the throttling middleware and what it depends on ---------------------------------------
-def _middleware() -> list[str]:
+def middleware_entries() -> list[str]:
+    """``MIDDLEWARE``, its string entries."""
     value = getattr(django_settings, "MIDDLEWARE", None) or []
     return [entry for entry in value if isinstance(entry, str)]
 
@@ -118,7 +126,8 @@ def _is(entry: str, path: str) -> bool:
     return isinstance(cls, type) and isinstance(base, type) and issubclass(cls, base)
 
 
-def _index(entries: list[str], path: str) -> int | None:
+def middleware_index(entries: list[str], path: str) -> int | None:
+    """Where the class at ``path``, or a subclass, first appears in ``entries``."""
     return next((i for i, entry in enumerate(entries) if _is(entry, path)), None)
 
 
@@ -137,8 +146,8 @@ def check_throttle_setup(
     throttle = conf.raw.get("THROTTLE", [])
     if not throttle:
         return []
-    entries = _middleware()
-    ours = _index(entries, MIDDLEWARE_PATH)
+    entries = middleware_entries()
+    ours = middleware_index(entries, MIDDLEWARE_PATH)
     if ours is None:
         return [
             Error(
@@ -154,7 +163,7 @@ def check_throttle_setup(
         for where, spec in _rule_specs()
         if spec.get("per") == "user"
     ]
-    auth = _index(entries, AUTH_MIDDLEWARE_PATH)
+    auth = middleware_index(entries, AUTH_MIDDLEWARE_PATH)
     if not per_user or (auth is not None and auth < ours):
         return []
     where = "is not in MIDDLEWARE" if auth is None else "comes after ConcurrencyLimitMiddleware"

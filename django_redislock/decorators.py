@@ -60,12 +60,12 @@ from .options import (
 from .outcomes import _arelease, _busy, _fail_open, _lost_response, _release, _unavailable
 from .transactions import _EVERY_ALIAS, _lost_before_commit, _Transactions
 
-__all__ = ["current_fence", "current_lock", "redis_lock", "redis_locked"]
+__all__ = ["current_fence", "current_lock", "redis_lock", "redis_locked", "request_in"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _request_in(args: tuple[Any, ...]) -> Any:
+def request_in(args: tuple[Any, ...]) -> Any:
     """The request of a view call: first argument, or second after ``self``."""
     for arg in args[:2]:
         if isinstance(arg, HttpRequest):
@@ -120,7 +120,7 @@ def _call_sync(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    request = _request_in(args)
+    request = request_in(args)
     txn = _Transactions.for_call(wrapper, func, request is not None)
     if not conf.ENABLED:
         with txn.atomic():
@@ -207,7 +207,7 @@ async def _call_async(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    request = _request_in(args)
+    request = request_in(args)
     if not conf.ENABLED:
         return await func(*args, **kwargs)
     names = await _name_async(namer, args, kwargs)

@@ -45,7 +45,8 @@ decorated_rules: dict[str, Rule] = {}
 
 
 # -- keys ----------------------------------------------------------------------------
-def _ip(request: HttpRequest) -> str:
+def client_ip(request: HttpRequest) -> str:
+    """The client's address as the library sees it (``REMOTE_ADDR``)."""
     # REMOTE_ADDR only: forwarded headers are trivially forged. Behind a proxy,
     # use a 'per' callable that trusts exactly your proxy's header.
     return str(request.META.get("REMOTE_ADDR") or "unknown")
@@ -54,7 +55,7 @@ def _ip(request: HttpRequest) -> str:
 def _user_key(user: Any, request: HttpRequest) -> str:
     if user is not None and getattr(user, "is_authenticated", False):
         return f"u:{user.pk}"
-    return f"ip:{_ip(request)}"
+    return f"ip:{client_ip(request)}"
 
 
 def _semaphore_name(rule: Rule, key: str | None) -> str:
@@ -67,7 +68,7 @@ def _key_sync(rule: Rule, request: HttpRequest) -> str | None | object:
     if rule.per == "global":
         return None
     if rule.per == "ip":
-        return _ip(request)
+        return client_ip(request)
     if rule.per == "user":
         return _user_key(getattr(request, "user", None), request)
     assert rule.key_func is not None
@@ -84,7 +85,7 @@ async def _key_async(rule: Rule, request: HttpRequest) -> str | None | object:
     if rule.per == "global":
         return None
     if rule.per == "ip":
-        return _ip(request)
+        return client_ip(request)
     if rule.per == "user":
         auser = getattr(request, "auser", None)
         user = await auser() if auser is not None else getattr(request, "user", None)

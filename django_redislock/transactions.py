@@ -164,3 +164,8 @@ def connect_early(aliases: Iterable[str]) -> None:
             conn.ensure_connection()
         except Exception as exc:
             log_connect.debug("could not connect to %r before the lock: %s", alias, exc)
+
+
+# For other packages (idempotency): the same decisions, under public names.
+EVERY_ALIAS = _EVERY_ALIAS
+in_user_transaction = _in_user_transaction

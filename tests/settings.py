@@ -31,6 +31,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django_redislock",
     "tests.testapp",
+    # Idempotency keys scoped by DRF's token authentication (test_idempotency_drf.py).
+    "rest_framework",
+    "rest_framework.authtoken",
 ]
 
 MIDDLEWARE = [

@@ -239,6 +239,113 @@ def test_checkout_sells_whole_carts_or_nothing(redis_factory, tmp_path):
     assert out["retried"] == [200, 200, "true", True, {"stock": [3, 3], "orders": 4}]
 
 
+# The first purchase outlives its idempotency lease; its retry runs meanwhile.
+# The shop under ATOMIC_REQUESTS (as a payments project runs), a 1 s lease
+# without renewal; threads synchronised on Redis keys and events, bounded.
+OUTLIVED_LEASE = """
+import json
+import threading
+import time
+
+import django
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connections
+from django.test import Client, override_settings
+from django.test.utils import setup_test_environment
+
+django.setup()
+setup_test_environment()
+call_command("migrate", verbosity=0)
+connections.settings["default"]["ATOMIC_REQUESTS"] = True
+
+from django_redislock.connection import get_client
+from django_redislock.locks import keyspace
+from shop import views
+from shop.models import Order, Product
+
+WAIT = 30
+pk = Product.objects.create(name="tea", stock=5).pk
+entered, release = threading.Event(), threading.Event()
+
+
+def pay():
+    if not entered.is_set():  # the first purchase only: held until released
+        entered.set()
+        assert release.wait(WAIT)
+
+
+views._pay = pay
+replies = {}
+
+
+def buy(name):
+    try:
+        replies[name] = Client().post(f"/products/{pk}/buy", headers={"Idempotency-Key": "k"})
+    finally:
+        connections.close_all()
+
+
+def until(predicate):
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        assert time.monotonic() < deadline, predicate
+        time.sleep(0.01)
+
+
+redis = get_client()
+idempotency = {**settings.REDISLOCK, "IDEMPOTENCY": {"TIMEOUT": 1, "RENEW": False}}
+with override_settings(REDISLOCK=idempotency):
+    first = threading.Thread(target=buy, args=("first",))
+    first.start()
+    assert entered.wait(WAIT)
+    (record,) = redis.scan_iter(match=keyspace().prefix + ":I:*")
+    lease = keyspace().lock(record.split(b":=", 1)[1].decode()).lease
+    until(lambda: not redis.exists(lease))  # the first outlived its lease
+    retry = threading.Thread(target=buy, args=("retry",))
+    retry.start()
+    until(lambda: redis.exists(lease))  # the retry holds the key now
+    release.set()
+    first.join(WAIT)
+    retry.join(WAIT)
+    buy("later")
+
+print(json.dumps({
+    "statuses": [replies[n].status_code for n in ("first", "retry", "later")],
+    "replayed": replies["later"].headers.get("Idempotent-Replayed"),
+    "same": replies["later"].content == replies["retry"].content,
+    "orders": Order.objects.count(),
+    "stock": Product.objects.get(pk=pk).stock,
+}))
+"""
+
+
+@pytest.mark.slow
+def test_a_purchase_that_outlives_its_lease_is_charged_once(redis_factory, tmp_path):
+    server = redis_factory(port=free_port(), unix=False).start()
+    done = subprocess.run(
+        [sys.executable, "-c", OUTLIVED_LEASE],
+        env=_env(
+            REDIS_URL=server.url,
+            DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+            DJANGO_SETTINGS_MODULE="example.settings",
+            DJANGO_DEBUG="0",
+        ),
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    # The first finds its lease gone before its commit and rolls back (503);
+    # the retry's purchase is the one charged, and replayed afterwards.
+    assert out["statuses"] == [503, 200, 200]
+    assert out["replayed"] == "true"
+    assert out["same"] is True
+    assert (out["orders"], out["stock"]) == (1, 4)
+
+
 @pytest.mark.slow
 def test_migrations_are_committed_and_checks_pass(redis_factory, tmp_path):
     server = redis_factory(port=free_port(), unix=False).start()

@@ -30,6 +30,7 @@ from redis.crc import key_slot
 
 from django_redislock import current_fence
 from django_redislock.checks import check_settings
+from django_redislock.core.exceptions import RedisUnavailable
 from django_redislock.idempotency import REPLAYED_HEADER, idempotent
 from django_redislock.locks import keyspace
 from tests.helpers_oracles import wait_until
@@ -589,6 +590,9 @@ def test_concurrent_duplicates_run_the_view_exactly_once(db: str, coffee: Any) -
         ({"HEADER": "Idempotency Key"}, "django_redislock.E065", "must be an HTTP header name"),
         ({"REPLAY_HEADERS": ["Set-Cookie"]}, "django_redislock.E065", "never hands out cookies"),
         ({"REPLAY_HEADERS": "Location"}, "django_redislock.E065", "must be a list of header"),
+        ({"WAIT": -1}, "django_redislock.E062", "['WAIT'] must be a finite number of seconds"),
+        ({"TIMEOUT": 0}, "django_redislock.E062", "['TIMEOUT'] must be a finite number"),
+        ({"RENEW": "yes"}, "django_redislock.E064", "['RENEW'] must be True or False"),
     ],
 )
 def test_bad_settings_are_reported_by_the_checks(value: Any, check_id: str, needle: str) -> None:
@@ -612,6 +616,9 @@ def test_good_settings_pass_the_checks() -> None:
         "MAX_BODY": 0,
         "REPLAY_HEADERS": ["Location", "ETag"],
         "STORE_CLIENT_ERRORS": False,
+        "WAIT": 2.5,
+        "TIMEOUT": 60,
+        "RENEW": True,
     }
     with override_settings(REDISLOCK={"IDEMPOTENCY": good}):
         assert [m for m in check_settings() if m.id.startswith("django_redislock.E06")] == []
@@ -753,19 +760,41 @@ def test_a_crashed_first_attempt_does_not_block_the_retry(r: redis.Redis) -> Non
 def test_a_response_that_cannot_be_stored_is_logged_and_the_retry_runs(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from django_redislock import idempotency
+    from django_redislock.idempotency import records as idempotency_records
 
-    real = idempotency._write
+    real = idempotency_records.write
 
-    def failing(client: Any, call: Any, record: dict[bytes, bytes]) -> None:
+    def failing(client: Any, keys: Any, record: dict[bytes, bytes], ttl: float) -> None:
         if record.get(b"state") == b"done":  # Redis fails after the view committed
-            raise redis.ConnectionError("connection lost")
-        real(client, call, record)
+            raise RedisUnavailable("connection lost")
+        real(client, keys, record, ttl)
 
-    monkeypatch.setattr(idempotency, "_write", failing)
+    monkeypatch.setattr(idempotency_records, "write", failing)
     with caplog.at_level("WARNING", logger="django_redislock.idempotency"):
         assert post(Client(), "/plain/").status_code == 200
     assert "a duplicate will run the view again" in caplog.text
-    monkeypatch.setattr(idempotency, "_write", real)
+    monkeypatch.setattr(idempotency_records, "write", real)
     assert REPLAYED_HEADER not in post(Client(), "/plain/")
     assert runs == ["plain", "plain"]
+
+
+@csrf_exempt
+@idempotent
+def in_transaction(request: HttpRequest) -> HttpResponse:
+    runs.append("in_transaction")
+    return JsonResponse({"atomic": connections["default"].in_atomic_block})
+
+
+urlpatterns.append(path("in-transaction/", in_transaction))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("key", ["t-1", None])
+def test_atomic_requests_hold_with_and_without_a_key(
+    key: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decorator tells Django it opens ATOMIC_REQUESTS itself: it must, also when
+    a request has no key and the view runs as if undecorated (fails before this
+    change without a key: the view ran outside any transaction)."""
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
+    assert post(Client(), "/in-transaction/", key=key).json() == {"atomic": True}

@@ -16,6 +16,7 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, Client, override_settings
@@ -23,7 +24,12 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from django_redislock.checks import check_settings
-from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
+from django_redislock.idempotency import (
+    MIDDLEWARE_PATH,
+    REPLAYED_HEADER,
+    IdempotencyMiddleware,
+    idempotent,
+)
 from tests.test_idempotency import WAIT, in_thread, records
 from tests.testapp.models import Order, Product
 
@@ -196,6 +202,21 @@ def test_paths_without_the_middleware_is_an_error() -> None:
     assert _ids([AUTH], {}) == []
 
 
+CSRF = "django.middleware.csrf.CsrfViewMiddleware"
+
+
+def test_a_process_view_after_the_middleware_is_an_error_and_it_refuses_to_start() -> None:
+    """It runs the views it serves from its own process_view: a later one (CSRF's!)
+    would be skipped for them."""
+    assert _ids([AUTH, MIDDLEWARE_PATH, CSRF], {"PATHS": ["^/"]}) == ["django_redislock.E068"]
+    assert _ids([CSRF, AUTH, MIDDLEWARE_PATH], {"PATHS": ["^/"]}) == []
+    with (
+        override_settings(MIDDLEWARE=[AUTH, MIDDLEWARE_PATH, CSRF]),
+        pytest.raises(ImproperlyConfigured, match="must come after .*CsrfViewMiddleware"),
+    ):
+        IdempotencyMiddleware(lambda request: HttpResponse())
+
+
 def test_the_middleware_before_authentication_warns_for_user_scope() -> None:
     assert _ids([MIDDLEWARE_PATH, AUTH], {"PATHS": ["^/"]}) == ["django_redislock.W060"]
     assert _ids([MIDDLEWARE_PATH], {"PATHS": ["^/"]}) == ["django_redislock.W060"]
@@ -219,8 +240,6 @@ def test_bad_paths_are_reported(paths: Any, needle: str) -> None:
 
 def test_async_chain_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     # The AsyncClient goes through __acall__ (every middleware here is async-capable).
-    from django_redislock.idempotency import IdempotencyMiddleware
-
     called: list[str] = []
     original = IdempotencyMiddleware.__acall__
 

@@ -8,6 +8,8 @@ Layout, for a lock called ``name`` under the prefix ``P`` (default ``redislock``
     P:S:{T}:<n>   zset   semaphore holders (token -> expiry), see ``semaphore.py``
     P:RW:{T}:<n>  zset   read-write lock holders (token -> expiry), see ``rwlock.py``;
                          its queue is ``P:RQ:{T}:<n>`` and its state ``P:RH:{T}:<n>``
+    P:I:{T}:<n>   hash   an idempotency record (``KeySpace.idempotency``): the
+                         request's fingerprint, its state and its stored response
     P:N:<id>      channel a process's wake-up channel (pub/sub, not a key)
     P:N:{T}:<id>  channel the same on a Cluster: sharded, in the slot of tag T
 
@@ -19,6 +21,11 @@ and ``#`` followed by the full SHA-256 hex digest otherwise. The two forms
 cannot be confused (different first byte), two short names differ in their
 bytes, and two long names would need a SHA-256 collision: the mapping is
 injective for every practical purpose, and keys stay bounded in length.
+
+An ``Idempotency-Key`` is a lock too: its name is ``idempotency:`` and the
+SHA-256 of the scope and the key (so nothing a client sends reaches Redis
+unhashed), and its record uses the lock's tag, so the record and the lease
+share a Cluster slot and are read in one round trip.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["KeySpace", "LockKeys", "encode_name", "shows_name", "validate_prefix"]
+__all__ = [
+    "IdempotencyKeys",
+    "KeySpace",
+    "LockKeys",
+    "encode_name",
+    "shows_name",
+    "validate_prefix",
+]
 
 # Long enough for any name a person types, short enough that a key stays cheap.
 READABLE_LIMIT = 120
@@ -74,6 +88,13 @@ class LockKeys:
     queue: bytes
     state: bytes
     tag: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyKeys:
+    name: str  # the lock's name
+    lease: bytes  # the lock's lease: while it exists, the first request runs
+    record: bytes  # the record: fingerprint, state, response
 
 
 class KeySpace:
@@ -141,6 +162,20 @@ class KeySpace:
             queue=p + b":RQ:" + suffix,
             state=p + b":RH:" + suffix,
             tag=tag,
+        )
+
+    def idempotency(self, scope: str, key: str) -> IdempotencyKeys:
+        """Keys of one ``Idempotency-Key`` sent in ``scope`` (whose keys these are).
+
+        A NUL separates scope and key: a scope cannot end where a key begins.
+        """
+        digest = hashlib.sha256(
+            scope.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
+        ).hexdigest()
+        name = f"idempotency:{digest}"
+        _, suffix = self._suffix(encode_name(name))
+        return IdempotencyKeys(
+            name=name, lease=self.lock(name).lease, record=self._prefix_b + b":I:" + suffix
         )
 
     def channel(self, process_id: str, tag: bytes = b"") -> bytes:

@@ -1,5 +1,5 @@
 -- Replace a hash with the given fields and give it a TTL, in one step, for
--- an idempotency record (django_redislock/idempotency.py): a duplicate never
+-- an idempotency record (django_redislock/idempotency/records.py): a duplicate never
 -- reads a record half replaced. Stand-alone, no prelude; one key, so one
 -- slot on a Cluster (MULTI is refused there by some redis-py versions).
 -- KEYS[1] the hash.

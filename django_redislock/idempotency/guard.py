@@ -1,0 +1,387 @@
+"""The one guarded path: ``serve`` and ``aserve``, which ``@idempotent`` and the middleware call.
+
+For a request with a key (a ``Call``), in this order:
+
+1. **Look.** The record and the lease, in one round trip: a stored response
+   is replayed, a key reused for another request is refused (422).
+2. **Claim.** The key's lock, taken by ``redis_locked`` with the policy's
+   ``wait``, ``timeout`` and ``renew``: so the lease, its renewal, fencing,
+   signals and metrics are those of every locked view, and so is the
+   transaction handling. A busy key is a duplicate: it is answered from the
+   record (409 with a ``Retry-After`` hint, or the replay if the first has
+   just finished).
+3. **Run**, under the lock, inside the view's ``ATOMIC_REQUESTS`` blocks,
+   which ``redis_locked`` opens inside the lock: the record is read again
+   (the first may have finished between look and claim), marked running,
+   and the view runs.
+4. **Check the lease before the commit** (``redis_locked``): a lease lost
+   while the view ran rolls its transaction back (503), because a duplicate
+   may have run meanwhile.
+5. **Store after the commit**: an ``on_commit`` hook of every transaction
+   open around the view. A rollback drops the hook, so a response whose
+   writes were undone is never stored, and the key is freed for the retry.
+6. **Release**, after the store (``redis_locked`` releases after the
+   transaction has ended; for a transaction someone else opened, when it does).
+
+The marker of a failed attempt is removed only if it is still that
+attempt's: a request whose lease ran out must not free the key of the
+duplicate that ran after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import SynchronousOnlyOperation
+from django.db import connections, transaction
+from django.http import HttpResponse, HttpResponseBase
+
+from ..connection import get_async_client, get_client
+from ..context import current_lock
+from ..core.exceptions import RedisUnavailable
+from ..core.keys import IdempotencyKeys
+from ..decorators import redis_locked
+from ..locks import keyspace
+from ..transactions import EVERY_ALIAS, in_user_transaction
+from . import records
+from .fingerprint import BadKey, fingerprint, key_of
+from .responses import answer, in_progress, problem, running, snapshot, unavailable
+from .scope import NotAuthenticated, ScopeUnknown, scope_of
+from .settings import Policy
+
+__all__ = ["Call", "aprepare", "aserve", "opted_out", "prepare", "serve"]
+
+logger = logging.getLogger("django_redislock.idempotency")
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One request with a key, ready to be served."""
+
+    request: Any  # as the view receives it (Django's, or DRF's)
+    policy: Policy
+    keys: IdempotencyKeys
+    fingerprint: str
+    label: str  # who holds the lock, for operators: the view, or the middleware
+    # Databases whose ATOMIC_REQUESTS the view opted out of (non_atomic_requests).
+    non_atomic: frozenset[str] = frozenset()
+
+
+def opted_out(view: Any) -> frozenset[str]:
+    """The aliases ``view`` opted out of ``ATOMIC_REQUESTS`` for, through every wrapper.
+
+    A locked or idempotent wrapper says "every alias" only because it opens
+    the blocks itself; the view under it may still want them.
+    """
+    found: set[str] = set()
+    layer, depth = view, 0
+    while layer is not None and depth < 32:
+        own = getattr(layer, "__dict__", {}).get("_non_atomic_requests")
+        if own is not None and not isinstance(own, type(EVERY_ALIAS)):
+            found.update(own)
+        layer, depth = getattr(layer, "__wrapped__", None), depth + 1
+    return frozenset(found)
+
+
+# -- preparing a call -------------------------------------------------------------------
+def _key_or_answer(request: Any, policy: Policy) -> str | HttpResponse | None:
+    if (request.method or "").upper() not in policy.methods:
+        return None
+    try:
+        key = key_of(request, policy)
+    except BadKey as exc:
+        logger.info("bad %s: 400", policy.header)
+        return problem(request, 400, "idempotency_key_invalid", str(exc))
+    if key is None and policy.required:
+        return problem(
+            request,
+            400,
+            "idempotency_key_missing",
+            f"This endpoint needs an {policy.header} header: send a new unique key (a UUID) "
+            "with each new request, and the same key when you retry it.",
+        )
+    return key
+
+
+def _scope_refused(request: Any, exc: ScopeUnknown) -> HttpResponse:
+    logger.error("refused a request with an idempotency key: %s", exc)
+    return problem(request, 500, "idempotency_scope_unknown", str(exc))
+
+
+def _call(request: Any, policy: Policy, scope: str, key: str, view: Any, label: str) -> Call:
+    return Call(
+        request=request,
+        policy=policy,
+        keys=keyspace().idempotency(scope, key),
+        fingerprint=fingerprint(request),
+        label=label,
+        non_atomic=opted_out(view),
+    )
+
+
+def prepare(
+    request: Any,
+    policy: Policy,
+    *,
+    view: Any,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    label: str,
+) -> Call | HttpResponse | None:
+    """The call to serve, an answer (400, or a refusal), or None: run the view as it is."""
+    key = _key_or_answer(request, policy)
+    if not isinstance(key, str):
+        return key
+    try:
+        scope = scope_of(request, policy, view, args, kwargs)
+    except ScopeUnknown as exc:
+        return _scope_refused(request, exc)
+    except NotAuthenticated:
+        return None  # the view's own authentication answers, and runs nothing
+    return _call(request, policy, scope, key, view, label)
+
+
+async def aprepare(
+    request: Any,
+    policy: Policy,
+    *,
+    view: Any,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    label: str,
+) -> Call | HttpResponse | None:
+    """``prepare`` in an event loop: a scope that needs the database is computed in a thread."""
+    try:
+        return prepare(request, policy, view=view, args=args, kwargs=kwargs, label=label)
+    except SynchronousOnlyOperation:
+        # request.user loads the session and the user from the database.
+        return await sync_to_async(prepare)(
+            request, policy, view=view, args=args, kwargs=kwargs, label=label
+        )
+
+
+# -- one attempt --------------------------------------------------------------------------
+class _Attempt:
+    """What one request did with the key: its marker, its store, and what is left to undo."""
+
+    def __init__(self, call: Call, client: Any, run: Callable[[], Any]) -> None:
+        self.call = call
+        self.client = client
+        self.run = run
+        self.id = secrets.token_hex(8).encode()
+        self.waiting_on: list[str] = []  # aliases whose commit will store the response
+
+    def answer_or_mark(self) -> HttpResponse | None:
+        """Under the lock: the answer if the first finished meanwhile, else mark the key."""
+        call = self.call
+        record, _ = records.read(self.client, call.keys)
+        early = answer(call.request, call.policy, call.fingerprint, record, None)
+        if early is None:
+            marker = running(call.fingerprint, self.id)
+            records.write(self.client, call.keys, marker, call.policy.ttl)
+        return early
+
+    def store(self, done: records.Record) -> None:
+        self.waiting_on = []
+        try:
+            records.write(self.client, self.call.keys, done, self.call.policy.ttl)
+        except RedisUnavailable as exc:
+            _not_stored(self.call, exc)
+
+    def settle(self) -> None:
+        """After the lock's transaction ended: a store still waiting on it was rolled back."""
+        if self.waiting_on and not any(in_user_transaction(a) for a in self.waiting_on):
+            self.waiting_on = []
+            records.forget(self.client, self.call.keys, self.id)
+
+
+def _not_stored(call: Call, exc: Exception) -> None:
+    logger.warning(
+        "could not store the response for %s (%s): a duplicate will run the view again",
+        call.keys.name,
+        exc,
+    )
+
+
+def _after_commit(action: Callable[[], None]) -> list[str]:
+    """``action`` once every transaction open here has committed; now if none is.
+
+    Returns the aliases it waits for. A rollback of any of them drops its hook,
+    so ``action`` never runs: a response whose writes were undone is never stored.
+    """
+    aliases = [alias for alias in connections if in_user_transaction(alias)]
+    if not aliases:
+        action()
+        return []
+    waiting = set(aliases)
+
+    def committed(alias: str) -> None:
+        waiting.discard(alias)
+        if not waiting:
+            action()
+
+    for alias in aliases:
+        transaction.on_commit(functools.partial(committed, alias), using=alias)
+    return aliases
+
+
+def _under_lock(request: Any, attempt: _Attempt) -> Any:
+    call = attempt.call
+    try:
+        early = attempt.answer_or_mark()
+    except RedisUnavailable as exc:
+        return unavailable(call.request, call.policy, call.keys.name, exc)
+    if early is not None:
+        return early
+    try:
+        response = attempt.run()
+        # Rendered here, inside the transaction: a render that fails rolls back.
+        done = snapshot(response, call.request, call.policy, call.fingerprint)
+    except BaseException:
+        records.forget(attempt.client, call.keys, attempt.id)
+        raise
+    if done is None:
+        records.forget(attempt.client, call.keys, attempt.id)
+    else:
+        attempt.waiting_on = _after_commit(functools.partial(attempt.store, done))
+    return response
+
+
+def _busy(request: Any, attempt: _Attempt) -> HttpResponseBase:
+    """The key's lock is held: by the first request with this key (or it just finished)."""
+    call = attempt.call
+    try:
+        record, pttl = records.read(attempt.client, call.keys)
+    except RedisUnavailable as exc:
+        return unavailable(call.request, call.policy, call.keys.name, exc)
+    early = answer(call.request, call.policy, call.fingerprint, record, pttl)
+    return early or in_progress(call.request, call.policy, record, pttl)
+
+
+async def _aunder_lock(request: Any, attempt: _Attempt) -> Any:
+    call = attempt.call
+    client = attempt.client
+    try:
+        record, _ = await records.aread(client, call.keys)
+        early = answer(call.request, call.policy, call.fingerprint, record, None)
+        if early is not None:
+            return early
+        marker = running(call.fingerprint, attempt.id)
+        await records.awrite(client, call.keys, marker, call.policy.ttl)
+    except RedisUnavailable as exc:
+        return unavailable(call.request, call.policy, call.keys.name, exc)
+    try:
+        response = await attempt.run()
+        done = snapshot(response, call.request, call.policy, call.fingerprint)
+    except BaseException:
+        await records.aforget(client, call.keys, attempt.id)
+        raise
+    lock = current_lock()
+    if done is not None and lock is not None and (lock.lost or not lock.held):
+        # An async view has no transaction to roll back: its work stands, but
+        # a duplicate may have run meanwhile, and its record is the one kept.
+        done = None
+    if done is None:
+        await records.aforget(client, call.keys, attempt.id)
+        return response
+    try:
+        # Its own atomic blocks (in sync_to_async) have committed by now.
+        await records.awrite(client, call.keys, done, call.policy.ttl)
+    except RedisUnavailable as exc:
+        _not_stored(call, exc)
+    return response
+
+
+async def _abusy(request: Any, attempt: _Attempt) -> HttpResponseBase:
+    call = attempt.call
+    try:
+        record, pttl = await records.aread(attempt.client, call.keys)
+    except RedisUnavailable as exc:
+        return unavailable(call.request, call.policy, call.keys.name, exc)
+    early = answer(call.request, call.policy, call.fingerprint, record, pttl)
+    return early or in_progress(call.request, call.policy, record, pttl)
+
+
+def _name(request: Any, attempt: _Attempt) -> str:
+    return attempt.call.keys.name
+
+
+def _runner(is_async: bool, non_atomic: frozenset[str], label: str, policy: Policy) -> Any:
+    options = tuple(sorted(policy.lock_options().items()))
+    return _cached_runner(is_async, non_atomic, label, policy.alias, options)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_runner(
+    is_async: bool,
+    non_atomic: frozenset[str],
+    label: str,
+    alias: str | None,
+    options: tuple[tuple[str, Any], ...],
+) -> Any:
+    """``redis_locked`` around the run under the lock, once per kind of call.
+
+    Called as ``runner(request, attempt)``: the request first, so that
+    ``redis_locked`` treats it as a view (its ``ATOMIC_REQUESTS``, its 503s).
+    """
+    if is_async:
+
+        async def run(request: Any, attempt: _Attempt) -> Any:
+            return await _aunder_lock(request, attempt)
+
+        busy: Callable[..., Any] = _abusy
+    else:
+
+        def run(request: Any, attempt: _Attempt) -> Any:  # type: ignore[misc]
+            return _under_lock(request, attempt)
+
+        busy = _busy
+        # The view's own opt-outs; redis_locked opens the other ATOMIC_REQUESTS.
+        run._non_atomic_requests = set(non_atomic)  # type: ignore[attr-defined]
+    return redis_locked(
+        _name,
+        on_busy=busy,
+        fail_open=False,  # running a retry unguarded is what this prevents
+        alias=alias,
+        label=label,
+        **dict(options),
+    )(run)
+
+
+def _look_answer(call: Call, looked: tuple[records.Record, int]) -> HttpResponse | None:
+    record, pttl = looked
+    return answer(call.request, call.policy, call.fingerprint, record, pttl)
+
+
+def serve(call: Call, run: Callable[[], Any]) -> Any:
+    """Serve ``call``, running ``run()`` (the view) at most once per key and scope."""
+    client = get_client(call.policy.alias)
+    try:
+        early = _look_answer(call, records.read(client, call.keys))
+    except RedisUnavailable as exc:
+        return unavailable(call.request, call.policy, call.keys.name, exc)
+    if early is not None:
+        return early
+    attempt = _Attempt(call, client, run)
+    response = _runner(False, call.non_atomic, call.label, call.policy)(call.request, attempt)
+    attempt.settle()
+    return response
+
+
+async def aserve(call: Call, run: Callable[[], Awaitable[Any]]) -> Any:
+    """``serve`` for an async view."""
+    client = get_async_client(call.policy.alias)
+    try:
+        early = _look_answer(call, await records.aread(client, call.keys))
+    except RedisUnavailable as exc:
+        return unavailable(call.request, call.policy, call.keys.name, exc)
+    if early is not None:
+        return early
+    attempt = _Attempt(call, client, run)
+    return await _runner(True, frozenset(), call.label, call.policy)(call.request, attempt)

@@ -1,0 +1,141 @@
+"""``IdempotencyMiddleware``: ``@idempotent`` for every view under ``IDEMPOTENCY["PATHS"]``.
+
+It serves a request from ``process_view``, by running the resolved view
+itself through the same guarded path as the decorator (``guard.serve``), and
+returning its response. That is the one place a middleware can open the view's
+``ATOMIC_REQUESTS`` transaction inside the key's lock, and so check the lease
+before the commit and store the response only after it, as the decorator
+does. Django then runs no ``process_view`` of a middleware after this one for
+that request, so it must come after every middleware that has one
+(``django_redislock.E068``; here it refuses to start otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+
+from ..checks import middleware_entries, middleware_index
+from ..conf import conf
+from .decorator import SERVED
+from .guard import Call, aprepare, aserve, prepare, serve
+from .settings import MIDDLEWARE_PATH, Policy, middleware_hooks_after, policy
+
+__all__ = ["IdempotencyMiddleware"]
+
+LABEL = "IdempotencyMiddleware"
+
+View = Callable[..., Any]
+
+
+def _refuse_hooks_after() -> None:
+    entries = middleware_entries()
+    ours = middleware_index(entries, MIDDLEWARE_PATH)
+    skipped = [] if ours is None else middleware_hooks_after(entries, ours)
+    if skipped:
+        raise ImproperlyConfigured(
+            f"IdempotencyMiddleware must come after {', '.join(skipped)} in MIDDLEWARE: it runs "
+            "the views it serves itself, so their process_view() would be skipped "
+            "(django_redislock.E068). Put IdempotencyMiddleware last."
+        )
+
+
+class IdempotencyMiddleware:
+    """``@idempotent`` for every request whose path matches ``IDEMPOTENCY["PATHS"]``.
+
+    For views you cannot decorate (another app's, a whole API). The same
+    answers, options (``WAIT``, ``TIMEOUT``, ``RENEW`` among the settings)
+    and guarantees as the decorator, through the same code. Place it last in
+    ``MIDDLEWARE``, after ``AuthenticationMiddleware``.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        _refuse_hooks_after()
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        # Django adapts process_view to the chain's mode; one of each, so
+        # that neither mode pays a thread hop it does not need.
+        self.process_view: Callable[..., Any]
+        if self.is_async:
+            markcoroutinefunction(self)
+            self.process_view = self._process_view_async
+        else:
+            self.process_view = self._process_view
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        return self.get_response(request)
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        return await self.get_response(request)
+
+    @staticmethod
+    def _policy_for(request: HttpRequest) -> Policy | None:
+        if not conf.ENABLED:
+            return None
+        found = policy({})
+        if (request.method or "").upper() not in found.methods:
+            return None
+        if not any(pattern.search(request.path_info) for pattern in found.paths):
+            return None
+        return found
+
+    def _process_view(
+        self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        found = self._policy_for(request)
+        if found is None:
+            return None
+        if iscoroutinefunction(view):
+            return async_to_sync(self._serve_async)(request, found, view, args, kwargs)
+        return self._serve(request, found, view, args, kwargs)
+
+    async def _process_view_async(
+        self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        found = self._policy_for(request)
+        if found is None:
+            return None
+        if iscoroutinefunction(view):
+            return await self._serve_async(request, found, view, args, kwargs)
+        # A sync view, its transaction and its lock, in the thread Django
+        # would have run it in.
+        return await sync_to_async(self._serve, thread_sensitive=True)(
+            request, found, view, args, kwargs
+        )
+
+    @staticmethod
+    def _serve(
+        request: HttpRequest,
+        found: Policy,
+        view: View,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        prepared = prepare(request, found, view=view, args=args, kwargs=kwargs, label=LABEL)
+        if not isinstance(prepared, Call):
+            return prepared  # None: Django runs the view, as without this middleware
+        setattr(request, SERVED, True)
+        return serve(prepared, lambda: view(request, *args, **kwargs))
+
+    @staticmethod
+    async def _serve_async(
+        request: HttpRequest,
+        found: Policy,
+        view: View,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        prepared = await aprepare(request, found, view=view, args=args, kwargs=kwargs, label=LABEL)
+        if not isinstance(prepared, Call):
+            return prepared
+        setattr(request, SERVED, True)
+        return await aserve(prepared, lambda: view(request, *args, **kwargs))

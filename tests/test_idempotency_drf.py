@@ -1,0 +1,201 @@
+"""Idempotency keys in front of Django REST framework views: real DRF, real token auth.
+
+* ``@idempotent`` on an ``APIView`` handler returning a DRF ``Response`` (which
+  has no renderer until DRF finalizes it) stores and replays it.
+* Keys are per user as DRF authenticates them (``TokenAuthentication``), for
+  the middleware and for the decorator in front of the whole view: two users
+  sending the same key and body from one address each get their own run.
+* A plain view whose request carries an ``Authorization`` header Django
+  cannot read is refused, never scoped by the (shared) address.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient, Client, override_settings
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.authtoken.models import Token
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
+from tests.test_idempotency import records
+
+pytestmark = [pytest.mark.urls("tests.test_idempotency_drf"), pytest.mark.django_db]
+
+runs: list[str] = []
+
+
+class Charge(APIView):
+    authentication_classes = [TokenAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    def post(self, request: Any) -> Response:
+        runs.append(f"charge {request.user.username}")
+        return Response({"user": request.user.username, "run": len(runs)}, status=201)
+
+
+class DecoratedCharge(Charge):
+    @idempotent
+    def post(self, request: Any) -> Response:
+        return super().post(request)
+
+
+@api_view(["POST"])
+@authentication_classes([TokenAuthentication])
+@permission_classes([IsAuthenticated])
+@idempotent
+def charge_function(request: Any) -> Response:
+    runs.append(f"function {request.user.username}")
+    return Response({"user": request.user.username}, status=201)
+
+
+@csrf_exempt
+def plain(request: HttpRequest) -> HttpResponse:
+    runs.append("plain")
+    return JsonResponse({"ok": True}, status=201)
+
+
+urlpatterns = [
+    path("mw/charge/", Charge.as_view()),
+    path("mw/plain/", plain),
+    path("handler/charge/", DecoratedCharge.as_view()),
+    path("function/charge/", charge_function),
+    path("outer/charge/", idempotent(Charge.as_view())),
+]
+
+
+@pytest.fixture(autouse=True)
+def _settings() -> Iterator[None]:
+    runs.clear()
+    with override_settings(
+        MIDDLEWARE=[*settings.MIDDLEWARE, MIDDLEWARE_PATH],
+        REDISLOCK={**settings.REDISLOCK, "IDEMPOTENCY": {"PATHS": ["^/mw/"]}},
+    ):
+        yield
+
+
+@pytest.fixture
+def token(django_user_model: Any) -> Callable[[str], str]:
+    def make(username: str) -> str:
+        user = django_user_model.objects.create(username=username)
+        return str(Token.objects.create(user=user).key)
+
+    return make
+
+
+@pytest.fixture(params=["client", "async_client"])
+def send(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    def sync_send(url: str, auth: str | None, key: str = "same-key") -> Any:
+        headers = {"Idempotency-Key": key}
+        if auth is not None:
+            headers["Authorization"] = auth
+        return Client(raise_request_exception=False).post(
+            url, '{"amount": 5}', content_type="application/json", headers=headers
+        )
+
+    def async_send(url: str, auth: str | None, key: str = "same-key") -> Any:
+        from asgiref.sync import async_to_sync
+
+        headers = {"Idempotency-Key": key}
+        if auth is not None:
+            headers["Authorization"] = auth
+
+        async def go() -> Any:
+            return await AsyncClient(raise_request_exception=False).post(
+                url, '{"amount": 5}', content_type="application/json", headers=headers
+            )
+
+        return async_to_sync(go)()
+
+    return sync_send if request.param == "client" else async_send
+
+
+URLS = ["/mw/charge/", "/handler/charge/", "/function/charge/", "/outer/charge/"]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_two_token_users_with_one_key_from_one_address_each_run_once(
+    url: str, send: Any, token: Any
+) -> None:
+    """Fails before this change for the middleware and the outer decorator (the second
+    user got the first one's stored response) and for the handler decorator (500)."""
+    alice, bob = f"Token {token('alice')}", f"Token {token('bob')}"
+    first_alice = send(url, alice)
+    first_bob = send(url, bob)
+    assert first_alice.status_code == first_bob.status_code == 201
+    assert first_alice.json()["user"] == "alice"
+    assert first_bob.json()["user"] == "bob"
+    assert REPLAYED_HEADER not in first_bob
+    again_alice, again_bob = send(url, alice), send(url, bob)
+    assert again_alice[REPLAYED_HEADER] == again_bob[REPLAYED_HEADER] == "true"
+    assert again_alice.content == first_alice.content
+    assert again_bob.content == first_bob.content
+    assert sorted(runs) == sorted(set(runs)) and len(runs) == 2
+
+
+def test_a_drf_response_from_a_decorated_handler_is_stored_and_replayed(
+    send: Any, token: Any, r: redis.Redis
+) -> None:
+    """Fails before this change: an AssertionError (no renderer yet), a 500 after the
+    work ran, nothing stored, and every retry ran the work again."""
+    alice = f"Token {token('alice')}"
+    first = send("/handler/charge/", alice)
+    assert first.status_code == 201
+    assert first["Content-Type"] == "application/json"
+    assert first.json() == {"user": "alice", "run": 1}
+    again = send("/handler/charge/", alice)
+    assert again.content == first.content
+    assert again["Content-Type"] == "application/json"
+    assert again[REPLAYED_HEADER] == "true"
+    assert runs == ["charge alice"]
+    assert len(records(r)) == 1
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_a_bad_token_is_answered_by_drf_and_runs_nothing(
+    url: str, send: Any, r: redis.Redis
+) -> None:
+    response = send(url, "Token not-a-token")
+    assert response.status_code == 401
+    assert runs == []
+    assert records(r) == []
+
+
+def test_a_header_django_cannot_read_is_refused_not_scoped_by_address(
+    send: Any, r: redis.Redis
+) -> None:
+    """A plain view behind the middleware, an API token Django does not know: the
+    user cannot be known, and the shared address must not stand in for him."""
+    response = send("/mw/plain/", "Bearer someone-elses-token")
+    assert response.status_code == 500
+    assert response.json()["error"] == "idempotency_scope_unknown"
+    assert "SCOPE" in response.json()["detail"]
+    assert runs == []
+    assert records(r) == []
+    # Without credentials the request is anonymous, scoped by its address.
+    assert send("/mw/plain/", None).status_code == 201
+    assert send("/mw/plain/", None)[REPLAYED_HEADER] == "true"
+
+
+def scope_by_header(request: Any) -> str:
+    return request.headers["Authorization"]
+
+
+def test_a_scope_callable_names_the_client(send: Any) -> None:
+    scoped = {"IDEMPOTENCY": {"PATHS": ["^/mw/"], "SCOPE": f"{__name__}.scope_by_header"}}
+    with override_settings(REDISLOCK={**settings.REDISLOCK, **scoped}):
+        assert send("/mw/plain/", "Bearer a").status_code == 201
+        assert REPLAYED_HEADER not in send("/mw/plain/", "Bearer b")
+        assert send("/mw/plain/", "Bearer a")[REPLAYED_HEADER] == "true"
+    assert runs == ["plain", "plain"]

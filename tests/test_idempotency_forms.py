@@ -1,0 +1,330 @@
+"""Every idempotency scenario through both forms, ``@idempotent`` and ``IdempotencyMiddleware``.
+
+Both run one guarded path, so both must give the same answers: each test runs
+with ``form`` (the decorator on ``/dec/...``, the middleware on ``/mw/...``)
+and ``send`` (``Client``, the sync chain, or ``AsyncClient``, the async one).
+Real Redis, real databases; threads synchronised by events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db import connections, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.test import AsyncClient, Client, override_settings
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
+from django_redislock.locks import keyspace
+from tests.helpers_oracles import wait_until
+from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
+from tests.test_idempotency import WAIT, Gate, in_thread, records
+from tests.testapp.models import Order, Product
+
+pytestmark = pytest.mark.urls("tests.test_idempotency_forms")
+
+gate = Gate()
+runs: list[str] = []
+HAS_PG = "postgres" in settings.DATABASES
+
+
+def _order(db: str) -> Order:
+    product, _ = Product.objects.using(db).get_or_create(name="tea", defaults={"stock": 5})
+    return Order.objects.using(db).create(product=product)
+
+
+# -- views (plain; the decorator and the middleware are applied below) ---------------------
+def pay(request: HttpRequest) -> HttpResponse:
+    runs.append("pay")
+    first = runs.count("pay") == 1
+    order = _order(request.GET.get("db", "default"))
+    if first:
+        gate.pass_()
+    response = JsonResponse({"order": order.pk, "body": request.body.decode()}, status=201)
+    response["Location"] = f"/orders/{order.pk}"
+    return response
+
+
+def fail(request: HttpRequest) -> HttpResponse:
+    runs.append("fail")
+    if runs.count("fail") == 1:
+        raise RuntimeError("provider down")
+    return JsonResponse({"ok": True})
+
+
+def rolled_back(request: HttpRequest) -> HttpResponse:
+    runs.append("rolled_back")
+    order = _order("default")
+    transaction.set_rollback(True)  # nothing of this request commits
+    return JsonResponse({"order": order.pk}, status=201)
+
+
+def templated(request: HttpRequest) -> HttpResponse:
+    runs.append("templated")
+    template = engines["django"].from_string("run {{ run }}")
+    return TemplateResponse(request, template, {"run": len(runs)}, status=201)
+
+
+def streamed(request: HttpRequest) -> HttpResponse:
+    runs.append("streamed")
+    return StreamingHttpResponse(iter([b"a", b"b"]), content_type="text/plain")
+
+
+def plain(request: HttpRequest) -> HttpResponse:
+    runs.append("plain")
+    return JsonResponse({"run": len(runs)})
+
+
+VIEWS: dict[str, Callable[..., HttpResponse]] = {
+    "pay": pay,
+    "fail": fail,
+    "rolled-back": rolled_back,
+    "templated": templated,
+    "streamed": streamed,
+    "plain": plain,
+}
+urlpatterns = [path(f"mw/{name}/", csrf_exempt(view)) for name, view in VIEWS.items()] + [
+    path(f"dec/{name}/", csrf_exempt(idempotent(view))) for name, view in VIEWS.items()
+]
+
+
+# -- fixtures ------------------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def _reset() -> Iterator[None]:
+    runs.clear()
+    gate.open.set()
+    yield
+    gate.open.set()
+
+
+@pytest.fixture(params=["decorator", "middleware"])
+def form(request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """``form(**IDEMPOTENCY)``: the settings of one form, as a context manager."""
+
+    def configure(**idempotency: Any) -> Any:
+        if request.param == "decorator":
+            return override_settings(
+                REDISLOCK={**settings.REDISLOCK, "IDEMPOTENCY": idempotency},
+            )
+        return override_settings(
+            MIDDLEWARE=[*settings.MIDDLEWARE, MIDDLEWARE_PATH],
+            REDISLOCK={**settings.REDISLOCK, "IDEMPOTENCY": {"PATHS": ["^/mw/"], **idempotency}},
+        )
+
+    configure.prefix = "/dec" if request.param == "decorator" else "/mw"  # type: ignore[attr-defined]
+    return configure
+
+
+@pytest.fixture(params=["client", "async_client"])
+def send(request: pytest.FixtureRequest, form: Any) -> Callable[..., Any]:
+    """POST ``/<form>/<name>/<query>`` with a key, through the sync chain or the async one."""
+    prefix = form.prefix
+
+    def post(client: Any, name: str, key: str, body: str, query: str, cookies: Any) -> Any:
+        client.cookies.update(cookies or {})
+        return client.post(
+            f"{prefix}/{name}/{query}",
+            body,
+            content_type="application/json",
+            headers={"Idempotency-Key": key},
+        )
+
+    def sync_send(
+        name: str, key: str = "k-1", body: str = "{}", query: str = "", cookies: Any = None
+    ) -> Any:
+        return post(Client(raise_request_exception=False), name, key, body, query, cookies)
+
+    async def _async_send(*args: Any) -> Any:
+        return await post(AsyncClient(raise_request_exception=False), *args)
+
+    def async_send(
+        name: str, key: str = "k-1", body: str = "{}", query: str = "", cookies: Any = None
+    ) -> Any:
+        return async_to_sync(_async_send)(name, key, body, query, cookies)
+
+    return sync_send if request.param == "client" else async_send
+
+
+def lease_of(r: redis.Redis) -> bytes:
+    (record,) = records(r)
+    return keyspace().lock(record.split(b":=", 1)[1].decode()).lease
+
+
+# -- the scenarios -----------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_while_it_runs_gets_409_and_a_short_retry_after_then_the_replay(
+    form: Any, send: Any
+) -> None:
+    """Retry-After is about how long the first has run (here well under a second),
+    not the lease's 30 s (fails before this change: it was 30)."""
+    with form():
+        gate.hold()
+        first, out = in_thread(lambda: send("pay"))
+        assert gate.entered.wait(WAIT)
+        busy = send("pay")
+        assert busy.status_code == 409
+        assert busy.json()["error"] == "idempotency_key_in_use"
+        assert 1 <= int(busy["Retry-After"]) < 30
+        assert send("pay", body='{"other": 1}').status_code == 422
+        gate.open.set()
+        first.join(WAIT)
+        assert out[0].status_code == 201
+        replay = send("pay")
+    assert replay.status_code == 201
+    assert replay.content == out[0].content
+    assert replay["Location"] == out[0]["Location"]
+    assert replay[REPLAYED_HEADER] == "true"
+    assert runs == ["pay"]
+    assert Order.objects.count() == 1
+
+
+def test_a_failure_is_not_stored_and_the_retry_runs(form: Any, send: Any, r: redis.Redis) -> None:
+    with form():
+        assert send("fail").status_code == 500
+        assert records(r) == []
+        assert send("fail").status_code == 200
+        assert send("fail")[REPLAYED_HEADER] == "true"
+    assert runs == ["fail", "fail"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_response_is_never_stored(
+    form: Any, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ATOMIC_REQUESTS and transaction.set_rollback(True): nothing committed, so the
+    retry must run (fails before this change with the middleware: the 201 was replayed)."""
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
+    with form():
+        assert send("rolled-back").status_code == 201
+        assert records(r) == []  # the key is free again
+        again = send("rolled-back")
+    assert again.status_code == 201
+    assert REPLAYED_HEADER not in again
+    assert runs == ["rolled_back"] * 2
+    assert Order.objects.count() == 0
+
+
+@pytest.mark.skipif(not HAS_PG, reason="PostgreSQL not reachable")
+@pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
+def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twice(
+    form: Any, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease runs out while the first request works; a retry runs and commits.
+    The first must not commit too: its lease is checked before its commit, and its
+    transaction rolls back (503). Fails before this change with the middleware:
+    both committed (two orders, 201 and 201)."""
+    monkeypatch.setitem(connections.settings["postgres"], "ATOMIC_REQUESTS", True)
+    with form(TIMEOUT=1, RENEW=False):
+        gate.hold()
+        first, out = in_thread(lambda: send("pay", query="?db=postgres"))
+        assert gate.entered.wait(WAIT)
+        lease = lease_of(r)
+        wait_until(lambda: not r.exists(lease), WAIT)
+        retry = send("pay", query="?db=postgres")
+        gate.open.set()
+        first.join(WAIT)
+        later = send("pay", query="?db=postgres")
+    assert retry.status_code == 201
+    assert out[0].status_code == 503
+    assert later[REPLAYED_HEADER] == "true"
+    assert later.content == retry.content
+    assert runs == ["pay", "pay"]
+    assert Order.objects.using("postgres").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_renewal_keeps_the_key_past_its_timeout(form: Any, send: Any, r: redis.Redis) -> None:
+    """RENEW applies to both forms (fails before this change with the middleware,
+    which had no lock options: the lease ran out and the duplicate ran)."""
+    with form(TIMEOUT=1, RENEW=True):
+        gate.hold()
+        first, out = in_thread(lambda: send("pay"))
+        assert gate.entered.wait(WAIT)
+        lease = lease_of(r)
+        seen: list[int] = [r.pttl(lease)]
+
+        def renewed_three_times() -> bool:
+            now = r.pttl(lease)
+            if now > seen[-1]:
+                seen.append(now)
+            else:
+                seen[-1] = now
+            return len(seen) > 3
+
+        # Three renewals: longer than the 1 s timeout has passed since the run began.
+        wait_until(renewed_three_times, WAIT)
+        busy = send("pay")
+        gate.open.set()
+        first.join(WAIT)
+    assert busy.status_code == 409
+    assert out[0].status_code == 201
+    assert runs == ["pay"]
+
+
+def test_a_template_response_is_stored_with_its_body(form: Any, send: Any) -> None:
+    with form():
+        original = send("templated")
+        replay = send("templated")
+    assert original.status_code == replay.status_code == 201
+    assert original.content == replay.content == b"run 1"
+    assert replay[REPLAYED_HEADER] == "true"
+    assert runs == ["templated"]
+
+
+def test_a_streaming_response_is_stored_without_its_body(form: Any, send: Any) -> None:
+    with form():
+        assert send("streamed").status_code == 200
+        again = send("streamed")
+    assert again[REPLAYED_HEADER] == "true"
+    assert again["Idempotent-Body-Omitted"] == "true"
+    assert again.content == b""
+    assert runs == ["streamed"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keys_are_per_user(form: Any, send: Any, django_user_model: Any) -> None:
+    alice = django_user_model.objects.create(username="alice")
+    bob = django_user_model.objects.create(username="bob")
+
+    def as_user(user: Any) -> Any:
+        client = Client()
+        client.force_login(user)
+        return {"cookies": client.cookies}
+
+    with form():
+        assert REPLAYED_HEADER not in send("plain", **as_user(alice))
+        assert REPLAYED_HEADER not in send("plain", **as_user(bob))
+        assert send("plain", **as_user(alice))[REPLAYED_HEADER] == "true"
+    assert runs == ["plain", "plain"]
+
+
+@pytest.mark.usefixtures("dead_redis")
+def test_redis_down_is_503_and_the_view_does_not_run(form: Any, send: Any) -> None:
+    with form():  # over dead_redis's settings: its short timeouts are kept
+        response = send("plain")
+    assert response.status_code == 503
+    assert runs == []
+
+
+def test_the_answer_and_the_lock_are_the_same_for_both_forms(form: Any, r: redis.Redis) -> None:
+    """One key, one scope: the record a form writes is where the other looks."""
+    with form():
+        Client().post(
+            f"{form.prefix}/plain/",
+            "{}",
+            content_type="application/json",
+            headers={"Idempotency-Key": "same"},
+        )
+    (record,) = records(r)
+    assert r.hget(record, "state") == b"done"
+    name = record.split(b":=", 1)[1].decode()
+    assert name == keyspace().idempotency("ip:127.0.0.1", "same").name
