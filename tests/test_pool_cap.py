@@ -228,6 +228,31 @@ async def test_the_library_async_client_has_the_cache_pool_s_cap(server: RedisSe
         connection.reset()
 
 
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_connection_closed_by_a_restart_is_replaced_before_a_script_is_sent(
+    redis_factory: Any, transport: str
+) -> None:
+    # Taken from the pool, connected, but closed by the server: found out
+    # before the script is written (it is not repeatable, so it could not be
+    # sent again). Over TCP redis-py 8 expects maintenance notifications on
+    # idle connections: data is no sign of staleness there, EOF still is.
+    from tests.servers import free_port
+
+    server: RedisServer = redis_factory(port=free_port()).start()
+    if transport == "tcp":
+        client = redis.Redis(
+            host="127.0.0.1", port=server.port or 0, socket_timeout=0.5, retry=lingering_retry()
+        )
+    else:
+        client = capped_client(server, "pool")
+    try:
+        assert scripts.run(client, COUNT, (COUNTER,), ()) == 1
+        server.restart(kill=True)
+        assert scripts.run(client, COUNT, (COUNTER,), ()) == 1
+    finally:
+        client.close()
+
+
 # -- Sentinel and Cluster ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sentinel_topology() -> Iterator[SentinelTopology]:

@@ -234,16 +234,17 @@ def _make_ready(pool: Any, conn: Any) -> None:
     """What ``get_connection`` does after its critical section, connecting once."""
     _connect(conn)
     maintenance = getattr(pool, "maint_notifications_enabled", None)
-    if maintenance is not None and maintenance():
-        return  # pushed notifications are data the pool expects on idle connections
+    # Pushed maintenance notifications (redis-py 8) are data the pool expects
+    # on an idle connection; EOF (Redis restarted) still raises.
+    expects_data = maintenance is not None and maintenance()
     try:
-        if conn.can_read():
+        if conn.can_read() and not expects_data:
             raise RedisConnectionError("Connection has data")
     except (RedisConnectionError, RedisTimeoutError, OSError):
-        # Data or EOF on an idle connection (Redis restarted): start afresh.
+        # Data or EOF on an idle connection: start afresh.
         conn.disconnect()
         _connect(conn)
-        if conn.can_read():
+        if conn.can_read() and not expects_data:
             raise RedisConnectionError("Connection not ready") from None
 
 
