@@ -8,9 +8,11 @@ The cache's own client may have no socket timeout (redis-py's default) and its
 own retry policy. Lock calls must be bounded (DESIGN invariant 8), so the
 library builds a client of its own from the same connection parameters, with
 ``SOCKET_TIMEOUT``/``CONNECT_TIMEOUT`` from ``REDISLOCK`` and one retry on a
-broken pooled connection. Sentinel pools are rebuilt as Sentinel pools, so
-failover keeps working. ``REDISLOCK['CLIENT']`` (a dotted path to a callable
-returning a client) replaces all of this, for Redis Cluster and other setups.
+broken pooled connection. Its pool is of the cache pool's kind (blocking or
+not) and has its ``max_connections``: a pool of its own, never a larger one.
+Sentinel pools are rebuilt as Sentinel pools, so failover keeps working.
+``REDISLOCK['CLIENT']`` (a dotted path to a callable returning a client)
+replaces all of this, for Redis Cluster and other setups.
 
 Async code gets a ``redis.asyncio`` client derived from the same parameters,
 one per event loop (an asyncio connection belongs to the loop that made it).
@@ -224,9 +226,20 @@ def _build_sync(alias: str) -> Any:
             min_other_sentinels=pool.sentinel_manager.min_other_sentinels,
             sentinel_kwargs=sentinel_kwargs,
         )
-        new_pool: Any = SentinelConnectionPool(pool.service_name, manager, **kwargs)
+        new_pool: Any = SentinelConnectionPool(
+            pool.service_name, manager, max_connections=pool.max_connections, **kwargs
+        )
+    elif isinstance(pool, redis.BlockingConnectionPool):
+        new_pool = redis.BlockingConnectionPool(
+            connection_class=pool.connection_class,
+            max_connections=pool.max_connections,
+            timeout=pool.timeout,
+            **kwargs,
+        )
     else:
-        new_pool = redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
+        new_pool = redis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+        )
     return redis.Redis(connection_pool=new_pool)
 
 
@@ -301,14 +314,27 @@ def _build_async(alias: str) -> Any:
             min_other_sentinels=manager.min_other_sentinels,
             sentinel_kwargs=sentinel_kwargs,
         )
-        return sentinel.master_for(sync_pool.service_name, **kwargs)
+        return sentinel.master_for(
+            sync_pool.service_name, max_connections=sync_pool.max_connections, **kwargs
+        )
     connection_class = _SYNC_TO_ASYNC.get(sync_pool.connection_class)
     if connection_class is None:
         raise TypeError(
             f"no asyncio counterpart for {sync_pool.connection_class!r}: set "
             "REDISLOCK['CLIENT'] to a factory that accepts asyncio=True"
         )
-    pool = redis.asyncio.ConnectionPool(connection_class=connection_class, **kwargs)
+    pool: Any
+    if isinstance(sync_pool, redis.BlockingConnectionPool):
+        pool = redis.asyncio.BlockingConnectionPool(
+            connection_class=connection_class,
+            max_connections=sync_pool.max_connections,
+            timeout=sync_pool.timeout,
+            **kwargs,
+        )
+    else:
+        pool = redis.asyncio.ConnectionPool(
+            connection_class=connection_class, max_connections=sync_pool.max_connections, **kwargs
+        )
     return redis.asyncio.Redis(connection_pool=pool)
 
 

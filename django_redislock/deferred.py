@@ -5,12 +5,19 @@ its writes commit. Its lock must stay held, and stay valid, until then:
 
 * **Renewal goes on.** A renewing lock stays in the watchdog until the end
   (up to ``renew_max``), so an outer transaction may outlive the lease.
-* **Commit** runs an ``on_commit`` hook: the lock is released.
+* **Commit** runs an ``on_commit`` hook: the lock is released. The hook is
+  registered ``robust`` and moved to the front of the connection's list, so
+  it is the first thing the commit runs. Django stops at the first hook that
+  raises (one not registered ``robust``), and that exception's traceback
+  keeps the hooks it did not run referenced for as long as the exception
+  lives: behind such a hook, the release would wait for the exception to be
+  collected, with renewal keeping the lease alive all that time.
 * **Rollback** has no hook in Django, but Django drops the hooks registered in
   a transaction (or savepoint) that rolls back, or on a connection that is
-  closed. The hook is a small object referenced by nothing but Django's list;
-  CPython finalises it the moment that list lets go, and its finaliser
-  releases the lock. Commit and rollback run the same finaliser, once.
+  closed, the moment it rolls back or closes. The hook is a small object
+  referenced by nothing but Django's list; CPython finalises it as that list
+  lets go, and its finaliser releases the lock. Commit and rollback run the
+  same finaliser, once.
 * **A loss before the end** (the lease gone at renewal, renewal unable to
   reach Redis in time, the lease run out with renewal off or past
   ``renew_max``) dooms the transaction: it is marked for rollback, and the
@@ -80,6 +87,20 @@ class _Hook:
 
     def __call__(self) -> None:  # the commit
         self.done()
+
+
+def _run_first(conn: BaseDatabaseWrapper, hook: _Hook) -> None:
+    """Move ``hook``, just registered, to the front of ``conn``'s commit hooks.
+
+    No hook before it can then keep it from running (see the module
+    docstring). Its entry is moved as ``on_commit`` made it, savepoints
+    included: a savepoint rolled back around the call still drops it.
+    """
+    hooks = conn.run_on_commit
+    for index in range(len(hooks) - 1, -1, -1):
+        if hooks[index][1] is hook:
+            hooks.insert(0, hooks.pop(index))
+            return
 
 
 class _Guard:
@@ -159,6 +180,7 @@ class Deferred:
             conn.execute_wrappers.insert(0, self._check)
             # robust: a failure here must not keep other hooks from running.
             conn.on_commit(hook, robust=True)
+            _run_first(conn, hook)
 
     def _ender(self, alias: str) -> Callable[[], None]:
         # Refers to self, never to the hook: see _Hook.
@@ -274,8 +296,8 @@ def adopt(key: Key) -> Deferred | None:
     if deferred is None:
         return None
     if not deferred.alive():
-        # Its transactions are over, but their hooks were not let go yet (a
-        # failed on_commit hook's traceback still holds them): release now.
+        # Its transactions are over, but their hooks were not let go yet
+        # (something still holds a list Django dropped): release now.
         del _pending()[key]
         deferred.finish()
         return None

@@ -16,20 +16,27 @@ with the library's own policy:
   connection; a give-back asked for that call goes on after them, so it runs
   after the late script, not before it.
 
-A pool whose connections could retry a timed-out connect (redis-py 8's default)
-gets a twin: a pool of the library's own with the same connection parameters
-and limits and no retries. On a Cluster the batch goes to the node that owns
-the key's slot, following MOVED and ASK; the script has not run where Redis
-answered with a redirection, so following it is safe.
+The connection is one of the caller's own pool, so lock calls stay within the
+pool's ``max_connections`` with everything else the client does: at the cap a
+lock call fails as a plain command does. Its connections may retry a connect
+(redis-py 8's default policy retries timeouts, with back-off), so the library
+does not let ``get_connection`` connect them: it takes a connection as the
+pool's checkout does, then connects it itself, once, with the connection's
+retry policy set aside and restored (the connection is the caller's alone
+meanwhile). The asyncio pools have a public method for the first step
+(``get_available_connection``); the sync ones do the same under their lock.
+On a Cluster the batch goes to the node that owns the key's slot, following
+MOVED and ASK; the script has not run where Redis answered with a
+redirection, so following it is safe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import socket
-import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +44,12 @@ from typing import Any
 from redis.exceptions import AskError, MovedError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
+    from redis.observability import attributes as _metric_names
+    from redis.observability import recorder as _metrics
+except ImportError:  # pragma: no cover - redis-py before 8
+    _metric_names = _metrics = None  # type: ignore[assignment]
 
 from . import giveback
 from .giveback import Pending
@@ -94,75 +107,170 @@ def _connect_may_linger(kwargs: dict[str, Any]) -> bool:
     return any(_is_timeout_error(e) for e in errors)
 
 
+def _connect_bound(kwargs: dict[str, Any]) -> float | None:
+    """How long connecting may take: one connect timeout, and one socket
+    timeout for the handshake (HELLO, AUTH, CLIENT SETINFO)."""
+    timeout = kwargs.get("socket_timeout")
+    connect = kwargs.get("socket_connect_timeout") or timeout
+    if timeout is None or connect is None:
+        return None
+    return float(connect) + float(timeout)
+
+
 # -- sync pools ------------------------------------------------------------------
 
-_twins_lock = threading.Lock()
-_twins: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_ITSELF = object()  # in _twins: the pool is bounded as it is
+# Connects once: no back-off, nothing retried (it keeps no state between calls).
+_NO_RETRY: Any = None
 _wants_command_name: dict[type, bool] = {}
+_takers: dict[type, Any] = {}
+_warned: set[type] = set()
 
 
-def _twin_of(pool: Any) -> Any | None:
-    """A pool like ``pool`` whose connections never retry; None if it cannot be made."""
-    from redis.backoff import NoBackoff
-    from redis.connection import BlockingConnectionPool, ConnectionPool
-    from redis.retry import Retry
+def _no_retry() -> Any:
+    global _NO_RETRY
+    if _NO_RETRY is None:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
 
-    kwargs = dict(pool.connection_kwargs)
-    kwargs["retry"] = Retry(NoBackoff(), 0)
-    kwargs.pop("retry_on_error", None)
-    kwargs.pop("retry_on_timeout", None)
-    limits = {"max_connections": pool.max_connections}
-    try:
-        from redis.sentinel import SentinelConnectionPool
-    except ImportError:  # pragma: no cover
-        SentinelConnectionPool = None  # type: ignore[assignment,misc]  # noqa: N806
-    if SentinelConnectionPool is not None and isinstance(pool, SentinelConnectionPool):
-        kwargs.pop("connection_pool", None)
-        return SentinelConnectionPool(
-            pool.service_name,
-            pool.sentinel_manager,
-            is_master=pool.is_master,
-            check_connection=pool.check_connection,
-            **limits,
-            **kwargs,
-        )
-    if type(pool) is BlockingConnectionPool:
-        return BlockingConnectionPool(
-            connection_class=pool.connection_class, timeout=pool.timeout, **limits, **kwargs
-        )
-    if type(pool) is ConnectionPool:
-        return ConnectionPool(connection_class=pool.connection_class, **limits, **kwargs)
-    return None
+        _NO_RETRY = Retry(NoBackoff(), 0)
+    return _NO_RETRY
 
 
-def _bounded_pool(pool: Any) -> Any:
-    """``pool`` itself when its connections connect without lingering, else its twin.
+def _record_checkout(pool: Any) -> None:
+    """Count a connection as taken in redis-py's pool metrics, as its checkout does.
 
-    Decided once per pool: this runs on every lock call.
+    The pool's ``release`` counts it back: without this, the opt-in
+    connection-count metrics of redis-py 8 would drift by one per call.
     """
-    known = _twins.get(pool)
-    if known is not None:
-        return pool if known is _ITSELF else known
-    with _twins_lock:
-        known = _twins.get(pool)
-        if known is None:
-            known = _ITSELF
-            if _connect_may_linger(pool.connection_kwargs):
-                twin = _twin_of(pool)
-                if twin is None:
-                    logger.warning(
-                        "cannot mirror a %s without its retries: lock calls use it as it "
-                        "is and may last longer than one socket timeout",
-                        type(pool).__name__,
-                    )
-                else:
-                    # The twin's sockets close with the client's pool.
-                    weakref.finalize(pool, twin.disconnect)
-                    known = twin
-            # Never the pool itself as a value: it would keep its own key alive.
-            _twins[pool] = known
-    return pool if known is _ITSELF else known
+    if _metrics is None:
+        return
+    name = _metric_names.get_pool_name(pool)
+    idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
+    _metrics.record_connection_count(pool_name=name, connection_state=idle, counter=-1)
+    _metrics.record_connection_count(pool_name=name, connection_state=used, counter=1)
+
+
+def _take(pool: Any, wait: float | None) -> Any:
+    """A connection of a ``ConnectionPool``, counted in use, not yet checked.
+
+    The critical section of ``ConnectionPool.get_connection``; the pool's cap
+    holds (``make_connection`` raises ``MaxConnectionsError`` past it).
+    """
+    pool._checkpid()
+    with pool._lock:
+        try:
+            conn = pool._available_connections.pop()
+        except IndexError:
+            conn = pool.make_connection()
+        pool._in_use_connections.add(conn)
+    _record_checkout(pool)
+    return conn
+
+
+def _take_blocking(pool: Any, wait: float | None) -> Any:
+    """``_take`` for a ``BlockingConnectionPool``: wait for a free slot."""
+    import queue
+
+    from redis.exceptions import MaxConnectionsError
+
+    pool._checkpid()
+    timeout = pool.timeout
+    if wait is not None and (timeout is None or timeout > wait):
+        timeout = wait
+    # During a maintenance notification (redis-py 8) the pool takes its lock
+    # around this too, while it updates its connections.
+    guard = pool._lock if getattr(pool, "_in_maintenance", False) else contextlib.nullcontext()
+    with guard:
+        try:
+            conn = pool.pool.get(block=True, timeout=timeout)
+        except queue.Empty:
+            raise MaxConnectionsError(f"No connection available within {timeout}s.") from None
+        if conn is None:
+            try:
+                conn = pool.make_connection()
+            except BaseException:
+                pool.pool.put_nowait(None)  # the slot stays free
+                raise
+    _record_checkout(pool)
+    return conn
+
+
+def _taker(pool: Any) -> Any:
+    """How to take a connection of ``pool`` without connecting it, or None.
+
+    Known for the pools whose checkout is redis-py's own (``ConnectionPool``,
+    ``BlockingConnectionPool`` and subclasses that keep it: Sentinel, Cluster
+    nodes); decided once per pool class.
+    """
+    kind = type(pool)
+    if kind not in _takers:
+        from redis.connection import BlockingConnectionPool, ConnectionPool
+
+        checkout = getattr(kind, "get_connection", None)
+        if checkout is BlockingConnectionPool.get_connection:
+            _takers[kind] = _take_blocking
+        elif checkout is ConnectionPool.get_connection:
+            _takers[kind] = _take
+        else:
+            _takers[kind] = None
+    if getattr(pool, "cache", None) is not None:
+        # Client-side caching wraps each connection in a proxy whose
+        # connect is the inner connection's: use the pool's own checkout.
+        return None
+    return _takers[kind]
+
+
+def _connect(conn: Any) -> None:
+    """Connect ``conn`` (ours for now) once, with no retry; a no-op if connected."""
+    saved = conn.retry
+    conn.retry = _no_retry()
+    try:
+        conn.connect()
+    finally:
+        conn.retry = saved
+
+
+def _make_ready(pool: Any, conn: Any) -> None:
+    """What ``get_connection`` does after its critical section, connecting once."""
+    _connect(conn)
+    maintenance = getattr(pool, "maint_notifications_enabled", None)
+    # Pushed maintenance notifications (redis-py 8) are data the pool expects
+    # on an idle connection; EOF (Redis restarted) still raises.
+    expects_data = maintenance is not None and maintenance()
+    try:
+        if conn.can_read() and not expects_data:
+            raise RedisConnectionError("Connection has data")
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        # Data or EOF on an idle connection: start afresh.
+        conn.disconnect()
+        _connect(conn)
+        if conn.can_read() and not expects_data:
+            raise RedisConnectionError("Connection not ready") from None
+
+
+def _checkout(pool: Any) -> Any:
+    """A connected connection of the caller's own pool, within the pool's cap.
+
+    ``get_connection`` would connect with the connections' retry policy; the
+    same steps here connect once. See the module docstring.
+    """
+    take = _taker(pool)
+    if take is None:
+        if _connect_may_linger(pool.connection_kwargs) and type(pool) not in _warned:
+            _warned.add(type(pool))
+            logger.warning(
+                "cannot take a connection of a %s without its retries: lock calls may "
+                "last longer than one socket timeout while connecting",
+                type(pool).__name__,
+            )
+        return pool.get_connection(*_get_connection_args(pool))
+    conn = take(pool, _connect_bound(pool.connection_kwargs))
+    try:
+        _make_ready(pool, conn)
+    except BaseException:
+        pool.release(conn)
+        raise
+    return conn
 
 
 def _get_connection_args(pool: Any) -> tuple[str, ...]:
@@ -202,11 +310,14 @@ def _exchange(conn: Any, commands: Sequence[Command]) -> list[Any]:
 
 
 def _call_on_pool(pool: Any, commands: Sequence[Command]) -> list[Any]:
-    pool = _bounded_pool(pool)
-    args = _get_connection_args(pool)
+    from redis.exceptions import MaxConnectionsError
+
     for attempt in (1, 2):
         try:
-            conn = pool.get_connection(*args)
+            conn = _checkout(pool)
+        except MaxConnectionsError as exc:
+            # The pool is at its cap: a plain command fails the same way.
+            raise CallFailed(exc, may_have_run=False) from exc
         except RedisConnectionError as exc:
             # Nothing was written: one more try covers a pooled connection
             # that died with a restarted Redis.
@@ -232,6 +343,16 @@ def _call_on_pool(pool: Any, commands: Sequence[Command]) -> list[Any]:
 # -- Cluster ---------------------------------------------------------------------
 
 _refresh: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _node_may_be_gone(failed: CallFailed) -> bool:
+    from redis.exceptions import MaxConnectionsError
+
+    # A pool at its cap says nothing of the node: it must not cost the
+    # next call a refresh of the slot map (which replaces node clients).
+    return isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)) and not (
+        isinstance(failed.cause, MaxConnectionsError)
+    )
 
 
 def _redirect_target(client: Any, error: AskError) -> Any:
@@ -277,7 +398,7 @@ def _cluster_call(client: Any, commands: Sequence[Command], key: bytes) -> list[
         try:
             replies = _call_on_pool(redis_node.connection_pool, (*prefix, *commands))
         except CallFailed as failed:
-            if isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)):
+            if _node_may_be_gone(failed):
                 # The node may be gone for good (failover): look again next time.
                 _refresh[client] = True
             raise
@@ -305,16 +426,6 @@ def call(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
 
 
 # -- asyncio ---------------------------------------------------------------------
-
-
-def _connect_bound(kwargs: dict[str, Any]) -> float | None:
-    """How long connecting may take: one connect timeout, and one socket
-    timeout for the handshake (HELLO, AUTH, CLIENT SETINFO)."""
-    timeout = kwargs.get("socket_timeout")
-    connect = kwargs.get("socket_connect_timeout") or timeout
-    if timeout is None or connect is None:
-        return None
-    return float(connect) + float(timeout)
 
 
 async def _exchange_async(conn: Any, commands: Sequence[Command]) -> list[Any]:
@@ -399,9 +510,13 @@ async def _checkout_async(pool: Any) -> Any:
 
 
 async def _call_on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
+    from redis.exceptions import MaxConnectionsError
+
     for attempt in (1, 2):
         try:
             conn = await _checkout_async(pool)
+        except MaxConnectionsError as exc:
+            raise CallFailed(exc, may_have_run=False) from exc
         except RedisConnectionError as exc:
             if attempt == 2:
                 raise CallFailed(exc, may_have_run=False) from exc
@@ -468,7 +583,7 @@ async def _cluster_call_async(client: Any, commands: Sequence[Command], key: byt
         try:
             replies = await _call_on_node_async(node, (*prefix, *commands))
         except CallFailed as failed:
-            if isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)):
+            if _node_may_be_gone(failed):
                 _refresh[client] = True
             raise
         replies = replies[len(prefix) :]

@@ -1,0 +1,359 @@
+"""Lock calls stay within the connection pool the caller configured.
+
+Each test gives a client ``max_connections`` and a retry policy that retries a
+timed-out connect (redis-py 8's default does), names its connections
+(``client_name``) and counts them on the server (``CLIENT LIST``). With every
+connection of the pool taken, a lock call fails as a plain command does,
+rather than opening connections of its own; the server never sees more than
+the cap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from django.test import override_settings
+from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from django_redislock import connection
+from django_redislock.core import Lock, RedisUnavailable, scripts
+from tests.servers import RedisServer
+from tests.topologies import SERVICE, ClusterTopology, SentinelTopology
+
+CAP = 3
+NAME = "capped"
+COUNTER = b"redislock-test:cap"
+_SOURCE = b"return redis.call('INCR', KEYS[1])"
+COUNT = scripts.Script("count", _SOURCE, hashlib.sha1(_SOURCE).hexdigest())
+
+
+def lingering_retry() -> Retry:
+    # Retries timeouts and connection errors, with back-off: as redis-py 8's default.
+    return Retry(ExponentialBackoff(cap=1, base=0.1), 10)
+
+
+def connections_named(server: RedisServer, name: str = NAME) -> int:
+    with server.client(socket_timeout=5) as c:
+        return sum(1 for entry in c.client_list() if entry.get("name") == name)
+
+
+def _args(getter: Any) -> tuple[str, ...]:
+    # redis-py before 5.3 requires a command name; later versions warn on one.
+    parameter = inspect.signature(getter).parameters.get("command_name")
+    return ("PING",) if parameter is not None and parameter.default is inspect._empty else ()
+
+
+def take_all(pool: Any) -> list[Any]:
+    return [pool.get_connection(*_args(pool.get_connection)) for _ in range(CAP)]
+
+
+async def atake_all(pool: Any) -> list[Any]:
+    return [await pool.get_connection(*_args(pool.get_connection)) for _ in range(CAP)]
+
+
+@pytest.fixture
+def server(redis_factory: Any) -> RedisServer:
+    started: RedisServer = redis_factory().start()
+    return started
+
+
+def capped_client(server: RedisServer, kind: str) -> redis.Redis:
+    kwargs: dict[str, Any] = {
+        "path": server.socket_path,
+        "socket_timeout": 0.5,
+        "client_name": NAME,
+        "retry": lingering_retry(),
+        "max_connections": CAP,
+        "connection_class": redis.UnixDomainSocketConnection,
+    }
+    if kind == "blocking":
+        pool: Any = redis.BlockingConnectionPool(timeout=0.2, **kwargs)
+    else:
+        pool = redis.ConnectionPool(**kwargs)
+    return redis.Redis(connection_pool=pool)
+
+
+@pytest.mark.parametrize("kind", ["pool", "blocking"])
+def test_a_lock_call_at_the_cap_fails_as_a_plain_command_does(
+    server: RedisServer, kind: str
+) -> None:
+    client = capped_client(server, kind)
+    pool = client.connection_pool
+    try:
+        held = take_all(pool)
+        assert connections_named(server) == CAP
+        with pytest.raises(redis.ConnectionError):
+            client.incr(COUNTER)
+        with pytest.raises(RedisUnavailable) as info:
+            scripts.run(client, COUNT, (COUNTER,), ())
+        assert not scripts.may_have_run(info.value)
+        assert connections_named(server) == CAP
+        for conn in held:
+            pool.release(conn)
+        assert scripts.run(client, COUNT, (COUNTER,), ()) == 1
+        assert connections_named(server) == CAP
+    finally:
+        client.close()
+
+
+def test_locks_and_commands_from_many_threads_share_the_cap(server: RedisServer) -> None:
+    pool = redis.BlockingConnectionPool(
+        connection_class=redis.UnixDomainSocketConnection,
+        path=server.socket_path,
+        socket_timeout=2,
+        client_name=NAME,
+        retry=lingering_retry(),
+        max_connections=CAP,
+        timeout=10,
+    )
+    client = redis.Redis(connection_pool=pool)
+    threads = 8
+    start = threading.Barrier(threads, timeout=10)
+    failures: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            lock = Lock(client, f"cap:{n % 2}", ttl=5, wait=10)
+            start.wait()
+            for _ in range(20):
+                with lock:
+                    client.incr(COUNTER)
+        except BaseException as exc:  # recorded: the assertion below shows it
+            failures.append(exc)
+
+    workers = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    try:
+        assert not any(worker.is_alive() for worker in workers)
+        assert failures == []
+        assert int(client.get(COUNTER) or 0) == threads * 20
+        assert connections_named(server) <= CAP
+    finally:
+        client.close()
+
+
+async def test_an_async_lock_call_at_the_cap_fails_as_a_plain_command_does(
+    server: RedisServer,
+) -> None:
+    client = redis.asyncio.Redis(
+        unix_socket_path=server.socket_path,
+        socket_timeout=0.5,
+        client_name=NAME,
+        retry=redis.asyncio.retry.Retry(ExponentialBackoff(cap=1, base=0.1), 10),
+        max_connections=CAP,
+    )
+    pool = client.connection_pool
+    try:
+        held = await atake_all(pool)
+        with pytest.raises(redis.ConnectionError):
+            await client.incr(COUNTER)
+        with pytest.raises(RedisUnavailable) as info:
+            await scripts.run_async(client, COUNT, (COUNTER,), ())
+        assert not scripts.may_have_run(info.value)
+        assert connections_named(server) == CAP
+        for conn in held:
+            await pool.release(conn)
+        assert await scripts.run_async(client, COUNT, (COUNTER,), ()) == 1
+        assert connections_named(server) == CAP
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize("pool_class", ["redis.ConnectionPool", "redis.BlockingConnectionPool"])
+def test_the_library_client_has_the_cache_pool_s_cap(server: RedisServer, pool_class: str) -> None:
+    caches = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": server.url,
+            "OPTIONS": {
+                "CLIENT_CLASS": "django_redis.client.DefaultClient",
+                "CONNECTION_POOL_CLASS": pool_class,
+                "CONNECTION_POOL_KWARGS": {"max_connections": CAP, "client_name": NAME},
+            },
+        }
+    }
+    connection.reset()
+    try:
+        with override_settings(CACHES=caches, REDISLOCK={"SOCKET_TIMEOUT": 0.5}):
+            client = connection.get_client()
+            pool = client.connection_pool
+            assert type(pool).__name__ == pool_class.split(".")[1]
+            held = take_all(pool)
+            with pytest.raises(RedisUnavailable):
+                scripts.run(client, COUNT, (COUNTER,), ())
+            assert connections_named(server) == CAP
+            for conn in held:
+                pool.release(conn)
+            assert scripts.run(client, COUNT, (COUNTER,), ()) == 1
+    finally:
+        connection.reset()
+
+
+async def test_the_library_async_client_has_the_cache_pool_s_cap(server: RedisServer) -> None:
+    caches = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": server.url,
+            "OPTIONS": {
+                "CLIENT_CLASS": "django_redis.client.DefaultClient",
+                "CONNECTION_POOL_KWARGS": {"max_connections": CAP, "client_name": NAME},
+            },
+        }
+    }
+    connection.reset()
+    try:
+        with override_settings(CACHES=caches, REDISLOCK={"SOCKET_TIMEOUT": 0.5}):
+            client = connection.get_async_client()
+            held = await atake_all(client.connection_pool)
+            with pytest.raises(RedisUnavailable):
+                await scripts.run_async(client, COUNT, (COUNTER,), ())
+            assert connections_named(server) == CAP
+            for conn in held:
+                await client.connection_pool.release(conn)
+            await client.aclose()
+    finally:
+        connection.reset()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+def test_a_connection_closed_by_a_restart_is_replaced_before_a_script_is_sent(
+    redis_factory: Any, transport: str
+) -> None:
+    # Taken from the pool, connected, but closed by the server: found out
+    # before the script is written (it is not repeatable, so it could not be
+    # sent again). Over TCP redis-py 8 expects maintenance notifications on
+    # idle connections: data is no sign of staleness there, EOF still is.
+    from tests.servers import free_port
+
+    server: RedisServer = redis_factory(port=free_port()).start()
+    if transport == "tcp":
+        client = redis.Redis(
+            host="127.0.0.1", port=server.port or 0, socket_timeout=0.5, retry=lingering_retry()
+        )
+    else:
+        client = capped_client(server, "pool")
+    try:
+        assert scripts.run(client, COUNT, (COUNTER,), ()) == 1
+        server.restart(kill=True)
+        assert scripts.run(client, COUNT, (COUNTER,), ()) == 1
+    finally:
+        client.close()
+
+
+# -- Sentinel and Cluster ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sentinel_topology() -> Iterator[SentinelTopology]:
+    topology = SentinelTopology().start()
+    yield topology
+    topology.stop()
+
+
+def test_a_sentinel_client_s_lock_calls_stay_within_its_cap(
+    sentinel_topology: SentinelTopology,
+) -> None:
+    sentinel = Sentinel(sentinel_topology.sentinel_addresses, socket_timeout=0.5)
+    client = sentinel.master_for(
+        SERVICE,
+        socket_timeout=0.5,
+        retry=lingering_retry(),
+        max_connections=CAP,
+        client_name=NAME,
+    )
+    primary = sentinel_topology.primary()
+    pool = client.connection_pool
+    try:
+        held = take_all(pool)
+        with pytest.raises(RedisUnavailable):
+            scripts.run(client, COUNT, (COUNTER,), ())
+        assert connections_named(primary) == CAP
+        for conn in held:
+            pool.release(conn)
+        assert scripts.run(client, COUNT, (COUNTER,), ()) >= 1
+        assert connections_named(primary) == CAP
+    finally:
+        client.close()
+        for c in sentinel.sentinels:
+            c.close()
+        with primary.client(socket_timeout=5) as c:
+            c.delete(COUNTER)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterTopology]:
+    topology = ClusterTopology(primaries=3, replicas=0).start()
+    yield topology
+    topology.stop()
+
+
+def test_a_cluster_client_s_lock_calls_stay_within_each_node_s_cap(
+    cluster: ClusterTopology,
+) -> None:
+    client = RedisCluster(
+        host="127.0.0.1",
+        port=cluster.nodes[0].port or 0,
+        socket_timeout=0.5,
+        max_connections=CAP,
+        client_name=NAME,
+    )
+    try:
+        node = client.get_node_from_key(COUNTER)
+        server = cluster.node_at(node.port)
+        pool = client.get_redis_connection(node).connection_pool
+        held = take_all(pool)
+        with pytest.raises(RedisUnavailable):
+            scripts.run(client, COUNT, (COUNTER,), ())
+        assert connections_named(server) == CAP
+        for conn in held:
+            pool.release(conn)
+        assert scripts.run(client, COUNT, (COUNTER,), ()) >= 1
+        assert connections_named(server) == CAP
+    finally:
+        client.delete(COUNTER)
+        client.close()
+
+
+def test_redis_py_s_connection_metrics_stay_balanced(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py 8 counts idle and used connections per pool (opt-in metrics);
+    # a lock call takes a connection as its checkout does, and counts it so.
+    recorder = pytest.importorskip("redis.observability.recorder")
+    import redis.connection
+    from redis.observability.attributes import get_pool_name
+
+    counts: dict[str, int] = {}
+    watched: list[str] = []
+
+    def record(pool_name: str, connection_state: Any, counter: int = 1) -> None:
+        # Only this test's pool: another pool collected meanwhile counts its own.
+        if pool_name in watched:
+            key = str(connection_state)
+            counts[key] = counts.get(key, 0) + counter
+
+    monkeypatch.setattr(recorder, "record_connection_count", record)
+    monkeypatch.setattr(redis.connection, "record_connection_count", record, raising=False)
+    for kind in ("pool", "blocking"):
+        counts.clear()
+        client = capped_client(server, kind)
+        watched[:] = [get_pool_name(client.connection_pool)]
+        try:
+            for _ in range(3):
+                assert scripts.run(client, COUNT, (COUNTER,), ()) >= 1
+            # One connection, made once, idle again after each call.
+            idle, used = recorder.ConnectionState.IDLE, recorder.ConnectionState.USED
+            assert counts == {str(idle): 1, str(used): 0}, kind
+        finally:
+            client.close()
