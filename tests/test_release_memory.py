@@ -462,3 +462,16 @@ def test_an_acquire_given_back_grants_nothing_after_releases(r: redis.Redis) -> 
     assert scripts.run(r, scripts.ACQUIRE, lock._key_tuple, args) == 0
     assert not r.exists(lock.keys.lease)
     audit_keyspace(r)
+
+
+@pytest.mark.parametrize("kind", list(SCRIPT_KINDS))
+def test_a_state_without_a_horizon_gets_one_at_the_next_grant(r: redis.Redis, kind: str) -> None:
+    # A state written before the memory of losses (a rolling upgrade) has
+    # no horizon: the next grant starts one, and its release is repeatable.
+    name = Name(r, kind)
+    old = name.held()
+    r.hdel(old.keys.state, "h", "u")
+    old.release()
+    first, args = name.released()
+    name.released()
+    assert name.retry(first, args) == 1

@@ -49,16 +49,17 @@ local RECENT_KEPT = (RECENT - 1) * 17 - 1
 -- Write a lease for `token` and return its fence, as text: its serial
 -- (_losses.lua), the server clock in microseconds above the last fence
 -- issued (`last`). `ended` is the state's `e`: when it does not name `last`,
--- that lease ended in a loss and is recorded as one. `ttl` is text;
+-- that lease ended in a loss and is recorded as one; `horizon` is its `h`
+-- (false in a state that has none yet: it starts here). `ttl` is text;
 -- `state_ttl` (the state's TTL) is text, or a number when `waiters`; `name`
 -- is '' when the key holds it. `waiters`: whether anyone may be queued (then
 -- the state's TTL may only grow, it covers their deadlines).
-local function give(token, ttl, state_ttl, name, owner, last, ended, waiters)
+local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, waiters)
   clock = clock or redis.call('TIME')
   if issued then
     -- This run gave a lease already and took it back (a waiter nobody
     -- heard): that one is the last, and it ended without a loss.
-    last, ended = issued, issued
+    last, ended, horizon = issued, issued, horizon or issued
   end
   local f = issue(clock, last)
   if name == '' then
@@ -67,18 +68,15 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, waiters)
     redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
   end
   redis.call('PEXPIRE', lease, ttl)
-  if not last then
-    -- A new state: it answers for the fences it issues from here on.
+  if not last or not horizon then
+    -- A new state (or one from before the memory of losses): it answers for
+    -- the fences it issues from here on.
     redis.call('HSET', state, 'f', f, 'h', f)
   elseif ended == last then
     redis.call('HSET', state, 'f', f)
   else
-    local mem = redis.call('HMGET', state, 'h', 'u')
-    local u, h = record_loss(mem[2], mem[1], last)
-    if not h then
-      -- A state from before the memory of losses: it starts here.
-      redis.call('HSET', state, 'f', f, 'h', f)
-    elseif u then
+    local u, h = record_loss(redis.call('HGET', state, 'u'), horizon, last)
+    if u then
       redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
     else
       redis.call('HSET', state, 'f', f)
@@ -174,8 +172,9 @@ local function contended()
             round = nil
             owner = string.sub(info, s3 + 1)
           end
-          local st = redis.call('HMGET', state, 'f', 'n', 'e')
-          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], st[3], true)
+          local st = redis.call('HMGET', state, 'f', 'n', 'e', 'h')
+          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], st[3],
+            st[4], true)
           local message = head .. ':' .. fence
           if round then
             message = message .. ':' .. round
