@@ -75,7 +75,7 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   elseif ended == last then
     redis.call('HSET', state, 'f', f)
   else
-    local u, h = record_loss(redis.call('HGET', state, 'u'), horizon, last)
+    local u, h = losses().record(redis.call('HGET', state, 'u'), horizon, last)
     if u then
       redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
     else
@@ -91,27 +91,27 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   return f
 end
 
--- A release of `fence` (text from the client; '' or nil when it did not
--- say) that found the lease not its own: 1 if that lease was released all
--- the same (this is a retry, and the first run released it), else 0.
-local function released_before(fence)
-  if not fence or fence == '' then
-    return 0
-  end
-  local st = redis.call('HMGET', state, 'f', 'e', 'h', 'u')
-  if fence == st[1] then
-    -- The last lease issued, and gone: released only if `e` says so (it
-    -- may have run out since, unrecorded until the next grant).
-    return st[2] == fence and 1 or 0
-  end
-  return was_released(fence, st[1], st[3], st[4]) and 1 or 0
-end
-
 local function contended()
   if slow then
     return slow
   end
   slow = {}
+
+  -- A release of `fence` (text from the client; '' or nil when it did not
+  -- say) that found the lease not its own: 1 if that lease was released all
+  -- the same (this is a retry, and the first run released it), else 0.
+  function slow.released_before(fence)
+    if not fence or fence == '' then
+      return 0
+    end
+    local st = redis.call('HMGET', state, 'f', 'e', 'h', 'u')
+    if fence == st[1] then
+      -- The last lease issued, and gone: released only if `e` says so (it
+      -- may have run out since, unrecorded until the next grant).
+      return st[2] == fence and 1 or 0
+    end
+    return losses().released(fence, st[1], st[3], st[4]) and 1 or 0
+  end
 
   -- The server clock in milliseconds, as a number (deadlines).
   function slow.read_clock()

@@ -9,7 +9,7 @@
 local token = ARGV[1]
 local held = redis.call('HMGET', lease, 't', 'f')
 if held[1] ~= token then
-  return released_before(ARGV[2])
+  return contended().released_before(ARGV[2])
 end
 redis.call('DEL', lease)
 -- The lease existed, so the state does, with a TTL (see the prelude).

@@ -10,7 +10,7 @@
 local token = ARGV[1]
 local held = redis.call('HMGET', lease, 't', 'f')
 if held[1] ~= token then
-  return released_before(ARGV[3])
+  return contended().released_before(ARGV[3])
 end
 redis.call('DEL', lease)
 redis.call('HSET', state, 'e', held[2])

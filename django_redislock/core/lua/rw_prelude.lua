@@ -49,7 +49,9 @@ end
 -- and is remembered as lost.
 local function purge()
   local expired = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms)
-  holders_lost(state, expired)
+  if #expired > 0 then
+    losses().holders_lost(state, expired)
+  end
   for _, token in ipairs(expired) do
     forget(token, nil)
   end

@@ -28,4 +28,4 @@ if score then
   return 0
 end
 local mem = redis.call('HMGET', state, 'i', 'h', 'u')
-return was_released(ARGV[4], mem[1], mem[2], mem[3]) and 1 or 0
+return losses().released(ARGV[4], mem[1], mem[2], mem[3]) and 1 or 0
