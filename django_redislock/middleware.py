@@ -164,12 +164,12 @@ def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
     test client) in the event loop itself, so this uses the sync client: one
     short, bounded call per permit.
     """
-    held = [(sem.keyspace, sem.name, sem.token) for sem in permits if sem.token]
+    held = [(sem.keyspace, sem.name, sem.token, sem.serial) for sem in permits if sem.token]
 
     def close() -> None:
-        for ks, name, token in held:
+        for ks, name, token, serial in held:
             try:
-                if not release_permit(get_client(), ks, name, token):
+                if not release_permit(get_client(), ks, name, token, serial):
                     logger.warning("permit of %r had expired before the response was closed", name)
             except (RedisUnavailable, RedisError) as exc:
                 logger.warning(

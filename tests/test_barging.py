@@ -307,15 +307,16 @@ def test_mutual_exclusion_processes(r: redis.Redis, redis_server: Any) -> None:
 def test_release_is_repeatable(r: redis.Redis) -> None:
     lock = Lock(r, "again", ttl=10, wait=0, fair=False)
     assert lock.acquire()
-    token = lock.token
+    token, fence = lock.token, lock.fence
     lock.release()
     other = Lock(r, "again", ttl=10, wait=0, fair=False)
     assert other.acquire()
     # A retry of the first release, whose reply was lost, reports success and
     # leaves the new holder alone.
-    args = (token, BARGE_LIMIT)
+    args = (token, BARGE_LIMIT, fence)
     assert scripts.run(r, scripts.RELEASE_BARGING, lock._key_tuple, args) == 1
     assert other.owned()
+    assert scripts.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1, fence)) == 1
     assert scripts.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1)) == 0
     other.release()
 
@@ -349,7 +350,7 @@ def test_a_waiter_that_gives_up_leaves_the_queue(r: redis.Redis) -> None:
     assert not waiter.acquire(wait=0.3)
     assert r.llen(holder.keys.queue) == 0
     fields = set(r.hkeys(holder.keys.state))
-    assert fields <= {b"f", b"q", b"d", b"n", b"b", b"w"}, fields
+    assert fields <= {b"f", b"q", b"d", b"n", b"b", b"w", b"e", b"h", b"u"}, fields
     holder.release()
     assert not r.hexists(holder.keys.state, "q")
 

@@ -257,9 +257,8 @@ def _woken_through_the_slots_channel(rc: RedisCluster, mode: Callable[[str], byt
             return rc.llen(keys.queue) == 1
 
         wait_until("the waiter to queue", queued, 10)
-        entry = next(
-            v for k, v in rc.hgetall(keys.state).items() if k not in (b"f", b"q", b"n", b"d")
-        )
+        # The waiter's entry: its token (16 hex digits) is the field.
+        entry = next(v for k, v in rc.hgetall(keys.state).items() if len(k) == 16)
         address = entry.split(b"|")[1]
         assert address.startswith(mode(name) + KS.prefix.encode() + b":N:" + keys.tag + b":")
         assert rc.keyslot(address[1:]) == rc.keyslot(keys.lease)
@@ -403,11 +402,7 @@ async def _async_woken_and_exclusive(
         while await arc.llen(keys.queue) != 1:
             assert time.monotonic() < deadline, "the waiter never queued"
             await asyncio.sleep(0.01)
-        entry = next(
-            v
-            for k, v in (await arc.hgetall(keys.state)).items()
-            if k not in (b"f", b"q", b"n", b"d")
-        )
+        entry = next(v for k, v in (await arc.hgetall(keys.state)).items() if len(k) == 16)
         assert entry.split(b"|", 1)[1].startswith(modes[name])
         await holder.release()
         assert await asyncio.wait_for(task, 15)  # woken, not timed out

@@ -688,15 +688,15 @@ def test_a_repeated_release_reports_success_never_a_new_holders_lease(r: redis.R
     # (invariant 14), and must never free a later holder.
     lock = Lock(r, "repeat", ttl=5, wait=0)
     assert lock.acquire()
-    keys, token = lock._key_tuple, lock.token
-    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
-    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
+    keys, args = lock._key_tuple, lock._release_args(lock.token)
+    assert scripts.run(r, scripts.RELEASE, keys, args) == 1
+    assert scripts.run(r, scripts.RELEASE, keys, args) == 1
     other = Lock(r, "repeat", ttl=5, wait=0)
     assert other.acquire()
-    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
+    assert scripts.run(r, scripts.RELEASE, keys, args) == 1
     assert other.owned()
     other.release()
-    assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1
+    assert scripts.run(r, scripts.RELEASE, keys, args) == 1
 
 
 def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
@@ -707,7 +707,7 @@ def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
     # and report a false LockLost.
     lock = Lock(r, "repeat-handed", ttl=5, wait=0)
     assert lock.acquire()
-    keys, token = lock._key_tuple, lock.token
+    keys, args = lock._key_tuple, lock._release_args(lock.token)
     waiter = Lock(r, "repeat-handed", ttl=5, wait=10)
     got = threading.Event()
     queued = threading.Event()
@@ -722,9 +722,9 @@ def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
     t.start()
     try:
         wait_until(lambda: r.llen(lock.keys.queue) == 1, timeout=10)
-        assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1  # handed to the waiter
+        assert scripts.run(r, scripts.RELEASE, keys, args) == 1  # handed to the waiter
         assert got.wait(10)
-        assert scripts.run(r, scripts.RELEASE, keys, (token,)) == 1  # the retry
+        assert scripts.run(r, scripts.RELEASE, keys, args) == 1  # the retry
         assert waiter.owned()
     finally:
         queued.set()

@@ -246,6 +246,22 @@ def test_view_that_raises_releases_its_permit(get: Any, throttle: Any, r: redis.
     assert holders(r, "throttle:boom") == 0
 
 
+def test_a_permit_released_at_close_and_released_again_is_no_loss(
+    throttle: Any, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The release at a response's close() is by token, from any thread; sent
+    # again (as after a lost reply) it must say released, not "expired".
+    from django_redislock.middleware import _closer
+
+    sem = Semaphore(connection.get_client(), "close-twice", 1, ttl=30, wait=0)
+    assert sem.acquire()
+    close = _closer([sem])
+    close()
+    with caplog.at_level(logging.WARNING, logger="django_redislock"):
+        close()
+    assert [rec.getMessage() for rec in caplog.records] == []
+
+
 def test_streaming_response_holds_permit_until_closed(throttle: Any, r: redis.Redis) -> None:
     rules(throttle, {"name": "stream", "path": "^/stream/", "limit": 1})
     client = Client()

@@ -252,13 +252,13 @@ def test_extend_renew_and_repeatable_release(r: redis.Redis) -> None:
     k = KS.rwlock("doc")
     reader.extend(60)
     assert r.zscore(k.lease, reader.token) > int(r.time()[0]) * 1000 + 50_000
-    token = reader.token
+    args = reader._release_args(reader.token)
     reader.release()
     from django_redislock.core import scripts
     from django_redislock.core.rwlock import RELEASE
 
     # A retried release (its reply lost) still reports success.
-    assert scripts.run(r, RELEASE, (k.lease, k.queue, k.state), (token, 2000, 10_000)) == 1
+    assert scripts.run(r, RELEASE, (k.lease, k.queue, k.state), args) == 1
     renewing = rw(r, "write", ttl=0.3, renew=True)
     assert renewing.acquire()
     wait_until(lambda: r.zscore(k.lease, renewing.token) is not None and renewing.held, 2)

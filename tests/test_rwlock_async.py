@@ -45,7 +45,7 @@ def rw(client: Any, mode: str, name: str = "doc", **kw: Any) -> AsyncReadWriteLo
 def left_behind(r: redis.Redis, name: str = "doc") -> tuple[int, int, list[bytes]]:
     """Holders, queue entries and per-token state fields still in Redis."""
     k = KS.rwlock(name)
-    fields = [f for f in r.hgetall(k.state) if f[:2] in (b"o:", b"a:", b"m:", b"r:", b"w:")]
+    fields = [f for f in r.hgetall(k.state) if f[:2] in (b"o:", b"a:", b"m:", b"r:", b"w:", b"s:")]
     return r.zcard(k.lease), r.llen(k.queue), fields
 
 

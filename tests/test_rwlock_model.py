@@ -3,15 +3,19 @@
 The scripts are driven directly, with tokens the model chooses, through random
 interleavings of: try-acquire (read or write, never queueing), acquire with a
 wait (which queues, with no wake-up channel: the waiter finds a turn reserved
-for it at its next attempt), release, give-up (the cancel script) and
-force-release of one holder. A plain Python model says what each reply must be
-and what Redis must hold: FIFO order, readers at the head admitted together, a
-writer at the head alone, newcomers never past the queue. After every step:
+for it at its next attempt), release, a release sent again (its reply lost),
+give-up (the cancel script) and force-release of one holder. A plain Python
+model says what each reply must be and what Redis must hold: FIFO order,
+readers at the head admitted together, a writer at the head alone, newcomers
+never past the queue. After every step:
 
 1. exclusion, read from Redis: a writer is never a holder beside anyone else;
 2. the holders, their modes, the reservations and the queue are the model's;
-3. writer fences strictly increase;
-4. every key has a TTL.
+3. writer fences, and the serials of all holders, strictly increase;
+4. every key has a TTL;
+5. a release sent again is never told "released" for a turn that was lost,
+   and told "lost" for one released only once more than LOST turns granted
+   after it were lost (lua/_losses.lua).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ NAME = "doc"
 KEYS = KS.rwlock(NAME)
 KEY_TUPLE = (KEYS.lease, KEYS.queue, KEYS.state)
 TOKENS = [f"{i:016x}" for i in range(8)]
+LOST = 3  # lua/_losses.lua
 LONG = 600_000  # ms: no lease, reservation or wait runs out during a run
 _server: dict[str, Any] = {}
 
@@ -54,6 +59,12 @@ class RWModel(RuleBasedStateMachine):
         self.reserved: set[str] = set()
         self.queue: list[tuple[str, str]] = []
         self.fence = 0
+        # Serials: of each turn held, of the last turn each token ended (and
+        # whether by release), of every turn lost; the last one issued.
+        self.serials: dict[str, int] = {}
+        self.ended: dict[str, tuple[int, bool]] = {}
+        self.lost: list[int] = []
+        self.last_serial = 0
 
     # -- the model ------------------------------------------------------------
     def _compatible(self, mode: str) -> bool:
@@ -100,17 +111,29 @@ class RWModel(RuleBasedStateMachine):
         mode = self._mode_of(token)
         if token in self.holders and token not in self.reserved and not wait:
             return  # a handle does not acquire what it holds
+        if token not in self.holders:
+            self.ended.pop(token, None)  # a new acquisition (a real one has a new token)
         expected = self._expect_acquire(token, mode, wait)
-        granted, fence = scripts.run(
+        reply = scripts.run(
             self.r,
             ACQUIRE,
             KEY_TUPLE,
             (token, LONG, NAME, "{}", LONG if wait else 0, b"-", LONG, 10_000, mode),
         )
+        granted, fence = reply[:2]
         assert int(granted) == int(expected), (token, mode, wait)
         if expected and mode == "w" and int(fence) != self.fence:
             assert int(fence) > self.fence
             self.fence = int(fence)
+        if expected:
+            serial = int(reply[2])
+            if token in self.serials:
+                assert serial == self.serials[token]  # the same turn, asked again
+            else:
+                assert serial > self.last_serial
+                self.serials[token] = self.last_serial = serial
+            if mode == "w":
+                assert serial == int(fence)
 
     @rule(token=st.sampled_from(TOKENS))
     def release(self, token: str) -> None:
@@ -118,13 +141,27 @@ class RWModel(RuleBasedStateMachine):
         released = scripts.run(self.r, RELEASE, KEY_TUPLE, (token, LONG, 10_000))
         if held:
             assert released == 1
+            self.ended[token] = (self.serials.pop(token), True)
         self.holders.pop(token, None)
         self.reserved.discard(token)
         self._promote(None)
 
     @rule(token=st.sampled_from(TOKENS))
+    def release_again(self, token: str) -> None:
+        # The release of the token's last turn, sent again: its reply was lost.
+        if token not in self.ended or token in self.holders:
+            return  # (a real retry's token never holds again: tokens are not reused)
+        serial, released = self.ended[token]
+        answer = scripts.run(self.r, RELEASE, KEY_TUPLE, (token, LONG, 10_000, serial))
+        if not released:
+            assert answer == 0, "a lost turn reported released"
+        elif answer == 0:
+            assert sum(1 for s in self.lost if s > serial) > LOST, "a release reported lost"
+
+    @rule(token=st.sampled_from(TOKENS))
     def give_up(self, token: str) -> None:
         scripts.run(self.r, CANCEL, KEY_TUPLE, (token, LONG))
+        self.serials.pop(token, None)  # given back unheard: nobody releases it
         if token in self.holders:
             del self.holders[token]
             self.reserved.discard(token)
@@ -136,6 +173,10 @@ class RWModel(RuleBasedStateMachine):
     def force_release(self, token: str) -> None:
         dropped = scripts.run(self.r, CLEAR, KEY_TUPLE, (LONG, token))
         assert dropped == (1 if token in self.holders else 0)
+        if token in self.serials:
+            serial = self.serials.pop(token)
+            self.lost.append(serial)
+            self.ended[token] = (serial, False)
         self.holders.pop(token, None)
         self.reserved.discard(token)
         self._promote(None)

@@ -74,7 +74,7 @@ def test_acquire_release_and_key_layout(r: redis.Redis) -> None:
     assert sem.held and sem.owned() and sem.fence is None
     sem.release()
     assert holders(r, "reports") == []
-    assert not any(f.startswith((b"o:", b"a:")) for f in r.hgetall(k.state))
+    assert not any(f.startswith((b"o:", b"a:", b"s:")) for f in r.hgetall(k.state))
     assert not sem.held
 
 
@@ -451,7 +451,7 @@ def test_clear_one_and_all_wakes_waiters(r: redis.Redis) -> None:
     assert clear_semaphore(r, KS, "clr", "no-such-token") == 0
     assert clear_semaphore(r, KS, "clr") == 2
     assert holders(r, "clr") == []
-    assert not any(f.startswith((b"o:", b"a:", b"r:")) for f in r.hgetall(keys("clr").state))
+    assert not any(f.startswith((b"o:", b"a:", b"r:", b"s:")) for f in r.hgetall(keys("clr").state))
     with pytest.raises(LockLost):
         sems[1].release()
 

@@ -173,6 +173,10 @@ class LockBase:
         # nothing shared: no other handle, thread or process can present it.
         self.token: str | None = None
         self.fence: int | None = None
+        # The grant's serial, which the release sends so that a retry of it
+        # can tell a release from a loss (lua/_losses.lua): a lease's fence,
+        # a private number for a permit or a reader; None when unknown.
+        self._serial: int | None = None
         self.lost = False
         self._valid_until = 0.0
         self._acquired_at = 0.0
@@ -250,6 +254,7 @@ class LockBase:
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         self.token = token
         self.fence = int(fence)
+        self._serial = int(fence) or None
         self.lost = False
         self._valid_until = self._validity(sent, ttl_ms)
         self._acquired_at = sent
@@ -304,10 +309,14 @@ class LockBase:
         )
         return args if self.fair else (*args, BARGE_LIMIT)
 
-    @staticmethod
-    def _acquire_reply(reply: Any) -> tuple[int, int]:
+    def _acquire_reply(self, reply: Any) -> tuple[int, int]:
         """``(granted, fence or ms until a change)`` from the acquire script."""
         return acquire_reply(reply)
+
+    def _release_args(self, token: str) -> tuple:
+        # The serial last: a script from before it ignores it.
+        serial = "" if self._serial is None else self._serial
+        return (token, serial) if self.fair else (token, BARGE_LIMIT, serial)
 
     def _cancel_args(self, token: str) -> tuple:
         return (token,)

@@ -45,7 +45,6 @@ from .exceptions import (
 from .notify import get_notifier
 from .protocol import (
     BARGE_DEFER,
-    BARGE_LIMIT,
     Acquisition,
     Move,
     check_adopted,
@@ -346,10 +345,8 @@ class Lock(SyncHandle):
             renewal.watchdog.add(self, renew_interval(ttl_ms))
 
     def _release_call(self, token: str) -> int:
-        if self.fair:
-            return int(scripts.run(self.client, scripts.RELEASE, self._key_tuple, (token,)))
-        args = (token, BARGE_LIMIT)
-        return int(scripts.run(self.client, scripts.RELEASE_BARGING, self._key_tuple, args))
+        script = scripts.RELEASE if self.fair else scripts.RELEASE_BARGING
+        return int(scripts.run(self.client, script, self._key_tuple, self._release_args(token)))
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:

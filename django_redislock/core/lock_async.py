@@ -40,7 +40,6 @@ from .exceptions import (
 from .notify_async import get_async_notifier
 from .protocol import (
     BARGE_DEFER,
-    BARGE_LIMIT,
     Acquisition,
     Move,
     check_adopted,
@@ -361,14 +360,9 @@ class AsyncLock(AsyncHandle):
             )
 
     async def _release_call(self, token: str) -> int:
-        if self.fair:
-            return int(
-                await scripts.run_async(self.client, scripts.RELEASE, self._key_tuple, (token,))
-            )
-        args = (token, BARGE_LIMIT)
-        return int(
-            await scripts.run_async(self.client, scripts.RELEASE_BARGING, self._key_tuple, args)
-        )
+        script = scripts.RELEASE if self.fair else scripts.RELEASE_BARGING
+        args = self._release_args(token)
+        return int(await scripts.run_async(self.client, script, self._key_tuple, args))
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:

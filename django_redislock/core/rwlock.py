@@ -112,17 +112,19 @@ class ReadWriteLockBase(LockBase):
         )
         self.keys = self.keyspace.rwlock(name)
         self.write_fence: int | None = None
+        self._reply_serial: int | None = None
         self._mode_code = b"r" if self.mode == "read" else b"w"
 
     def __repr__(self) -> str:
         state = "held" if self.token else "free"
         return f"<{type(self).__name__} {self.name!r} {self.mode} {state} fence={self.fence}>"
 
-    @staticmethod
-    def _acquire_reply(reply: Any) -> tuple[int, int]:
-        # rw_acquire.lua answers {granted, fence or ms}.
-        granted, value = reply
-        return int(granted), int(value)
+    def _acquire_reply(self, reply: Any) -> tuple[int, int]:
+        # rw_acquire.lua answers {1, fence, serial} or {0, ms}. The serial
+        # (a writer's is its fence) waits here for _granted.
+        if int(reply[0]) == 1:
+            self._reply_serial = int(reply[2])
+        return int(reply[0]), int(reply[1])
 
     def _args_acquire(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
@@ -143,7 +145,8 @@ class ReadWriteLockBase(LockBase):
         return f"{self.mode} lock {self.name!r}"
 
     def _release_args(self, token: str) -> tuple:
-        return (token, self._grace_ms, STATE_KEEP_MS)
+        serial = "" if self._serial is None else self._serial
+        return (token, self._grace_ms, STATE_KEEP_MS, serial)
 
     def _cancel_args(self, token: str) -> tuple:
         return (token, self._grace_ms)
@@ -151,8 +154,15 @@ class ReadWriteLockBase(LockBase):
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
         super()._granted(token, fence, sent, ttl_ms)
         self.write_fence = int(fence) or None
+        # From the acquire's reply; a lease adopted has none: a writer's
+        # serial is its fence, a reader's is unknown.
+        serial, self._reply_serial = self._reply_serial, None
+        if serial is not None:
+            self._serial = serial or None
         if self.mode == "read":
             self.fence = None
+            if serial is None:
+                self._serial = None
 
 
 class ReadWriteLock(ReadWriteLockBase, Lock):

@@ -1,7 +1,10 @@
 """Lua scripts, run by EVALSHA with a transparent fallback to EVAL on NOSCRIPT.
 
 The scripts live in ``lua/`` beside this module. Each lock script is the shared
-``_prelude.lua`` followed by its own body, so the queue logic exists once.
+``_prelude.lua`` followed by its own body, so the queue logic exists once; each
+semaphore and read-write lock script has its kind's prelude instead. Every one
+of them starts with ``_losses.lua``, the memory that tells a retried release
+from a lost lease, so that memory exists once for all three kinds.
 A Redis that lost its script cache (restart, ``SCRIPT FLUSH``, failover) gets
 the source again through EVAL, which also caches it for the next EVALSHA.
 """
@@ -60,7 +63,7 @@ def load(
         # Shared by a family of scripts, after the prelude (whose locals it uses).
         text = _read(helpers) + "\n" + text
     if prelude:
-        text = _read(prelude) + "\n" + text
+        text = _read("_losses.lua") + "\n" + _read(prelude) + "\n" + text
     # One source for the state's keep time: the scripts say @STATE_KEEP_MS@.
     source = text.replace("@STATE_KEEP_MS@", str(STATE_KEEP_MS)).encode()
     return Script(name, source, hashlib.sha1(source).hexdigest(), repeatable)

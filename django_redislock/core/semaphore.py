@@ -125,9 +125,9 @@ class SemaphoreBase(LockBase):
         state = "held" if self.token else "free"
         return f"<{type(self).__name__} {self.name!r} limit={self._limit} {state}>"
 
-    @staticmethod
-    def _acquire_reply(reply: Any) -> tuple[int, int]:
-        # sem_acquire.lua answers {granted, ms}: a permit has no fence.
+    def _acquire_reply(self, reply: Any) -> tuple[int, int]:
+        # sem_acquire.lua answers {1, serial} or {0, ms}: a permit has no
+        # fence, only the serial its release sends (see _granted).
         granted, value = reply
         return int(granted), int(value)
 
@@ -151,14 +151,23 @@ class SemaphoreBase(LockBase):
     def _label(self) -> str:
         return f"permit of semaphore {self.name!r}"
 
+    @property
+    def serial(self) -> int | None:
+        """The serial Redis gave the permit held (None when none is): what
+        ``release_permit`` needs, with the token, to tell a retried release
+        from a loss."""
+        return self._serial if self.token is not None else None
+
     def _release_args(self, token: str) -> tuple:
-        # sem_cancel.lua reads the first three; sem_release.lua also the keep.
-        return (token, self._grace_ms, self._limit, STATE_KEEP_MS)
+        # sem_cancel.lua reads the first three; sem_release.lua all five.
+        serial = "" if self._serial is None else self._serial
+        return (token, self._grace_ms, self._limit, STATE_KEEP_MS, serial)
 
     def _cancel_args(self, token: str) -> tuple:
         return self._release_args(token)
 
     def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
+        # What came as the fence is the permit's serial (see _acquire_reply).
         super()._granted(token, fence, sent, ttl_ms)
         self.fence = None  # permits are shared: no order for a fence to express
 
@@ -226,11 +235,15 @@ class Semaphore(SemaphoreBase, SyncHandle):
         return score is not None and self.held
 
 
-def release_permit(client: Any, keyspace: KeySpace, name: str, token: str) -> bool:
+def release_permit(
+    client: Any, keyspace: KeySpace, name: str, token: str, serial: int | None = None
+) -> bool:
     """Give back the permit ``token`` of ``name`` from any thread, by its token.
 
     For code that hands a permit over to whoever finishes the work (a
     response's ``close()``, for one). Returns False when it was no longer held.
+    ``serial`` (the handle's ``serial``) lets a release sent again after its
+    reply was lost report success; without it such a retry reports False.
     """
     keys = keyspace.semaphore(name)
     return bool(
@@ -238,7 +251,7 @@ def release_permit(client: Any, keyspace: KeySpace, name: str, token: str) -> bo
             client,
             RELEASE,
             (keys.lease, keys.queue, keys.state),
-            (token, int(DEFAULT_GRACE * 1000), 1, STATE_KEEP_MS),
+            (token, int(DEFAULT_GRACE * 1000), 1, STATE_KEEP_MS, "" if serial is None else serial),
         )
     )
 

@@ -540,8 +540,9 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         f"({fl.get('dropped_release_retrying', []).count('unavailable')} of "
         f"{len(fl.get('dropped_release_retrying', []))} runs unavailable, "
         f"{fl.get('dropped_release_retrying', []).count('released')} released). "
-        "A release retried all the same is told the truth: the script remembers the "
-        "last 3 tokens released. ``LockLost`` reported for "
+        "A release retried all the same is told the truth: the state remembers the "
+        "leases lost, not the ones released, however often the name changed hands in "
+        'between (:doc:`internals`, "Repeatable release"). ``LockLost`` reported for '
         "a release that did run: "
         + str(
             fl.get("dropped_release_library", []).count("LockLost")

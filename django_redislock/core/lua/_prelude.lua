@@ -6,9 +6,15 @@
 -- KEYS[2] queue  list  waiting tokens, oldest first
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
 --                      n=lock name,
---                      d=the last RECENT tokens released or given back,
---                        newest first, space-separated (tokens are 16 hex
---                        digits, so a match cannot straddle a separator)
+--                      e=the fence of the last lease that ended without a
+--                        loss (released, or given back unused),
+--                      h, u=the memory of losses (_losses.lua): a lease's
+--                        fence is its serial, and a lease ended in a loss
+--                        when it ended without `e` naming it (it ran out,
+--                        or was force-released); the next grant records it
+--                      d=the last RECENT tokens given back, newest first,
+--                        space-separated (tokens are 16 hex digits, so a
+--                        match cannot straddle a separator)
 --                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<round>|<owner>
 --                      for each waiter
 -- A token is in the queue exactly when the state hash has a field for it.
@@ -27,47 +33,55 @@ local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
 -- How long the state (last fence) outlives a lease: STATE_KEEP_MS in
 -- protocol.py, written in by scripts.load.
 local KEEP = @STATE_KEEP_MS@
--- How many released or given-back tokens `d` remembers: a release retried
--- after its reply was lost reports success while its token is among them,
--- and an acquire that arrives after its caller gave it back grants nothing.
--- Both come within moments of the first call, in which a name sees few
--- handoffs; more entries would push the state out of Redis's compact
--- encoding (values up to 64 bytes) and make every lock script dearer.
+-- How many given-back tokens `d` remembers: an acquire that arrives after
+-- its caller gave it back (a reply that never came, then a give-back that
+-- ran first) grants nothing. It comes within moments of the give-back, in
+-- which a name sees few others; more entries would push the state out of
+-- Redis's compact encoding (values up to 64 bytes) and make every lock
+-- script dearer. (A retried release is answered by the memory of losses.)
 local RECENT = 3
 local clock, now_ms
-local issued -- the last fence this run issued: the clock is read only once
 local slow   -- the contended paths' helpers, once contended() made them
 
 -- `d` keeps at most this much of its former value when a token is added.
 local RECENT_KEPT = (RECENT - 1) * 17 - 1
 
--- Write a lease for `token` and return its fence, as text. Fences follow the
--- server clock in microseconds and exceed the last one issued (`last`), so
--- they keep increasing after the state expires or Redis restarts empty, as
--- long as the server clock does not step back. `ttl` is text; `state_ttl`
--- (the state's TTL) is text, or a number when `waiters`; `name` is '' when
--- the key holds it. `waiters`: whether anyone may be queued (then the state's
--- TTL may only grow, it covers their deadlines).
-local function give(token, ttl, state_ttl, name, owner, last, waiters)
+-- Write a lease for `token` and return its fence, as text: its serial
+-- (_losses.lua), the server clock in microseconds above the last fence
+-- issued (`last`). `ended` is the state's `e`: when it does not name `last`,
+-- that lease ended in a loss and is recorded as one; `horizon` is its `h`
+-- (false in a state that has none yet: it starts here). `ttl` is text;
+-- `state_ttl` (the state's TTL) is text, or a number when `waiters`; `name`
+-- is '' when the key holds it. `waiters`: whether anyone may be queued (then
+-- the state's TTL may only grow, it covers their deadlines).
+local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, waiters)
   clock = clock or redis.call('TIME')
-  local us = clock[2]
-  us = string.rep('0', 6 - #us) .. us
-  -- Decimal integers without leading zeros: longer is larger, else compare text.
-  local f = clock[1] .. us
-  if issued and (not last or #issued > #last or (#issued == #last and issued > last)) then
-    last = issued
+  if issued then
+    -- This run gave a lease already and took it back (a waiter nobody
+    -- heard): that one is the last, and it ended without a loss.
+    last, ended, horizon = issued, issued, horizon or issued
   end
-  if last and not (#f > #last or (#f == #last and f > last)) then
-    f = string.format('%.0f', tonumber(last) + 1)
-  end
-  issued = f
+  local f = issue(clock, last)
   if name == '' then
     redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
   else
     redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
   end
   redis.call('PEXPIRE', lease, ttl)
-  redis.call('HSET', state, 'f', f)
+  if not last or not horizon then
+    -- A new state (or one from before the memory of losses): it answers for
+    -- the fences it issues from here on.
+    redis.call('HSET', state, 'f', f, 'h', f)
+  elseif ended == last then
+    redis.call('HSET', state, 'f', f)
+  else
+    local u, h = losses().record(redis.call('HGET', state, 'u'), horizon, last)
+    if u then
+      redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
+    else
+      redis.call('HSET', state, 'f', f)
+    end
+  end
   if waiters then
     -- Only reached through contended(), which made `slow`.
     slow.bump_ttl(state, tonumber(state_ttl))
@@ -82,6 +96,22 @@ local function contended()
     return slow
   end
   slow = {}
+
+  -- A release of `fence` (text from the client; '' or nil when it did not
+  -- say) that found the lease not its own: 1 if that lease was released all
+  -- the same (this is a retry, and the first run released it), else 0.
+  function slow.released_before(fence)
+    if not fence or fence == '' then
+      return 0
+    end
+    local st = redis.call('HMGET', state, 'f', 'e', 'h', 'u')
+    if fence == st[1] then
+      -- The last lease issued, and gone: released only if `e` says so (it
+      -- may have run out since, unrecorded until the next grant).
+      return st[2] == fence and 1 or 0
+    end
+    return losses().released(fence, st[1], st[3], st[4]) and 1 or 0
+  end
 
   -- The server clock in milliseconds, as a number (deadlines).
   function slow.read_clock()
@@ -142,8 +172,9 @@ local function contended()
             round = nil
             owner = string.sub(info, s3 + 1)
           end
-          local st = redis.call('HMGET', state, 'f', 'n')
-          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], true)
+          local st = redis.call('HMGET', state, 'f', 'n', 'e', 'h')
+          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], st[3],
+            st[4], true)
           local message = head .. ':' .. fence
           if round then
             message = message .. ':' .. round
@@ -158,8 +189,10 @@ local function contended()
             -- A waiter without a channel finds its lease at its next retry.
             return head
           end
-          -- Nobody heard: its process died. Take the lease back, try the next.
+          -- Nobody heard: its process died. Take the lease back (nobody
+          -- will release it: no loss to remember), try the next.
           redis.call('DEL', lease)
+          redis.call('HSET', state, 'e', fence)
         end
       end
     end

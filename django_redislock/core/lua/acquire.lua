@@ -15,7 +15,7 @@
 -- waiter's fallback timer.
 
 local token = ARGV[1]
-local st = redis.call('HMGET', state, 'q', 'f', 'd')
+local st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h')
 if st[3] and string.find(st[3], token, 1, true) then
   -- Its caller gave this acquisition up already (a reply that never came,
   -- then a give-back that ran first): grant and queue nothing.
@@ -24,7 +24,7 @@ end
 local holder = redis.call('HGET', lease, 't')
 if not holder and not st[1] then
   -- Free, nobody queued: the common case.
-  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], false)
+  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], false)
 end
 
 contended() -- from here on, `slow` holds the contended paths' helpers
@@ -65,4 +65,4 @@ if head and head ~= token then
   enqueue()
   return redis.call('PTTL', lease)
 end
-return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], true)
+return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], true)

@@ -8,7 +8,7 @@
 -- Returns as acquire.lua.
 
 local token = ARGV[1]
-local st = redis.call('HMGET', state, 'q', 'f', 'd', 'b')
+local st = redis.call('HMGET', state, 'q', 'f', 'd', 'b', 'e', 'h')
 if st[3] and string.find(st[3], token, 1, true) then
   -- Given up by its caller already (see acquire.lua): grant and queue nothing.
   return 0
@@ -16,7 +16,7 @@ end
 local holder = redis.call('HGET', lease, 't')
 if not holder and not st[1] then
   -- Free, nobody queued: the same common case as acquire.lua.
-  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], false)
+  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[5], st[6], false)
 end
 
 contended()
@@ -58,7 +58,7 @@ if st[4] and tonumber(st[4]) >= tonumber(ARGV[9]) then
     enqueue()
     return redis.call('PTTL', lease)
   end
-  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], true)
+  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[5], st[6], true)
 end
 if redis.call('HEXISTS', state, token) == 0 then
   -- Not queued: a barge.
@@ -76,4 +76,4 @@ else
     redis.call('HDEL', state, 'q', 'b', 'w')
   end
 end
-return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], true)
+return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[5], st[6], true)

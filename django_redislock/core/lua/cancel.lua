@@ -6,11 +6,18 @@
 -- Returns 1 when a lease was passed on, 0 otherwise.
 local token = ARGV[1]
 local st = redis.call('HMGET', state, 'd', 'q')
-redis.call('HSET', state, 'd', st[1] and token .. ' ' .. string.sub(st[1], 1, RECENT_KEPT) or token)
+local given = st[1] and token .. ' ' .. string.sub(st[1], 1, RECENT_KEPT) or token
+local held = redis.call('HMGET', lease, 't', 'f')
+if held[1] == token then
+  redis.call('DEL', lease)
+  -- Nobody holds that lease, nobody will release it: no loss to remember.
+  redis.call('HSET', state, 'd', given, 'e', held[2])
+else
+  redis.call('HSET', state, 'd', given)
+end
 -- The state may not have existed: it must not be left without a TTL.
 contended().bump_ttl(state, KEEP)
-if redis.call('HGET', lease, 't') == token then
-  redis.call('DEL', lease)
+if held[1] == token then
   if st[2] then
     slow.hand_off(false)
   end

@@ -9,9 +9,10 @@
 -- ARGV[7] grace      ms a woken waiter has to claim its turn
 -- ARGV[8] keep       ms the state outlives the last holder or waiter
 -- ARGV[9] mode       'r' (read) or 'w' (write)
--- Returns {1, fence} when admitted (fence, as text: the writer's own for a
--- writer, the last writer's for a reader, '0' when none is known), and
--- {0, ms} when not: ms is the waiter's fallback timer.
+-- Returns {1, fence, serial} when admitted (fence, as text: the writer's own
+-- for a writer, the last writer's for a reader, '0' when none is known; the
+-- serial its release sends, see _losses.lua), and {0, ms} when not: ms is the
+-- waiter's fallback timer.
 
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -27,13 +28,13 @@ local function admit()
 end
 
 if redis.call('ZSCORE', holders, token) then
-  local st = redis.call('HMGET', state, 'r:' .. token, 'f')
+  local st = redis.call('HMGET', state, 'r:' .. token, 'f', 's:' .. token)
   if not st[1] then
     -- A retry of an acquire whose reply was lost: the turn is ours already.
     redis.call('ZADD', holders, now_ms + ttl, token)
     bump_ttl(holders, ttl + keep)
     bump_ttl(state, ttl + keep)
-    return {1, st[2] or '0'}
+    return {1, st[2] or '0', st[3] or '0'}
   end
   -- The turn reserved for us when we were woken: claim it.
   redis.call('HDEL', state, 'r:' .. token)

@@ -6,13 +6,13 @@
 --                       reservation expiry, so it keeps newcomers out.
 -- KEYS[2] queue   list  waiting tokens, oldest first, readers and writers
 -- KEYS[3] state   hash  n=name, f=last writer fence, x=token of the writer
---                       holding (or reserved), and per token:
+--                       holding (or reserved), i, h, u=the memory of losses
+--                       (_losses.lua; a writer's serial is its fence), and
+--                       per token:
 --                       m:<token>=r|w (holders), o:<token>=owner JSON,
---                       a:<token>=acquired ms, r:<token>=1 (reservation not
---                       yet claimed),
+--                       a:<token>=acquired ms, s:<token>=serial,
+--                       r:<token>=1 (reservation not yet claimed),
 --                       w:<token>=<deadline ms>|<r|w><p|s|->channel (waiters)
---                       and d0..d63 = the last 64 tokens released, d = the
---                       slot the next one takes (see rw_release.lua)
 -- A token is in the queue exactly when the state hash has its w: field.
 -- Every key has a TTL: each script that writes a key raises its TTL to cover
 -- what it wrote (bump_ttl), so no path leaves a key without one.
@@ -37,16 +37,21 @@ end
 -- Forget everything the state hash says about one holder or reservation;
 -- `mode`: its m: field when the caller read it ('r' needs no look at x).
 local function forget(token, mode)
-  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 'm:' .. token)
+  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 'm:' .. token,
+    's:' .. token)
   if mode ~= 'r' and redis.call('HGET', state, 'x') == token then
     redis.call('HDEL', state, 'x')
   end
 end
 
 -- Drop holders and reservations whose expiry has passed on the server clock:
--- a crashed reader's or writer's turn comes back here, whatever it believed.
+-- a crashed reader's or writer's turn comes back here, whatever it believed,
+-- and is remembered as lost.
 local function purge()
   local expired = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms)
+  if #expired > 0 then
+    losses().holders_lost(state, expired)
+  end
   for _, token in ipairs(expired) do
     forget(token, nil)
   end
@@ -83,23 +88,31 @@ local function wake(chmode, channel, token)
 end
 
 -- Admit `token` in `mode` for ttl ms (its w: and r: fields are gone by now).
--- A writer gets a new fence: the server's microsecond clock, floored above
--- the last one, as the lock's are. Returns the acquire script's reply.
+-- Every holder gets a serial (_losses.lua); a writer's is its fence, so
+-- fences are the server's microsecond clock, floored above the last serial,
+-- as the lock's are. Returns the acquire script's reply: {1, the writer's
+-- own fence or, for a reader, the last writer's ('0': none known), serial}.
 local function grant(token, mode, ttl, keep, owner, name)
   redis.call('ZADD', holders, now_ms + ttl, token)
-  local last = redis.call('HGET', state, 'f')
+  local st = redis.call('HMGET', state, 'f', 'i', 'h')
+  -- A state from before serials has a last fence and no i.
+  local serial = issue(clock, st[2] or st[1])
+  local fence = st[1] or '0'
+  local fields = { 'n', name, 'o:' .. token, owner, 'a:' .. token, now_ms, 'm:' .. token, mode,
+    's:' .. token, serial, 'i', serial }
   if mode == 'w' then
-    local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-    last = string.format('%.0f', math.max(now_us, tonumber(last or '0') + 1))
-    redis.call('HSET', state, 'n', name, 'o:' .. token, owner, 'a:' .. token, now_ms,
-      'm:' .. token, mode, 'x', token, 'f', last)
-  else
-    redis.call('HSET', state, 'n', name, 'o:' .. token, owner, 'a:' .. token, now_ms,
-      'm:' .. token, mode)
+    fence = serial
+    fields[13], fields[14], fields[15], fields[16] = 'x', token, 'f', serial
   end
+  if not st[3] then
+    -- A new state: it answers for the serials it issues from here on.
+    fields[#fields + 1] = 'h'
+    fields[#fields + 1] = serial
+  end
+  redis.call('HSET', state, unpack(fields))
   bump_ttl(holders, ttl + keep)
   bump_ttl(state, ttl + keep)
-  return {1, last or '0'}
+  return {1, fence, serial}
 end
 
 -- Serve the queue from its head while its head can be admitted: readers

@@ -9,8 +9,9 @@
 -- ARGV[7] grace      ms a woken waiter has to claim its permit
 -- ARGV[8] keep       ms the state outlives the last permit or waiter
 -- ARGV[9] limit      the caller's limit; it becomes the current limit
--- Returns {1, holders} when a permit was granted (holders counts it), and
--- {0, ms} when none is free: ms is the waiter's fallback timer.
+-- Returns {1, serial} when a permit was granted (the serial its release
+-- sends, see _losses.lua), and {0, ms} when none is free: ms is the waiter's
+-- fallback timer.
 
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
@@ -38,10 +39,19 @@ end
 local function grant()
   redis.call('ZADD', holders, now_ms + ttl, token)
   redis.call('HDEL', state, 'r:' .. token, 'w:' .. token)
-  redis.call('HSET', state, 'o:' .. token, ARGV[4], 'a:' .. token, now_ms)
+  local st = redis.call('HMGET', state, 'i', 'h')
+  local serial = issue(clock, st[1])
+  if st[2] then
+    redis.call('HSET', state, 'o:' .. token, ARGV[4], 'a:' .. token, now_ms,
+      's:' .. token, serial, 'i', serial)
+  else
+    -- A new state: it answers for the serials it issues from here on.
+    redis.call('HSET', state, 'o:' .. token, ARGV[4], 'a:' .. token, now_ms,
+      's:' .. token, serial, 'i', serial, 'h', serial)
+  end
   bump_ttl(holders, ttl + keep)
   bump_ttl(state, ttl + keep)
-  return {1, redis.call('ZCARD', holders)}
+  return {1, serial}
 end
 
 if redis.call('ZSCORE', holders, token) then
@@ -50,7 +60,7 @@ if redis.call('ZSCORE', holders, token) then
     redis.call('ZADD', holders, now_ms + ttl, token)
     bump_ttl(holders, ttl + keep)
     bump_ttl(state, ttl + keep)
-    return {1, redis.call('ZCARD', holders)}
+    return {1, redis.call('HGET', state, 's:' .. token) or '0'}
   end
   -- Our reserved permit. If the limit fell below the permits in use since it
   -- was reserved, claiming it would overfill: give it back and go first in line.

@@ -6,11 +6,15 @@
 local removed = 0
 if ARGV[2] ~= '' then
   if redis.call('ZREM', holders, ARGV[2]) == 1 then
+    losses().holders_lost(state, { ARGV[2] })
     forget(ARGV[2])
     removed = 1
   end
 else
   local all = redis.call('ZRANGE', holders, 0, -1)
+  if #all > 0 then
+    losses().holders_lost(state, all)
+  end
   for _, token in ipairs(all) do
     forget(token)
   end

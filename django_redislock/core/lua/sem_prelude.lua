@@ -4,12 +4,12 @@
 --                       reserved for a woken waiter is a member too, with the
 --                       short reservation expiry, so one ZCARD counts both.
 -- KEYS[2] queue   list  waiting tokens, oldest first
--- KEYS[3] state   hash  n=name, l=current limit, and per token:
---                       o:<token>=owner JSON, a:<token>=acquired ms (holders),
+-- KEYS[3] state   hash  n=name, l=current limit, i, h, u=the memory of
+--                       losses (_losses.lua), and per token:
+--                       o:<token>=owner JSON, a:<token>=acquired ms,
+--                       s:<token>=serial (holders),
 --                       r:<token>=1 (reservation not yet claimed),
 --                       w:<token>=<deadline ms>|<p|s|->channel (waiters)
---                       and d0..d63 = the last 64 tokens released, d = the
---                       slot the next one takes (see sem_release.lua)
 -- A token is in the queue exactly when the state hash has its w: field.
 -- Every key has a TTL: each script that writes a key raises its TTL to cover
 -- what it wrote (bump_ttl), so no path leaves a key without one.
@@ -27,13 +27,17 @@ end
 
 -- Forget everything the state hash says about one holder or reservation.
 local function forget(token)
-  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token)
+  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 's:' .. token)
 end
 
 -- Drop permits and reservations whose expiry has passed on the server clock:
--- a crashed holder's permit comes back here, whatever the client believed.
+-- a crashed holder's permit comes back here, whatever the client believed,
+-- and is remembered as lost.
 local function purge()
   local expired = redis.call('ZRANGEBYSCORE', holders, '-inf', now_ms)
+  if #expired > 0 then
+    losses().holders_lost(state, expired)
+  end
   for _, token in ipairs(expired) do
     forget(token)
   end
