@@ -3,7 +3,8 @@
 Most public names are loaded lazily by a module ``__getattr__`` (their modules
 import Django), which type checkers never run: django_redislock/__init__.py
 declares each of them again under ``TYPE_CHECKING``. These tests keep the two
-lists and ``__all__`` in step, and ask mypy what it sees.
+lists and ``__all__`` in step; what mypy sees of them is checked by the lint
+run (``tests/typing/public_names.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import ast
 import importlib
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -65,63 +64,3 @@ def test_the_declaration_check_can_fail() -> None:
     source = "if TYPE_CHECKING:\n    from .locks import get_lock\n"
     assert _imports(ast.parse(source).body) == {}
     assert _imports(ast.parse(source).body[0].body) == {"get_lock": "locks"}  # type: ignore[attr-defined]
-
-
-SNIPPET = """\
-from django_redislock import (
-    Semaphore,
-    StaleFence,
-    current_fence,
-    fenced_get,
-    fenced_update,
-    get_lock,
-    get_semaphore,
-    redis_locked,
-)
-
-reveal_type(redis_locked)
-reveal_type(current_fence)
-reveal_type(fenced_get)
-reveal_type(fenced_update)
-reveal_type(get_lock)
-reveal_type(get_semaphore)
-reveal_type(Semaphore)
-reveal_type(StaleFence)
-"""
-
-
-@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed")
-def test_mypy_sees_the_lazy_names_with_their_types(tmp_path: Path) -> None:
-    """What mypy reveals of the names the Quick start imports (the lint run's
-    settings, plus ``--no-implicit-reexport``, as a strict project has)."""
-    snippet = tmp_path / "uses_the_package.py"
-    snippet.write_text(SNIPPET)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--config-file",
-            str(ROOT / "pyproject.toml"),
-            "--no-implicit-reexport",
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            str(snippet),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    revealed = [
-        line.split('Revealed type is "', 1)[1].rstrip('"')
-        for line in done.stdout.splitlines()
-        if "Revealed type is" in line
-    ]
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert len(revealed) == SNIPPET.count("reveal_type("), done.stdout
-    assert all(shown != "Any" for shown in revealed), done.stdout
-    assert revealed[4].endswith("-> django_redislock.core.lock.Lock"), revealed[4]
-    assert revealed[5].endswith("-> django_redislock.core.semaphore.Semaphore"), revealed[5]
-    assert "def (queryset: django.db.models.query.QuerySet" in revealed[3], revealed[3]
-    assert revealed[7].endswith("-> django_redislock.fencing.StaleFence"), revealed[7]
