@@ -1098,7 +1098,11 @@ def _render_commands(data: dict[str, Any], tab: Any) -> list[str]:
             "Server commands per contended critical section (INFO commandstats, commands "
             "run inside scripts included; the section's own GET and SET and the harness's "
             "commands left out; warm-up included)\n\n"
-            + tab(["implementation", "workers", "shape", "cmds/CS", "commands per CS"], rows)
+            + tab(
+                ["implementation", "workers", "shape", "cmds/CS", "commands per CS"],
+                rows,
+                text_last=True,
+            )
         )
     if traced:
         parts.append(
@@ -1116,6 +1120,7 @@ def _render_commands(data: dict[str, Any], tab: Any) -> list[str]:
                     "commands inside, per CS",
                 ],
                 traced,
+                text_last=True,
             )
         )
     return parts
