@@ -205,20 +205,27 @@ def fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, text_last: bool = False) -> str:
+    """A plain-text table: the first column left-aligned, the others right-aligned
+    (numbers), and with ``text_last`` the last column left-aligned too (prose)."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    last = len(headers) - 1
     lines = []
     for n, row in enumerate(cells):
         pairs = enumerate(zip(row, widths, strict=True))
-        padded = (c.rjust(w) if i else c.ljust(w) for i, (c, w) in pairs)
-        lines.append("  ".join(padded))
+        padded = (
+            c.ljust(w) if i == 0 or (text_last and i == last) else c.rjust(w) for i, (c, w) in pairs
+        )
+        lines.append("  ".join(padded).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def rst_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def rst_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], *, text_last: bool = False
+) -> str:
     """The same table as an RST simple table, for pasting into the docs."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]

@@ -5,6 +5,8 @@ Usage::
     python -m benchmarks.locks --quick          # about a minute
     python -m benchmarks.locks                  # the full run, a few minutes
     python -m benchmarks.locks --rounds 5 --duration 5 --workers 2,8,32
+    python -m benchmarks.locks --phases contended --workers 8,32 \\
+        --handle reused,new --section shm,redis --breakdown
 
 The harness starts its own private redis-server (unix socket by default,
 ``--tcp`` for a loopback port), runs every phase against it and stops it by
@@ -21,7 +23,14 @@ Phases:
 4. contended throughput: N forked workers loop acquire / critical section /
    release on one lock for a fixed time; a non-atomic read-modify-write on
    shared memory inside the critical section counts mutual-exclusion
-   violations, and per-worker counts give fairness.
+   violations, and per-worker counts give fairness. ``--handle new`` makes a
+   new handle per acquisition (what the decorator does per call) instead of
+   one per worker; ``--section redis`` makes the section a GET and a SET of a
+   counter on the same Redis (a separate client), so that the server's one
+   thread serves the section's commands beside the lock's. Every command the
+   server ran (INFO commandstats, those run by scripts included) is counted
+   per critical section; ``--breakdown`` also traces one cell per
+   implementation with MONITOR and splits those commands by script.
 
 The table goes to stdout, everything measured to ``benchmarks/results/``.
 """
@@ -50,7 +59,7 @@ import time
 import traceback
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .common import (
     PrivateRedis,
@@ -70,13 +79,14 @@ CTX = mp.get_context("fork")
 # Suffix of the uncontended rows that make a new handle on a new name per call.
 FRESH = "+fresh"
 NS = 1_000_000_000
+T = TypeVar("T")
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def rotated(items: list[str], r: int) -> list[str]:
+def rotated(items: list[T], r: int) -> list[T]:
     k = r % len(items)
     return items[k:] + items[:k]
 
@@ -425,6 +435,7 @@ def _contended_worker(
     url: str,
     key: str,
     name: str,
+    shape: str,
     idx: int,
     cfg: Any,
     shm: mmap.mmap,
@@ -434,9 +445,20 @@ def _contended_worker(
 ) -> None:
     import redis
 
+    handle_mode, section = shape.split("/")
     client = redis.Redis.from_url(url, socket_timeout=5.0)
     client.ping()
-    handle = IMPLS[key].factory(client, name, cfg.ttl, cfg.wait)
+    factory = IMPLS[key].factory
+    # "new": a handle per acquisition, as the decorator makes one per call.
+    reused = factory(client, name, cfg.ttl, cfg.wait) if handle_mode == "reused" else None
+    # "redis": the section reads and writes a counter in Redis, through a
+    # client of its own (an application's cache or data client), so the
+    # server serves the section's commands between the lock's scripts.
+    plain = None
+    if section == "redis":
+        plain = redis.Redis.from_url(url, socket_timeout=5.0)
+        plain.ping()
+    counter_key = _counter_key(name)
     me = idx + 1
     slot = 8 * (_HDR + _PER * idx)
     ready.wait(60)
@@ -455,6 +477,7 @@ def _contended_worker(
         t_a = clock()
         if t_a >= end:
             break
+        handle = reused or factory(client, name, cfg.ttl, cfg.wait)
         if not handle.acquire():
             failed += 1
             continue
@@ -463,9 +486,14 @@ def _contended_worker(
         if unpack("q", shm, 8)[0] != 0:
             violations += 1
         pack("q", shm, 8, me)
-        value = unpack("q", shm, 0)[0]
-        _spin(cfg.cs_us)
-        pack("q", shm, 0, value + 1)
+        if plain is None:
+            value = unpack("q", shm, 0)[0]
+            _spin(cfg.cs_us)
+            pack("q", shm, 0, value + 1)
+        else:
+            value = int(plain.get(counter_key) or 0)
+            _spin(cfg.cs_us)
+            plain.set(counter_key, value + 1)
         if unpack("q", shm, 8)[0] != me:
             violations += 1
         pack("q", shm, 8, 0)
@@ -483,10 +511,173 @@ def _contended_worker(
         f.write(repr(time.process_time() - cpu0))
 
 
+# The shape of the contended phase's loop: "<handle>/<section>". The handle is
+# "reused" (one per worker, taking the lock over and over) or "new" (one per
+# acquisition, what the decorator makes per call); the section is "shm" (a
+# read-modify-write of shared memory: the lock's own cost alone) or "redis"
+# (a GET and a SET of a counter on the same server, through a separate plain
+# client: Redis's one thread serves the section and the lock's scripts).
+CLASSIC = "reused/shm"
+HANDLES = ("reused", "new")
+SECTIONS = ("shm", "redis")
+_SHAPE_LABELS = {
+    "reused": "one handle per worker",
+    "new": "a new handle per acquisition",
+    "shm": "shared-memory section",
+    "redis": "section GET+SET in Redis",
+}
+# Commands of the harness itself and of connection set-up: not the lock's work.
+_ADMIN = frozenset(
+    {"info", "config", "ping", "hello", "client", "select", "echo", "monitor", "slowlog", "command"}
+)
+
+
+def shape_label(shape: str) -> str:
+    handle, section = shape.split("/")
+    return f"{_SHAPE_LABELS[handle]}, {_SHAPE_LABELS[section]}"
+
+
+def cell_key(workers: int, shape: str) -> str:
+    """Key of a worker count and shape in ``data["contended"]``: the classic
+    shape keeps the bare worker count, so saved runs and targets read as before."""
+    return str(workers) if shape == CLASSIC else f"{workers} {shape}"
+
+
+def split_cell_key(key: str) -> tuple[int, str]:
+    workers, _, shape = key.partition(" ")
+    return int(workers), shape or CLASSIC
+
+
+def _counter_key(name: str) -> str:
+    return f"{name}:counter"
+
+
+def script_names() -> dict[str, str]:
+    """SHA1 -> a readable name for the Lua scripts of every implementation imported.
+
+    Found by what they are, not where they live: objects with a ``sha`` and a
+    ``name`` or ``script`` (ours, redis-py's ``Script``), and Lua source kept in
+    module or class attributes named ``*SCRIPT*`` (redis-py's Lock,
+    python-redis-lock), hashed as the client hashes them.
+    """
+    import hashlib
+
+    names: dict[str, str] = {}
+
+    def note(owner: str, attr: str, obj: Any) -> None:
+        sha = getattr(obj, "sha", None)
+        if isinstance(sha, str) and len(sha) == 40:
+            label = getattr(obj, "name", None)
+            names.setdefault(sha, label if isinstance(label, str) else f"{owner}.{attr}")
+        elif isinstance(obj, (str, bytes)) and "SCRIPT" in attr.upper():
+            raw = obj.encode() if isinstance(obj, str) else obj
+            names.setdefault(hashlib.sha1(raw).hexdigest(), f"{owner}.{attr}")
+
+    prefixes = ("django_redislock", "redis.lock", "redis_lock", "pottery", "benchmarks.impls")
+    for modname, module in list(sys.modules.items()):
+        if module is None or not modname.startswith(prefixes):
+            continue
+        for attr, obj in list(vars(module).items()):
+            note(modname.rsplit(".", 1)[-1], attr, obj)
+            if isinstance(obj, type) and obj.__module__ == modname:
+                for cattr, cobj in list(vars(obj).items()):
+                    note(obj.__name__, cattr, cobj)
+    return names
+
+
+class _Tracer:
+    """MONITOR on the private server: each command a script runs, counted
+    under the script (or top-level command) that ran it.
+
+    Redis feeds a script's own line to MONITOR before the lines of the
+    commands it runs, and runs nothing else meanwhile, so every ``lua`` line
+    belongs to the last top-level line before it. Tracing slows the server,
+    so a traced cell is run apart from the measured ones.
+    """
+
+    END = "bench-trace-end"
+
+    def __init__(self, server: PrivateRedis, names: dict[str, str]) -> None:
+        import threading
+
+        self.names = names
+        self.client = server.client(socket_timeout=60.0)
+        self.monitor = self.client.monitor()
+        self.top: dict[str, int] = {}
+        self.inner: dict[str, dict[str, int]] = {}
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> _Tracer:
+        self.monitor.__enter__()  # MONITOR, and its OK: tracing from here on
+        self.thread.start()
+        return self
+
+    def _label(self, cmd: str, arg: str) -> str:
+        if cmd in ("EVALSHA", "EVALSHA_RO"):
+            return self.names.get(arg, f"script {arg[:8]}")
+        if cmd in ("FCALL", "FCALL_RO"):
+            return f"function {arg}"
+        if cmd == "EVAL":
+            return "EVAL (source)"
+        if arg.endswith(":counter"):
+            return f"section {cmd}"
+        if cmd.lower() in _ADMIN or cmd in ("SCRIPT", "FUNCTION"):
+            return f"admin {cmd}"
+        return cmd
+
+    def _read(self) -> None:
+        conn = self.monitor.connection
+        group: str | None = None
+        try:
+            while True:
+                line = conn.read_response()
+                if isinstance(line, bytes):
+                    line = line.decode("utf-8", "replace")
+                # '<time> [<db> <client>] "CMD" "arg" ...'
+                b = line.find("[")
+                e = line.find("] ", b)
+                client = line[b + 1 : e]
+                parts = line[e + 2 :].split('"', 4)
+                cmd = parts[1].upper() if len(parts) > 1 else ""
+                arg = parts[3] if len(parts) > 3 else ""
+                if client.endswith(" lua"):
+                    if group is not None:
+                        inner = self.inner.setdefault(group, {})
+                        inner[cmd] = inner.get(cmd, 0) + 1
+                    continue
+                if cmd == "ECHO" and arg == self.END:
+                    return
+                group = self._label(cmd, arg)
+                self.top[group] = self.top.get(group, 0) + 1
+        except BaseException as exc:  # reported by stop()
+            self.error = exc
+
+    def stop(self, admin: Any) -> dict[str, Any]:
+        """Read up to a marker sent now (every line the cell caused is before it)."""
+        admin.echo(self.END)
+        self.thread.join(120)
+        with contextlib.suppress(Exception):
+            self.monitor.__exit__()
+        self.client.close()
+        if self.thread.is_alive() or self.error is not None:
+            raise RuntimeError(f"MONITOR trace did not finish: {self.error!r}")
+        return {"top": self.top, "inner": self.inner}
+
+
 def contended_cell(
-    server: PrivateRedis, key: str, workers: int, r: int, cfg: argparse.Namespace
+    server: PrivateRedis,
+    key: str,
+    workers: int,
+    r: int,
+    cfg: argparse.Namespace,
+    shape: str = CLASSIC,
+    names: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    name = f"bench:cont:{key}:{workers}:{r}"
+    """One run of ``workers`` processes on one lock; traced with MONITOR when
+    ``names`` (the scripts' names) is given."""
+    tag = "trace" if names is not None else str(r)
+    name = f"bench:cont:{key}:{shape.replace('/', '-')}:{workers}:{tag}"
     shm = mmap.mmap(-1, 8 * (_HDR + _PER * workers))
     ready = CTX.Barrier(workers + 1)
     go = CTX.Barrier(workers + 1)
@@ -502,6 +693,7 @@ def contended_cell(
                 server.url,
                 key,
                 name,
+                shape,
                 i,
                 cfg,
                 shm,
@@ -516,6 +708,7 @@ def contended_cell(
     admin = server.client()
     admin.config_resetstat()
     server_cpu = _server_cpu(admin)
+    tracer = _Tracer(server, names).start() if names is not None else None
     for p in procs:
         p.start()
     try:
@@ -524,6 +717,9 @@ def contended_cell(
         go.wait(60)
     except Exception:
         _join(procs, time.monotonic() + 1)
+        if tracer is not None:
+            with contextlib.suppress(Exception):
+                tracer.stop(admin)
         try:
             _raise_child_errors(errs)
         finally:
@@ -531,6 +727,7 @@ def contended_cell(
         raise
     _join(procs, time.monotonic() + 0.05 + cfg.warmup + cfg.duration + cfg.wait + 30)
     server_cpu = _server_cpu(admin) - server_cpu
+    trace = tracer.stop(admin) if tracer is not None else None
     client_cpu = 0.0
     try:
         _raise_child_errors(errs)
@@ -551,18 +748,36 @@ def contended_cell(
         totals.append(t)
         violations += v
         failed += f
-    counter = struct.unpack_from("q", shm, 0)[0]
+    stats = admin.info("commandstats")
+    if shape.endswith("/redis"):
+        counter = int(admin.get(_counter_key(name)) or 0)
+    else:
+        counter = struct.unpack_from("q", shm, 0)[0]
     lost_updates = sum(totals) - counter
     shm.close()
-    stats = admin.info("commandstats")
     admin.close()
+    done = sum(totals)
 
     def calls(*names: str) -> float:
         n = sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in names)
-        return n / sum(totals) if sum(totals) else math.nan
+        return n / done if done else math.nan
+
+    # Every command the server ran, those run inside scripts included (INFO
+    # commandstats counts both), less the harness's own and the section's one
+    # GET and one SET per critical section: the lock's server work.
+    commands: dict[str, int] = {}
+    for stat, values in stats.items():
+        cmd = stat.removeprefix("cmdstat_")
+        if cmd.split("|")[0] in _ADMIN:
+            continue
+        commands[cmd] = int(values.get("calls", 0))
+    if shape.endswith("/redis"):
+        for cmd in ("get", "set"):
+            commands[cmd] = commands.get(cmd, 0) - done
+    commands = {c: n for c, n in commands.items() if n}
 
     mean = statistics.fmean(counts) if counts else 0.0
-    return {
+    result = {
         "ops_per_s": sum(counts) / cfg.duration,
         "counts": counts,
         "least_over_mean": (min(counts) / mean) if mean else 0.0,
@@ -571,16 +786,22 @@ def contended_cell(
         "lost_updates": lost_updates,
         "failed_acquires": failed,
         "waits": waits,
+        "critical_sections": done,
         # Per critical section, warm-up included: scripts run (each a round
         # trip for these locks) and wake-ups published.
         "scripts_per_cs": calls("evalsha", "eval", "fcall"),
         "publish_per_cs": calls("publish", "spublish"),
+        "command_calls": commands,
+        "commands_per_cs": sum(commands.values()) / done if done else math.nan,
         # CPU seconds per critical section, warm-up included, in microseconds:
         # the worker processes' own (their loop, user and system) and the
         # server's (INFO cpu, its main thread and any others).
-        "client_cpu_us_per_cs": client_cpu / sum(totals) * 1e6 if sum(totals) else math.nan,
-        "server_cpu_us_per_cs": server_cpu / sum(totals) * 1e6 if sum(totals) else math.nan,
+        "client_cpu_us_per_cs": client_cpu / done * 1e6 if done else math.nan,
+        "server_cpu_us_per_cs": server_cpu / done * 1e6 if done else math.nan,
     }
+    if trace is not None:
+        result["trace"] = trace
+    return result
 
 
 def _server_cpu(admin: Any) -> float:
@@ -588,40 +809,103 @@ def _server_cpu(admin: Any) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
+def _breakdown(trace: dict[str, Any], done: int) -> dict[str, Any]:
+    """Per script (or top-level command) of a traced cell, per critical section:
+    how often it ran and the commands it ran inside."""
+    out: dict[str, Any] = {}
+    for group, n in sorted(trace["top"].items(), key=lambda kv: -kv[1]):
+        inner = trace["inner"].get(group, {})
+        # The harness's and the section's own commands are not the lock's; a
+        # SUBSCRIBE once per process is not per critical section.
+        if group.startswith(("admin ", "section ")) or max(n, sum(inner.values())) < done / 200:
+            continue
+        out[group] = {
+            "calls_per_cs": n / done,
+            "inner_per_cs": sum(inner.values()) / done,
+            "inner_per_call": sum(inner.values()) / n,
+            "inner": {
+                c: v / done for c, v in sorted(inner.items(), key=lambda kv: (-kv[1], kv[0]))
+            },
+        }
+    return out
+
+
 def contended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    names = None
+    if cfg.breakdown:
+        # Made once here so that every implementation's scripts are known
+        # (some register theirs when their first handle is made).
+        with server.client() as client:
+            for key in impls:
+                IMPLS[key].factory(client, "bench:names", cfg.ttl, cfg.wait)
+        names = script_names()
     for workers in cfg.workers:
-        cells: dict[str, list[dict[str, Any]]] = {k: [] for k in impls}
+        combos = [(shape, key) for shape in cfg.shapes for key in impls]
+        cells: dict[tuple[str, str], list[dict[str, Any]]] = {c: [] for c in combos}
         for r in range(cfg.rounds):
-            for key in rotated(impls, r + workers):
-                log(f"  contended: {workers} workers, round {r + 1}/{cfg.rounds}, {key}")
-                cells[key].append(contended_cell(server, key, workers, r, cfg))
-        per_impl = {}
-        for key, runs in cells.items():
-            waits = [w for run in runs for w in run["waits"]]
-            rates = [run["ops_per_s"] for run in runs]
-            per_impl[key] = {
-                "ops_per_s": statistics.median(rates),
-                "ops_per_s_rounds": rates,
-                "least_over_mean": statistics.median(run["least_over_mean"] for run in runs),
-                "least_over_mean_worst": min(run["least_over_mean"] for run in runs),
-                "max_over_min": statistics.median(run["max_over_min"] for run in runs),
-                "wait_p50_ms": percentile(waits, 50) * 1000,
-                "wait_p99_ms": percentile(waits, 99) * 1000,
-                "wait_max_ms": max(waits) * 1000 if waits else math.nan,
-                "violations": sum(run["violations"] for run in runs),
-                "failed_acquires": sum(run["failed_acquires"] for run in runs),
-                "counts": [run["counts"] for run in runs],
-                "scripts_per_cs": statistics.median(run["scripts_per_cs"] for run in runs),
-                "publish_per_cs": statistics.median(run["publish_per_cs"] for run in runs),
-                "client_cpu_us_per_cs": statistics.median(
-                    run["client_cpu_us_per_cs"] for run in runs
-                ),
-                "server_cpu_us_per_cs": statistics.median(
-                    run["server_cpu_us_per_cs"] for run in runs
-                ),
-            }
-        result[str(workers)] = per_impl
+            # Shapes and implementations interleaved, the order rotated each round.
+            for shape, key in rotated(combos, r + workers):
+                log(f"  contended: {workers} workers, {shape}, round {r + 1}/{cfg.rounds}, {key}")
+                cells[(shape, key)].append(contended_cell(server, key, workers, r, cfg, shape))
+        traces: dict[tuple[str, str], dict[str, Any]] = {}
+        if names is not None:
+            for shape, key in combos:
+                log(f"  traced (MONITOR): {workers} workers, {shape}, {key}")
+                run = contended_cell(server, key, workers, 0, cfg, shape, names)
+                traces[(shape, key)] = {
+                    "critical_sections": run["critical_sections"],
+                    "ops_per_s": run["ops_per_s"],
+                    "commands_per_cs": run["commands_per_cs"],
+                    "scripts": _breakdown(run["trace"], run["critical_sections"]),
+                }
+        for shape in cfg.shapes:
+            per_impl = {}
+            for key in impls:
+                runs = cells[(shape, key)]
+                waits = [w for run in runs for w in run["waits"]]
+                rates = [run["ops_per_s"] for run in runs]
+                done = sum(run["critical_sections"] for run in runs)
+                calls: dict[str, int] = {}
+                for run in runs:
+                    for cmd, n in run["command_calls"].items():
+                        calls[cmd] = calls.get(cmd, 0) + n
+                per_impl[key] = {
+                    "ops_per_s": statistics.median(rates),
+                    "ops_per_s_rounds": rates,
+                    "least_over_mean": statistics.median(run["least_over_mean"] for run in runs),
+                    "least_over_mean_worst": min(run["least_over_mean"] for run in runs),
+                    "max_over_min": statistics.median(run["max_over_min"] for run in runs),
+                    # Critical sections of the least and the most served worker
+                    # in a measured window, medians of rounds.
+                    "least_served": statistics.median(min(run["counts"]) for run in runs),
+                    "most_served": statistics.median(max(run["counts"]) for run in runs),
+                    "wait_p50_ms": percentile(waits, 50) * 1000,
+                    "wait_p99_ms": percentile(waits, 99) * 1000,
+                    "wait_max_ms": max(waits) * 1000 if waits else math.nan,
+                    "violations": sum(run["violations"] for run in runs),
+                    "failed_acquires": sum(run["failed_acquires"] for run in runs),
+                    "counts": [run["counts"] for run in runs],
+                    "scripts_per_cs": statistics.median(run["scripts_per_cs"] for run in runs),
+                    "publish_per_cs": statistics.median(run["publish_per_cs"] for run in runs),
+                    # Pooled over rounds: every call / every critical section.
+                    "commands_per_cs": sum(calls.values()) / done if done else math.nan,
+                    "commands": {
+                        c: n / done
+                        for c, n in sorted(calls.items(), key=lambda kv: (-kv[1], kv[0]))
+                    }
+                    if done
+                    else {},
+                    "client_cpu_us_per_cs": statistics.median(
+                        run["client_cpu_us_per_cs"] for run in runs
+                    ),
+                    "server_cpu_us_per_cs": statistics.median(
+                        run["server_cpu_us_per_cs"] for run in runs
+                    ),
+                }
+                if (shape, key) in traces:
+                    per_impl[key]["traced"] = traces[(shape, key)]
+            result[cell_key(workers, shape)] = per_impl
     return result
 
 
@@ -665,12 +949,13 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         a, b = ho["ours"]["p50_ms"], ho["python_redis_lock"]["p50_ms"]
         out.append(check("handoff p50 <= python-redis-lock", a <= b, f"{a:.2f} vs {b:.2f} ms"))
     viol = 0
-    for w, per in data.get("contended", {}).items():
+    for cell, per in data.get("contended", {}).items():
         if "ours" not in per:
             continue
         ours = per["ours"]
         viol += ours["violations"]
-        if int(w) < 8:
+        workers, w = _where(cell)
+        if workers < 8:
             continue
         peers = {k: v for k, v in per.items() if IMPLS[k].peer}
         if peers:
@@ -678,7 +963,7 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
             best = peers[best_key]["ops_per_s"]
             out.append(
                 check(
-                    f"{w} workers: throughput >= best peer",
+                    f"{w}: throughput >= best peer",
                     ours["ops_per_s"] >= best,
                     f"{ours['ops_per_s']:.0f} vs {best:.0f}/s ({best_key})",
                 )
@@ -686,19 +971,17 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
         if "python_redis_lock" in per:
             prl = per["python_redis_lock"]
             r = ratio(ours["ops_per_s"], prl["ops_per_s"])
-            out.append(
-                check(f"{w} workers: throughput >= 1.5x python-redis-lock", r >= 1.5, f"{r:.2f}x")
-            )
+            out.append(check(f"{w}: throughput >= 1.5x python-redis-lock", r >= 1.5, f"{r:.2f}x"))
             out.append(
                 check(
-                    f"{w} workers: wait p99 <= python-redis-lock",
+                    f"{w}: wait p99 <= python-redis-lock",
                     ours["wait_p99_ms"] <= prl["wait_p99_ms"],
                     f"{ours['wait_p99_ms']:.1f} vs {prl['wait_p99_ms']:.1f} ms",
                 )
             )
         out.append(
             check(
-                f"{w} workers: least-served >= 0.5 of mean",
+                f"{w}: least-served >= 0.5 of mean",
                 ours["least_over_mean"] >= 0.5,
                 f"{ours['least_over_mean']:.2f}",
             )
@@ -709,37 +992,45 @@ def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _where(cell: str) -> tuple[int, str]:
+    """Worker count of a contended cell, and how targets name it: "8 workers" for the
+    classic shape, "8 workers, new/redis" for another."""
+    workers, shape = split_cell_key(cell)
+    return workers, f"{workers} workers" + ("" if shape == CLASSIC else f", {shape}")
+
+
 def barging_targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The barging order (``fair=False``) against redis-py's ``Lock``, which
     also lets the releasing worker take the lock straight back."""
     out = []
     viol = 0
-    for w, per in data.get("contended", {}).items():
+    for cell, per in data.get("contended", {}).items():
         if "ours_barging" not in per:
             continue
         ours = per["ours_barging"]
         viol += ours["violations"]
-        if int(w) < 8:
+        workers, w = _where(cell)
+        if workers < 8:
             continue
         if "redis_py" in per:
             rp = per["redis_py"]
             out.append(
                 check(
-                    f"{w} workers, fair=False: throughput > redis-py",
+                    f"{w}, fair=False: throughput > redis-py",
                     ours["ops_per_s"] > rp["ops_per_s"],
                     f"{ours['ops_per_s']:.0f} vs {rp['ops_per_s']:.0f}/s",
                 )
             )
             out.append(
                 check(
-                    f"{w} workers, fair=False: wait p99 <= redis-py / 10",
+                    f"{w}, fair=False: wait p99 <= redis-py / 10",
                     ours["wait_p99_ms"] <= rp["wait_p99_ms"] / 10,
                     f"{ours['wait_p99_ms']:.1f} vs {rp['wait_p99_ms']:.1f} ms",
                 )
             )
         out.append(
             check(
-                f"{w} workers, fair=False: least-served >= 0.1 of mean",
+                f"{w}, fair=False: least-served >= 0.1 of mean",
                 ours["least_over_mean_worst"] >= 0.1,
                 f"{ours['least_over_mean_worst']:.2f} (worst round)",
             )
@@ -760,6 +1051,79 @@ def label(key: str) -> str:
     if key.endswith(FRESH) and key[: -len(FRESH)] in IMPLS:
         return IMPLS[key[: -len(FRESH)]].label + ", new handle+name"
     return IMPLS[key].label if key in IMPLS else _LABELS.get(key, key)
+
+
+def _served(v: dict[str, Any]) -> str:
+    if "least_served" not in v:
+        return "-"
+    return f"{v['least_served']:.0f}/{v['most_served']:.0f}"
+
+
+def _listing(counts: dict[str, float], digits: int = 2) -> str:
+    return ", ".join(f"{c.upper()} {n:.{digits}f}" for c, n in counts.items() if n >= 0.005) or "-"
+
+
+def _render_commands(data: dict[str, Any], tab: Any) -> list[str]:
+    """Server commands per contended critical section: every command of the
+    measured cells (INFO commandstats, those run by scripts included), then,
+    for traced cells, the same split by the script that ran them."""
+    rows = []
+    traced = []
+    for cell, per in data.get("contended", {}).items():
+        workers, shape = split_cell_key(cell)
+        for k, v in per.items():
+            if "commands" not in v:
+                continue
+            rows.append(
+                [label(k), workers, shape, fmt(v["commands_per_cs"], 1), _listing(v["commands"])]
+            )
+            t = v.get("traced")
+            if t:
+                for group, g in t["scripts"].items():
+                    traced.append(
+                        [
+                            label(k),
+                            workers,
+                            shape,
+                            group,
+                            fmt(g["calls_per_cs"], 2),
+                            fmt(g["inner_per_call"], 1),
+                            fmt(g["inner_per_cs"], 2),
+                            _listing(g["inner"]),
+                        ]
+                    )
+    parts = []
+    if rows:
+        parts.append(
+            "Server commands per contended critical section (INFO commandstats, commands "
+            "run inside scripts included; the section's own GET and SET and the harness's "
+            "commands left out; warm-up included)\n\n"
+            + tab(
+                ["implementation", "workers", "shape", "cmds/CS", "commands per CS"],
+                rows,
+                text_last=True,
+            )
+        )
+    if traced:
+        parts.append(
+            "The same, by script (a separate cell traced with MONITOR, which slows the "
+            "server: counts per CS, not speed)\n\n"
+            + tab(
+                [
+                    "implementation",
+                    "workers",
+                    "shape",
+                    "script or command",
+                    "calls/CS",
+                    "inside/call",
+                    "inside/CS",
+                    "commands inside, per CS",
+                ],
+                traced,
+                text_last=True,
+            )
+        )
+    return parts
 
 
 def render(data: dict[str, Any], rst: bool = False) -> str:
@@ -826,11 +1190,17 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
             "Release-to-waiter handoff (two processes; ms)\n\n"
             + tab(["implementation", "n", "p50 ms", "p99 ms", "max ms", "failed"], rows)
         )
-    for w, per in data.get("contended", {}).items():
+    for cell, per in data.get("contended", {}).items():
+        workers, shape = split_cell_key(cell)
+        prl = per.get("python_redis_lock", {}).get("ops_per_s")
+        rpy = per.get("redis_py", {}).get("ops_per_s")
         rows = [
             [
                 label(k),
                 fmt(v["ops_per_s"], 0),
+                fmt(ratio(v["ops_per_s"], prl), 2) if prl else "-",
+                fmt(ratio(v["ops_per_s"], rpy), 2) if rpy else "-",
+                _served(v),
                 fmt(v["least_over_mean"], 2),
                 fmt(v["least_over_mean_worst"], 2),
                 fmt(v["max_over_min"], 2),
@@ -841,17 +1211,21 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                 v["failed_acquires"],
                 fmt(v.get("scripts_per_cs"), 2),
                 fmt(v.get("publish_per_cs"), 2),
+                fmt(v.get("commands_per_cs"), 1),
                 fmt(v.get("client_cpu_us_per_cs"), 0),
                 fmt(v.get("server_cpu_us_per_cs"), 0),
             ]
             for k, v in per.items()
         ]
         parts.append(
-            f"Contended, {w} worker processes on one lock\n\n"
+            f"Contended, {workers} worker processes on one lock; {shape_label(shape)} ({shape})\n\n"
             + tab(
                 [
                     "implementation",
                     "CS/s",
+                    "/PRL",
+                    "/redis-py",
+                    "least/most",
                     "least/mean",
                     "worst",
                     "max/min",
@@ -862,12 +1236,14 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
                     "failed",
                     "scripts/CS",
                     "PUBLISH/CS",
+                    "cmds/CS",
                     "client CPU us/CS",
                     "server CPU us/CS",
                 ],
                 rows,
             )
         )
+    parts += _render_commands(data, tab)
     t = data.get("targets")
     if t:
         rows = [["PASS" if x["pass"] else "FAIL", x["target"], x["detail"]] for x in t]
@@ -906,6 +1282,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="busy work between release and the next acquire (us)",
     )
     p.add_argument(
+        "--handle",
+        default="reused",
+        help="contended phase, comma-separated: reused (one handle per worker) and/or "
+        "new (a new handle per acquisition, as the decorator makes per call)",
+    )
+    p.add_argument(
+        "--section",
+        default="shm",
+        help="contended phase, comma-separated: shm (read-modify-write in shared memory) "
+        "and/or redis (GET and SET of a counter on the same server, by a separate client); "
+        "every handle/section pair runs, interleaved in the same rounds",
+    )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="after each worker count's rounds, one more cell per shape and implementation "
+        "traced with MONITOR: the commands each script runs, per critical section",
+    )
+    p.add_argument(
         "--baseline-contended",
         action="store_true",
         help="also run the polling baseline in the contended phase",
@@ -936,6 +1331,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             log(f"skipping {IMPLS[key].label}: {reason}")
             cfg.impls.remove(key)
     cfg.phases = [x.strip() for x in cfg.phases.split(",") if x.strip()]
+    handles = [x.strip() for x in cfg.handle.split(",") if x.strip()]
+    sections = [x.strip() for x in cfg.section.split(",") if x.strip()]
+    if not handles or set(handles) - set(HANDLES):
+        p.error(f"--handle: choose from {list(HANDLES)}")
+    if not sections or set(sections) - set(SECTIONS):
+        p.error(f"--section: choose from {list(SECTIONS)}")
+    cfg.shapes = [f"{h}/{x}" for x in sections for h in handles]
     return cfg
 
 

@@ -4,6 +4,8 @@ Usage::
 
     python -m benchmarks.purchase                      # CONN_MAX_AGE=0, Django's default
     python -m benchmarks.purchase --conn-max-age 60    # persistent connections
+    python -m benchmarks.purchase --pool 3             # Django's psycopg pool, 3 a process
+    python -m benchmarks.purchase --pool 3 --bystanders 4 --variants sfu,locked
     python -m benchmarks.purchase --quick
 
 It creates its own PostgreSQL database (``redislock_bench_<pid>``, dropped at
@@ -30,6 +32,17 @@ answer is a sale; after it, ``oversold = orders + stock left - stock seeded``
 While it runs, a thread samples ``pg_stat_activity`` for the benchmark's
 database every 10 ms: connections open, busy (running a statement or idle
 inside a transaction), and waiting for a row lock.
+
+The database connections are set up one of three ways: ``CONN_MAX_AGE = 0``
+(Django's default, a connection per request), ``--conn-max-age 60``
+(persistent, one per thread) or ``--pool N`` (Django's psycopg connection
+pool, Django 5.1+: N connections per gunicorn process that its threads share;
+N below ``--threads`` makes threads wait for a connection).
+
+With ``--bystanders N``, N more clients read the product page of another
+product (``GET /product/<pk>/``, one SELECT) from the same gunicorn while each
+variant runs, and once alone before the rounds ("quiet"): the sale's cost to
+the rest of the site, which shares its threads and database connections.
 
 Every response carries a trace (``benchmarks/purchasesite/views.py``): when
 its critical section began and ended, how long the connection took to open
@@ -176,6 +189,7 @@ def site_env(cfg: argparse.Namespace, redis_url: str, dbname: str) -> dict[str, 
     env["BENCH_PG_USER"] = cfg.pg_user
     env["BENCH_PG_NAME"] = dbname
     env["BENCH_CONN_MAX_AGE"] = str(cfg.conn_max_age)
+    env["BENCH_POOL"] = str(cfg.pool)
     env.pop("BENCH_CONNECT_EARLY", None)
     if cfg.connect_early != "default":
         env["BENCH_CONNECT_EARLY"] = "1" if cfg.connect_early == "on" else "0"
@@ -198,7 +212,7 @@ def post(port: int, path: str) -> tuple[int, bytes]:
 
 
 # -- load -----------------------------------------------------------------------------------
-def _client_thread(port: int, path: str, deadline: float, out: dict[str, Any]) -> None:
+def _client_thread(port: int, method: str, path: str, deadline: float, out: dict[str, Any]) -> None:
     def connect() -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", port, timeout=30)
 
@@ -211,7 +225,7 @@ def _client_thread(port: int, path: str, deadline: float, out: dict[str, Any]) -
     while clock() < deadline:
         t0 = clock()
         try:
-            conn.request("POST", path)
+            conn.request(method, path)
             resp = conn.getresponse()
             resp.read()
             statuses[resp.status] = statuses.get(resp.status, 0) + 1
@@ -230,13 +244,15 @@ def _client_thread(port: int, path: str, deadline: float, out: dict[str, Any]) -
 
 
 def _client_process(
-    port: int, path: str, threads: int, start: float, duration: float, pipe: Any
+    port: int, method: str, path: str, threads: int, start: float, duration: float, pipe: Any
 ) -> None:
     while time.monotonic() < start:
         time.sleep(0.001)
     outs: list[dict[str, Any]] = [{} for _ in range(threads)]
     ts = [
-        threading.Thread(target=_client_thread, args=(port, path, start + duration, outs[i]))
+        threading.Thread(
+            target=_client_thread, args=(port, method, path, start + duration, outs[i])
+        )
         for i in range(threads)
     ]
     for t in ts:
@@ -247,21 +263,39 @@ def _client_process(
     pipe.close()
 
 
-def run_load(port: int, path: str, clients: int, duration: float) -> dict[str, Any]:
+def run_load(
+    port: int,
+    path: str,
+    clients: int,
+    duration: float,
+    *,
+    bystander_path: str | None = None,
+    bystanders: int = 0,
+) -> dict[str, Any]:
+    """``clients`` POST ``path`` for ``duration`` seconds; with ``bystanders``,
+    that many more GET ``bystander_path`` over the same seconds, in a process
+    of their own (their results under ``"bystander"``)."""
     start = time.monotonic() + 0.3
+    # The buyers in up to two processes, the bystanders in one of their own.
     procs_n = min(2, clients)
-    split = [clients // procs_n + (1 if i < clients % procs_n else 0) for i in range(procs_n)]
+    streams = [
+        ("POST", path, clients // procs_n + (1 if i < clients % procs_n else 0))
+        for i in range(procs_n)
+    ]
+    if bystanders and bystander_path:
+        streams.append(("GET", bystander_path, bystanders))
     pipes, procs = [], []
-    for n in split:
+    for method, target, n in streams:
         a, b = CTX.Pipe(duplex=False)
-        proc = CTX.Process(target=_client_process, args=(port, path, n, start, duration, b))
+        proc = CTX.Process(
+            target=_client_process, args=(port, method, target, n, start, duration, b)
+        )
         proc.start()
         pipes.append(a)
         procs.append(proc)
-    outs: list[dict[str, Any]] = []
+    results: list[list[dict[str, Any]]] = []
     for a in pipes:
-        if a.poll(duration + 90):
-            outs += a.recv()
+        results.append(a.recv() if a.poll(duration + 90) else [])
     for proc in procs:
         proc.join(10)
         if proc.is_alive():
@@ -270,6 +304,16 @@ def run_load(port: int, path: str, clients: int, duration: float) -> dict[str, A
     # Requests still in flight at the deadline are answered after it: count
     # the time until the last one came back.
     elapsed = max(1e-9, time.monotonic() - start)
+    buyers = len(streams) - (1 if bystanders and bystander_path else 0)
+    out = _summarise([o for outs in results[:buyers] for o in outs], elapsed)
+    if buyers < len(streams):
+        page = _summarise(results[-1], elapsed)
+        page.pop("traces")
+        out["bystander"] = page
+    return out
+
+
+def _summarise(outs: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
     statuses: dict[str, int] = {}
     for o in outs:
         for k, v in o.get("statuses", {}).items():
@@ -281,6 +325,23 @@ def run_load(port: int, path: str, clients: int, duration: float) -> dict[str, A
         "errors": sum(o.get("errors", 0) for o in outs),
         "lat": [x for o in outs for x in o.get("lat", [])],
         "traces": [json.loads(t) for o in outs for t in o.get("traces", [])],
+    }
+
+
+def bystander_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The product page's latency and rate over the runs that had bystanders."""
+    pages = [r["bystander"] for r in runs if "bystander" in r]
+    if not pages:
+        return {}
+    lat = [x for p in pages for x in p["lat"]]
+    return {
+        "requests": sum(p["ok"] for p in pages),
+        "rps": statistics.median(p["ok"] / p["elapsed"] for p in pages),
+        "p50_ms": percentile(lat, 50) * 1000,
+        "p99_ms": percentile(lat, 99) * 1000,
+        "max_ms": max(lat) * 1000 if lat else float("nan"),
+        "errors": sum(p["errors"] for p in pages)
+        + sum(v for p in pages for k, v in p["statuses"].items() if k != "200"),
     }
 
 
@@ -327,7 +388,14 @@ def run_variant(
             (SEED_STOCK,),
         ).fetchone()[0]
     with Sampler(cfg, db.name) as sampler:
-        run = run_load(port, f"/buy/{variant}/{slow_ms}/{product}/", cfg.clients, duration)
+        run = run_load(
+            port,
+            f"/buy/{variant}/{slow_ms}/{product}/",
+            cfg.clients,
+            duration,
+            bystander_path=cfg.page_path,
+            bystanders=cfg.bystanders,
+        )
     with pg_connect(cfg, db.name) as conn:
         stock = conn.execute(
             "SELECT stock FROM purchasesite_product WHERE id = %s", (product,)
@@ -362,6 +430,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "oversold": sum(r["oversold"] for r in runs),
         "pg": {k: med(lambda r, k=k: r["pg"][k]) for k in runs[0]["pg"]},
         "trace": {k: med(lambda r, k=k: r["trace"].get(k)) for k in runs[0]["trace"]},
+        "bystander": bystander_summary(runs),
     }
 
 
@@ -449,7 +518,35 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
         ],
         details,
     )
+    pages = [(k, v["bystander"]) for k, v in res.items() if v.get("bystander")]
+    if pages:
+        quiet = data.get("quiet") or {}
+        rows = []
+        if quiet:
+            rows.append(["(quiet)", "-", *_page_cells(quiet, quiet)])
+        for key, b in pages:
+            variant, slow = key.split("/")
+            rows.append([variant, slow, *_page_cells(b, quiet)])
+        out += (
+            "\n\nBystanders: the product page of another product (GET, one SELECT), "
+            "read by other clients from the same gunicorn during each variant; "
+            "quiet: alone, before the rounds\n\n"
+        ) + tab(
+            ["variant", "call ms", "pages/s", "p50 ms", "p99 ms", "max ms", "p50/quiet", "errors"],
+            rows,
+        )
     return out
+
+
+def _page_cells(b: dict[str, Any], quiet: dict[str, Any]) -> list[Any]:
+    return [
+        fmt(b["rps"], 0),
+        fmt(b["p50_ms"], 1),
+        fmt(b["p99_ms"], 0),
+        fmt(b["max_ms"], 0),
+        fmt(ratio(b["p50_ms"], quiet.get("p50_ms", float("nan"))), 1),
+        b["errors"],
+    ]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -473,6 +570,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "request; 60: persistent)",
     )
     p.add_argument(
+        "--pool",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Django's psycopg connection pool (DATABASES OPTIONS 'pool'; Django 5.1+, "
+        "psycopg-pool) of N connections per gunicorn process; with CONN_MAX_AGE 0",
+    )
+    p.add_argument(
+        "--bystanders",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N more clients read another product's page during every variant "
+        "(and alone, before the rounds); their latency is reported",
+    )
+    p.add_argument(
         "--connect-early",
         choices=["default", "on", "off"],
         default="default",
@@ -492,11 +605,31 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     cfg = p.parse_args(argv)
     if cfg.quick:
         cfg.rounds, cfg.duration = 1, 3.0
+    if cfg.pool and cfg.conn_max_age:
+        p.error("--pool needs CONN_MAX_AGE 0: Django's pool does not take persistent connections")
+    if cfg.pool:
+        try:
+            import django
+            import psycopg_pool  # noqa: F401
+        except ImportError as exc:
+            p.error(f"--pool needs psycopg-pool: {exc}")
+        if django.VERSION < (5, 1):
+            p.error("--pool needs Django 5.1 or later")
+    cfg.page_path = None
     cfg.variants = [v for v in cfg.variants.split(",") if v]
     unknown = set(cfg.variants) - set(VARIANTS)
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; choose from {VARIANTS}")
     return cfg
+
+
+def _db_setup(cfg: argparse.Namespace) -> str:
+    setup = f"CONN_MAX_AGE={cfg.conn_max_age:g}"
+    if cfg.pool:
+        setup += f", pool of {cfg.pool} per process ({cfg.threads} threads)"
+    if cfg.bystanders:
+        setup += f", {cfg.bystanders} bystanders"
+    return setup
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -528,6 +661,12 @@ def main(argv: list[str] | None = None) -> int:
                 "INSERT INTO purchasesite_product (stock, fence) VALUES (%s, 0) RETURNING id",
                 (SEED_STOCK,),
             ).fetchone()[0]
+            page = conn.execute(
+                "INSERT INTO purchasesite_product (stock, fence) VALUES (%s, 0) RETURNING id",
+                (SEED_STOCK,),
+            ).fetchone()[0]
+        if cfg.bystanders:
+            cfg.page_path = f"/product/{page}/"
         gunicorn = Gunicorn(
             "benchmarks.purchasesite.wsgi:application", env, cfg.workers, cfg.threads, keep_alive=30
         ).start(lambda port: post(port, f"/buy/sfu/0/{warm}/")[0] == 200)
@@ -535,6 +674,18 @@ def main(argv: list[str] | None = None) -> int:
         keys = [f"{v}/{s}" for s in (0, cfg.slow_ms) for v in cfg.variants]
         for v in cfg.variants:  # warm every worker's imports and code paths
             run_load(gunicorn.port, f"/buy/{v}/0/{warm}/", cfg.clients, 1.0)
+        if cfg.bystanders:
+            # The page alone (no buyers): what the bystanders see on a quiet day.
+            quiet = run_load(
+                gunicorn.port,
+                f"/buy/sfu/0/{warm}/",
+                0,
+                min(cfg.duration, 3.0),
+                bystander_path=cfg.page_path,
+                bystanders=cfg.bystanders,
+            )
+            data["quiet"] = bystander_summary([quiet])
+            log(f"  quiet: product page p50 {data['quiet']['p50_ms']:.1f} ms")
         for r in range(cfg.rounds):
             order = keys[r % len(keys) :] + keys[: r % len(keys)]
             for key in order:
@@ -574,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"gunicorn gthread {cfg.workers}x{cfg.threads}, {cfg.clients} clients, "
-        f"CONN_MAX_AGE={cfg.conn_max_age:g}, CONNECT_EARLY={cfg.connect_early}, "
+        f"{_db_setup(cfg)}, CONNECT_EARLY={cfg.connect_early}, "
         f"{cfg.rounds} rounds x {cfg.duration:g} s per variant, external call "
         f"{cfg.slow_ms} ms (time.sleep)"
     )

@@ -27,6 +27,14 @@ DATABASES = {
         "CONN_MAX_AGE": float(os.environ.get("BENCH_CONN_MAX_AGE", "0")),
     }
 }
+# Django's psycopg connection pool (Django 5.1+, psycopg-pool), per gunicorn
+# process: a fixed number of connections its threads share; a thread that
+# finds them all taken waits for one, up to the pool's timeout.
+POOL_SIZE = int(os.environ.get("BENCH_POOL", "0"))
+if POOL_SIZE:
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {"min_size": POOL_SIZE, "max_size": POOL_SIZE, "timeout": 10.0}
+    }
 
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6399/0")
 CACHES = {

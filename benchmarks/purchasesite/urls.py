@@ -6,4 +6,5 @@ from . import views
 
 urlpatterns = [
     path("buy/<str:variant>/<int:slow_ms>/<int:pk>/", views.buy),
+    path("product/<int:pk>/", views.page),
 ]

@@ -9,6 +9,9 @@
   (``docs/choosing.rst``, "The lean shape").
 * ``unsafe``: read, work, write back, no lock: it must lose updates.
 
+``page`` is not a purchase: the product page of another product, which the
+bystanders of ``benchmarks.purchase --bystanders`` read during the sale.
+
 ``slow_ms`` milliseconds of "external call" run inside each critical section.
 Each response carries an ``X-Trace`` header: when the critical section began
 and ended (wall clock, so the load generator can line up sections from
@@ -213,6 +216,15 @@ VIEWS = {
     "lean": buy_lean,
     "unsafe": buy_unsafe,
 }
+
+
+def page(request: HttpRequest, pk: int) -> HttpResponse:
+    """The product page of another product: a bystander of the sale, which
+    needs a database connection of the same processes and nothing else."""
+    product = Product.objects.filter(pk=pk).values("id", "stock").first()
+    if product is None:
+        raise Http404("No such product.")
+    return JsonResponse(product)
 
 
 def buy(request: HttpRequest, variant: str, slow_ms: int, pk: int) -> HttpResponse:
