@@ -498,11 +498,21 @@ class LockModel(RuleBasedStateMachine):
             and h.remaining >= SAFE_MARGIN + drop * (TIMEOUT + FIRST_BACKOFF)
         )
 
+    @staticmethod
+    def _within(job: Job, seconds: float) -> bool:
+        """Whether the whole call, every attempt included, ended inside
+        ``seconds`` (less the margin) of its start: then no script of it can
+        have met the lease expired. A loaded host can stall a call that loses
+        no reply past a short lease, and then a loss is no false report."""
+        return job.finished - job.started + SAFE_MARGIN <= seconds
+
     def _release(self, m: Model, drop: int = 0) -> None:
         h = m.handle
         safe = self._safe(m, drop)
         held = h.token is not None
+        valid_for = h.remaining
         job = self._faulty(m, "release", h.release, CALL + SLACK, drop)
+        safe = safe and self._within(job, valid_for)
         if job.error is None:
             STATS["released"] += 1
         elif isinstance(job.error, LockLost):
@@ -524,8 +534,10 @@ class LockModel(RuleBasedStateMachine):
         # The first attempt may already have cut the lease to ``ttl``.
         safe = self._safe(m, drop) and ttl >= SAFE_MARGIN + drop * (TIMEOUT + FIRST_BACKOFF)
         held = h.token is not None
+        valid_for = min(h.remaining, ttl)
         fn = h.refresh if m.spec.semaphore else h.extend
         job = self._faulty(m, "extend", lambda: fn(ttl), CALL + SLACK, drop)
+        safe = safe and self._within(job, valid_for)
         if job.error is None:
             STATS["extended"] += 1
         elif isinstance(job.error, LockLost):
