@@ -109,6 +109,10 @@ class Notifier:
                 # It was to read for the others but left first: pass it on.
                 self._promote()
 
+    def is_ready(self, tag: bytes = b"") -> bool:
+        """Whether the channel is subscribed (a plain read)."""
+        return self._pubsub is not None
+
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         """Whether the channel is subscribed; with a timeout, subscribe it.
 

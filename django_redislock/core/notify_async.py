@@ -20,7 +20,7 @@ from .aio_calls import wait_for
 from .keys import KeySpace
 from .notify_sharded_async import AsyncShardedNotifier
 from .topology import is_cluster
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, parse_wakeup
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed, parse_wakeup
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
 
@@ -56,6 +56,15 @@ class AsyncNotifier:
                 self._run(), name="redislock-notify"
             )
         return event
+
+    def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
+        """Register ``token`` if the channel is subscribed, else None."""
+        return self.register(token, tag) if self.is_ready(tag) else None
+
+    async def wait(self, event: AsyncWakeup, timeout: float) -> Handed | None:
+        """Sleep until ``event`` fires or ``timeout`` passes; the fence of a
+        lease handed over (with the attempt it answers), else None."""
+        return await event.take(timeout)
 
     def unregister(self, token: str) -> None:
         self._slots.pop(token, None)

@@ -309,6 +309,10 @@ class ShardedNotifier(_ShardedBase):
             event.clear()
         return handed
 
+    def is_ready(self, tag: bytes = b"") -> bool:
+        state = self._tags.get(tag)
+        return state is not None and state.ready.is_set()
+
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         if state is None:

@@ -17,7 +17,7 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 from . import notify_sharded
 from .keys import KeySpace
 from .notify_sharded import _ShardedBase, _Tag, logger, no_sharded_pubsub
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed
 
 __all__ = ["AsyncShardedNotifier"]
 
@@ -196,6 +196,15 @@ class AsyncShardedNotifier(_ShardedBase):
         if state.node is None:
             self._spawn(self._route(state))
         return event
+
+    def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
+        """Register ``token`` if its tag's channel is subscribed, else None."""
+        return self.register(token, tag) if self.is_ready(tag) else None
+
+    async def wait(self, event: AsyncWakeup, timeout: float) -> Handed | None:
+        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
+        fence of a lease handed over, else None."""
+        return await event.take(timeout)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -15,8 +15,11 @@ A script that frees a lock or a permit publishes on the waiter's channel:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import NamedTuple
+
+from .aio_calls import wait_for
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -82,3 +85,12 @@ class AsyncWakeup(asyncio.Event):
 
     handed: Handed | None = None
     needs_channel: bool = False
+
+    async def take(self, timeout: float) -> Handed | None:
+        """Sleep until set or ``timeout`` passes; the lease handed over (if
+        any), and the event cleared for the next sleep."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await wait_for(self.wait(), timeout)
+        handed, self.handed = self.handed, None
+        self.clear()
+        return handed
