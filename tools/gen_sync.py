@@ -42,6 +42,7 @@ CORE = Path("django_redislock/core")
 # asyncio source -> generated sync driver, relative to the repository root.
 PAIRS = [
     (CORE / "lock_async.py", CORE / "lock.py"),
+    (CORE / "semaphore_async.py", CORE / "semaphore.py"),
 ]
 
 RENAMES = {
