@@ -43,6 +43,8 @@ CORE = Path("django_redislock/core")
 PAIRS = [
     (CORE / "lock_async.py", CORE / "lock.py"),
     (CORE / "semaphore_async.py", CORE / "semaphore.py"),
+    (CORE / "rwlock_async.py", CORE / "rwlock.py"),
+    (CORE / "multi_async.py", CORE / "multi.py"),
 ]
 
 RENAMES = {

@@ -88,7 +88,7 @@ def _clear_script(kind: str, keyspace: KeySpace, name: str) -> tuple[Any, tuple[
 
         s = keyspace.semaphore(name)
         return SEMAPHORE_CLEAR, (s.lease, s.queue, s.state)
-    from .rwlock import CLEAR as RW_CLEAR
+    from .rwlock_base import CLEAR as RW_CLEAR
 
     w = keyspace.rwlock(name)
     return RW_CLEAR, (w.lease, w.queue, w.state)
