@@ -302,6 +302,18 @@ class AsyncHandle(LockBase):
         self._holder = None
         self._forget()
 
+    async def _in_sorted_set(self) -> bool:
+        """``owned()`` of the kinds whose holders are members of a sorted set
+        scored by expiry (a semaphore's permits, a read-write lock's turns)."""
+        token = self.token
+        if token is None or not self.held:
+            return False
+        try:
+            score = await self.client.zscore(self.keys.lease, token)
+        except RedisError as exc:
+            raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
+        return score is not None and self.held
+
     # -- context manager ---------------------------------------------------------
     async def __aenter__(self: _H) -> _H:
         if not await self.acquire():

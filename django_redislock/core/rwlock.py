@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from . import scripts
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import RedisUnavailable
 from .keys import KeySpace
 from .lock import Lock
 from .rwlock_base import (
@@ -67,14 +64,7 @@ class ReadWriteLock(ReadWriteLockBase, Lock):
 
     def owned(self) -> bool:
         """Ask Redis whether this handle still holds its turn (one round trip)."""
-        token = self.token
-        if token is None or not self.held:
-            return False
-        try:
-            score = self.client.zscore(self.keys.lease, token)
-        except RedisError as exc:
-            raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
-        return score is not None and self.held
+        return self._in_sorted_set()
 
 
 def clear_rw_lock(client: Any, keyspace: KeySpace, name: str, token: str | None = None) -> int:

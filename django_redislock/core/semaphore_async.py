@@ -17,8 +17,6 @@ import os
 import time
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from . import scripts
 from ._async_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
@@ -103,14 +101,7 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
 
     async def owned(self) -> bool:
         """Ask Redis whether this handle still holds its permit (one round trip)."""
-        token = self.token
-        if token is None or not self.held:
-            return False
-        try:
-            score = await self.client.zscore(self.keys.lease, token)
-        except RedisError as exc:
-            raise RedisUnavailable(f"could not check semaphore {self.name!r}: {exc}") from exc
-        return score is not None and self.held
+        return await self._in_sorted_set()
 
 
 async def release_permit_async(
