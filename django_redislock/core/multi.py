@@ -3,7 +3,7 @@
 
 How it takes several names without ever waiting while it holds one, and what
 it promises, is in ``multi_base.py``, with what both drivers share. The
-algorithm is written once, here, for asyncio; ``tools/gen_sync.py`` makes the
+algorithm is written once, for asyncio; ``tools/gen_sync.py`` makes the
 sync driver from it (edit this source, never the generated file).
 """
 
