@@ -125,6 +125,7 @@ def get_async_lock(
     fair: bool = True,
 ) -> AsyncLock:
     """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
+    check_eviction(get_client(alias))  # on the sync twin, as get_async_semaphore does
     client = get_async_client(alias)
     lock = AsyncLock(
         client,
@@ -196,6 +197,7 @@ def get_async_multi_lock(
     metric_name: str | None = None,
 ) -> AsyncMultiLock:
     """An ``AsyncMultiLock`` for the running event loop, configured as ``get_lock``."""
+    check_eviction(get_client(alias))
     ordered = lock_names(names)
     return AsyncMultiLock(
         get_async_client(alias),
@@ -317,6 +319,7 @@ def get_async_rw_lock(
     metric_name: str | None = None,
 ) -> AsyncReadWriteLock:
     """An ``AsyncReadWriteLock`` for the running event loop, configured as ``get_rw_lock``."""
+    check_eviction(get_client(alias))
     lock = AsyncReadWriteLock(
         get_async_client(alias),
         name,

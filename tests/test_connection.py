@@ -209,6 +209,34 @@ def test_eviction_policy_is_warned_about(redis_factory: Any, caplog: Any) -> Non
     assert warnings[0].levelno == logging.WARNING
 
 
+@pytest.mark.parametrize(
+    "factory",
+    ["get_async_lock", "get_async_multi_lock", "get_async_rw_lock", "get_async_semaphore"],
+)
+async def test_eviction_policy_is_warned_about_by_the_async_factories(
+    redis_factory: Any, caplog: Any, factory: str
+) -> None:
+    # Only get_async_semaphore checked it: an ASGI site that only took
+    # asyncio locks was never warned. Fails before this change.
+    from django_redislock import locks
+
+    server = redis_factory(
+        port=free_port(), unix=False, extra=("--maxmemory-policy", "allkeys-lru")
+    ).start()
+    caplog.set_level(logging.WARNING, logger="django_redislock.connection")
+    arguments: dict[str, tuple[Any, ...]] = {
+        "get_async_lock": ("evictable",),
+        "get_async_multi_lock": (["evictable-a", "evictable-b"],),
+        "get_async_rw_lock": ("evictable", "read"),
+        "get_async_semaphore": ("evictable", 2),
+    }
+    with override_settings(CACHES=_caches_for(server)):
+        getattr(locks, factory)(*arguments[factory])
+    _join_eviction_checks()
+    warned = [rec for rec in caplog.records if "allkeys-lru" in rec.getMessage()]
+    assert len(warned) == 1, caplog.records
+
+
 def test_noeviction_is_not_warned_about(caplog: Any) -> None:
     caplog.set_level(logging.WARNING, logger="django_redislock.connection")
     get_lock("fine")

@@ -23,8 +23,8 @@ from django_redislock.core import (
     Lock,
     LockLost,
     RedisUnavailable,
-    lock_async,
     scripts,
+    wakeup,
 )
 from django_redislock.core.force import clear
 from django_redislock.core.notify import Notifier
@@ -219,7 +219,8 @@ async def test_an_async_waiter_never_takes_a_lease_handed_in_an_earlier_round(
             await hold()
         return await run_async(c, script, keys, args)
 
-    sleep = lock_async.wait_for
+    # The waiter's sleep on its wake-up event (AsyncWakeup.take).
+    sleep = wakeup.wait_for
 
     async def paused_sleep(aw: Any, timeout: float, undo: Any = None) -> Any:
         # The waiter's sleep: whether it ended by its timer or a wake-up,
@@ -232,7 +233,7 @@ async def test_an_async_waiter_never_takes_a_lease_handed_in_an_earlier_round(
     if point == "before retry":
         monkeypatch.setattr(scripts, "run_async", paused_run)
     else:
-        monkeypatch.setattr(lock_async, "wait_for", paused_sleep)
+        monkeypatch.setattr(wakeup, "wait_for", paused_sleep)
     third = Lock(r, "stale-a", ttl=20, wait=0)
 
     async def wait_for_it() -> tuple[bool, Any, Any]:

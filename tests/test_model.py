@@ -606,13 +606,16 @@ class LockModel(RuleBasedStateMachine):
         if m.job is not None:
             return multiple()
         h = m.handle
+        # Read before the job starts: an uncontended acquire in the handle's
+        # thread can be done before this thread looks again.
+        holding = h.token is not None
         if pause_at is not None:
             m.worker.arm(pause_at)
             m.armed = True
         m.job = self._job(
             m, f"acquire(wait={wait})", lambda: h.acquire(wait), self._acquire_bound(wait)
         )
-        m.job.holding = h.token is not None
+        m.job.holding = holding
         STATS["waits"] += 1
         return label
 

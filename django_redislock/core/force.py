@@ -84,11 +84,11 @@ def _clear_script(kind: str, keyspace: KeySpace, name: str) -> tuple[Any, tuple[
         return scripts.CLEAR, (k.lease, k.queue, k.state)
     # Imported here: semaphores and read-write locks are optional for locks.
     if kind == "semaphore":
-        from .semaphore import CLEAR as SEMAPHORE_CLEAR
+        from .semaphore_base import CLEAR as SEMAPHORE_CLEAR
 
         s = keyspace.semaphore(name)
         return SEMAPHORE_CLEAR, (s.lease, s.queue, s.state)
-    from .rwlock import CLEAR as RW_CLEAR
+    from .rwlock_base import CLEAR as RW_CLEAR
 
     w = keyspace.rwlock(name)
     return RW_CLEAR, (w.lease, w.queue, w.state)

@@ -1,3 +1,4 @@
+# generated from lock_async.py by tools/gen_sync.py; do not edit
 """``Lock``: a Redis lease with fencing, fair queueing and notification wake-ups.
 
 Protocol, one round trip each when uncontended:
@@ -16,23 +17,47 @@ release frees the lease and wakes the oldest waiter to look again, and
 whoever asks first takes it, until the head of the queue has seen
 ``BARGE_LIMIT`` others served; then it is handed over as above.
 
-This module is the sync driver: it sends, receives and waits. What a reply
-means and what to do next is decided in ``protocol.py``, which the asyncio
-driver (``lock_async.py``, same order of definitions) calls the same way.
+This module is the driver: it sends, receives and waits. What a reply means
+and what to do next is decided in ``protocol.py``. It is written once, for
+asyncio, and ``tools/gen_sync.py`` makes the sync driver from it by renaming
+and dropping ``async`` and ``await``: edit the asyncio source, never the
+generated file. What threads and tasks do
+differently (the gate, who holds a handle, cancellation, where renewal runs)
+lives in the primitives module imported below.
+
+Waiters sleep on the process's wake-up channel (``notify.py``): one
+connection however many wait. An acquire interrupted or cancelled at any
+point gives back whatever it may have been granted, so a lease is never
+left behind it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from . import giveback, renewal, scripts
+from . import giveback, scripts
+from ._sync_prims import (
+    CLEANUP_TIMEOUT,
+    HOLDER_KIND,
+    CallTimeout,
+    Gate,
+    Holder,
+    Renewer,
+    cancel_requests,
+    complete,
+    current_holder,
+    current_name,
+    keep_cancellation,
+    raise_if_cancelled_since,
+    start_renewal,
+    stop_renewal,
+)
 from .base import LockBase, same_token
 from .exceptions import (
     LockError,
@@ -54,21 +79,27 @@ from .protocol import (
     short_of_replicas,
 )
 
-__all__ = ["Lock", "SyncHandle"]
+__all__ = ["SyncHandle", "Lock"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
+log_renew = logging.getLogger("django_redislock.renew")
 
 _H = TypeVar("_H", bound="SyncHandle")
 
+# A release runs to the end even if its task is cancelled, within this bound
+# (the client's socket timeout normally ends it much sooner).
+_RELEASE_TIMEOUT = 10.0
+
 
 class SyncHandle(LockBase):
-    """What ``Lock`` and ``Semaphore`` share: the thread gate, the wait loop,
-    and giving back whatever an interrupted or timed-out attempt may hold.
+    """What ``Lock`` and ``Semaphore`` share: the gate, the wait
+    loop, and giving back whatever an interrupted or timed-out attempt may hold.
 
-    Shared between threads, a handle behaves like ``threading.Lock``: a second
-    thread waits for the first to release, and only the thread that acquired
-    may release. Subclasses say how to try (``_attempt``), how to give back
-    (``_cancel``, ``_cancel_script``) and what holding starts (``_on_acquired``).
+    Shared between threads (sync) or tasks (asyncio), a handle behaves like
+    ``threading.Lock`` or ``asyncio.Lock``: a second holder waits for the
+    first to release, and only the one that acquired may release. Subclasses
+    say how to try (``_attempt``), how to give back (``_cancel``,
+    ``_cancel_script``) and what holding starts (``_on_acquired``).
     """
 
     # Takes the lease or permit, or queues for it; gives back whatever a
@@ -80,8 +111,9 @@ class SyncHandle(LockBase):
     _give_back_after_late_reply = True
 
     def _init_driver(self) -> None:
-        self._gate = threading.Lock()
-        self._thread: int | None = None
+        self._gate = Gate()
+        # The thread or task that holds the handle (None: nobody).
+        self._holder: Holder | None = None
         self.retry_after: float | None = None
 
     def _attempt(
@@ -111,11 +143,12 @@ class SyncHandle(LockBase):
     def _cancel(self, token: str) -> None:
         """Give back whatever ``token`` may hold or be queued for."""
         try:
-            self._cancel_call(token)
-        except RedisUnavailable as exc:
+            # To the end, even if the caller is cancelled meanwhile (asyncio).
+            complete(self._cancel_call(token), CLEANUP_TIMEOUT)
+        except (RedisUnavailable, CallTimeout) as exc:
             # A queue entry expires at its deadline, a lease or permit handed
             # to us unheard with its TTL; until then, keep trying off our path.
-            log_acquire.info("could not leave the queue of %r: %s", self.name, exc)
+            log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
             self._give_back_later(token, after=exc)
 
     def _on_acquired(self, ttl_ms: int) -> None:
@@ -123,7 +156,7 @@ class SyncHandle(LockBase):
 
     def _already_held(self) -> LockError:
         return LockError(
-            f"lock {self.name!r} is already held by this handle in this thread; "
+            f"lock {self.name!r} is already held by this handle in this {HOLDER_KIND}; "
             "locks are not reentrant: release it first or use another name"
         )
 
@@ -137,12 +170,11 @@ class SyncHandle(LockBase):
         ttl_ms = self._ttl_ms(ttl)
         if self._pid != os.getpid():
             self._detach_after_fork()
-        if self.token is not None and self._thread == threading.get_ident():
+        me = current_holder()
+        if self.token is not None and self._holder == me:
             raise self._already_held()
         started = time.monotonic()
-        # The gate is almost always free: try it before paying for a timed wait.
-        got_gate = self._gate.acquire(False) or (wait_s > 0 and self._gate.acquire(timeout=wait_s))
-        if not got_gate:
+        if not self._gate.acquire(wait_s):
             self.observer.busy(self, time.monotonic() - started)
             return False
         try:
@@ -154,14 +186,14 @@ class SyncHandle(LockBase):
             self._gate.release()
             self.observer.busy(self, time.monotonic() - started)
             return False
-        self._thread = threading.get_ident()
+        self._holder = me
         self._on_acquired(ttl_ms)
         self.observer.acquired(self, time.monotonic() - started)
         return True
 
     def _acquire(self, deadline: float, ttl_ms: int) -> bool:
         token = self._new_token()
-        who = threading.current_thread().name
+        who = current_name()
         now = time.monotonic()
         acq = Acquisition(
             ttl_ms=ttl_ms,
@@ -180,19 +212,24 @@ class SyncHandle(LockBase):
             event = notifier.register_if_ready(token, tag)
             if event is not None:
                 acq.listening_on(notifier.address_for(tag))
+        cancels = cancel_requests()
         try:
             while True:
                 if (
                     event is not None
                     and notifier is not None
                     and acq.queued_without_channel
-                    and notifier.wait_ready(0, tag)
+                    and notifier.is_ready(tag)
                 ):
                     # Queued while the channel was down; it is up now: queue
                     # again with it, so that our turn wakes us.
                     acq.channel_up(notifier.address_for(tag))
                 self._round, wait_ms = acq.attempt(time.monotonic())
-                granted, value = self._attempt(token, ttl_ms, who, wait_ms, acq.address)
+                granted, value = keep_cancellation(
+                    self._attempt(token, ttl_ms, who, wait_ms, acq.address)
+                )
+                # redis-py's send may have swallowed our cancellation (3.11).
+                raise_if_cancelled_since(cancels)
                 step = acq.on_reply(granted, value, time.monotonic())
                 self.retry_after = acq.retry_after
                 if step.move is Move.LISTEN and notifier is not None:
@@ -206,7 +243,7 @@ class SyncHandle(LockBase):
                     # Marked first, so that the channel coming up wakes us;
                     # if it came up meanwhile, queue again with it at once.
                     event.needs_channel = acq.queued_without_channel
-                    if event.needs_channel and notifier.wait_ready(0, tag):
+                    if event.needs_channel and notifier.is_ready(tag):
                         continue
                     handed = notifier.wait(event, step.timeout)
                     step = acq.on_wakeup(handed, time.monotonic())
@@ -232,6 +269,9 @@ class SyncHandle(LockBase):
                 self._give_back_later(token, after=exc)
             raise
         except BaseException:
+            # Interrupted (or, asyncio, cancelled at some await): the script
+            # may have run and granted us what we asked. Give it back,
+            # whatever happens to us.
             self._cancel(token)
             raise
         finally:
@@ -249,15 +289,29 @@ class SyncHandle(LockBase):
             what=self._label(),
         )
 
-    def _cancel_call(self, token: str) -> None:
-        scripts.run(self.client, self._cancel_script, self._key_tuple, self._cancel_args(token))
+    def _cancel_call(self, token: str) -> Any:
+        return scripts.run(
+            self.client, self._cancel_script, self._key_tuple, self._cancel_args(token)
+        )
 
     def _detach_after_fork(self) -> None:
         # A child inherits the parent's handle, not what it holds: it starts free.
         self._pid = os.getpid()
-        self._gate = threading.Lock()
-        self._thread = None
+        self._gate = Gate()
+        self._holder = None
         self._forget()
+
+    def _in_sorted_set(self) -> bool:
+        """``owned()`` of the kinds whose holders are members of a sorted set
+        scored by expiry (a semaphore's permits, a read-write lock's turns)."""
+        token = self.token
+        if token is None or not self.held:
+            return False
+        try:
+            score = self.client.zscore(self.keys.lease, token)
+        except RedisError as exc:
+            raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
+        return score is not None and self.held
 
     # -- context manager ---------------------------------------------------------
     def __enter__(self: _H) -> _H:
@@ -288,7 +342,7 @@ class SyncHandle(LockBase):
         raise NotImplementedError
 
     def _stop_renewal(self) -> None:
-        """Called before releasing; renewing handles stop their watchdog."""
+        """Called before releasing; renewing handles stop their renewal."""
 
     def release(self) -> None:
         """Give it back. Raises ``LockLost`` if it had been lost meanwhile,
@@ -301,12 +355,16 @@ class SyncHandle(LockBase):
         # that we let it go, not report it lost.
         self._forget()
         try:
-            released = self._release_call(token)
+            # To the end, even if the caller is cancelled meanwhile (asyncio).
+            released = complete(self._release_call(token), _RELEASE_TIMEOUT)
+        except CallTimeout as exc:
+            self._give_back_later(token, after=exc)
+            raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
         except RedisUnavailable as exc:
             self._give_back_later(token, after=exc)
             raise
         finally:
-            self._thread = None
+            self._holder = None
             self._gate.release()
         self._settle_release(released, held)
 
@@ -314,10 +372,11 @@ class SyncHandle(LockBase):
 class Lock(SyncHandle):
     """A lock on ``name`` in Redis, held by this handle.
 
-    ``Lock(client, "purchase:7", ttl=30, wait=10)``. A handle is reusable: it
-    may be acquired again after release. Shared between threads, it behaves
-    like ``threading.Lock``: a second thread waits for the first to release,
-    and only the thread that acquired may release or extend. Not reentrant.
+    ``Lock(client, "purchase:7", ttl=30, wait=10)``. A handle is
+    reusable: it may be acquired again after release. Shared between threads
+    (sync) or tasks (asyncio), it behaves like ``threading.Lock`` or
+    ``asyncio.Lock``: a second holder waits for the first to release, and
+    only the one that acquired may release or extend. Not reentrant.
 
     ``fair=False`` takes it in the barging order (``docs/locks.rst``): a release
     frees the lease and wakes the oldest waiter to look again, whoever asks
@@ -334,6 +393,7 @@ class Lock(SyncHandle):
 
     def _init_driver(self) -> None:
         super()._init_driver()
+        self._renewer: Renewer | None = None
         self._ttl_ms_held = 0
         if not self.fair:
             # Barging (see _barging.lua): its own scripts; the FIFO ones are untouched.
@@ -342,23 +402,27 @@ class Lock(SyncHandle):
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms
         if self.renew:
-            renewal.watchdog.add(self, renew_interval(ttl_ms))
+            self._renewer = start_renewal(self, renew_interval(ttl_ms))
 
     def _release_call(self, token: str) -> int:
         script = scripts.RELEASE if self.fair else scripts.RELEASE_BARGING
-        return int(scripts.run(self.client, script, self._key_tuple, self._release_args(token)))
+        args = self._release_args(token)
+        return int(scripts.run(self.client, script, self._key_tuple, args))
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:
+        # A forked child inherits the handle, never what it holds.
         if self.token is None or self._pid != os.getpid():
             raise LockNotOwned(f"cannot {action} {self.name!r}: this handle does not hold it")
-        if self._thread != threading.get_ident():
-            raise LockNotOwned(f"cannot {action} {self.name!r}: it was acquired by another thread")
+        if self._holder != current_holder():
+            raise LockNotOwned(
+                f"cannot {action} {self.name!r}: it was acquired by another {HOLDER_KIND}"
+            )
         return self.token
 
     def _stop_renewal(self) -> None:
-        if self.renew:
-            renewal.watchdog.discard(self)
+        renewer, self._renewer = self._renewer, None
+        stop_renewal(self, renewer)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
@@ -406,11 +470,12 @@ class Lock(SyncHandle):
         ttl_ms = self._ttl_ms(ttl)
         if self._pid != os.getpid():
             self._detach_after_fork()
-        if self.token is not None and self._thread == threading.get_ident():
+        me = current_holder()
+        if self.token is not None and self._holder == me:
             raise self._already_held()
-        if not self._gate.acquire(False):
+        if not self._gate.acquire(0):
             raise LockError(
-                f"lock {self.name!r}: this handle is held by another thread; "
+                f"lock {self.name!r}: this handle is held by another {HOLDER_KIND}; "
                 "adopt with a handle of its own"
             )
         sent = time.monotonic()
@@ -423,7 +488,7 @@ class Lock(SyncHandle):
             self._gate.release()
             return False
         self._granted(token, fence, sent, ttl_ms)
-        self._thread = threading.get_ident()
+        self._holder = me
         self._on_acquired(ttl_ms)
         log_acquire.debug("adopted %r fence=%s", self.name, fence)
         return True
@@ -443,17 +508,17 @@ class Lock(SyncHandle):
         finally:
             self._stop_renewal()
             self._forget()
-            self._thread = None
+            self._holder = None
             self._gate.release()
         return token
 
     def _renew_once(self) -> float | None:
-        """One renewal, from the watchdog: seconds until the next, or None to stop."""
+        """One renewal: seconds until the next, or None to stop."""
         token = self.token
         if token is None or self.lost or self._pid != os.getpid():
             return None
         if self.renew_max is not None and time.monotonic() - self._acquired_at >= self.renew_max:
-            log_acquire.info("stopped renewing %r after renew_max", self.name)
+            log_renew.info("stopped renewing %r after renew_max", self.name)
             return None
         ttl_ms = self._ttl_ms_held
         sent = time.monotonic()

@@ -1,18 +1,39 @@
-"""``AsyncLock`` over ``redis.asyncio``: the same protocol and scripts as ``Lock``.
+"""``AsyncLock``: a Redis lease with fencing, fair queueing and notification wake-ups.
 
-The asyncio driver, paired with ``lock.py`` (same order of definitions): it
-sends, receives and waits; ``protocol.py`` decides. Wake-ups come from one
-pub/sub reader task per event loop and pool (``notify_async.py``). An acquire
-that is cancelled at any await gives back whatever it may have been granted,
-shielded from the cancellation, so a cancelled task never leaves a lease
-behind it.
+Protocol, one round trip each when uncontended:
+
+* acquire runs ``acquire.lua``: it grants the lease (writing token, fence and
+  owner in one go) or, if the caller will wait, appends the caller to the
+  lock's FIFO queue along with the process's wake-up channel.
+* release runs ``release.lua``: compare-token delete, then the lease is
+  handed straight to the oldest live waiter, which is woken through its
+  channel with its fence: it holds the lock as it wakes, no second round trip.
+
+Because a freed lock goes straight to the oldest waiter, nobody can barge in
+and waits are first come first served across processes. ``fair=False`` opts
+into barging instead (``acquire_barging.lua``, ``release_barging.lua``): a
+release frees the lease and wakes the oldest waiter to look again, and
+whoever asks first takes it, until the head of the queue has seen
+``BARGE_LIMIT`` others served; then it is handed over as above.
+
+This module is the driver: it sends, receives and waits. What a reply means
+and what to do next is decided in ``protocol.py``. It is written once, for
+asyncio, and ``tools/gen_sync.py`` makes the sync driver from it by renaming
+and dropping ``async`` and ``await``: edit the asyncio source, never the
+generated file. What threads and tasks do
+differently (the gate, who holds a handle, cancellation, where renewal runs)
+lives in the primitives module imported below.
+
+Waiters sleep on the process's wake-up channel (``notify_async.py``): one
+connection however many wait. An acquire interrupted or cancelled at any
+point gives back whatever it may have been granted, so a lease is never
+left behind it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
+import os
 import time
 from types import TracebackType
 from typing import Any, TypeVar
@@ -20,13 +41,21 @@ from typing import Any, TypeVar
 from redis.exceptions import RedisError
 
 from . import giveback, scripts
-from .aio_calls import (
+from ._async_prims import (
     CLEANUP_TIMEOUT,
+    HOLDER_KIND,
+    CallTimeout,
+    Gate,
+    Holder,
+    Renewer,
     cancel_requests,
     complete,
+    current_holder,
+    current_name,
     keep_cancellation,
     raise_if_cancelled_since,
-    wait_for,
+    start_renewal,
+    stop_renewal,
 )
 from .base import LockBase, same_token
 from .exceptions import (
@@ -54,7 +83,7 @@ __all__ = ["AsyncHandle", "AsyncLock"]
 log_acquire = logging.getLogger("django_redislock.acquire")
 log_renew = logging.getLogger("django_redislock.renew")
 
-_AH = TypeVar("_AH", bound="AsyncHandle")
+_H = TypeVar("_H", bound="AsyncHandle")
 
 # A release runs to the end even if its task is cancelled, within this bound
 # (the client's socket timeout normally ends it much sooner).
@@ -62,13 +91,14 @@ _RELEASE_TIMEOUT = 10.0
 
 
 class AsyncHandle(LockBase):
-    """What ``AsyncLock`` and ``AsyncSemaphore`` share: the task gate, the wait
-    loop, and giving back whatever a cancelled or timed-out attempt may hold.
+    """What ``AsyncLock`` and ``AsyncSemaphore`` share: the gate, the wait
+    loop, and giving back whatever an interrupted or timed-out attempt may hold.
 
-    Shared between tasks, a handle behaves like ``asyncio.Lock``: a second
-    task waits for the first to release, and only the task that acquired may
-    release. Subclasses say how to try (``_attempt``), how to give back
-    (``_cancel``, ``_cancel_script``) and what holding starts (``_on_acquired``).
+    Shared between threads (sync) or tasks (asyncio), a handle behaves like
+    ``threading.Lock`` or ``asyncio.Lock``: a second holder waits for the
+    first to release, and only the one that acquired may release. Subclasses
+    say how to try (``_attempt``), how to give back (``_cancel``,
+    ``_cancel_script``) and what holding starts (``_on_acquired``).
     """
 
     # Takes the lease or permit, or queues for it; gives back whatever a
@@ -80,9 +110,9 @@ class AsyncHandle(LockBase):
     _give_back_after_late_reply = True
 
     def _init_driver(self) -> None:
-        self._gate: asyncio.Lock | None = None
-        self._gate_loop: asyncio.AbstractEventLoop | None = None
-        self._task: asyncio.Task[Any] | None = None
+        self._gate = Gate()
+        # The thread or task that holds the handle (None: nobody).
+        self._holder: Holder | None = None
         self.retry_after: float | None = None
 
     async def _attempt(
@@ -114,8 +144,9 @@ class AsyncHandle(LockBase):
     async def _cancel(self, token: str) -> None:
         """Give back whatever ``token`` may hold or be queued for."""
         try:
+            # To the end, even if the caller is cancelled meanwhile (asyncio).
             await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
-        except (RedisUnavailable, asyncio.TimeoutError) as exc:
+        except (RedisUnavailable, CallTimeout) as exc:
             # A queue entry expires at its deadline, a lease or permit handed
             # to us unheard with its TTL; until then, keep trying off our path.
             log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
@@ -126,55 +157,44 @@ class AsyncHandle(LockBase):
 
     def _already_held(self) -> LockError:
         return LockError(
-            f"lock {self.name!r} is already held by this handle in this task; "
+            f"lock {self.name!r} is already held by this handle in this {HOLDER_KIND}; "
             "locks are not reentrant: release it first or use another name"
         )
 
-    def _get_gate(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        if self._gate is None or self._gate_loop is not loop:
-            self._gate = asyncio.Lock()
-            self._gate_loop = loop
-        return self._gate
-
     async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
-        """Take it, waiting up to ``wait`` seconds (0: try once)."""
+        """Take it, waiting up to ``wait`` seconds (0: try once).
+
+        Returns True when held, False when it stayed busy. Raises
+        ``RedisUnavailable`` when Redis cannot be reached: that is not busy.
+        """
         wait_s = self._wait_s(wait)
         ttl_ms = self._ttl_ms(ttl)
-        me = asyncio.current_task()
-        if self.token is not None and self._task is me:
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        me = current_holder()
+        if self.token is not None and self._holder == me:
             raise self._already_held()
         started = time.monotonic()
-        gate = self._get_gate()
-        if wait_s > 0:
-            try:
-                await wait_for(gate.acquire(), wait_s, undo=gate.release)
-            except asyncio.TimeoutError:
-                self.observer.busy(self, time.monotonic() - started)
-                return False
-        elif gate.locked():
-            self.observer.busy(self, 0.0)
+        if not await self._gate.acquire(wait_s):
+            self.observer.busy(self, time.monotonic() - started)
             return False
-        else:
-            await gate.acquire()
         try:
             acquired = await self._acquire(started + wait_s, ttl_ms)
         except BaseException:
-            gate.release()
+            self._gate.release()
             raise
         if not acquired:
-            gate.release()
+            self._gate.release()
             self.observer.busy(self, time.monotonic() - started)
             return False
-        self._task = me
+        self._holder = me
         self._on_acquired(ttl_ms)
         self.observer.acquired(self, time.monotonic() - started)
         return True
 
     async def _acquire(self, deadline: float, ttl_ms: int) -> bool:
         token = self._new_token()
-        task = asyncio.current_task()
-        who = task.get_name() if task is not None else "?"
+        who = current_name()
         now = time.monotonic()
         acq = Acquisition(
             ttl_ms=ttl_ms,
@@ -184,12 +204,15 @@ class AsyncHandle(LockBase):
             now=now,
             defer=0.0 if self.fair else BARGE_DEFER,
         )
+        # Only a process already listening queues on the first attempt; the
+        # uncontended path must not start a channel or wait for one.
         notifier = get_async_notifier(self.client, self.keyspace) if deadline > now else None
         tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
         event = None
-        if notifier is not None and notifier.is_ready(tag):
-            event = notifier.register(token, tag)
-            acq.listening_on(notifier.address_for(tag))
+        if notifier is not None:
+            event = notifier.register_if_ready(token, tag)
+            if event is not None:
+                acq.listening_on(notifier.address_for(tag))
         cancels = cancel_requests()
         try:
             while True:
@@ -211,6 +234,8 @@ class AsyncHandle(LockBase):
                 step = acq.on_reply(granted, value, time.monotonic())
                 self.retry_after = acq.retry_after
                 if step.move is Move.LISTEN and notifier is not None:
+                    # First contention in this process: start listening, then
+                    # queue at once (the channel must be there to hear our turn).
                     event = notifier.register(token, tag)
                     up = await notifier.wait_ready(step.timeout, tag)
                     acq.listening_on(notifier.address_for(tag) if up else None)
@@ -221,17 +246,11 @@ class AsyncHandle(LockBase):
                     event.needs_channel = acq.queued_without_channel
                     if event.needs_channel and notifier.is_ready(tag):
                         continue
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await wait_for(event.wait(), step.timeout)
-                    handed, event.handed = event.handed, None
-                    event.clear()
+                    handed = await notifier.wait(event, step.timeout)
                     step = acq.on_wakeup(handed, time.monotonic())
                     while step.move is Move.SLEEP:
                         # Barging: woken to look again, it lets the releaser go first.
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await wait_for(event.wait(), step.timeout)
-                        handed, event.handed = event.handed, None
-                        event.clear()
+                        handed = await notifier.wait(event, step.timeout)
                         step = acq.on_wakeup(handed, time.monotonic())
                     if step.move is Move.RETRY:
                         continue
@@ -251,8 +270,9 @@ class AsyncHandle(LockBase):
                 self._give_back_later(token, after=exc)
             raise
         except BaseException:
-            # Cancelled or interrupted at some await: the script may have run
-            # and granted us what we asked. Give it back, whatever happens to us.
+            # Interrupted (or, asyncio, cancelled at some await): the script
+            # may have run and granted us what we asked. Give it back,
+            # whatever happens to us.
             await self._cancel(token)
             raise
         finally:
@@ -270,13 +290,32 @@ class AsyncHandle(LockBase):
             what=self._label(),
         )
 
-    async def _cancel_call(self, token: str) -> None:
-        await scripts.run_async(
+    async def _cancel_call(self, token: str) -> Any:
+        return await scripts.run_async(
             self.client, self._cancel_script, self._key_tuple, self._cancel_args(token)
         )
 
+    def _detach_after_fork(self) -> None:
+        # A child inherits the parent's handle, not what it holds: it starts free.
+        self._pid = os.getpid()
+        self._gate = Gate()
+        self._holder = None
+        self._forget()
+
+    async def _in_sorted_set(self) -> bool:
+        """``owned()`` of the kinds whose holders are members of a sorted set
+        scored by expiry (a semaphore's permits, a read-write lock's turns)."""
+        token = self.token
+        if token is None or not self.held:
+            return False
+        try:
+            score = await self.client.zscore(self.keys.lease, token)
+        except RedisError as exc:
+            raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
+        return score is not None and self.held
+
     # -- context manager ---------------------------------------------------------
-    async def __aenter__(self: _AH) -> _AH:
+    async def __aenter__(self: _H) -> _H:
         if not await self.acquire():
             raise LockNotAcquired(self.name, retry_after=self.retry_after)
         return self
@@ -290,6 +329,8 @@ class AsyncHandle(LockBase):
         try:
             await self.release()
         except LockError:
+            # The body's own exception passes through unchanged; loss was
+            # already reported to the observer and on_lost.
             if exc_type is None:
                 raise
 
@@ -302,7 +343,7 @@ class AsyncHandle(LockBase):
         raise NotImplementedError
 
     def _stop_renewal(self) -> None:
-        """Called before releasing; renewing handles stop their renewal task."""
+        """Called before releasing; renewing handles stop their renewal."""
 
     async def release(self) -> None:
         """Give it back. Raises ``LockLost`` if it had been lost meanwhile,
@@ -311,30 +352,37 @@ class AsyncHandle(LockBase):
         token = self._check_owner("release")
         self._stop_renewal()
         held = time.monotonic() - self._acquired_at
-        # Forget first, as Lock.release does: a renewal in flight that finds
-        # the lease gone must see that we let it go, not report it lost.
+        # Forget first: a renewal in flight that finds the lease gone must see
+        # that we let it go, not report it lost.
         self._forget()
         try:
-            # Runs to the end even if this task is cancelled (see complete).
+            # To the end, even if the caller is cancelled meanwhile (asyncio).
             released = await complete(self._release_call(token), _RELEASE_TIMEOUT)
-        except asyncio.TimeoutError as exc:
+        except CallTimeout as exc:
             self._give_back_later(token, after=exc)
             raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
         except RedisUnavailable as exc:
             self._give_back_later(token, after=exc)
             raise
         finally:
-            self._task = None
-            if self._gate is not None and self._gate.locked():
-                self._gate.release()
+            self._holder = None
+            self._gate.release()
         self._settle_release(released, held)
 
 
 class AsyncLock(AsyncHandle):
-    """``Lock`` for asyncio. Shared between tasks it behaves like ``asyncio.Lock``:
-    a second task waits for the first to release, and only the task that
-    acquired may release or extend the lease. ``fair=False``: the barging
-    order, as for ``Lock``.
+    """A lock on ``name`` in Redis, held by this handle.
+
+    ``AsyncLock(client, "purchase:7", ttl=30, wait=10)``. A handle is
+    reusable: it may be acquired again after release. Shared between threads
+    (sync) or tasks (asyncio), it behaves like ``threading.Lock`` or
+    ``asyncio.Lock``: a second holder waits for the first to release, and
+    only the one that acquired may release or extend. Not reentrant.
+
+    ``fair=False`` takes it in the barging order (``docs/locks.rst``): a release
+    frees the lease and wakes the oldest waiter to look again, whoever asks
+    first takes it, and the head of the queue is served within ``BARGE_LIMIT``
+    others. More throughput for a hot lock, longer tail waits.
     """
 
     _acquire_script = scripts.ACQUIRE
@@ -346,7 +394,7 @@ class AsyncLock(AsyncHandle):
 
     def _init_driver(self) -> None:
         super()._init_driver()
-        self._renewer: asyncio.Task[None] | None = None
+        self._renewer: Renewer | None = None
         self._ttl_ms_held = 0
         if not self.fair:
             # Barging (see _barging.lua): its own scripts; the FIFO ones are untouched.
@@ -355,9 +403,7 @@ class AsyncLock(AsyncHandle):
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms
         if self.renew:
-            self._renewer = asyncio.get_running_loop().create_task(
-                self._renew_loop(), name=f"redislock-renew:{self.name[:40]}"
-            )
+            self._renewer = start_renewal(self, renew_interval(ttl_ms))
 
     async def _release_call(self, token: str) -> int:
         script = scripts.RELEASE if self.fair else scripts.RELEASE_BARGING
@@ -366,16 +412,18 @@ class AsyncLock(AsyncHandle):
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:
-        if self.token is None:
+        # A forked child inherits the handle, never what it holds.
+        if self.token is None or self._pid != os.getpid():
             raise LockNotOwned(f"cannot {action} {self.name!r}: this handle does not hold it")
-        if self._task is not asyncio.current_task():
-            raise LockNotOwned(f"cannot {action} {self.name!r}: it was acquired by another task")
+        if self._holder != current_holder():
+            raise LockNotOwned(
+                f"cannot {action} {self.name!r}: it was acquired by another {HOLDER_KIND}"
+            )
         return self.token
 
     def _stop_renewal(self) -> None:
         renewer, self._renewer = self._renewer, None
-        if renewer is not None and renewer is not asyncio.current_task():
-            renewer.cancel()
+        stop_renewal(self, renewer)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
@@ -413,37 +461,48 @@ class AsyncLock(AsyncHandle):
         return same_token(current, token) and self.held
 
     async def adopt(self, token: str, fence: int, *, ttl: float | None = None) -> bool:
-        """Hold the lease that another handle took as ``token`` with ``fence``;
-        as ``Lock.adopt``."""
+        """Hold the lease that another handle took as ``token`` with ``fence``.
+
+        For a lease handed across processes (a task's enqueuer to the worker
+        that runs it): one round trip resets it to ``ttl`` seconds (default:
+        the handle's) from now if ``token`` still holds it, and from then on
+        this handle holds it as if it had acquired it, renewal included.
+        Returns False, holding nothing, when ``token`` no longer holds it.
+        """
         token, fence = check_adopted(token, fence)
         ttl_ms = self._ttl_ms(ttl)
-        me = asyncio.current_task()
-        if self.token is not None and self._task is me:
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        me = current_holder()
+        if self.token is not None and self._holder == me:
             raise self._already_held()
-        gate = self._get_gate()
-        if gate.locked():
+        if not await self._gate.acquire(0):
             raise LockError(
-                f"lock {self.name!r}: this handle is held by another task; "
+                f"lock {self.name!r}: this handle is held by another {HOLDER_KIND}; "
                 "adopt with a handle of its own"
             )
-        await gate.acquire()
         sent = time.monotonic()
         try:
             ok = await self._extend_call(token, ttl_ms)
         except BaseException:
-            gate.release()
+            self._gate.release()
             raise
         if not ok:
-            gate.release()
+            self._gate.release()
             return False
         self._granted(token, fence, sent, ttl_ms)
-        self._task = me
+        self._holder = me
         self._on_acquired(ttl_ms)
         log_acquire.debug("adopted %r fence=%s", self.name, fence)
         return True
 
     async def detach(self, ttl: float | None = None) -> str:
-        """Stop holding the lease without releasing it; as ``Lock.detach``."""
+        """Stop holding the lease without releasing it, for a handle to ``adopt``.
+
+        The lease is reset to ``ttl`` seconds (default: the handle's) from now
+        and no longer renewed; returns its token. Raises ``LockLost`` (and the
+        handle holds nothing) if the lease was gone.
+        """
         token = self._check_owner("detach")
         try:
             if self.lost:
@@ -452,38 +511,33 @@ class AsyncLock(AsyncHandle):
         finally:
             self._stop_renewal()
             self._forget()
-            self._task = None
-            if self._gate is not None and self._gate.locked():
-                self._gate.release()
+            self._holder = None
+            self._gate.release()
         return token
 
-    async def _renew_loop(self) -> None:
-        """The renewal task: ``Lock._renew_once`` in a loop, on this event loop."""
+    async def _renew_once(self) -> float | None:
+        """One renewal: seconds until the next, or None to stop."""
         token = self.token
-        started = self._acquired_at
-        delay: float | None = renew_interval(self._ttl_ms_held)
-        while delay is not None:
-            await asyncio.sleep(delay)
-            if self.token != token or token is None or self.lost:
-                return
-            if self.renew_max is not None and time.monotonic() - started >= self.renew_max:
-                log_renew.info("stopped renewing %r after renew_max", self.name)
-                return
-            ttl_ms = self._ttl_ms_held
-            sent = time.monotonic()
-            try:
-                ok = await self._extend_call(token, ttl_ms)
-            except RedisUnavailable as exc:
-                self._reset_unknown(exc, sent, ttl_ms)
-                delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)
-                if delay is None and self.token == token:
-                    self._mark_lost(f"could not renew before the lease ran out: {exc}")
-                continue
-            if self.token != token:
-                return  # released while we were renewing: nothing to report
-            if not ok:
-                self._mark_lost("the lease was gone at renewal (expired, cleared or lost by Redis)")
-                return
-            if not self.lost:
-                self._valid_until = self._validity(sent, ttl_ms)
-            delay = renew_interval(ttl_ms)
+        if token is None or self.lost or self._pid != os.getpid():
+            return None
+        if self.renew_max is not None and time.monotonic() - self._acquired_at >= self.renew_max:
+            log_renew.info("stopped renewing %r after renew_max", self.name)
+            return None
+        ttl_ms = self._ttl_ms_held
+        sent = time.monotonic()
+        try:
+            ok = await self._extend_call(token, ttl_ms)
+        except RedisUnavailable as exc:
+            self._reset_unknown(exc, sent, ttl_ms)
+            delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)
+            if delay is None and self.token == token:
+                self._mark_lost(f"could not renew before the lease ran out: {exc}")
+            return delay
+        if self.token != token:
+            return None  # released while we were renewing: nothing to report
+        if not ok:
+            self._mark_lost("the lease was gone at renewal (expired, cleared or lost by Redis)")
+            return None
+        if not self.lost:
+            self._valid_until = self._validity(sent, ttl_ms)
+        return renew_interval(ttl_ms)

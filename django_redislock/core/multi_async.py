@@ -1,27 +1,41 @@
-"""``AsyncMultiLock``: ``MultiLock`` for asyncio (see ``multi.py`` for how it
-takes several names without ever waiting while it holds one). Same order of
-definitions as the sync driver."""
+"""``AsyncMultiLock``: several names, taken all together or not at all.
+
+How it takes several names without ever waiting while it holds one, and what
+it promises, is in ``multi_base.py``, with what both drivers share. The
+algorithm is written once, for asyncio; ``tools/gen_sync.py`` makes the
+sync driver from it (edit this source, never the generated file).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from types import TracebackType
 
+from ._async_prims import Cancelled
 from .exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
 from .lock_async import AsyncLock
-from .multi import MultiBase
+from .multi_base import MultiBase, lock_names
 
-__all__ = ["AsyncMultiLock"]
+__all__ = ["AsyncMultiLock", "MultiBase", "lock_names"]
 
 
 class AsyncMultiLock(MultiBase[AsyncLock]):
-    """``MultiLock`` for asyncio: locks on several names, all held or none."""
+    """Locks on several names, held all together or not at all.
+
+    ``AsyncMultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
+    takes the same options as ``AsyncLock``, applied to each name. Names are
+    taken in sorted order whatever order they are given in, and never waited
+    for while any other is held, so callers cannot deadlock one another.
+    """
 
     _handle = AsyncLock
 
     async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
-        """Take every name, waiting up to ``wait`` seconds in all (0: try once)."""
+        """Take every name, waiting up to ``wait`` seconds in all (0: try once).
+
+        True when all are held; False, holding none, when one stayed busy.
+        ``RedisUnavailable`` when Redis cannot be reached, holding none.
+        """
         started = time.monotonic()
         deadline = started + self._wait_s(wait)
         first: AsyncLock | None = None  # a busy name to wait for, holding nothing
@@ -43,7 +57,7 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
                         break
                     taken.append(lock)
             except BaseException:
-                # Cancelled too: each release runs to its end regardless.
+                # Cancelled too (asyncio): each release runs to its end regardless.
                 await self._give_back(taken)
                 raise
             if busy is None:
@@ -57,7 +71,7 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
 
     async def _give_back(self, taken: list[AsyncLock]) -> None:
         """Release names taken on the way to a busy one (newest first)."""
-        cancelled: asyncio.CancelledError | None = None
+        cancelled: Cancelled | None = None
         for lock in reversed(taken):
             try:
                 await lock.release()
@@ -65,17 +79,20 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
                 # Lost meanwhile, or Redis did not answer: the handle already
                 # goes on giving it back off our path; nothing was done under it.
                 pass
-            except asyncio.CancelledError as exc:
+            except Cancelled as exc:
                 # That release ran to its end; the others must too.
                 cancelled = exc
         if cancelled is not None:
             raise cancelled
 
     async def release(self) -> None:
-        """Give every name back; see ``MultiLock.release``. Cancelled meanwhile,
-        it still gives back every name, then raises ``CancelledError``."""
+        """Give every name back. Raises ``LockLost`` if any was lost meanwhile
+        (after releasing the others), ``RedisUnavailable`` if Redis did not
+        answer for one (it is then given back off the caller's path). A task
+        cancelled meanwhile still gives back every name, then raises
+        ``CancelledError``."""
         failure: BaseException | None = None
-        cancelled: asyncio.CancelledError | None = None
+        cancelled: Cancelled | None = None
         for lock in reversed(self.locks.values()):
             try:
                 await lock.release()
@@ -83,7 +100,7 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
                 if failure is None or isinstance(exc, RedisUnavailable):
                     failure = exc
                 continue
-            except asyncio.CancelledError as exc:
+            except Cancelled as exc:
                 cancelled = exc  # that release ran to its end; the others must too
                 continue
             self._released(lock)
@@ -113,5 +130,6 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
         try:
             await self.release()
         except LockError:
+            # The body's own exception passes through unchanged.
             if exc_type is None:
                 raise

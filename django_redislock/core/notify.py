@@ -32,7 +32,7 @@ from typing import Any
 from .keys import KeySpace
 from .notify_sharded import ShardedNotifier
 from .topology import is_cluster
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Wakeup, parse_wakeup
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup, parse_wakeup
 
 __all__ = ["Notifier", "get_notifier"]
 
@@ -40,10 +40,6 @@ logger = logging.getLogger("django_redislock.notify")
 
 # How often the housekeeping thread looks.
 HOUSEKEEPING_INTERVAL = 5.0
-# Reconnection back-off bounds, seconds. The back-off starts again from the
-# bottom only after the channel stayed up for LIVENESS_INTERVAL: a connection
-# that drops as soon as it subscribes must not wake every waiter at 20 Hz.
-BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
 # How long a SUBSCRIBE may go unconfirmed before it counts as failed. A leader
 # whose own wait ends first leaves it pending for the next one to finish.
 SUBSCRIBE_TIMEOUT = LIVENESS_INTERVAL
@@ -67,11 +63,9 @@ class Notifier:
         self._pubsub: Any = None
         self._pending: Any = None  # a SUBSCRIBE sent, not yet confirmed
         self._pending_since = 0.0
-        self._up_since: float | None = None
         self._connected_before = False
-        self._failures = 0
+        self._reconnect = Reconnect()
         self._retry_at = 0.0
-        self._backoff = BACKOFF_MIN
         self._last_heard = 0.0
         self._ping_sent: float | None = None
         self._idle_since = time.monotonic()
@@ -108,6 +102,10 @@ class Notifier:
             if event is not None and event.promoted:
                 # It was to read for the others but left first: pass it on.
                 self._promote()
+
+    def is_ready(self, tag: bytes = b"") -> bool:
+        """Whether the channel is subscribed (a plain read)."""
+        return self._pubsub is not None
 
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         """Whether the channel is subscribed; with a timeout, subscribe it.
@@ -253,11 +251,12 @@ class Notifier:
                 pubsub.close()
 
     def _subscribed(self) -> None:
-        self._last_heard = self._up_since = time.monotonic()
+        self._last_heard = time.monotonic()
         self._ping_sent = None
         self._retry_at = 0.0
-        if self._failures:
-            logger.info("wake-up channel back after %d attempt(s)", self._failures)
+        failures = self._reconnect.up(self._last_heard)
+        if failures:
+            logger.info("wake-up channel back after %d attempt(s)", failures)
         with self._mutex:
             for event in self._slots.values():
                 # Back after an outage, wake-ups may have been missed; and
@@ -268,19 +267,12 @@ class Notifier:
 
     def _failed(self, exc: BaseException) -> None:
         now = time.monotonic()
-        if self._up_since is not None and now - self._up_since >= LIVENESS_INTERVAL:
-            # Up for a while before this: a new outage, not the same one.
-            self._backoff = BACKOFF_MIN
-            self._failures = 0
-        self._up_since = None
-        self._failures += 1
-        self._retry_at = now + self._backoff
-        self._backoff = min(self._backoff * 2, BACKOFF_MAX)
+        self._retry_at = now + self._reconnect.failed(now)
         # One warning per outage, and only if someone is waiting: an idle
         # channel losing its connection affects nobody.
         with self._mutex:
             waiting = bool(self._slots)
-        log = logger.warning if self._failures == 1 and waiting else logger.debug
+        log = logger.warning if self._reconnect.first and waiting else logger.debug
         log("wake-up channel lost, reconnecting: %s", exc)
 
     def _drop(self, exc: BaseException) -> None:

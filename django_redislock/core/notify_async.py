@@ -20,7 +20,14 @@ from .aio_calls import wait_for
 from .keys import KeySpace
 from .notify_sharded_async import AsyncShardedNotifier
 from .topology import is_cluster
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, parse_wakeup
+from .wakeup import (
+    IDLE_TIMEOUT,
+    LIVENESS_INTERVAL,
+    AsyncWakeup,
+    Handed,
+    Reconnect,
+    parse_wakeup,
+)
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
 
@@ -39,7 +46,7 @@ class AsyncNotifier:
         self._task: asyncio.Task[None] | None = None
         self._idle_since = time.monotonic()
         self._connected_before = False
-        self._failures = 0
+        self._reconnect = Reconnect()
 
     def address_for(self, tag: bytes = b"") -> bytes:
         return self.address
@@ -56,6 +63,15 @@ class AsyncNotifier:
                 self._run(), name="redislock-notify"
             )
         return event
+
+    def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
+        """Register ``token`` if the channel is subscribed, else None."""
+        return self.register(token, tag) if self.is_ready(tag) else None
+
+    async def wait(self, event: AsyncWakeup, timeout: float) -> Handed | None:
+        """Sleep until ``event`` fires or ``timeout`` passes; the fence of a
+        lease handed over (with the attempt it answers), else None."""
+        return await event.take(timeout)
 
     def unregister(self, token: str) -> None:
         self._slots.pop(token, None)
@@ -75,19 +91,18 @@ class AsyncNotifier:
         return not self._slots and time.monotonic() - self._idle_since > IDLE_TIMEOUT
 
     async def _run(self) -> None:
-        backoff = 0.05
         while True:
             pubsub = self._client.pubsub()
+            delay: float | None = None  # set when the connection failed
             try:
                 await pubsub.subscribe(self.channel)
                 await self._listen(pubsub)
-                backoff = 0.05
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self._failures += 1
+                delay = self._reconnect.failed(time.monotonic())
                 # One warning per outage; each retry after it is only a debug line.
-                first = self._failures == 1 and bool(self._slots)
+                first = self._reconnect.first and bool(self._slots)
                 log = log_notify.warning if first else log_notify.debug
                 log("wake-up channel lost, reconnecting: %s", exc)
             finally:
@@ -95,10 +110,9 @@ class AsyncNotifier:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
                 self._wake_all()
-            if self._idle() or (self._failures and not self._slots):
+            if delay is None or self._idle() or not self._slots:
                 return
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            await asyncio.sleep(delay)
 
     async def _listen(self, pubsub: Any) -> None:
         last_heard = time.monotonic()
@@ -125,9 +139,9 @@ class AsyncNotifier:
                     event.handed = handed
                     event.set()
             elif kind == "subscribe":
-                if self._failures:
-                    log_notify.info("wake-up channel back after %d attempt(s)", self._failures)
-                    self._failures = 0
+                failures = self._reconnect.up(now)
+                if failures:
+                    log_notify.info("wake-up channel back after %d attempt(s)", failures)
                 self._ready.set()
                 for event in list(self._slots.values()):
                     # Back after an outage, wake-ups may have been missed; and

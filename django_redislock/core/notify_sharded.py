@@ -39,7 +39,15 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .keys import KeySpace
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, NO_CHANNEL, Handed, Wakeup, parse_wakeup
+from .wakeup import (
+    IDLE_TIMEOUT,
+    LIVENESS_INTERVAL,
+    NO_CHANNEL,
+    Handed,
+    Reconnect,
+    Wakeup,
+    parse_wakeup,
+)
 
 __all__ = ["ShardedNotifier"]
 
@@ -201,7 +209,8 @@ class _NodeListener:
             self.pubsub.subscribe(channel)
 
     def _run(self) -> None:
-        backoff = 0.05
+        reconnect = Reconnect()
+        delay = 0.0
         while True:
             try:
                 with self.lock:
@@ -209,15 +218,18 @@ class _NodeListener:
                     # One SSUBSCRIBE per channel: they are in different slots.
                     for channel in sorted(self.wanted):
                         self._subscribe(channel)
-                backoff = 0.05
+                reconnect.up(time.monotonic())
                 if self._listen():
                     return
             except Exception as exc:
+                delay = reconnect.failed(time.monotonic())
                 if self.sharded and no_sharded_pubsub(exc):
                     self.owner._unsharded.add(self.name)
                     logger.info("%s has no sharded pub/sub: waking by PUBLISH there", self.name)
                 else:
-                    logger.warning("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                    # One warning per outage; each retry after it is only a debug line.
+                    log = logger.warning if reconnect.first else logger.debug
+                    log("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
             finally:
                 with self.lock:
                     pubsub, self.pubsub = self.pubsub, None
@@ -227,8 +239,7 @@ class _NodeListener:
                 self.owner._listener_down(self)
             if self.owner._retire(self):
                 return
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            time.sleep(delay)
 
     def _listen(self) -> bool:
         """Read until the connection fails (raises) or the listener retires (True)."""
@@ -308,6 +319,10 @@ class ShardedNotifier(_ShardedBase):
             handed, event.handed = event.handed, None
             event.clear()
         return handed
+
+    def is_ready(self, tag: bytes = b"") -> bool:
+        state = self._tags.get(tag)
+        return state is not None and state.ready.is_set()
 
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)

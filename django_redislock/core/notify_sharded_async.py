@@ -17,7 +17,7 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 from . import notify_sharded
 from .keys import KeySpace
 from .notify_sharded import _ShardedBase, _Tag, logger, no_sharded_pubsub
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed, Reconnect
 
 __all__ = ["AsyncShardedNotifier"]
 
@@ -62,7 +62,8 @@ class _AsyncNodeListener:
             await pubsub.subscribe(channel)
 
     async def run(self) -> None:
-        backoff = 0.05
+        reconnect = Reconnect()
+        delay = 0.0
         try:
             while True:
                 pubsub = _async_pubsub(self.redis)
@@ -70,19 +71,20 @@ class _AsyncNodeListener:
                     for channel in sorted(self.wanted):
                         await self._subscribe(pubsub, channel)
                     self.pubsub = pubsub
-                    backoff = 0.05
+                    reconnect.up(time.monotonic())
                     if await self._listen():
                         return
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
+                    delay = reconnect.failed(time.monotonic())
                     if self.sharded and no_sharded_pubsub(exc):
                         self.owner._unsharded.add(self.name)
                         logger.info("%s has no sharded pub/sub: waking by PUBLISH there", self.name)
                     else:
-                        logger.warning(
-                            "wake-up channel on %s lost, reconnecting: %s", self.name, exc
-                        )
+                        # One warning per outage; each retry after it is only a debug line.
+                        log = logger.warning if reconnect.first else logger.debug
+                        log("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
                 finally:
                     self.pubsub = None
                     with contextlib.suppress(Exception):
@@ -90,8 +92,7 @@ class _AsyncNodeListener:
                     await self.owner._listener_down(self)
                 if self.owner._retire(self):
                     return
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+                await asyncio.sleep(delay)
         finally:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
@@ -196,6 +197,15 @@ class AsyncShardedNotifier(_ShardedBase):
         if state.node is None:
             self._spawn(self._route(state))
         return event
+
+    def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
+        """Register ``token`` if its tag's channel is subscribed, else None."""
+        return self.register(token, tag) if self.is_ready(tag) else None
+
+    async def wait(self, event: AsyncWakeup, timeout: float) -> Handed | None:
+        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
+        fence of a lease handed over, else None."""
+        return await event.take(timeout)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -1,8 +1,10 @@
-"""``AsyncReadWriteLock``: the same scripts and protocol as ``ReadWriteLock``, over asyncio.
+"""``AsyncReadWriteLock``: many readers or one writer of a name, across every process.
 
-The asyncio driver is ``AsyncLock``'s: waiting tasks share the event loop's
-one wake-up reader, and an acquire cancelled at any await gives back whatever
-it may have been granted, shielded from the cancellation.
+The protocol, scripts and arguments are in ``rwlock_base.py``; the driver is
+``AsyncLock``'s (the wait loop, give-back on interrupt or timeout, renewal,
+the context manager), with the read-write scripts in place of the lock's.
+Written once, for asyncio; ``tools/gen_sync.py`` makes the sync driver from
+it (edit this source, never the generated file).
 """
 
 from __future__ import annotations
@@ -11,21 +13,44 @@ from typing import Any
 
 from . import scripts
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import RedisUnavailable
 from .keys import KeySpace
 from .lock_async import AsyncLock
-from .rwlock import ACQUIRE, CANCEL, CLEAR, REFRESH, RELEASE, ReadWriteLockBase
+from .rwlock_base import (
+    ACQUIRE,
+    CANCEL,
+    CLEAR,
+    MODES,
+    REFRESH,
+    RELEASE,
+    Mode,
+    ReadWriteLockBase,
+    check_mode,
+)
 
-__all__ = ["AsyncReadWriteLock", "clear_rw_lock_async"]
+__all__ = [
+    "MODES",
+    "AsyncReadWriteLock",
+    "Mode",
+    "ReadWriteLockBase",
+    "check_mode",
+    "clear_rw_lock_async",
+]
 
 
 class AsyncReadWriteLock(ReadWriteLockBase, AsyncLock):
-    """``ReadWriteLock`` for asyncio. Shared between tasks a handle behaves
-    like ``asyncio.Lock``: only the task that acquired may release or extend.
+    """Many readers or one writer of ``name`` at once, across every process.
+
+    ``AsyncReadWriteLock(client, "catalogue", "read", ttl=30, wait=5)``. Waits
+    are first come first served, except that readers arriving while a writer
+    waits queue behind it. Everything else is ``AsyncLock``'s: ``acquire``,
+    ``release``, ``extend``, ``renew=True``, the context manager, one holder
+    per handle. Make one handle per concurrent reader: handles are cheap.
     """
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
+    # The cancel script does not remember the token: a give-back after a call
+    # that may still arrive waits for that call's late reply first.
     _give_back_after_late_reply = True
 
     async def _release_call(self, token: str) -> int:
@@ -38,20 +63,18 @@ class AsyncReadWriteLock(ReadWriteLockBase, AsyncLock):
 
     async def owned(self) -> bool:
         """Ask Redis whether this handle still holds its turn (one round trip)."""
-        token = self.token
-        if token is None or not self.held:
-            return False
-        try:
-            score = await self.client.zscore(self.keys.lease, token)
-        except Exception as exc:
-            raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
-        return score is not None and self.held
+        return await self._in_sorted_set()
 
 
 async def clear_rw_lock_async(
     client: Any, keyspace: KeySpace, name: str, token: str | None = None
 ) -> int:
-    """``clear_rw_lock`` for a ``redis.asyncio`` client."""
+    """Force-release one holder of ``name`` (or every one, when ``token`` is None).
+
+    Waiters that may come next are admitted. Former holders find out at their
+    next extend, renewal or release. Returns how many turns (including
+    unclaimed reservations) were dropped.
+    """
     keys = keyspace.rwlock(name)
     return int(
         await scripts.run_async(

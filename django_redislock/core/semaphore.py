@@ -1,190 +1,63 @@
-"""``Semaphore``: a counting semaphore in Redis with expiring permits and fair admission.
+# generated from semaphore_async.py by tools/gen_sync.py; do not edit
+"""``Semaphore``: at most ``limit`` holders of a name, across every process.
 
-Protocol, one round trip each when uncontended:
+The protocol, scripts and arguments are in ``semaphore_base.py``; the driver
+is ``SyncHandle``'s (the wait loop, give-back on interrupt or timeout, the
+context manager), with the semaphore's scripts in place of the lock's.
+Written once, for asyncio; ``tools/gen_sync.py`` makes the sync driver from
+it (edit this source, never the generated file).
 
-* acquire runs ``sem_acquire.lua``: it drops permits whose expiry (on the Redis
-  server's clock) has passed, counts the rest, and either grants a permit or,
-  if the caller will wait, appends it to the FIFO queue with its process's
-  wake-up channel. All of it in one script, so two clients can never both
-  take the last permit.
-* release runs ``sem_release.lua``: it removes the permit and gives every free
-  permit to the oldest live waiters, each as a short reservation, waking each
-  one through its channel. With a limit of N, up to N waiters may be woken.
-* a woken waiter runs ``sem_acquire.lua`` again and claims its reservation.
-
-A reservation occupies a permit, so newcomers cannot barge past the queue, and
-it expires after a grace period, so a waiter that died in the queue costs
-little. A crashed holder's permit expires by itself after its permit TTL.
-
-Each handle holds at most one permit at a time; shared between threads it
-behaves like ``threading.Lock`` (one thread at a time, only that thread may
-release). Make one handle per concurrent user: handles are cheap.
+Waiters share the process's one wake-up channel, so hundreds of them cost one
+connection. An acquire interrupted or cancelled at any point gives back
+whatever it may have been granted.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
 from . import scripts
-from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
-from .exceptions import (
-    LockError,
-    LockLost,
-    LockNotOwned,
-    RedisUnavailable,
-)
+from ._sync_prims import HOLDER_KIND, current_holder
+from .base import DEFAULT_GRACE, STATE_KEEP_MS
+from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from .keys import KeySpace
 from .lock import SyncHandle
+from .semaphore_base import (
+    ACQUIRE,
+    CANCEL,
+    CLEAR,
+    REFRESH,
+    RELEASE,
+    SemaphoreBase,
+    check_limit,
+)
 
-__all__ = ["Semaphore", "SemaphoreBase", "check_limit", "clear_semaphore", "release_permit"]
-
-
-# Permits last this long unless told otherwise (the PERMIT_TIMEOUT default).
-DEFAULT_PERMIT_TTL = 60.0
-
-
-def _load(name: str, *, repeatable: bool = False) -> scripts.Script:
-    return scripts.load(name, prelude="sem_prelude.lua", repeatable=repeatable)
-
-
-ACQUIRE = _load("sem_acquire")
-RELEASE = _load("sem_release", repeatable=True)
-REFRESH = _load("sem_refresh", repeatable=True)
-CANCEL = _load("sem_cancel", repeatable=True)
-CLEAR = _load("sem_clear")
-
-
-def check_limit(limit: object) -> int:
-    """Validate a semaphore limit, with an error that names the fix."""
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be a whole number of permits, not {limit!r}")
-    if limit < 1:
-        raise ValueError(f"limit must be 1 or more permits; got {limit!r}")
-    return limit
-
-
-class SemaphoreBase(LockBase):
-    """Arguments and state of one semaphore handle; subclasses do the I/O.
-
-    ``fence`` is always None: permits are shared, so no order among their
-    holders exists for a fencing token to express.
-    """
-
-    def __init__(
-        self,
-        client: Any,
-        name: str,
-        limit: int,
-        *,
-        ttl: float = DEFAULT_PERMIT_TTL,
-        wait: float = 10.0,
-        keyspace: KeySpace | None = None,
-        label: str = "",
-        observer: Observer | None = None,
-        drift_factor: float = 0.01,
-        grace: float | None = None,
-        # WAIT for this many replicas to acknowledge each new permit (0: off);
-        # fewer in time and the permit is given back (ReplicationTimeout).
-        replicas: int = 0,
-        replicas_timeout: float = 0.1,
-    ) -> None:
-        options: dict[str, Any] = {}
-        if grace is not None:
-            options["grace"] = grace
-        super().__init__(
-            client,
-            name,
-            ttl=ttl,
-            wait=wait,
-            keyspace=keyspace,
-            label=label,
-            observer=observer,
-            drift_factor=drift_factor,
-            replicas=replicas,
-            replicas_timeout=replicas_timeout,
-            **options,
-        )
-        self.keys = self.keyspace.semaphore(name)
-        self._limit = check_limit(limit)
-        self.retry_after: float | None = None
-
-    @property
-    def limit(self) -> int:
-        return self._limit
-
-    @limit.setter
-    def limit(self, value: int) -> None:
-        # Takes effect at this handle's next acquire, which makes it the
-        # current limit for everyone; permits already held are not revoked.
-        self._limit = check_limit(value)
-
-    def __repr__(self) -> str:
-        state = "held" if self.token else "free"
-        return f"<{type(self).__name__} {self.name!r} limit={self._limit} {state}>"
-
-    def _acquire_reply(self, reply: Any) -> tuple[int, int]:
-        # sem_acquire.lua answers {1, serial} or {0, ms}: a permit has no
-        # fence, only the serial its release sends (see _granted).
-        granted, value = reply
-        return int(granted), int(value)
-
-    def _args_acquire(
-        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
-    ) -> tuple:
-        return (
-            token,
-            ttl_ms,
-            self._name_b,
-            self._owner(who),
-            wait_ms,
-            address,
-            self._grace_ms,
-            STATE_KEEP_MS,
-            self._limit,
-        )
-
-    _holding = "permit"
-
-    def _label(self) -> str:
-        return f"permit of semaphore {self.name!r}"
-
-    @property
-    def serial(self) -> int | None:
-        """The serial Redis gave the permit held (None when none is): what
-        ``release_permit`` needs, with the token, to tell a retried release
-        from a loss."""
-        return self._serial if self.token is not None else None
-
-    def _release_args(self, token: str) -> tuple:
-        # sem_cancel.lua reads the first three; sem_release.lua all five.
-        serial = "" if self._serial is None else self._serial
-        return (token, self._grace_ms, self._limit, STATE_KEEP_MS, serial)
-
-    def _cancel_args(self, token: str) -> tuple:
-        return self._release_args(token)
-
-    def _granted(self, token: str, fence: int, sent: float, ttl_ms: int) -> None:
-        # What came as the fence is the permit's serial (see _acquire_reply).
-        super()._granted(token, fence, sent, ttl_ms)
-        self.fence = None  # permits are shared: no order for a fence to express
+__all__ = [
+    "Semaphore",
+    "SemaphoreBase",
+    "check_limit",
+    "clear_semaphore",
+    "release_permit",
+]
 
 
 class Semaphore(SemaphoreBase, SyncHandle):
     """At most ``limit`` holders of ``name`` at once, across every process.
 
-    ``Semaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire`` waits up
-    to ``wait`` seconds for a permit, in arrival order; a permit lasts ``ttl``
-    seconds on the Redis server's clock unless ``refresh``-ed, so a crashed
-    holder's permit comes back by itself.
+    ``Semaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
+    waits up to ``wait`` seconds for a permit, in arrival order; a permit
+    lasts ``ttl`` seconds on the Redis server's clock unless ``refresh``-ed,
+    so a crashed holder's permit comes back by itself. A handle holds one
+    permit at a time, and only the thread or task that acquired it may
+    release or refresh it.
     """
 
     def _already_held(self) -> LockError:
         return LockError(
             f"semaphore {self.name!r}: this handle already holds a permit in this "
-            "thread; release it first, or use one handle per concurrent holder"
+            f"{HOLDER_KIND}; release it first, or use one handle per concurrent holder"
         )
 
     _acquire_script = ACQUIRE
@@ -192,16 +65,18 @@ class Semaphore(SemaphoreBase, SyncHandle):
 
     # -- release / refresh ------------------------------------------------------
     def _check_owner(self, action: str) -> str:
+        # A forked child inherits the handle, never what it holds.
         if self.token is None or self._pid != os.getpid():
             raise LockNotOwned(f"cannot {action} a permit of {self.name!r}: this handle holds none")
-        if self._thread != threading.get_ident():
+        if self._holder != current_holder():
             raise LockNotOwned(
-                f"cannot {action} a permit of {self.name!r}: another thread acquired it"
+                f"cannot {action} a permit of {self.name!r}: another {HOLDER_KIND} acquired it"
             )
         return self.token
 
     def _release_call(self, token: str) -> int:
-        return int(scripts.run(self.client, RELEASE, self._key_tuple, self._release_args(token)))
+        args = self._release_args(token)
+        return int(scripts.run(self.client, RELEASE, self._key_tuple, args))
 
     def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
@@ -225,20 +100,13 @@ class Semaphore(SemaphoreBase, SyncHandle):
 
     def owned(self) -> bool:
         """Ask Redis whether this handle still holds its permit (one round trip)."""
-        token = self.token
-        if token is None or self._pid != os.getpid() or not self.held:
-            return False
-        try:
-            score = self.client.zscore(self.keys.lease, token)
-        except Exception as exc:
-            raise RedisUnavailable(f"could not check semaphore {self.name!r}: {exc}") from exc
-        return score is not None and self.held
+        return self._in_sorted_set()
 
 
 def release_permit(
     client: Any, keyspace: KeySpace, name: str, token: str, serial: int | None = None
 ) -> bool:
-    """Give back the permit ``token`` of ``name`` from any thread, by its token.
+    """Give back the permit ``token`` of ``name`` from any thread or task, by its token.
 
     For code that hands a permit over to whoever finishes the work (a
     response's ``close()``, for one). Returns False when it was no longer held.

@@ -1,52 +1,75 @@
-"""``AsyncSemaphore`` over ``redis.asyncio``: the same scripts and protocol as ``Semaphore``.
+"""``AsyncSemaphore``: at most ``limit`` holders of a name, across every process.
 
-Waiting tasks share the event loop's one wake-up reader (``notify_async.get_async_notifier``),
-so hundreds of them cost one connection. An acquire cancelled at any await
-gives back whatever it may have been granted, shielded from the cancellation.
+The protocol, scripts and arguments are in ``semaphore_base.py``; the driver
+is ``AsyncHandle``'s (the wait loop, give-back on interrupt or timeout, the
+context manager), with the semaphore's scripts in place of the lock's.
+Written once, for asyncio; ``tools/gen_sync.py`` makes the sync driver from
+it (edit this source, never the generated file).
+
+Waiters share the process's one wake-up channel, so hundreds of them cost one
+connection. An acquire interrupted or cancelled at any point gives back
+whatever it may have been granted.
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
 import time
 from typing import Any
 
 from . import scripts
+from ._async_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import (
-    LockError,
-    LockLost,
-    LockNotOwned,
-    RedisUnavailable,
-)
+from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from .keys import KeySpace
 from .lock_async import AsyncHandle
-from .semaphore import ACQUIRE, CANCEL, CLEAR, REFRESH, RELEASE, SemaphoreBase
+from .semaphore_base import (
+    ACQUIRE,
+    CANCEL,
+    CLEAR,
+    REFRESH,
+    RELEASE,
+    SemaphoreBase,
+    check_limit,
+)
 
-__all__ = ["AsyncSemaphore", "clear_semaphore_async"]
+__all__ = [
+    "AsyncSemaphore",
+    "SemaphoreBase",
+    "check_limit",
+    "clear_semaphore_async",
+    "release_permit_async",
+]
 
 
 class AsyncSemaphore(SemaphoreBase, AsyncHandle):
-    """``Semaphore`` for asyncio. A handle holds one permit at a time; shared
-    between tasks it behaves like ``asyncio.Lock``, and only the task that
-    acquired the permit may release or refresh it.
+    """At most ``limit`` holders of ``name`` at once, across every process.
+
+    ``AsyncSemaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
+    waits up to ``wait`` seconds for a permit, in arrival order; a permit
+    lasts ``ttl`` seconds on the Redis server's clock unless ``refresh``-ed,
+    so a crashed holder's permit comes back by itself. A handle holds one
+    permit at a time, and only the thread or task that acquired it may
+    release or refresh it.
     """
 
     def _already_held(self) -> LockError:
         return LockError(
             f"semaphore {self.name!r}: this handle already holds a permit in this "
-            "task; release it first, or use one handle per concurrent holder"
+            f"{HOLDER_KIND}; release it first, or use one handle per concurrent holder"
         )
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
 
+    # -- release / refresh ------------------------------------------------------
     def _check_owner(self, action: str) -> str:
-        if self.token is None:
+        # A forked child inherits the handle, never what it holds.
+        if self.token is None or self._pid != os.getpid():
             raise LockNotOwned(f"cannot {action} a permit of {self.name!r}: this handle holds none")
-        if self._task is not asyncio.current_task():
+        if self._holder != current_holder():
             raise LockNotOwned(
-                f"cannot {action} a permit of {self.name!r}: another task acquired it"
+                f"cannot {action} a permit of {self.name!r}: another {HOLDER_KIND} acquired it"
             )
         return self.token
 
@@ -78,20 +101,39 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
 
     async def owned(self) -> bool:
         """Ask Redis whether this handle still holds its permit (one round trip)."""
-        token = self.token
-        if token is None or not self.held:
-            return False
-        try:
-            score = await self.client.zscore(self.keys.lease, token)
-        except Exception as exc:
-            raise RedisUnavailable(f"could not check semaphore {self.name!r}: {exc}") from exc
-        return score is not None and self.held
+        return await self._in_sorted_set()
+
+
+async def release_permit_async(
+    client: Any, keyspace: KeySpace, name: str, token: str, serial: int | None = None
+) -> bool:
+    """Give back the permit ``token`` of ``name`` from any thread or task, by its token.
+
+    For code that hands a permit over to whoever finishes the work (a
+    response's ``close()``, for one). Returns False when it was no longer held.
+    ``serial`` (the handle's ``serial``) lets a release sent again after its
+    reply was lost report success; without it such a retry reports False.
+    """
+    keys = keyspace.semaphore(name)
+    return bool(
+        await scripts.run_async(
+            client,
+            RELEASE,
+            (keys.lease, keys.queue, keys.state),
+            (token, int(DEFAULT_GRACE * 1000), 1, STATE_KEEP_MS, "" if serial is None else serial),
+        )
+    )
 
 
 async def clear_semaphore_async(
     client: Any, keyspace: KeySpace, name: str, token: str | None = None
 ) -> int:
-    """``clear_semaphore`` for a ``redis.asyncio`` client."""
+    """Force-release one holder of ``name`` (or all, when ``token`` is None).
+
+    Owner details are removed and waiters are woken for the freed permits.
+    Former holders find out at their next refresh or release. Returns how many
+    permits (including unclaimed reservations) were dropped.
+    """
     keys = keyspace.semaphore(name)
     return int(
         await scripts.run_async(

@@ -15,8 +15,11 @@ A script that frees a lock or a permit publishes on the waiter's channel:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import NamedTuple
+
+from .aio_calls import wait_for
 
 __all__ = [
     "IDLE_TIMEOUT",
@@ -24,6 +27,7 @@ __all__ = [
     "NO_CHANNEL",
     "AsyncWakeup",
     "Handed",
+    "Reconnect",
     "Wakeup",
     "parse_wakeup",
 ]
@@ -34,6 +38,9 @@ __all__ = [
 LIVENESS_INTERVAL = 5.0
 # A channel (or a Cluster node's listener) with no waiters for this long is closed.
 IDLE_TIMEOUT = 60.0
+
+# Reconnection back-off bounds, seconds (Reconnect).
+BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
 
 # The channel address of a waiter that queued without a wake-up channel: the
 # scripts write its lease all the same, and it finds it at its next attempt.
@@ -61,6 +68,51 @@ def parse_wakeup(data: bytes | str) -> tuple[str, Handed | None]:
     return token, None
 
 
+class Reconnect:
+    """When a wake-up channel's reader tries again after losing its
+    connection, and how loudly it says so. One policy, no I/O, for every
+    reader: the sync and asyncio notifiers and a Cluster node's listeners.
+
+    The back-off doubles from ``BACKOFF_MIN`` to ``BACKOFF_MAX`` with each
+    failure of one outage. An outage ends only once the channel stayed up for
+    ``LIVENESS_INTERVAL``: a connection that drops as soon as it subscribes
+    must not wake every waiter at 20 Hz, nor log a warning each time.
+    """
+
+    def __init__(self) -> None:
+        self.failures = 0  # of the current outage
+        self.delay = BACKOFF_MIN  # before the attempt after the next failure
+        self._up_since: float | None = None
+        self._told = True  # the end of this outage was logged
+
+    def up(self, now: float) -> int:
+        """The channel is subscribed at ``now``. Returns how many failures the
+        outage it may end had, once per outage (0: nothing to tell)."""
+        self._up_since = now
+        if self._told:
+            return 0
+        self._told = True
+        return self.failures
+
+    def failed(self, now: float) -> float:
+        """The connection failed at ``now``: seconds to wait before the next attempt."""
+        if self._up_since is not None and now - self._up_since >= LIVENESS_INTERVAL:
+            # Up for a while before this: a new outage, not the same one.
+            self.failures = 0
+            self.delay = BACKOFF_MIN
+        self._up_since = None
+        self._told = False
+        self.failures += 1
+        delay = self.delay
+        self.delay = min(self.delay * 2, BACKOFF_MAX)
+        return delay
+
+    @property
+    def first(self) -> bool:
+        """Whether the last failure started an outage: the one worth a warning."""
+        return self.failures == 1
+
+
 class Wakeup(threading.Event):
     """A waiting thread's event.
 
@@ -82,3 +134,12 @@ class AsyncWakeup(asyncio.Event):
 
     handed: Handed | None = None
     needs_channel: bool = False
+
+    async def take(self, timeout: float) -> Handed | None:
+        """Sleep until set or ``timeout`` passes; the lease handed over (if
+        any), and the event cleared for the next sleep."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await wait_for(self.wait(), timeout)
+        handed, self.handed = self.handed, None
+        self.clear()
+        return handed

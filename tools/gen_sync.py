@@ -1,0 +1,193 @@
+"""Make the sync lock drivers from their asyncio source.
+
+The asyncio drivers in ``django_redislock/core`` are the source; the sync
+drivers are generated from them and committed, so that every protocol
+decision is written once. The transformation maps names only:
+
+* ``async def``, ``async with`` and ``async for`` lose ``async``; ``await``
+  is dropped;
+* ``__aenter__``/``__aexit__`` become ``__enter__``/``__exit__``;
+* names in ``RENAMES`` are replaced (``AsyncLock`` by ``Lock``,
+  ``_async_prims`` by ``_sync_prims``...), in code, and as whole words in
+  docstrings and comments.
+
+What threads and tasks do differently is in ``core/_async_prims.py`` and
+``core/_sync_prims.py``, which export the same names: never in a generated
+file. The result goes through ``ruff`` (import order, then format), so that
+it reads like the rest of the code.
+
+Usage::
+
+    python tools/gen_sync.py            # write the sync drivers
+    python tools/gen_sync.py --check    # exit 1 if any would change
+
+Standard library only, plus the ``ruff`` command the lint run installs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import io
+import re
+import shutil
+import subprocess
+import sys
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = Path("django_redislock/core")
+
+# asyncio source -> generated sync driver, relative to the repository root.
+PAIRS = [
+    (CORE / "lock_async.py", CORE / "lock.py"),
+    (CORE / "semaphore_async.py", CORE / "semaphore.py"),
+    (CORE / "rwlock_async.py", CORE / "rwlock.py"),
+    (CORE / "multi_async.py", CORE / "multi.py"),
+]
+
+RENAMES = {
+    # The primitives: same names, the sync meaning.
+    "_async_prims": "_sync_prims",
+    # Modules.
+    "lock_async": "lock",
+    "semaphore_async": "semaphore",
+    "rwlock_async": "rwlock",
+    "multi_async": "multi",
+    "notify_async": "notify",
+    # Classes.
+    "AsyncHandle": "SyncHandle",
+    "AsyncLock": "Lock",
+    "AsyncSemaphore": "Semaphore",
+    "AsyncReadWriteLock": "ReadWriteLock",
+    "AsyncMultiLock": "MultiLock",
+    # Functions: the async twin is ``x_async``, a factory ``get_async_x``.
+    "get_async_notifier": "get_notifier",
+    "run_async": "run",
+    "run_acked_async": "run_acked",
+    "submit_async": "submit",
+    "clear_semaphore_async": "clear_semaphore",
+    "clear_rw_lock_async": "clear_rw_lock",
+    "release_permit_async": "release_permit",
+    # The protocols.
+    "__aenter__": "__enter__",
+    "__aexit__": "__exit__",
+    "__aiter__": "__iter__",
+    "__anext__": "__next__",
+    "StopAsyncIteration": "StopIteration",
+}
+
+_WORD = re.compile(r"\b(" + "|".join(sorted(RENAMES, key=len, reverse=True)) + r")\b")
+# Tokens whose text is prose: renamed word by word.
+_PROSE = {tokenize.STRING, tokenize.COMMENT}
+_FSTRING_MIDDLE = getattr(tokenize, "FSTRING_MIDDLE", None)
+if _FSTRING_MIDDLE is not None:
+    _PROSE.add(_FSTRING_MIDDLE)
+
+
+def header(source: Path) -> str:
+    return f"# generated from {source.name} by tools/gen_sync.py; do not edit\n"
+
+
+def unasync(text: str) -> str:
+    """The sync twin of asyncio source ``text``, before formatting."""
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def offset(pos: tuple[int, int]) -> int:
+        return starts[pos[0] - 1] + pos[1]
+
+    tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    edits: list[tuple[int, int, str]] = []
+    for i, tok in enumerate(tokens):
+        start, end = offset(tok.start), offset(tok.end)
+        if tok.type == tokenize.NAME and tok.string in ("async", "await"):
+            following = tokens[i + 1]
+            if tok.string == "async" and following.string not in ("def", "with", "for"):
+                raise ValueError(f"line {tok.start[0]}: 'async' before {following.string!r}")
+            # The keyword and the space after it, to the next token on its line.
+            if following.start[0] == tok.end[0]:
+                end = offset(following.start)
+            edits.append((start, end, ""))
+        elif tok.type == tokenize.NAME and tok.string in RENAMES:
+            edits.append((start, end, RENAMES[tok.string]))
+        elif tok.type in _PROSE and _WORD.search(tok.string):
+            if text[start:end] != tok.string:
+                raise ValueError(f"line {tok.start[0]}: cannot place {tok.string!r}")
+            edits.append((start, end, _WORD.sub(lambda m: RENAMES[m.group(1)], tok.string)))
+    out = text
+    for start, end, new in reversed(edits):
+        out = out[:start] + new + out[end:]
+    return out
+
+
+def _ruff() -> list[str]:
+    try:
+        import ruff  # noqa: F401  (only to find it beside this interpreter)
+    except ImportError:
+        found = shutil.which("ruff")
+        if found is None:
+            sys.exit("gen_sync: needs ruff (pip install ruff), to format what it writes")
+        return [found]
+    return [sys.executable, "-m", "ruff"]
+
+
+def _through_ruff(code: str, target: Path) -> str:
+    ruff = _ruff()
+    for args in (["check", "--fix", "--select", "I", "--quiet"], ["format"]):
+        done = subprocess.run(
+            [*ruff, *args, "--stdin-filename", str(target), "-"],
+            input=code,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        )
+        if done.returncode != 0:
+            sys.exit(f"gen_sync: ruff {args[0]} failed on {target}:\n{done.stderr}")
+        code = done.stdout
+    return code
+
+
+def generate(source: Path, target: Path) -> str:
+    text = (ROOT / source).read_text(encoding="utf-8")
+    return _through_ruff(header(source) + unasync(text), target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if a file would change"
+    )
+    args = parser.parse_args(argv)
+    stale = []
+    for source, target in PAIRS:
+        wanted = generate(source, target)
+        path = ROOT / target
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current == wanted:
+            continue
+        stale.append(target)
+        if args.check:
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    current.splitlines(keepends=True),
+                    wanted.splitlines(keepends=True),
+                    f"{target} (committed)",
+                    f"{target} (generated from {source.name})",
+                )
+            )
+        else:
+            path.write_text(wanted, encoding="utf-8")
+            print(f"wrote {target}")
+    if args.check and stale:
+        names = ", ".join(str(t) for t in stale)
+        print(f"\n{names}: not what tools/gen_sync.py makes; run it and commit the result")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
