@@ -9,7 +9,9 @@ class RedisLockConfig(AppConfig):
 
     def ready(self) -> None:
         # throttle and idempotency add their settings validators to the checks.
-        from . import checks, idempotency, metrics, throttle  # noqa: F401
+        from . import checks, idempotency  # noqa: F401
+        from .ops import metrics
+        from .throttling import rules  # noqa: F401
 
         django_checks.register(checks.check_settings, django_checks.Tags.compatibility)
         django_checks.register(checks.check_throttle_setup, django_checks.Tags.compatibility)

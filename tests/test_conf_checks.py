@@ -434,7 +434,7 @@ def test_w003_namespace_must_match() -> None:
 
 def test_w003_names_the_middleware_would_match(client: Any, settings: Any) -> None:
     # The check's idea of a name is the middleware's: a name it accepts matches a request.
-    from django_redislock.throttle import _Resolved
+    from django_redislock.throttling.rules import _Resolved
 
     settings.ROOT_URLCONF = "tests.urls"
     request = RequestFactory().get("/admin/")

@@ -124,4 +124,4 @@ def test_mypy_sees_the_lazy_names_with_their_types(tmp_path: Path) -> None:
     assert revealed[4].endswith("-> django_redislock.core.lock.Lock"), revealed[4]
     assert revealed[5].endswith("-> django_redislock.core.semaphore.Semaphore"), revealed[5]
     assert "def (queryset: django.db.models.query.QuerySet" in revealed[3], revealed[3]
-    assert revealed[7].endswith("-> django_redislock.fencing.StaleFence"), revealed[7]
+    assert revealed[7].endswith("-> django_redislock.locking.fencing.StaleFence"), revealed[7]

@@ -33,19 +33,19 @@ from celery.exceptions import Retry
 from celery.utils import uuid
 
 from ..conf import conf
-from ..naming import _describe
-from ..unique import (
+from ..locking.naming import describe
+from ..tasks.unique import (
     HEADER,
     Claim,
     Run,
     TaskNotUnique,
     UniqueOptions,
-    _seconds_until,
     claim,
     drop,
     give_up,
     make_options,
     refused,
+    seconds_until,
 )
 
 __all__ = ["UniqueTask"]
@@ -91,7 +91,7 @@ class UniqueTask(Task):
             ttl=cls.unique_ttl,
             lease=cls.unique_lease,
             alias=cls.unique_alias,
-            label=cls.__dict__.get("name") or f"{func.__module__}.{_describe(func)}",
+            label=cls.__dict__.get("name") or f"{func.__module__}.{describe(func)}",
             who=f"UniqueTask {cls.__name__}",
         )
 
@@ -107,7 +107,7 @@ class UniqueTask(Task):
         headers = dict(options.get("headers") or {})
         if opts is None or not conf.ENABLED:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        delay = max(_seconds_until(options.get("countdown")), _seconds_until(options.get("eta")))
+        delay = max(seconds_until(options.get("countdown")), seconds_until(options.get("eta")))
         run = self._sending_itself(task_id)
         if run is not None:
             # This run sends itself again: a retry, however it was asked for.
@@ -163,7 +163,7 @@ class UniqueTask(Task):
         try:
             return super().__call__(*args, **kwargs)
         except Retry as exc:
-            retry_in = _seconds_until(exc.when)
+            retry_in = seconds_until(exc.when)
             raise
         finally:
             setattr(request, RUN, None)

@@ -30,8 +30,8 @@ from django.db.models.lookups import Exact
 from django.db.models.query import ModelIterable
 from django.db.models.sql.where import AND
 
-from .conf import conf
-from .core.exceptions import LockLost
+from ..conf import conf
+from ..core.exceptions import LockLost
 
 __all__ = ["FencedQuerySet", "FencedQuerySetMixin", "StaleFence", "fenced_get", "fenced_update"]
 

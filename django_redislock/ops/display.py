@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from .core.inspect import HeldLock, Holder
+from ..core.inspect import HeldLock, Holder
 
 __all__ = ["NO_TEMPLATE", "duration", "owner_text", "printable", "quoted", "template_text", "width"]
 

@@ -53,16 +53,16 @@ from typing import Any, TypeVar
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from redis.exceptions import RedisError
 
-from .conf import conf
-from .core import scripts
-from .core.base import check_seconds
-from .core.exceptions import LockError, RedisUnavailable
-from .core.lock import Lock
-from .core.lock_async import AsyncLock
-from .locks import get_async_lock, get_lock
-from .naming import _describe, _Namer
-from .options import _django_task
-from .signals import send_task_duplicate
+from ..conf import conf
+from ..core import scripts
+from ..core.base import check_seconds
+from ..core.exceptions import LockError, RedisUnavailable
+from ..core.lock import Lock
+from ..core.lock_async import AsyncLock
+from ..locking.factories import get_async_lock, get_lock
+from ..locking.naming import Namer, describe
+from ..locking.options import django_task
+from ..signals import send_task_duplicate
 
 __all__ = ["HEADER", "KWARG", "TaskNotUnique", "UniqueOptions", "unique_task"]
 
@@ -107,7 +107,7 @@ class TaskNotUnique(LockError):
 class UniqueOptions:
     """The checked arguments of one unique task."""
 
-    namer: _Namer
+    namer: Namer
     until: str
     on_duplicate: str
     ttl: float | None
@@ -198,7 +198,7 @@ def make_options(
         raise TypeError(f"{who}: alias must be a CACHES alias (str) or None; got {alias!r}")
     target = _without_first(func) if skip_first else func
     try:
-        namer = _Namer(key, target)
+        namer = Namer(key, target)
     except (TypeError, ValueError) as exc:
         raise _fail(exc, who) from None
     return UniqueOptions(
@@ -256,7 +256,7 @@ class Claim:
 
 
 # -- the enqueuer's side --------------------------------------------------------------------
-def _seconds_until(when: Any) -> float:
+def seconds_until(when: Any) -> float:
     """Seconds from now until ``when`` (seconds, or a datetime); 0 if past or None."""
     if isinstance(when, datetime.datetime):
         now = datetime.datetime.now(when.tzinfo) if when.tzinfo else datetime.datetime.now()
@@ -282,7 +282,7 @@ def _note(lock: Lock, token: str, task_id: str | None, owner: str = "") -> None:
         _not_noted(lock.name, task_id, exc)
 
 
-async def _anote(lock: AsyncLock, token: str, task_id: str | None, owner: str = "") -> None:
+async def _note_async(lock: AsyncLock, token: str, task_id: str | None, owner: str = "") -> None:
     """``_note`` for the asyncio driver."""
     try:
         await scripts.run_async(
@@ -390,7 +390,7 @@ class Run:
     """One run of a unique task in a worker: adopt the key, then let it go.
 
     The decisions and messages live here; ``start``/``finish`` are the sync
-    driver, ``astart``/``afinish`` the asyncio one (an ``async def`` task).
+    driver, ``start_async``/``finish_async`` the asyncio one (an ``async def`` task).
     """
 
     def __init__(self, claim: Claim, opts: UniqueOptions | None, label: str) -> None:
@@ -506,7 +506,7 @@ class Run:
             self._not_released(exc)
 
     # -- asyncio ------------------------------------------------------------------------
-    async def astart(self, task_id: str | None = None) -> bool:
+    async def start_async(self, task_id: str | None = None) -> bool:
         """``start`` for a coroutine task, on its event loop."""
         claim = self.claim
         lock = get_async_lock(claim.name, **self._lock_kwargs())
@@ -519,29 +519,29 @@ class Run:
             self._not_adopted()
             return False
         if claim.until == "enqueue":
-            await self._arelease(lock)
+            await self._release_async(lock)
             return True
         current = asyncio.current_task()
         who = current.get_name() if current is not None else "?"
-        await _anote(lock, claim.token, task_id, lock.owner_metadata(who))
+        await _note_async(lock, claim.token, task_id, lock.owner_metadata(who))
         self.alock = lock
         return True
 
-    async def afinish(self, retry_in: float | None = None) -> None:
+    async def finish_async(self, retry_in: float | None = None) -> None:
         """``finish`` for a coroutine task."""
         lock, self.alock = self.alock, None
         if lock is None:
             return
         handed = self._hands_on(retry_in)
         if handed is None:
-            await self._arelease(lock)
+            await self._release_async(lock)
             return
         try:
             await lock.detach(ttl=handed)
         except (LockError, RedisUnavailable) as exc:
             self._not_handed(exc)
 
-    async def _arelease(self, lock: AsyncLock) -> None:
+    async def _release_async(self, lock: AsyncLock) -> None:
         try:
             await lock.release()
         except (LockError, RedisUnavailable) as exc:
@@ -554,7 +554,7 @@ def _enqueue(base: Any, task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     if not conf.ENABLED or KWARG in kwargs:
         return base.enqueue(task, *args, **kwargs)
     name = opts.lock_name(args, kwargs)
-    delay = _seconds_until(task.run_after)
+    delay = seconds_until(task.run_after)
     lock, outcome = claim(opts, name, delay)
     if isinstance(outcome, TaskNotUnique):
         refused(task, opts, outcome)
@@ -618,11 +618,11 @@ def _runner(func: Callable[..., Any], opts: UniqueOptions, takes_context: bool) 
             this, task_id = claimed(args, kwargs)
             if this is None:
                 return await func(*args, **kwargs)
-            await this.astart(task_id)
+            await this.start_async(task_id)
             try:
                 return await func(*args, **kwargs)
             finally:
-                await this.afinish()
+                await this.finish_async()
 
         arun._redislock_unique = opts  # type: ignore[attr-defined]
         return arun
@@ -665,14 +665,14 @@ def unique_task(
     """
 
     def decorate(task: _F) -> _F:
-        if _django_task(task) is None:
+        if django_task(task) is None:
             raise TypeError(
                 "unique_task() goes above @task (django.tasks or the django_tasks backport), "
                 f"got {task!r}; for Celery, use base=UniqueTask from "
                 "django_redislock.contrib.celery_unique"
             )
         func = task.func  # type: ignore[attr-defined]
-        label = f"{getattr(func, '__module__', '')}.{_describe(func)}"
+        label = f"{getattr(func, '__module__', '')}.{describe(func)}"
         opts = make_options(
             key,
             func,

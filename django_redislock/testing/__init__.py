@@ -219,28 +219,28 @@ class isolated_prefix(_Block):  # noqa: N801 - used like a function
 def _cap(key: tuple[str, str], wait: float | None) -> None:
     if wait is None:
         return
-    from .. import locks
+    from ..locking.factories import cap_wait
 
     with _registry_lock:
         caps = _caps.setdefault(key, [])
         caps.append(wait)
-        locks._wait_caps[key] = min(caps)
+        cap_wait(*key, min(caps))
 
 
 def _uncap(key: tuple[str, str], wait: float | None) -> None:
     if wait is None:
         return
-    from .. import locks
+    from ..locking.factories import cap_wait
 
     with _registry_lock:
         caps = _caps.get(key, [])
         if wait in caps:
             caps.remove(wait)
         if caps:
-            locks._wait_caps[key] = min(caps)
+            cap_wait(*key, min(caps))
         else:
             _caps.pop(key, None)
-            locks._wait_caps.pop(key, None)
+            cap_wait(*key, None)
 
 
 def _check_hold_args(what: str, timeout: object, wait: object) -> tuple[float, float | None]:
@@ -259,7 +259,7 @@ def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
     try:
         from ..connection import get_client
         from ..core.inspect import find
-        from ..locks import keyspace
+        from ..locking.factories import keyspace
 
         rows, _missing = find(get_client(alias), keyspace(), [name], kinds=(kind,))
         if rows:
@@ -345,7 +345,7 @@ class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hol
         self.lock: Lock | None = None
 
     def __enter__(self) -> Lock:
-        from ..locks import get_lock
+        from ..locking.factories import get_lock
 
         if self.lock is not None:
             raise RuntimeError(f"hold_lock({self.name!r}) is already entered")
@@ -424,7 +424,7 @@ class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a functi
         self._entered = False
 
     def __enter__(self) -> list[Semaphore]:
-        from ..locks import get_semaphore
+        from ..locking.factories import get_semaphore
 
         if self._entered:
             raise RuntimeError(f"hold_permits({self.name!r}) is already entered")
@@ -525,7 +525,7 @@ def leftovers(*, alias: str | None = None) -> list[str]:
     """
     from ..connection import get_client
     from ..core.inspect import list_locks
-    from ..locks import keyspace
+    from ..locking.factories import keyspace
 
     client = get_client(alias)
     space = keyspace()

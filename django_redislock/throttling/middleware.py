@@ -23,15 +23,15 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponseBase
 from redis.exceptions import RedisError
 
-from .conf import conf
-from .connection import get_client
-from .core.exceptions import LockError, RedisUnavailable
-from .core.semaphore import Semaphore, SemaphoreBase, release_permit
-from .core.semaphore_async import AsyncSemaphore
-from .http import error_response
-from .locks import get_async_semaphore, get_semaphore
-from .signals import request_throttled, send_unavailable
-from .throttle import Rule, current_rules, make_rule, matching_rules
+from ..conf import conf
+from ..connection import get_client
+from ..core.exceptions import LockError, RedisUnavailable
+from ..core.semaphore import Semaphore, SemaphoreBase, release_permit
+from ..core.semaphore_async import AsyncSemaphore
+from ..http import client_ip, error_response
+from ..locking.factories import get_async_semaphore, get_semaphore
+from ..signals import request_throttled, send_unavailable
+from .rules import Rule, current_rules, make_rule, matching_rules
 
 __all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited"]
 
@@ -45,26 +45,19 @@ decorated_rules: dict[str, Rule] = {}
 
 
 # -- keys ----------------------------------------------------------------------------
-def client_ip(request: HttpRequest) -> str:
-    """The client's address as the library sees it (``REMOTE_ADDR``)."""
-    # REMOTE_ADDR only: forwarded headers are trivially forged. Behind a proxy,
-    # use a 'per' callable that trusts exactly your proxy's header.
-    return str(request.META.get("REMOTE_ADDR") or "unknown")
-
-
 def _user_key(user: Any, request: HttpRequest) -> str:
     if user is not None and getattr(user, "is_authenticated", False):
         return f"u:{user.pk}"
     return f"ip:{client_ip(request)}"
 
 
-def _semaphore_name(rule: Rule, key: str | None) -> str:
+def semaphore_name(rule: Rule, key: str | None) -> str:
     if key is None:
         return f"throttle:{rule.name}"
     return f"throttle:{rule.name}:{rule.per}:{key}"
 
 
-def _key_sync(rule: Rule, request: HttpRequest) -> str | None | object:
+def _key(rule: Rule, request: HttpRequest) -> str | None | object:
     if rule.per == "global":
         return None
     if rule.per == "ip":
@@ -186,7 +179,7 @@ def _on_close(response: HttpResponseBase, permits: list[Any]) -> None:
     closers.append(_closer(list(permits)))
 
 
-def _release_sync(permits: list[Semaphore]) -> None:
+def _release(permits: list[Semaphore]) -> None:
     for sem in reversed(permits):
         try:
             sem.release()
@@ -203,17 +196,17 @@ async def _release_async(permits: list[AsyncSemaphore]) -> None:
 
 
 # -- the request path -----------------------------------------------------------------------
-def _run_sync(
+def _run(
     request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], HttpResponseBase]
 ) -> HttpResponseBase:
     permits: list[Semaphore] = []
     for rule in rules:
         try:
-            key = _key_sync(rule, request)
+            key = _key(rule, request)
             if key is _ANONYMOUS:
                 continue  # the key callable exempted this request
             sem = get_semaphore(
-                _semaphore_name(rule, key),  # type: ignore[arg-type]
+                semaphore_name(rule, key),  # type: ignore[arg-type]
                 rule.limit,
                 timeout=_timeout(rule),
                 wait=rule.wait,
@@ -224,14 +217,14 @@ def _run_sync(
         except (RedisUnavailable, RedisError) as exc:
             refusal = _unavailable(request, rule, exc)
             if refusal is not None:
-                _release_sync(permits)
+                _release(permits)
                 return refusal
             continue
         except BaseException:
-            _release_sync(permits)
+            _release(permits)
             raise
         if not acquired:
-            _release_sync(permits)
+            _release(permits)
             return _throttled(request, rule)
         permits.append(sem)
     if not permits:
@@ -239,16 +232,16 @@ def _run_sync(
     try:
         response = call(request)
     except BaseException:
-        _release_sync(permits)
+        _release(permits)
         raise
-    return _finish_sync(response, permits)
+    return _finish(response, permits)
 
 
-def _finish_sync(response: HttpResponseBase, permits: list[Semaphore]) -> HttpResponseBase:
+def _finish(response: HttpResponseBase, permits: list[Semaphore]) -> HttpResponseBase:
     if response.streaming:
         _on_close(response, permits)
     else:
-        _release_sync(permits)
+        _release(permits)
     return response
 
 
@@ -262,7 +255,7 @@ async def _run_async(
             if key is _ANONYMOUS:
                 continue
             sem = get_async_semaphore(
-                _semaphore_name(rule, key),  # type: ignore[arg-type]
+                semaphore_name(rule, key),  # type: ignore[arg-type]
                 rule.limit,
                 timeout=_timeout(rule),
                 wait=rule.wait,
@@ -321,7 +314,7 @@ class ConcurrencyLimitMiddleware:
         rules = self._rules(request)
         if not rules:
             return self.get_response(request)
-        return _run_sync(request, rules, self.get_response)
+        return _run(request, rules, self.get_response)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         rules = self._rules(request)
@@ -377,7 +370,7 @@ def concurrency_limited(
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
             if not conf.ENABLED:
                 return view(request, *args, **kwargs)
-            return _run_sync(request, [rule], lambda req: view(req, *args, **kwargs))
+            return _run(request, [rule], lambda req: view(req, *args, **kwargs))
 
         return wrapper
 

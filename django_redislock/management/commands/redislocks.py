@@ -23,8 +23,8 @@ from ...connection import get_client
 from ...core.exceptions import RedisUnavailable
 from ...core.force import release, select
 from ...core.inspect import KINDS, HeldLock, TemplateSummary, list_locks, summarize
-from ...display import duration, owner_text, printable, quoted, template_text, width
-from ...locks import keyspace
+from ...locking.factories import keyspace
+from ...ops.display import duration, owner_text, printable, quoted, template_text, width
 
 COLUMNS = (
     "NAME",
