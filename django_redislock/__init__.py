@@ -52,7 +52,7 @@ _LAZY = {
     "concurrency_limited": "throttling.middleware",
     "idempotent": "idempotency",
     "unique_task": "tasks.unique",
-    "TaskNotUnique": "tasks.unique",
+    "TaskNotUnique": "tasks.options",
 }
 
 # The same names for type checkers, which never run __getattr__ below: without
@@ -78,7 +78,8 @@ if TYPE_CHECKING:
         get_semaphore,
     )
     from .locking.fencing import StaleFence, fenced_get, fenced_update
-    from .tasks.unique import TaskNotUnique, unique_task
+    from .tasks.options import TaskNotUnique
+    from .tasks.unique import unique_task
     from .throttling.middleware import concurrency_limited
 
 # Spelled out, not built from _LAZY: type checkers and linters read only a

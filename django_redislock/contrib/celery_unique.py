@@ -9,7 +9,7 @@
 
     import_feed.delay(7)   # a second delay(7) while it is pending: the first's AsyncResult
 
-The options are those of ``unique_task`` (``django_redislock.unique``), named
+The options are those of ``unique_task`` (``django_redislock.tasks``), named
 ``unique_*``: ``unique_key``, ``unique_until``, ``unique_on_duplicate``,
 ``unique_ttl``, ``unique_lease``, ``unique_alias``. They are checked when
 Celery creates the task class: at import with a finalized app, else when the
@@ -34,19 +34,9 @@ from celery.utils import uuid
 
 from ..conf import conf
 from ..locking.naming import describe
-from ..tasks.unique import (
-    HEADER,
-    Claim,
-    Run,
-    TaskNotUnique,
-    UniqueOptions,
-    claim,
-    drop,
-    give_up,
-    make_options,
-    refused,
-    seconds_until,
-)
+from ..tasks.claims import claim, drop, give_up, refused, seconds_until
+from ..tasks.options import HEADER, Claim, TaskNotUnique, UniqueOptions, make_options
+from ..tasks.run import Run
 
 __all__ = ["UniqueTask"]
 
