@@ -15,9 +15,10 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import RequestFactory, override_settings
 
-from django_redislock.checks import check_settings, check_throttle_setup, check_url_names
+from django_redislock.checks import check_settings
 from django_redislock.conf import DEFAULTS, DJANGO_REDIS_CACHE, conf
 from django_redislock.middleware import ConcurrencyLimitMiddleware
+from django_redislock.throttling.checks import check_throttle_setup, check_url_names
 
 REDIS_CACHE = {
     "default": {

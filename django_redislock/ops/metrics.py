@@ -32,8 +32,8 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from ..checks import register_problems
-from ..conf import Problem, conf
+from ..checks import Problem, register_problems
+from ..conf import conf
 from ..core.base import LockBase
 from ..core.semaphore import SemaphoreBase
 

@@ -20,8 +20,8 @@ from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
-from ..checks import register_problems
-from ..conf import Problem, conf
+from ..checks import Problem, register_problems
+from ..conf import conf
 from ..core.base import is_seconds
 from ..core.semaphore import check_limit
 
