@@ -153,7 +153,7 @@ def _decorated_cycle(server: PrivateRedis, cfg: argparse.Namespace) -> Any | Non
         )
         django.setup()
     try:
-        from django_redislock.decorators import redis_locked
+        from django_redislock import redis_locked
     except ImportError as exc:
         log(f"decorator: not importable ({exc}), skipped")
         return None

@@ -133,9 +133,9 @@ def micro(variants: list[str], redis_url: str) -> dict[str, dict[str, float]]:
     from django.conf import settings
     from django.test import override_settings
 
-    from django_redislock import metrics
     from django_redislock.core.lock import Lock
     from django_redislock.core.semaphore import Semaphore
+    from django_redislock.ops import metrics
     from django_redislock.signals import observer
 
     from .viewsite.otel import setup as otel_setup

@@ -30,29 +30,29 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # Names whose modules import Django: loaded on first use, so that importing
 # the package (or its Django-free core) never needs configured settings.
 _LAZY = {
-    "redis_locked": "decorators",
-    "redis_lock": "decorators",
-    "current_lock": "decorators",
-    "current_fence": "decorators",
-    "fenced_get": "fencing",
-    "fenced_update": "fencing",
-    "StaleFence": "fencing",
-    "get_lock": "locks",
-    "get_async_lock": "locks",
-    "get_multi_lock": "locks",
-    "get_async_multi_lock": "locks",
-    "get_semaphore": "locks",
-    "get_async_semaphore": "locks",
-    "get_rw_lock": "locks",
-    "get_async_rw_lock": "locks",
+    "redis_locked": "locking.decorators",
+    "redis_lock": "locking.blocks",
+    "current_lock": "locking.context",
+    "current_fence": "locking.context",
+    "fenced_get": "locking.fencing",
+    "fenced_update": "locking.fencing",
+    "StaleFence": "locking.fencing",
+    "get_lock": "locking.factories",
+    "get_async_lock": "locking.factories",
+    "get_multi_lock": "locking.factories",
+    "get_async_multi_lock": "locking.factories",
+    "get_semaphore": "locking.factories",
+    "get_async_semaphore": "locking.factories",
+    "get_rw_lock": "locking.factories",
+    "get_async_rw_lock": "locking.factories",
     "Semaphore": "core.semaphore",
     "AsyncSemaphore": "core.semaphore_async",
     "ReadWriteLock": "core.rwlock",
     "AsyncReadWriteLock": "core.rwlock_async",
-    "concurrency_limited": "middleware",
+    "concurrency_limited": "throttling.middleware",
     "idempotent": "idempotency",
-    "unique_task": "unique",
-    "TaskNotUnique": "unique",
+    "unique_task": "tasks.unique",
+    "TaskNotUnique": "tasks.options",
 }
 
 # The same names for type checkers, which never run __getattr__ below: without
@@ -63,10 +63,11 @@ if TYPE_CHECKING:
     from .core.rwlock_async import AsyncReadWriteLock
     from .core.semaphore import Semaphore
     from .core.semaphore_async import AsyncSemaphore
-    from .decorators import current_fence, current_lock, redis_lock, redis_locked
-    from .fencing import StaleFence, fenced_get, fenced_update
     from .idempotency import idempotent
-    from .locks import (
+    from .locking.blocks import redis_lock
+    from .locking.context import current_fence, current_lock
+    from .locking.decorators import redis_locked
+    from .locking.factories import (
         get_async_lock,
         get_async_multi_lock,
         get_async_rw_lock,
@@ -76,8 +77,10 @@ if TYPE_CHECKING:
         get_rw_lock,
         get_semaphore,
     )
-    from .middleware import concurrency_limited
-    from .unique import TaskNotUnique, unique_task
+    from .locking.fencing import StaleFence, fenced_get, fenced_update
+    from .tasks.options import TaskNotUnique
+    from .tasks.unique import unique_task
+    from .throttling.middleware import concurrency_limited
 
 # Spelled out, not built from _LAZY: type checkers and linters read only a
 # literal list (a strict mypy re-exports nothing else).

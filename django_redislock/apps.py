@@ -8,11 +8,17 @@ class RedisLockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # throttle and idempotency add their settings validators to the checks.
-        from . import checks, idempotency, metrics, throttle  # noqa: F401
+        # The throttling rules, idempotency and metrics add their settings
+        # validators to the checks when imported.
+        from . import checks, idempotency  # noqa: F401
+        from .ops import metrics
+        from .throttling import checks as throttle_checks
+        from .throttling import rules  # noqa: F401
 
         django_checks.register(checks.check_settings, django_checks.Tags.compatibility)
-        django_checks.register(checks.check_throttle_setup, django_checks.Tags.compatibility)
-        django_checks.register(checks.check_url_names, django_checks.Tags.urls)
+        django_checks.register(
+            throttle_checks.check_throttle_setup, django_checks.Tags.compatibility
+        )
+        django_checks.register(throttle_checks.check_url_names, django_checks.Tags.urls)
         # Connects the metrics backends REDISLOCK["METRICS"] names, if any.
         metrics.sync()

@@ -1,6 +1,11 @@
 """System checks for ``REDISLOCK``. They read settings (and may import the
 URLconf and middleware classes), never the network.
 
+This module checks the settings every feature reads; a feature checks its
+own (``throttling/checks.py``, ``throttling/rules.py``, ``ops/metrics.py``,
+``idempotency/settings.py``), through ``register_problems`` or a check of
+its own registered by ``apps.py``.
+
 Every ID is written out literally where its message is made, so that a search
 for one finds its cause; ``docs/checks.rst`` lists them all with their fixes.
 The checks are registered by ``RedisLockConfig.ready()``.
@@ -8,29 +13,40 @@ The checks are registered by ``RedisLockConfig.ready()``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
-from .conf import Problem, cache_backend, cache_locations, conf, problems
+from .conf import DEFAULTS, DJANGO_REDIS_CACHE, cache_backend, cache_locations, conf
+from .core.base import is_seconds
 from .core.green import RENEWAL_HINT, green_runtime, renewal_warning
+from .core.keys import validate_prefix
 
 __all__ = [
+    "Problem",
     "check_settings",
-    "check_throttle_setup",
-    "check_url_names",
     "middleware_entries",
     "middleware_index",
     "register_problems",
 ]
 
-MIDDLEWARE_PATH = "django_redislock.middleware.ConcurrencyLimitMiddleware"
 AUTH_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
 # What redis-py's ``from_url`` accepts (both Redis cache backends hand it LOCATION).
 URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the settings: a check ID, a message and a hint naming the fix."""
+
+    id: str
+    msg: str
+    hint: str
+
 
 # Other modules (the throttling rules, for one) add their own validators here.
 _extra: list[Callable[[], list[Problem]]] = []
@@ -48,12 +64,178 @@ def _message(p: Problem) -> CheckMessage:
 
 def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """``REDISLOCK`` itself, its throttling rules and the cache it points at."""
-    found = problems()
+    found = settings_problems()
     for validator in _extra:
         found.extend(validator())
     found.extend(_location_problems())
     found.extend(_green_problems())
     return [_message(p) for p in found]
+
+
+# -- REDISLOCK itself ------------------------------------------------------------------
+def _is_callable_or_path(value: object) -> bool:
+    return value is None or callable(value) or (isinstance(value, str) and "." in value)
+
+
+def settings_problems() -> list[Problem]:
+    """Everything wrong with ``settings.REDISLOCK``; no network access."""
+    raw = getattr(django_settings, "REDISLOCK", {})
+    if not isinstance(raw, dict):
+        return [
+            Problem(
+                "django_redislock.E001",
+                f"REDISLOCK must be a dict, not {type(raw).__name__}.",
+                "Set REDISLOCK = {...} in your settings, or remove it to use the defaults.",
+            )
+        ]
+    found: list[Problem] = []
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        found.append(
+            Problem(
+                "django_redislock.E002",
+                f"Unknown REDISLOCK setting(s): {', '.join(map(repr, unknown))}.",
+                "Remove them or fix the spelling; valid keys: " + ", ".join(sorted(DEFAULTS)) + ".",
+            )
+        )
+
+    def value(key: str) -> Any:
+        return raw.get(key, DEFAULTS[key])
+
+    for key, allow_zero in (
+        ("TIMEOUT", False),
+        ("WAIT", True),
+        ("SOCKET_TIMEOUT", False),
+        ("CONNECT_TIMEOUT", False),
+        ("PERMIT_TIMEOUT", False),
+        ("REPLICAS_TIMEOUT", False),
+        ("UNIQUE_TTL", False),
+    ):
+        if not is_seconds(value(key), allow_zero=allow_zero):
+            bound = "0 or more" if allow_zero else "more than 0"
+            found.append(
+                Problem(
+                    "django_redislock.E003",
+                    f"REDISLOCK[{key!r}] must be a finite number of seconds, {bound}; "
+                    f"got {value(key)!r}.",
+                    f"Set REDISLOCK[{key!r}] to a number such as {DEFAULTS[key]!r}.",
+                )
+            )
+    if value("RENEW_MAX") is not None and not is_seconds(value("RENEW_MAX"), allow_zero=False):
+        found.append(
+            Problem(
+                "django_redislock.E003",
+                f"REDISLOCK['RENEW_MAX'] must be None or seconds; got {value('RENEW_MAX')!r}.",
+                "Set REDISLOCK['RENEW_MAX'] to a number of seconds, or None for no cap.",
+            )
+        )
+    try:
+        validate_prefix(value("PREFIX"))
+    except ValueError as exc:
+        found.append(
+            Problem(
+                "django_redislock.E004",
+                f"REDISLOCK['PREFIX'] is invalid: {exc}.",
+                "Use a plain prefix such as 'redislock' or 'myproject:locks'.",
+            )
+        )
+    if not isinstance(value("CACHE"), str) or (
+        value("CLIENT") is None and value("CACHE") not in getattr(django_settings, "CACHES", {})
+    ):
+        found.append(
+            Problem(
+                "django_redislock.E005",
+                f"REDISLOCK['CACHE'] = {value('CACHE')!r} names no entry of CACHES.",
+                "Add a Redis cache (django-redis, or Django's own RedisCache) under that "
+                "alias to CACHES, or set REDISLOCK['CACHE'] to an existing alias.",
+            )
+        )
+    else:
+        cache = getattr(django_settings, "CACHES", {}).get(value("CACHE"), {})
+        if value("CLIENT") is None and cache_backend(cache) is None:
+            backend = cache.get("BACKEND", "") if isinstance(cache, dict) else cache
+            found.append(
+                Problem(
+                    "django_redislock.E006",
+                    f"CACHES[{value('CACHE')!r}] uses {backend!r}, which is not a Redis cache "
+                    "the library can read its connection from.",
+                    "Use BACKEND 'django_redis.cache.RedisCache' (django-redis) or "
+                    f"{DJANGO_REDIS_CACHE!r} (Django's own) for that alias, or point "
+                    "REDISLOCK['CACHE'] at one that does (or set REDISLOCK['CLIENT']).",
+                )
+            )
+    for key in (
+        "CLIENT",
+        "BUSY_RESPONSE",
+        "UNAVAILABLE_RESPONSE",
+        "THROTTLE_RESPONSE",
+        "ADMIN_PERMISSION",
+    ):
+        if not _is_callable_or_path(value(key)):
+            found.append(
+                Problem(
+                    "django_redislock.E007",
+                    f"REDISLOCK[{key!r}] must be a callable or a dotted path; got {value(key)!r}.",
+                    f"Set REDISLOCK[{key!r}] to 'package.module.name', or remove it.",
+                )
+            )
+    status = value("BUSY_STATUS")
+    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+        found.append(
+            Problem(
+                "django_redislock.E008",
+                f"REDISLOCK['BUSY_STATUS'] must be an HTTP error status; got {status!r}.",
+                "Use 409 (the default), 423 or 503.",
+            )
+        )
+    replicas = value("REPLICAS")
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        found.append(
+            Problem(
+                "django_redislock.E009",
+                f"REDISLOCK['REPLICAS'] must be a whole number, 0 or more; got {replicas!r}.",
+                "Set it to the number of replicas that must acknowledge a new lease, or 0.",
+            )
+        )
+    for key in ("ENABLED", "RENEW", "FAIL_OPEN", "THROTTLE_FAIL_OPEN"):
+        if not isinstance(value(key), bool):
+            found.append(
+                Problem(
+                    "django_redislock.E010",
+                    f"REDISLOCK[{key!r}] must be True or False; got {value(key)!r}.",
+                    f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
+                )
+            )
+    early = value("CONNECT_EARLY")
+    databases = getattr(django_settings, "DATABASES", {})
+    if not isinstance(early, bool) and (
+        not isinstance(early, (list, tuple))
+        or not all(isinstance(alias, str) and alias in databases for alias in early)
+    ):
+        found.append(
+            Problem(
+                "django_redislock.E012",
+                "REDISLOCK['CONNECT_EARLY'] must be True, False or a list of DATABASES "
+                f"aliases; got {early!r}.",
+                "Set it to False (the default), True, or aliases from DATABASES such as "
+                "['default'].",
+            )
+        )
+    if (
+        value("SOCKET_TIMEOUT") is not None
+        and is_seconds(value("TIMEOUT"), allow_zero=False)
+        and is_seconds(value("SOCKET_TIMEOUT"), allow_zero=False)
+        and value("SOCKET_TIMEOUT") * 3 > value("TIMEOUT")
+    ):
+        found.append(
+            Problem(
+                "django_redislock.W001",
+                "REDISLOCK['SOCKET_TIMEOUT'] is more than a third of REDISLOCK['TIMEOUT']: "
+                "one slow call could outlast a renewal window.",
+                "Lower SOCKET_TIMEOUT or raise TIMEOUT.",
+            )
+        )
+    return found
 
 
 # -- renewal on green threads ----------------------------------------------------------
@@ -129,107 +311,3 @@ def _is(entry: str, path: str) -> bool:
 def middleware_index(entries: list[str], path: str) -> int | None:
     """Where the class at ``path``, or a subclass, first appears in ``entries``."""
     return next((i for i, entry in enumerate(entries) if _is(entry, path)), None)
-
-
-def _rule_specs() -> Iterator[tuple[str, dict[str, Any]]]:
-    raw = conf.raw.get("THROTTLE", [])
-    if isinstance(raw, (list, tuple)):
-        for index, spec in enumerate(raw):
-            if isinstance(spec, dict):
-                yield f"REDISLOCK['THROTTLE'][{index}]", spec
-
-
-def check_throttle_setup(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
-    """THROTTLE rules without the middleware, and ``per: "user"`` without authentication."""
-    throttle = conf.raw.get("THROTTLE", [])
-    if not throttle:
-        return []
-    entries = middleware_entries()
-    ours = middleware_index(entries, MIDDLEWARE_PATH)
-    if ours is None:
-        return [
-            Error(
-                "REDISLOCK['THROTTLE'] has rules, but ConcurrencyLimitMiddleware is not in "
-                "MIDDLEWARE: no rule is ever applied.",
-                hint=f"Add {MIDDLEWARE_PATH!r} to MIDDLEWARE (last, after "
-                "AuthenticationMiddleware), or remove the rules.",
-                id="django_redislock.E031",
-            )
-        ]
-    per_user = [
-        f"{where} ({spec.get('name')!r})"
-        for where, spec in _rule_specs()
-        if spec.get("per") == "user"
-    ]
-    auth = middleware_index(entries, AUTH_MIDDLEWARE_PATH)
-    if not per_user or (auth is not None and auth < ours):
-        return []
-    where = "is not in MIDDLEWARE" if auth is None else "comes after ConcurrencyLimitMiddleware"
-    return [
-        Warning(
-            f"{', '.join(per_user)} limit(s) per user, but AuthenticationMiddleware {where}: "
-            "request.user is not set when the permit is taken, so every request is counted "
-            "per IP address instead.",
-            hint=f"Put {MIDDLEWARE_PATH!r} after {AUTH_MIDDLEWARE_PATH!r} in MIDDLEWARE "
-            "(last is best), or use 'per': 'ip' if that is what you want.",
-            id="django_redislock.W002",
-        )
-    ]
-
-
-# -- url_name matchers -------------------------------------------------------------------
-def _func_path(callback: Any) -> str:
-    # What ResolverMatch.view_name holds for a pattern without a name.
-    func = getattr(callback, "view_class", callback)
-    if not hasattr(func, "__name__"):
-        return f"{type(func).__module__}.{type(func).__name__}"
-    return f"{func.__module__}.{func.__name__}"
-
-
-def _url_names(patterns: Any, namespaces: tuple[str, ...] = ()) -> Iterator[str]:
-    """Every ``url_name`` and ``view_name`` a request can resolve to."""
-    from django.urls import URLPattern, URLResolver
-
-    for pattern in patterns:
-        if isinstance(pattern, URLResolver):
-            inner = (*namespaces, pattern.namespace) if pattern.namespace else namespaces
-            yield from _url_names(pattern.url_patterns, inner)
-        elif isinstance(pattern, URLPattern):
-            if pattern.name:
-                yield pattern.name
-            yield ":".join((*namespaces, pattern.name or _func_path(pattern.callback)))
-
-
-def check_url_names(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
-    """Each rule's ``url_name`` must name a URL of ROOT_URLCONF (it imports the URLconf)."""
-    specs = [(where, spec) for where, spec in _rule_specs() if spec.get("url_name")]
-    if not specs or not getattr(django_settings, "ROOT_URLCONF", None):
-        return []
-    from django.urls import get_resolver
-
-    try:
-        known = set(_url_names(get_resolver().url_patterns))
-    except Exception:  # noqa: BLE001 - Django's own URL checks report a broken URLconf.
-        return []
-    messages: list[CheckMessage] = []
-    for where, spec in specs:
-        value = spec["url_name"]
-        names = [value] if isinstance(value, str) else value
-        if not isinstance(names, (list, tuple, set, frozenset)):
-            continue  # E029
-        for name in names:
-            if isinstance(name, str) and name and name not in known:
-                messages.append(
-                    Warning(
-                        f"{where}: 'url_name' {name!r} names no URL of ROOT_URLCONF "
-                        f"({django_settings.ROOT_URLCONF}): the rule never applies.",
-                        hint="Use the name given to path(), or 'namespace:name' for a URL "
-                        "included with a namespace (e.g. 'shop:export'). A URLconf chosen per "
-                        "request (request.urlconf) is not checked: if the name is there, add "
-                        "'django_redislock.W003' to SILENCED_SYSTEM_CHECKS.",
-                        id="django_redislock.W003",
-                    )
-                )
-    return messages

@@ -1,30 +1,24 @@
 """The ``REDISLOCK`` settings dict, read lazily so ``override_settings`` works.
 
 Each setting is a typed property with its default beside it; nothing is ever
-written onto ``django.conf.settings``. ``problems()`` validates the dict for
-the system checks (``checks.py``) without touching the network.
+written onto ``django.conf.settings``. ``checks.py`` validates the dict for
+the system checks without touching the network.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
 
-from .core.base import is_seconds
-from .core.keys import validate_prefix
-
 __all__ = [
     "DEFAULTS",
     "DJANGO_REDIS_CACHE",
-    "Problem",
     "cache_backend",
     "cache_locations",
     "conf",
-    "problems",
 ]
 
 DEFAULTS: dict[str, Any] = {
@@ -229,175 +223,3 @@ def cache_locations(cache: dict[str, Any]) -> list[object]:
     if isinstance(value, (list, tuple)):
         return list(value)
     return [value]
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    msg: str
-    hint: str
-
-
-def _is_callable_or_path(value: object) -> bool:
-    return value is None or callable(value) or (isinstance(value, str) and "." in value)
-
-
-def problems() -> list[Problem]:
-    """Everything wrong with ``settings.REDISLOCK``; no network access."""
-    raw = getattr(django_settings, "REDISLOCK", {})
-    if not isinstance(raw, dict):
-        return [
-            Problem(
-                "django_redislock.E001",
-                f"REDISLOCK must be a dict, not {type(raw).__name__}.",
-                "Set REDISLOCK = {...} in your settings, or remove it to use the defaults.",
-            )
-        ]
-    found: list[Problem] = []
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        found.append(
-            Problem(
-                "django_redislock.E002",
-                f"Unknown REDISLOCK setting(s): {', '.join(map(repr, unknown))}.",
-                "Remove them or fix the spelling; valid keys: " + ", ".join(sorted(DEFAULTS)) + ".",
-            )
-        )
-
-    def value(key: str) -> Any:
-        return raw.get(key, DEFAULTS[key])
-
-    for key, allow_zero in (
-        ("TIMEOUT", False),
-        ("WAIT", True),
-        ("SOCKET_TIMEOUT", False),
-        ("CONNECT_TIMEOUT", False),
-        ("PERMIT_TIMEOUT", False),
-        ("REPLICAS_TIMEOUT", False),
-        ("UNIQUE_TTL", False),
-    ):
-        if not is_seconds(value(key), allow_zero=allow_zero):
-            bound = "0 or more" if allow_zero else "more than 0"
-            found.append(
-                Problem(
-                    "django_redislock.E003",
-                    f"REDISLOCK[{key!r}] must be a finite number of seconds, {bound}; "
-                    f"got {value(key)!r}.",
-                    f"Set REDISLOCK[{key!r}] to a number such as {DEFAULTS[key]!r}.",
-                )
-            )
-    if value("RENEW_MAX") is not None and not is_seconds(value("RENEW_MAX"), allow_zero=False):
-        found.append(
-            Problem(
-                "django_redislock.E003",
-                f"REDISLOCK['RENEW_MAX'] must be None or seconds; got {value('RENEW_MAX')!r}.",
-                "Set REDISLOCK['RENEW_MAX'] to a number of seconds, or None for no cap.",
-            )
-        )
-    try:
-        validate_prefix(value("PREFIX"))
-    except ValueError as exc:
-        found.append(
-            Problem(
-                "django_redislock.E004",
-                f"REDISLOCK['PREFIX'] is invalid: {exc}.",
-                "Use a plain prefix such as 'redislock' or 'myproject:locks'.",
-            )
-        )
-    if not isinstance(value("CACHE"), str) or (
-        value("CLIENT") is None and value("CACHE") not in getattr(django_settings, "CACHES", {})
-    ):
-        found.append(
-            Problem(
-                "django_redislock.E005",
-                f"REDISLOCK['CACHE'] = {value('CACHE')!r} names no entry of CACHES.",
-                "Add a Redis cache (django-redis, or Django's own RedisCache) under that "
-                "alias to CACHES, or set REDISLOCK['CACHE'] to an existing alias.",
-            )
-        )
-    else:
-        cache = getattr(django_settings, "CACHES", {}).get(value("CACHE"), {})
-        if value("CLIENT") is None and cache_backend(cache) is None:
-            backend = cache.get("BACKEND", "") if isinstance(cache, dict) else cache
-            found.append(
-                Problem(
-                    "django_redislock.E006",
-                    f"CACHES[{value('CACHE')!r}] uses {backend!r}, which is not a Redis cache "
-                    "the library can read its connection from.",
-                    "Use BACKEND 'django_redis.cache.RedisCache' (django-redis) or "
-                    f"{DJANGO_REDIS_CACHE!r} (Django's own) for that alias, or point "
-                    "REDISLOCK['CACHE'] at one that does (or set REDISLOCK['CLIENT']).",
-                )
-            )
-    for key in (
-        "CLIENT",
-        "BUSY_RESPONSE",
-        "UNAVAILABLE_RESPONSE",
-        "THROTTLE_RESPONSE",
-        "ADMIN_PERMISSION",
-    ):
-        if not _is_callable_or_path(value(key)):
-            found.append(
-                Problem(
-                    "django_redislock.E007",
-                    f"REDISLOCK[{key!r}] must be a callable or a dotted path; got {value(key)!r}.",
-                    f"Set REDISLOCK[{key!r}] to 'package.module.name', or remove it.",
-                )
-            )
-    status = value("BUSY_STATUS")
-    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
-        found.append(
-            Problem(
-                "django_redislock.E008",
-                f"REDISLOCK['BUSY_STATUS'] must be an HTTP error status; got {status!r}.",
-                "Use 409 (the default), 423 or 503.",
-            )
-        )
-    replicas = value("REPLICAS")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-        found.append(
-            Problem(
-                "django_redislock.E009",
-                f"REDISLOCK['REPLICAS'] must be a whole number, 0 or more; got {replicas!r}.",
-                "Set it to the number of replicas that must acknowledge a new lease, or 0.",
-            )
-        )
-    for key in ("ENABLED", "RENEW", "FAIL_OPEN", "THROTTLE_FAIL_OPEN"):
-        if not isinstance(value(key), bool):
-            found.append(
-                Problem(
-                    "django_redislock.E010",
-                    f"REDISLOCK[{key!r}] must be True or False; got {value(key)!r}.",
-                    f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
-                )
-            )
-    early = value("CONNECT_EARLY")
-    databases = getattr(django_settings, "DATABASES", {})
-    if not isinstance(early, bool) and (
-        not isinstance(early, (list, tuple))
-        or not all(isinstance(alias, str) and alias in databases for alias in early)
-    ):
-        found.append(
-            Problem(
-                "django_redislock.E012",
-                "REDISLOCK['CONNECT_EARLY'] must be True, False or a list of DATABASES "
-                f"aliases; got {early!r}.",
-                "Set it to False (the default), True, or aliases from DATABASES such as "
-                "['default'].",
-            )
-        )
-    if (
-        value("SOCKET_TIMEOUT") is not None
-        and is_seconds(value("TIMEOUT"), allow_zero=False)
-        and is_seconds(value("SOCKET_TIMEOUT"), allow_zero=False)
-        and value("SOCKET_TIMEOUT") * 3 > value("TIMEOUT")
-    ):
-        found.append(
-            Problem(
-                "django_redislock.W001",
-                "REDISLOCK['SOCKET_TIMEOUT'] is more than a third of REDISLOCK['TIMEOUT']: "
-                "one slow call could outlast a renewal window.",
-                "Lower SOCKET_TIMEOUT or raise TIMEOUT.",
-            )
-        )
-    return found

@@ -1,6 +1,9 @@
-"""Busy, throttled and unavailable responses, each with ``Retry-After``.
+"""Requests and responses as every feature sees them.
 
-JSON when the client asks for JSON (``Accept: application/json`` or an
+Which request a call serves (``request_in``) and who sent it (``client_ip``);
+the busy, throttled and unavailable responses, each with ``Retry-After``.
+
+A response is JSON when the client asks for JSON (``Accept: application/json`` or an
 ``application/json`` request body), plain text otherwise. Each can be replaced
 through a setting holding a callable or dotted path; the replacement receives
 ``(request, *, status, retry_after, reason, name)`` and returns a response.
@@ -15,13 +18,31 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
 
-__all__ = ["error_response", "retry_after_header", "wants_json"]
+__all__ = ["client_ip", "error_response", "request_in", "retry_after_header", "wants_json"]
 
 _MESSAGES = {
     "busy": "This resource is busy; try again shortly.",
     "unavailable": "The lock service is unavailable; try again shortly.",
     "throttled": "Too many concurrent requests; try again shortly.",
 }
+
+
+def request_in(args: tuple[Any, ...]) -> Any:
+    """The request of a view call: first argument, or second after ``self``."""
+    for arg in args[:2]:
+        if isinstance(arg, HttpRequest):
+            return arg
+        # A DRF Request wraps an HttpRequest (duck-typed: DRF stays optional).
+        if isinstance(getattr(arg, "_request", None), HttpRequest):
+            return arg
+    return None
+
+
+def client_ip(request: HttpRequest) -> str:
+    """The client's address as the library sees it (``REMOTE_ADDR``)."""
+    # REMOTE_ADDR only: forwarded headers are trivially forged. Behind a proxy,
+    # use a 'per' callable that trusts exactly your proxy's header.
+    return str(request.META.get("REMOTE_ADDR") or "unknown")
 
 
 def retry_after_header(seconds: float | None) -> str:

@@ -13,7 +13,7 @@ Every signal is sent with ``sender`` = the class of the object concerned and:
   whose enqueue was refused), ``task_id`` (the existing task's id, or None),
   ``on_duplicate``; the sender is the task's class
 
-Metrics backends (``metrics.py``) hear the same events as *sinks*, called
+Metrics backends (``ops/metrics.py``) hear the same events as *sinks*, called
 directly before each signal is sent: the dispatch of a Django signal would
 cost a locked request more than the counting does. With no backend on, the
 list of sinks is empty.

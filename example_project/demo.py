@@ -522,7 +522,7 @@ def purchase_run(
 
     from django_redislock.connection import get_client
     from django_redislock.core.inspect import list_locks
-    from django_redislock.locks import keyspace
+    from django_redislock.locking.factories import keyspace
     from shop.models import Order, Product
 
     reset_stock(product_id, args.stock)

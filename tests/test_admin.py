@@ -12,11 +12,11 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_redislock import connection
-from django_redislock.admin_views import has_permission, parse_selection, selection
 from django_redislock.core.exceptions import LockLost
 from django_redislock.core.inspect import list_locks
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
+from django_redislock.ops.admin import has_permission, parse_selection, selection
 
 pytestmark = pytest.mark.django_db
 

@@ -493,7 +493,7 @@ def cluster_settings(topology: ClusterTopology, rc: RedisCluster) -> Iterator[No
 
 
 def test_settings_factory_builds_cluster_clients(cluster_settings: None) -> None:
-    from django_redislock.locks import get_lock
+    from django_redislock.locking.factories import get_lock
 
     client = connection.get_client()
     assert isinstance(client, RedisCluster)
@@ -503,7 +503,7 @@ def test_settings_factory_builds_cluster_clients(cluster_settings: None) -> None
 
 
 async def test_settings_factory_builds_async_cluster_clients(cluster_settings: None) -> None:
-    from django_redislock.locks import get_async_lock
+    from django_redislock.locking.factories import get_async_lock
 
     client = connection.get_async_client()
     assert isinstance(client, AsyncRedisCluster)

@@ -17,7 +17,7 @@ from django_redislock.core.inspect import BUSIEST, HeldLock, TemplateSummary
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
 from django_redislock.core.semaphore import Semaphore
-from django_redislock.management.commands.redislocks import SUMMARY_COLUMNS, render_summary
+from django_redislock.ops.display import SUMMARY_COLUMNS, render_summary
 from tests.test_summary import WAIT, Waiters, queued
 
 KS = KeySpace("redislock")

@@ -15,9 +15,10 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import RequestFactory, override_settings
 
-from django_redislock.checks import check_settings, check_throttle_setup, check_url_names
+from django_redislock.checks import check_settings
 from django_redislock.conf import DEFAULTS, DJANGO_REDIS_CACHE, conf
 from django_redislock.middleware import ConcurrencyLimitMiddleware
+from django_redislock.throttling.checks import check_throttle_setup, check_url_names
 
 REDIS_CACHE = {
     "default": {
@@ -434,7 +435,7 @@ def test_w003_namespace_must_match() -> None:
 
 def test_w003_names_the_middleware_would_match(client: Any, settings: Any) -> None:
     # The check's idea of a name is the middleware's: a name it accepts matches a request.
-    from django_redislock.throttle import _Resolved
+    from django_redislock.throttling.rules import _Resolved
 
     settings.ROOT_URLCONF = "tests.urls"
     request = RequestFactory().get("/admin/")

@@ -15,7 +15,7 @@ from django.test import override_settings
 
 from django_redislock import connection
 from django_redislock.core import LockLost, LockNotAcquired, RedisUnavailable
-from django_redislock.locks import get_async_lock, get_lock, keyspace
+from django_redislock.locking.factories import get_async_lock, get_lock, keyspace
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.servers import free_port
 

@@ -387,7 +387,7 @@ def test_savepoint_rollback_around_the_call_releases_at_once(alias: str) -> None
 @db_all
 @pytest.mark.parametrize("alias", ALIASES)
 def test_rolled_back_transactions_leave_nothing_behind(alias: str) -> None:
-    from django_redislock.deferred import _pending
+    from django_redislock.locking.deferred import _pending
 
     for n in range(20):
         with pytest.raises(RuntimeError), transaction.atomic(using=alias):
@@ -781,7 +781,7 @@ def test_a_unique_field_compared_with_a_column_is_not_one_row(alias: str) -> Non
     ],
 )
 def test_which_querysets_name_one_row(make: Callable[[Any], Any], one: bool) -> None:
-    from django_redislock.fencing import _names_one_row
+    from django_redislock.locking.fencing import _names_one_row
 
     assert _names_one_row(make(Product.objects.all())) is one
 
@@ -791,7 +791,7 @@ def test_a_fenced_update_through_multi_table_inheritance_stays_one_transaction()
     """A parent's field and a child's in one call: the general path, all or nothing."""
     from django.test.utils import CaptureQueriesContext
 
-    from django_redislock.fencing import _names_one_row
+    from django_redislock.locking.fencing import _names_one_row
 
     card = GiftCard.objects.create(name="card", stock=1, fence=5)
     cards = GiftCard.objects.filter(pk=card.pk)
@@ -836,7 +836,7 @@ def test_fence_from_the_context_manager() -> None:
 @pytest.fixture(autouse=True)
 def _no_leftover_pending() -> Iterator[None]:
     yield
-    from django_redislock import deferred
+    from django_redislock.locking import deferred
 
     deferred._pending().clear()
 

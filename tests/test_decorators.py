@@ -105,7 +105,7 @@ def is_free(name: str) -> bool:
 def force_release(name: str) -> None:
     """Take ``name`` away from its holder as an operator would (``redislocks clear``)."""
     from django_redislock.core import force
-    from django_redislock.locks import keyspace
+    from django_redislock.locking.factories import keyspace
 
     result = force.clear(get_lock(name).client, keyspace(), names=[name])
     assert [row.name for row in result.released] == [name]

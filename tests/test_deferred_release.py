@@ -1,7 +1,7 @@
 """A deferred lock is released when its transaction commits, whatever the other hooks do.
 
 A locked call made inside a transaction someone else opened keeps its lock
-until that transaction ends (``django_redislock/deferred.py``). Django runs a
+until that transaction ends (``django_redislock/locking/deferred.py``). Django runs a
 transaction's ``on_commit`` hooks in order after the commit; a hook that
 raises (not registered ``robust``) stops the ones after it, and the exception's
 traceback keeps them referenced for as long as it lives. The lock's release
@@ -62,7 +62,7 @@ def renewed_charge(n: int, *, hook_inside: bool = False) -> None:
 @pytest.fixture(autouse=True)
 def _no_leftover_pending() -> Iterator[None]:
     yield
-    from django_redislock import deferred
+    from django_redislock.locking import deferred
 
     deferred._pending().clear()
 

@@ -281,7 +281,7 @@ def _signal_arguments() -> dict[str, set[str]]:
 def test_lock_signals_carry_the_documented_arguments(r: redis.Redis) -> None:
     """docs/operating.rst, Signals: the keyword arguments of each lock signal."""
     from django_redislock import signals
-    from django_redislock.locks import get_lock
+    from django_redislock.locking.factories import get_lock
 
     documented = _signal_arguments()
     assert set(documented) == {

@@ -260,7 +260,7 @@ call_command("migrate", verbosity=0)
 connections.settings["default"]["ATOMIC_REQUESTS"] = True
 
 from django_redislock.connection import get_client
-from django_redislock.locks import keyspace
+from django_redislock.locking.factories import keyspace
 from shop import views
 from shop.models import Order, Product
 

@@ -15,7 +15,8 @@ from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_redislock.fencing import FencedQuerySet, StaleFence, _returns_from_update, fenced_get
+from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_get
+from django_redislock.locking.fencing import _returns_from_update
 from tests.test_db_consistency import ALIASES, ALL_DBS
 from tests.testapp.models import Order, Product, Ticket
 
@@ -151,7 +152,7 @@ def test_querysets_that_read_more_or_less_than_an_instance_get_what_get_gives(
 
 
 def test_select_related_and_extra_are_read_by_get() -> None:
-    from django_redislock.fencing import _reads_whole_instances
+    from django_redislock.locking.fencing import _reads_whole_instances
 
     orders = Order.objects.filter(pk=1)
     assert _reads_whole_instances(orders)

@@ -32,7 +32,7 @@ from django_redislock import current_fence
 from django_redislock.checks import check_settings
 from django_redislock.core.exceptions import RedisUnavailable
 from django_redislock.idempotency import REPLAYED_HEADER, idempotent
-from django_redislock.locks import keyspace
+from django_redislock.locking.factories import keyspace
 from tests.helpers_oracles import wait_until
 from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
 from tests.testapp.models import Order, Product

@@ -24,7 +24,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
-from django_redislock.locks import keyspace
+from django_redislock.locking.factories import keyspace
 from tests.helpers_oracles import wait_until
 from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
 from tests.test_idempotency import WAIT, Gate, in_thread, records

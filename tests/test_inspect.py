@@ -18,7 +18,7 @@ from django_redislock.core.force import clear
 from django_redislock.core.inspect import HeldLock, list_locks, matches
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
-from django_redislock.display import duration, printable, width
+from django_redislock.ops.display import duration, printable, width
 from tests.servers import cli_binary, free_port
 
 KS = KeySpace("redislock")

@@ -38,11 +38,11 @@ from opentelemetry.trace import StatusCode
 from prometheus_client import REGISTRY
 
 from django_redislock import LockLost, connection, redis_lock, redis_locked, signals
-from django_redislock import metrics as rl_metrics
 from django_redislock.checks import check_settings
 from django_redislock.core.inspect import find
-from django_redislock.locks import get_lock, get_semaphore, keyspace
+from django_redislock.locking.factories import get_lock, get_semaphore, keyspace
 from django_redislock.middleware import concurrency_limited
+from django_redislock.ops import metrics as rl_metrics
 from tests.servers import free_port
 from tests.test_decorators import close_async_clients
 

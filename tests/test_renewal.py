@@ -11,7 +11,7 @@ import redis
 
 from django_redislock import signals
 from django_redislock.core import Lock, LockLost
-from django_redislock.locks import get_lock
+from django_redislock.locking.factories import get_lock
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 
 

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 
 from django_redislock import ReplicationTimeout
 from django_redislock.core import AsyncLock, Lock, LockError, RedisUnavailable
-from django_redislock.locks import get_lock
+from django_redislock.locking.factories import get_lock
 from tests.servers import RedisServer, free_port
 from tests.topologies import ClusterTopology, wait_until
 

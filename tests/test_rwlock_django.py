@@ -190,7 +190,7 @@ async def test_async_decorator_and_block() -> None:
 def test_metrics_count_under_the_metric_name() -> None:
     from django.test import override_settings
 
-    from django_redislock import metrics as rl_metrics
+    from django_redislock.ops import metrics as rl_metrics
     from tests.test_metrics import PROM, holds, outcome
 
     with override_settings(REDISLOCK=PROM):

@@ -17,11 +17,11 @@ from django.test import Client
 from django.urls import reverse
 
 from django_redislock import connection
-from django_redislock.admin_views import selection
 from django_redislock.core import KeySpace, ReadWriteLock
 from django_redislock.core.exceptions import LockLost
 from django_redislock.core.force import release
 from django_redislock.core.inspect import KINDS, find, list_locks, summarize
+from django_redislock.ops.admin import selection
 from tests.helpers_oracles import wait_until
 
 KS = KeySpace("redislock")

@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from django_redislock import connection
 from django_redislock.core import LockLost, RedisUnavailable, ReplicationTimeout
-from django_redislock.locks import get_async_lock, get_lock
+from django_redislock.locking.factories import get_async_lock, get_lock
 from tests.helpers_oracles import Occupancy
 from tests.topologies import SERVICE, SentinelTopology, wait_until
 

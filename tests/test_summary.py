@@ -22,8 +22,8 @@ from django_redislock.core.inspect import BUSIEST, HeldLock, list_locks, summari
 from django_redislock.core.keys import KeySpace
 from django_redislock.core.lock import Lock
 from django_redislock.core.semaphore import Semaphore
-from django_redislock.locks import get_lock, get_semaphore
-from django_redislock.metrics import label_of
+from django_redislock.locking.factories import get_lock, get_semaphore
+from django_redislock.ops.metrics import label_of
 from tests.faults.harness import wait_until
 
 KS = KeySpace("redislock")

@@ -27,7 +27,7 @@ from django.test import override_settings
 
 from django_redislock import LockNotAcquired, current_lock, get_lock, redis_lock, redis_locked
 from django_redislock.conf import conf
-from django_redislock.locks import get_semaphore
+from django_redislock.locking.factories import get_semaphore
 from django_redislock.testing import (
     RedisLockTestMixin,
     assert_no_locks_left,
@@ -50,7 +50,7 @@ RUN_TIMEOUT = 120
 @pytest.fixture(autouse=True)
 def _no_stray_caps() -> Iterator[None]:
     """Every hold takes its wait cap away when it ends, however it ends."""
-    from django_redislock import locks
+    from django_redislock.locking import factories as locks
 
     yield
     assert locks._wait_caps == {}

@@ -18,8 +18,8 @@ import pytest
 from django.test import override_settings
 
 from django_redislock import connection
-from django_redislock.checks import check_throttle_setup
-from django_redislock.locks import get_semaphore
+from django_redislock.locking.factories import get_semaphore
+from django_redislock.throttling.checks import check_throttle_setup
 from tests.test_decorators import Get, make_get
 
 pytestmark = pytest.mark.urls("tests.urls_throttle")

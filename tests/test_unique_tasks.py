@@ -24,9 +24,10 @@ from django.test import override_settings
 from django_redislock import RedisUnavailable, get_lock
 from django_redislock import connection as rl_connection
 from django_redislock.core.inspect import list_locks
-from django_redislock.locks import keyspace
+from django_redislock.locking.factories import keyspace
 from django_redislock.signals import task_duplicate
-from django_redislock.unique import KWARG, TaskNotUnique, unique_task
+from django_redislock.tasks.options import KWARG, TaskNotUnique
+from django_redislock.tasks.unique import unique_task
 from tests.servers import free_port
 from tests.test_docs_claims import _signal_arguments, page
 
@@ -476,14 +477,14 @@ def test_a_duplicate_waits_a_bounded_time_for_the_id() -> None:
 
 
 def test_a_key_callable_returning_several_names_is_refused_at_enqueue() -> None:
-    from django_redislock.naming import _Namer
-    from django_redislock.unique import UniqueOptions
+    from django_redislock.locking.naming import Namer
+    from django_redislock.tasks.options import UniqueOptions
 
     def job(a: int) -> None:
         pass
 
     unique = object.__new__(UniqueOptions)
-    object.__setattr__(unique, "namer", _Namer(lambda a: [f"x:{a}", "y"], job))
+    object.__setattr__(unique, "namer", Namer(lambda a: [f"x:{a}", "y"], job))
     with pytest.raises(TypeError, match="several names .*return one str"):
         unique.lock_name((1,), {})
 

@@ -23,7 +23,7 @@ def _flag(env: str, module: str) -> bool:
     return _exists(module) if value is None else value == "1"
 
 
-HAS_DECORATOR = _flag("BENCH_DECORATOR", "django_redislock.decorators")
+HAS_DECORATOR = _flag("BENCH_DECORATOR", "django_redislock.locking.decorators")
 HAS_MIDDLEWARE = _flag("BENCH_MIDDLEWARE", "django_redislock.middleware")
 
 # Milliseconds each benchmark view sleeps (0: none), set by ``--work-ms``.

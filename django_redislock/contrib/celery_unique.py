@@ -9,7 +9,7 @@
 
     import_feed.delay(7)   # a second delay(7) while it is pending: the first's AsyncResult
 
-The options are those of ``unique_task`` (``django_redislock.unique``), named
+The options are those of ``unique_task`` (``django_redislock.tasks``), named
 ``unique_*``: ``unique_key``, ``unique_until``, ``unique_on_duplicate``,
 ``unique_ttl``, ``unique_lease``, ``unique_alias``. They are checked when
 Celery creates the task class: at import with a finalized app, else when the
@@ -33,20 +33,10 @@ from celery.exceptions import Retry
 from celery.utils import uuid
 
 from ..conf import conf
-from ..naming import _describe
-from ..unique import (
-    HEADER,
-    Claim,
-    Run,
-    TaskNotUnique,
-    UniqueOptions,
-    _seconds_until,
-    claim,
-    drop,
-    give_up,
-    make_options,
-    refused,
-)
+from ..locking.naming import describe
+from ..tasks.claims import claim, drop, give_up, refused, seconds_until
+from ..tasks.options import HEADER, Claim, TaskNotUnique, UniqueOptions, make_options
+from ..tasks.run import Run
 
 __all__ = ["UniqueTask"]
 
@@ -91,7 +81,7 @@ class UniqueTask(Task):
             ttl=cls.unique_ttl,
             lease=cls.unique_lease,
             alias=cls.unique_alias,
-            label=cls.__dict__.get("name") or f"{func.__module__}.{_describe(func)}",
+            label=cls.__dict__.get("name") or f"{func.__module__}.{describe(func)}",
             who=f"UniqueTask {cls.__name__}",
         )
 
@@ -107,7 +97,7 @@ class UniqueTask(Task):
         headers = dict(options.get("headers") or {})
         if opts is None or not conf.ENABLED:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        delay = max(_seconds_until(options.get("countdown")), _seconds_until(options.get("eta")))
+        delay = max(seconds_until(options.get("countdown")), seconds_until(options.get("eta")))
         run = self._sending_itself(task_id)
         if run is not None:
             # This run sends itself again: a retry, however it was asked for.
@@ -163,7 +153,7 @@ class UniqueTask(Task):
         try:
             return super().__call__(*args, **kwargs)
         except Retry as exc:
-            retry_in = _seconds_until(exc.when)
+            retry_in = seconds_until(exc.when)
             raise
         finally:
             setattr(request, RUN, None)

@@ -53,7 +53,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from .. import __version__, signals
 from ..core.base import LockBase
 from ..core.exceptions import RedisUnavailable
-from ..metrics import Level, kind_of, label_of, semaphore_levels, unavailable_label
+from ..ops.metrics import Level, kind_of, label_of, semaphore_levels, unavailable_label
 
 __all__ = ["install", "uninstall"]
 

@@ -36,7 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from .. import signals
 from ..core.base import LockBase
 from ..core.exceptions import RedisUnavailable
-from ..metrics import kind_of, label_of, semaphore_levels, unavailable_label
+from ..ops.metrics import kind_of, label_of, semaphore_levels, unavailable_label
 
 __all__ = [
     "HOLD",

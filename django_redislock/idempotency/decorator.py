@@ -12,8 +12,8 @@ from django.db import connections, transaction
 from django.http import HttpRequest
 
 from ..conf import conf
-from ..decorators import request_in
-from ..transactions import EVERY_ALIAS
+from ..http import request_in
+from ..locking.transactions import EVERY_ALIAS
 from .guard import Call, aprepare, aserve, opted_out, prepare, serve
 from .settings import check_arguments, policy
 

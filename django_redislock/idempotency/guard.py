@@ -43,12 +43,12 @@ from django.db import connections, transaction
 from django.http import HttpResponse, HttpResponseBase
 
 from ..connection import get_async_client, get_client
-from ..context import current_lock
 from ..core.exceptions import RedisUnavailable
 from ..core.keys import IdempotencyKeys
-from ..decorators import redis_locked
-from ..locks import keyspace
-from ..transactions import EVERY_ALIAS, in_user_transaction
+from ..locking.context import current_lock
+from ..locking.decorators import redis_locked
+from ..locking.factories import keyspace
+from ..locking.transactions import EVERY_ALIAS, in_user_transaction
 from . import records
 from .fingerprint import BadKey, fingerprint, key_of
 from .responses import answer, in_progress, problem, running, snapshot, unavailable

@@ -16,7 +16,7 @@ from django.http import HttpResponse, HttpResponseBase, JsonResponse
 
 from ..conf import conf
 from ..http import error_response, retry_after_header, wants_json
-from ..outcomes import UNAVAILABLE_RETRY_AFTER
+from ..locking.outcomes import UNAVAILABLE_RETRY_AFTER
 from .records import Record
 from .settings import Policy
 

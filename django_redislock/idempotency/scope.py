@@ -25,7 +25,7 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from ..middleware import client_ip
+from ..http import client_ip
 from .settings import Policy
 
 __all__ = ["NotAuthenticated", "ScopeUnknown", "scope_of"]

@@ -16,8 +16,14 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from ..checks import AUTH_MIDDLEWARE_PATH, middleware_entries, middleware_index, register_problems
-from ..conf import Problem, conf
+from ..checks import (
+    AUTH_MIDDLEWARE_PATH,
+    Problem,
+    middleware_entries,
+    middleware_index,
+    register_problems,
+)
+from ..conf import conf
 from ..core.base import is_seconds
 
 __all__ = [

@@ -26,7 +26,7 @@ from django_redislock.connection import get_client
 from django_redislock.core.inspect import list_locks
 from django_redislock.fencing import fenced_get, fenced_update
 from django_redislock.idempotency import idempotent
-from django_redislock.locks import keyspace
+from django_redislock.locking.factories import keyspace
 from shop.models import Order, Product
 
 

@@ -32,10 +32,10 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from .checks import register_problems
-from .conf import Problem, conf
-from .core.base import LockBase
-from .core.semaphore import SemaphoreBase
+from ..checks import Problem, register_problems
+from ..conf import conf
+from ..core.base import LockBase
+from ..core.semaphore import SemaphoreBase
 
 __all__ = [
     "BACKENDS",
@@ -124,7 +124,9 @@ def unavailable_label(sender: Any, name: str, lock: LockBase | None) -> tuple[st
     """``(label, kind)`` of a ``redis_unavailable`` signal."""
     if lock is not None:
         return label_of(lock), kind_of(lock)
-    if getattr(sender, "__module__", "") == "django_redislock.middleware":
+    from ..throttling.middleware import ConcurrencyLimitMiddleware
+
+    if sender is ConcurrencyLimitMiddleware:
         # The throttling middleware sends the rule's name.
         return names.admit(name), "semaphore"
     return OTHER, "lock"
@@ -149,11 +151,11 @@ def semaphore_levels() -> list[Level]:
     client and is left out: listing them would take a SCAN per scrape. One
     read-only script per rule; raises ``RedisUnavailable``.
     """
-    from .connection import get_client
-    from .core.inspect import find
-    from .locks import keyspace
-    from .middleware import _semaphore_name, decorated_rules
-    from .throttle import current_rules
+    from ..connection import get_client
+    from ..core.inspect import find
+    from ..locking.factories import keyspace
+    from ..throttling.middleware import decorated_rules, semaphore_name
+    from ..throttling.rules import current_rules
 
     rules = {rule.name: rule for rule in current_rules() if not rule.per_client}
     for name, rule in list(decorated_rules.items()):
@@ -161,7 +163,7 @@ def semaphore_levels() -> list[Level]:
             rules.setdefault(name, rule)
     if not rules:
         return []
-    by_semaphore = {_semaphore_name(rule, None): rule for rule in rules.values()}
+    by_semaphore = {semaphore_name(rule, None): rule for rule in rules.values()}
     rows, _missing = find(get_client(), keyspace(), by_semaphore, kinds=("semaphore",))
     found = {row.name: row for row in rows}
     levels = []

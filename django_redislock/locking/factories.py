@@ -5,20 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .conf import conf
-from .connection import check_eviction, get_async_client, get_client
-from .core.keys import KeySpace
-from .core.lock import Lock
-from .core.lock_async import AsyncLock
-from .core.multi import MultiLock, lock_names
-from .core.multi_async import AsyncMultiLock
-from .core.rwlock import Mode, ReadWriteLock
-from .core.rwlock_async import AsyncReadWriteLock
-from .core.semaphore import Semaphore
-from .core.semaphore_async import AsyncSemaphore
-from .signals import observer
+from ..conf import conf
+from ..connection import check_eviction, get_async_client, get_client
+from ..core.keys import KeySpace
+from ..core.lock import Lock
+from ..core.lock_async import AsyncLock
+from ..core.multi import MultiLock, lock_names
+from ..core.multi_async import AsyncMultiLock
+from ..core.rwlock import Mode, ReadWriteLock
+from ..core.rwlock_async import AsyncReadWriteLock
+from ..core.semaphore import Semaphore
+from ..core.semaphore_async import AsyncSemaphore
+from ..signals import observer
 
 __all__ = [
+    "cap_wait",
     "get_async_lock",
     "get_async_multi_lock",
     "get_async_rw_lock",
@@ -34,6 +35,18 @@ __all__ = [
 # name. Set only by django_redislock.testing while a test holds the name, so
 # that the code under test finds it busy at once, whatever wait it asked for.
 _wait_caps: dict[tuple[str, str], float] = {}
+
+
+def cap_wait(kind: str, name: str, seconds: float | None) -> None:
+    """Cap the wait of every call on ``(kind, name)`` at ``seconds``; None lifts the cap.
+
+    ``kind`` is ``"lock"`` or ``"semaphore"``. For ``django_redislock.testing``,
+    which holds names the code under test must find busy at once.
+    """
+    if seconds is None:
+        _wait_caps.pop((kind, name), None)
+    else:
+        _wait_caps[(kind, name)] = seconds
 
 
 def _wait(kind: str, name: str, wait: float | None) -> float:

@@ -9,16 +9,16 @@ import re
 import sys
 from typing import Any
 
-from .conf import conf
-from .core.base import check_seconds
-from .naming import _describe, _parse_template
+from ..conf import conf
+from ..core.base import check_seconds
+from .naming import describe, parse_template
 
 _ON_BUSY_CHOICES = (None, "raise", "skip")
 _MODES = ("read", "write")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Options:
+class LockOptions:
     timeout: float | None
     wait: float | None
     renew: bool | None
@@ -93,7 +93,7 @@ def _bare_use(key: object, depth: int) -> bool:
     nothing but ``@redis_locked``, where the decorator is applied, is the
     bare form. (Without source, only the first test.)
     """
-    if isinstance(key, type) or inspect.iscoroutinefunction(key) or _django_task(key) is not None:
+    if isinstance(key, type) or inspect.iscoroutinefunction(key) or django_task(key) is not None:
         return True
     if hasattr(key, "apply_async") and hasattr(key, "run"):  # a Celery task
         return True
@@ -119,12 +119,12 @@ def _bare_line(filename: str, lineno: int) -> bool:
     return bool(_BARE_DECORATOR.fullmatch(line.rstrip("\r\n")))
 
 
-def _check_key(key: object, *, depth: int = 1) -> None:
+def check_key(key: object, *, depth: int = 1) -> None:
     """Check ``redis_locked``'s key; ``depth`` is how far up its caller's frame is."""
     if callable(key) and _bare_use(key, depth + 1):
         raise TypeError(
             f"@redis_locked needs the lock key template: it was used without one on "
-            f'{_describe(key)}. Write @redis_locked("purchase:{{product_id}}") above the '
+            f'{describe(key)}. Write @redis_locked("purchase:{{product_id}}") above the '
             "definition, a str.format template filled from its arguments (or pass a callable "
             'returning the name: @redis_locked(lambda request, pk: f"doc:{pk}")).'
         )
@@ -133,7 +133,7 @@ def _check_key(key: object, *, depth: int = 1) -> None:
             raise ValueError(
                 "redis_locked(): the lock key is empty; give a name such as 'purchase:{product_id}'"
             )
-        _parse_template(key)
+        parse_template(key)
     elif not callable(key):
         raise TypeError(
             "redis_locked(): key must be a str.format template such as 'purchase:{product_id}' "
@@ -141,7 +141,7 @@ def _check_key(key: object, *, depth: int = 1) -> None:
         )
 
 
-def _options(
+def lock_options(
     timeout: object,
     wait: object,
     renew: object,
@@ -151,7 +151,7 @@ def _options(
     alias: object,
     label: object,
     mode: object = None,
-) -> _Options:
+) -> LockOptions:
     if mode is not None and mode not in _MODES:
         raise ValueError(
             f"redis_locked(): mode must be 'read' or 'write' (a read-write lock), or None "
@@ -165,7 +165,7 @@ def _options(
         raise TypeError(f"redis_locked(): alias must name a CACHES entry, not {alias!r}")
     if label is not None and not isinstance(label, str):
         raise TypeError(f"redis_locked(): label must be a str, not {label!r}")
-    return _Options(
+    return LockOptions(
         timeout=_optional_seconds("timeout", timeout, allow_zero=False),
         wait=_optional_seconds("wait", wait, allow_zero=True),
         renew=_optional_bool("renew", renew),
@@ -215,7 +215,7 @@ def check_mode_names(mode: object, names: object, caller: str = "redis_locked") 
         )
 
 
-def _django_task(obj: object) -> Any:
+def django_task(obj: object) -> Any:
     """``obj`` if it is a task of ``django.tasks`` (Django 6) or the ``django_tasks`` backport."""
     if isinstance(obj, type) or not dataclasses.is_dataclass(obj):
         return None
@@ -228,7 +228,7 @@ def _django_task(obj: object) -> Any:
     return None
 
 
-def _check_target(func: object) -> None:
+def check_target(func: object) -> None:
     if isinstance(func, type):
         raise TypeError(
             f"redis_locked() cannot decorate the class {func.__qualname__}: decorate its "
@@ -248,6 +248,6 @@ def _check_target(func: object) -> None:
         raise TypeError(f"redis_locked() can only decorate a callable, not {func!r}")
     if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
         raise TypeError(
-            f"redis_locked() cannot decorate the generator {_describe(func)}: the lock would "
+            f"redis_locked() cannot decorate the generator {describe(func)}: the lock would "
             "be released before the generator runs; lock inside it with redis_lock()"
         )

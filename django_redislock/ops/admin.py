@@ -31,14 +31,14 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.module_loading import import_string
 
-from .conf import conf
-from .connection import get_client
-from .core.exceptions import RedisUnavailable
-from .core.force import Shown, release, still_held
-from .core.inspect import KINDS, HeldLock, TemplateSummary, list_locks, summarize
-from .core.keys import decode_name, encode_name
+from ..conf import conf
+from ..connection import get_client
+from ..core.exceptions import RedisUnavailable
+from ..core.force import Shown, release, still_held
+from ..core.inspect import KINDS, HeldLock, TemplateSummary, list_locks, summarize
+from ..core.keys import decode_name, encode_name
+from ..locking.factories import keyspace
 from .display import duration, owner_text, printable, quoted, template_text
-from .locks import keyspace
 
 __all__ = ["has_permission", "install"]
 

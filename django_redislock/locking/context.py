@@ -11,10 +11,11 @@ import dataclasses
 from contextvars import ContextVar, Token
 from typing import Any, TypeAlias
 
-from .conf import conf
-from .core.base import LockBase
-from .core.exceptions import LockError
-from .core.multi import MultiBase
+from ..conf import conf
+from ..core.base import LockBase
+from ..core.exceptions import LockError
+from ..core.multi import MultiBase
+from .options import LockOptions, check_mode_names
 
 # What a running call or block holds: one name, or several all together.
 Held: TypeAlias = LockBase | MultiBase[Any]
@@ -94,11 +95,18 @@ def current_fence(name: str | None = None) -> int | None:
     )
 
 
-def _push(lock: Held, key: Key, owner: object) -> Token[tuple[_Held, ...]]:
+def push(lock: Held, key: Key, owner: object) -> Token[tuple[_Held, ...]]:
+    """Make ``lock`` the current lock, held under ``key`` by ``owner``; ``pop`` the
+    token it returns when the call or block ends."""
     return _held.set((*_held.get(), _Held(lock, key, owner)))
 
 
-def _reentered(key: Key, owner: object) -> Held | None:
+def pop(token: Token[tuple[_Held, ...]]) -> None:
+    """Undo the ``push`` that returned ``token``."""
+    _held.reset(token)
+
+
+def reentered(key: Key, owner: object) -> Held | None:
     """The lock this thread or task already holds on ``key``'s names, if any.
 
     Only the thread or task that holds a lock re-enters it: a child task
@@ -129,5 +137,23 @@ def _reentered(key: Key, owner: object) -> Held | None:
     return None
 
 
-def _task_owner() -> object:
+def task_owner() -> object:
+    """Who may re-enter a lock taken in a coroutine: its asyncio task."""
     return asyncio.current_task()
+
+
+def reenter(opts: LockOptions, names: str | tuple[str, ...], owner: object) -> Held | None:
+    """``reentered`` for the key of ``opts``' mode: a reader inside a writer of
+    the same name runs under the writer; a writer inside a reader of the same
+    name cannot be served (it would wait for itself), and says so."""
+    check_mode_names(opts.mode, names)
+    if opts.mode == "read":
+        writer = reentered((opts.key_alias("write"), names), owner)
+        if writer is not None:
+            return writer
+    elif opts.mode == "write" and reentered((opts.key_alias("read"), names), owner):
+        raise LockError(
+            f"a write lock on {names} was asked for inside a read lock on it, which this code "
+            "already holds: a read lock is not upgraded; take the write lock in the outer call"
+        )
+    return reentered((opts.held_key_alias, names), owner)

@@ -42,11 +42,11 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..core import renewal
+from ..core.exceptions import LockLost
+from ..core.lock import Lock
 from .context import Key
-from .core import renewal
-from .core.exceptions import LockLost
-from .core.lock import Lock
-from .outcomes import _release
+from .outcomes import release
 
 log_lost = logging.getLogger("django_redislock.lost")
 log_release = logging.getLogger("django_redislock.release")
@@ -287,7 +287,7 @@ class Deferred:
                 self.lock.name,
             )
             return
-        _release(self.lock, quiet=True)
+        release(self.lock, quiet=True)
 
 
 def adopt(key: Key) -> Deferred | None:

@@ -28,9 +28,9 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
-from .conf import conf
-from .core.base import LockBase
-from .core.exceptions import LockLost
+from ..conf import conf
+from ..core.base import LockBase
+from ..core.exceptions import LockLost
 
 log_connect = logging.getLogger("django_redislock.connect")
 
@@ -48,10 +48,10 @@ class _EveryAlias(frozenset[str]):
         return True
 
 
-_EVERY_ALIAS = _EveryAlias()
+EVERY_ALIAS = _EveryAlias()
 
 
-def _in_user_transaction(alias: str) -> bool:
+def in_user_transaction(alias: str) -> bool:
     conn = connections[alias]
     if not conn.in_atomic_block:
         return False
@@ -76,23 +76,23 @@ connection_created.connect(_on_connection_created, dispatch_uid="django_redisloc
 
 
 @dataclasses.dataclass
-class _Transactions:
+class Transactions:
     opens: list[str]  # aliases to open an atomic block for, inside the lock
     outer: list[str]  # aliases already inside a transaction someone else opened
     # Aliases this callable connected to in earlier calls (kept on its wrapper).
     learned: set[str] = dataclasses.field(default_factory=set)
 
     @classmethod
-    def for_call(cls, wrapper: Any, func: Any, is_view: bool) -> _Transactions:
+    def for_call(cls, wrapper: Any, func: Any, is_view: bool) -> Transactions:
         skip: set[str] = set(getattr(func, "_non_atomic_requests", ()))
-        own = getattr(wrapper, "_non_atomic_requests", _EVERY_ALIAS)
+        own = getattr(wrapper, "_non_atomic_requests", EVERY_ALIAS)
         if not isinstance(own, _EveryAlias):
             # non_atomic_requests applied outside this decorator replaced the mark.
             skip.update(own)
         opens: list[str] = []
         outer: list[str] = []
         for alias in connections:
-            if _in_user_transaction(alias):
+            if in_user_transaction(alias):
                 outer.append(alias)
                 opens.append(alias)  # a savepoint: a failed call leaves nothing behind
             elif (
@@ -135,7 +135,7 @@ class _Transactions:
                     stack[-1].update(connected)
 
 
-def _lost_before_commit(lock: LockBase) -> LockLost:
+def lost_before_commit(lock: LockBase) -> LockLost:
     return LockLost(
         f"lock {lock.name!r} ran out before its transaction could commit; the work was "
         "rolled back (raise the timeout or pass renew=True)"
@@ -164,8 +164,3 @@ def connect_early(aliases: Iterable[str]) -> None:
             conn.ensure_connection()
         except Exception as exc:
             log_connect.debug("could not connect to %r before the lock: %s", alias, exc)
-
-
-# For other packages (idempotency): the same decisions, under public names.
-EVERY_ALIAS = _EVERY_ALIAS
-in_user_transaction = _in_user_transaction

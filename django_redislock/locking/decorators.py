@@ -28,17 +28,17 @@ from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
-from django.http import HttpRequest
 
-from .blocks import _reenter, redis_lock
-from .conf import conf
-from .context import Key, _held, _push, _task_owner, current_fence, current_lock
-from .core.exceptions import LockLost, RedisUnavailable
-from .core.lock import Lock
-from .core.lock_async import AsyncLock
-from .core.rwlock import check_mode
+from ..conf import conf
+from ..core.exceptions import LockLost, RedisUnavailable
+from ..core.lock import Lock
+from ..core.lock_async import AsyncLock
+from ..core.rwlock import check_mode
+from ..http import request_in
+from .blocks import redis_lock
+from .context import Key, current_fence, current_lock, pop, push, reenter, task_owner
 from .deferred import Deferred, adopt
-from .locks import (
+from .factories import (
     get_async_lock,
     get_async_multi_lock,
     get_async_rw_lock,
@@ -46,37 +46,26 @@ from .locks import (
     get_multi_lock,
     get_rw_lock,
 )
-from .naming import _describe, _Namer, _namer_for
+from .naming import Namer, describe, namer_for
 from .options import (
-    _check_key,
-    _check_target,
-    _django_task,
-    _Options,
-    _options,
+    LockOptions,
     check_fair,
     check_fair_mode,
     check_fair_names,
+    check_key,
+    check_target,
+    django_task,
+    lock_options,
 )
-from .outcomes import _arelease, _busy, _fail_open, _lost_response, _release, _unavailable
-from .transactions import _EVERY_ALIAS, _lost_before_commit, _Transactions
+from .outcomes import busy, failed_open, lost_response, release, release_async, unavailable
+from .transactions import EVERY_ALIAS, Transactions, lost_before_commit
 
-__all__ = ["current_fence", "current_lock", "redis_lock", "redis_locked", "request_in"]
+__all__ = ["current_fence", "current_lock", "redis_lock", "redis_locked"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def request_in(args: tuple[Any, ...]) -> Any:
-    """The request of a view call: first argument, or second after ``self``."""
-    for arg in args[:2]:
-        if isinstance(arg, HttpRequest):
-            return arg
-        # A DRF Request wraps an HttpRequest (duck-typed: DRF stays optional).
-        if isinstance(getattr(arg, "_request", None), HttpRequest):
-            return arg
-    return None
-
-
-def _metric_name(namer: _Namer, label: str) -> str:
+def _metric_name(namer: Namer, label: str) -> str:
     """What metrics call this call's lock: its template, never the filled-in
     name (one series per product id would be unbounded); a callable key
     goes by the decorated callable's dotted name."""
@@ -111,17 +100,17 @@ def _new_async_lock(
 
 
 # -- the sync and async paths ---------------------------------------------------------
-def _call_sync(
+def _call(
     wrapper: Any,
     func: Callable[..., Any],
-    namer: _Namer,
-    opts: _Options,
+    namer: Namer,
+    opts: LockOptions,
     label: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     request = request_in(args)
-    txn = _Transactions.for_call(wrapper, func, request is not None)
+    txn = Transactions.for_call(wrapper, func, request is not None)
     if not conf.ENABLED:
         with txn.atomic():
             return func(*args, **kwargs)
@@ -129,16 +118,16 @@ def _call_sync(
     name = _shown(names)
     key: Key = (opts.held_key_alias, names)
     owner = threading.get_ident()
-    entered = _reenter(opts, names, owner)
+    entered = reenter(opts, names, owner)
     if entered is not None:
         # Nested call on a lock this thread holds: run under it; the outer
         # call releases.
-        token = _push(entered, key, owner)
+        token = push(entered, key, owner)
         try:
             with txn.atomic():
                 return func(*args, **kwargs)
         finally:
-            _held.reset(token)
+            pop(token)
     # A lock an earlier call of this thread left waiting for its transaction:
     # it still holds the lease, and still covers that earlier call's writes.
     deferred = adopt(key)
@@ -151,13 +140,13 @@ def _call_sync(
             acquired = lock.acquire()
         except RedisUnavailable as exc:
             if not opts.failing_open:
-                return _unavailable(opts, request, name, exc, Lock, lock)
-            _fail_open(name, exc, Lock, lock)
+                return unavailable(opts, request, name, exc, Lock, lock)
+            failed_open(name, exc, Lock, lock)
             with txn.atomic():
                 return func(*args, **kwargs)
         if not acquired:
-            return _busy(opts, request, name, lock.retry_after, args, kwargs)
-    token = _push(lock, key, owner)
+            return busy(opts, request, name, lock.retry_after, args, kwargs)
+    token = push(lock, key, owner)
     try:
         if deferred is not None:
             deferred.check()
@@ -166,30 +155,30 @@ def _call_sync(
             # ``lost`` as well as ``held``: a loss must stop the commit even
             # when it is heard of before the lease would have run out.
             if txn.opens and (lock.lost or not lock.held):
-                raise _lost_before_commit(lock)
+                raise lost_before_commit(lock)
     except BaseException as exc:
-        _held.reset(token)
+        pop(token)
         if deferred is None:
             # The call failed and its atomic blocks rolled back: nothing of it
             # can commit later, so the lock can go now. Its exception wins.
-            _release(lock, quiet=True)
+            release(lock, quiet=True)
         # Else this call rolled back, but the earlier one's writes still wait
         # for the outer transaction: so does the lock.
         if isinstance(exc, LockLost) and request is not None and opts.on_busy != "raise":
-            return _lost_response(request, name)
+            return lost_response(request, name)
         raise
-    _held.reset(token)
+    pop(token)
     if deferred is not None:
         deferred.cover(txn.outer)
     elif txn.outer:
         Deferred.start(lock, key, txn.outer)
     else:
-        _release(lock, quiet=request is not None)
+        release(lock, quiet=request is not None)
     return result
 
 
 async def _name_async(
-    namer: _Namer, args: tuple[Any, ...], kwargs: dict[str, Any]
+    namer: Namer, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> str | tuple[str, ...]:
     try:
         return namer(args, kwargs)
@@ -201,8 +190,8 @@ async def _name_async(
 
 async def _call_async(
     func: Callable[..., Any],
-    namer: _Namer,
-    opts: _Options,
+    namer: Namer,
+    opts: LockOptions,
     label: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -213,42 +202,42 @@ async def _call_async(
     names = await _name_async(namer, args, kwargs)
     name = _shown(names)
     key: Key = (opts.held_key_alias, names)
-    owner = _task_owner()
-    entered = _reenter(opts, names, owner)
+    owner = task_owner()
+    entered = reenter(opts, names, owner)
     if entered is not None:
-        token = _push(entered, key, owner)
+        token = push(entered, key, owner)
         try:
             return await func(*args, **kwargs)
         finally:
-            _held.reset(token)
+            pop(token)
     lock = _new_async_lock(names, _metric_name(namer, label), opts.lock_kwargs(label), opts.mode)
     try:
         acquired = await lock.acquire()
     except RedisUnavailable as exc:
         if not opts.failing_open:
-            return _unavailable(opts, request, name, exc, AsyncLock, lock)
-        _fail_open(name, exc, AsyncLock, lock)
+            return unavailable(opts, request, name, exc, AsyncLock, lock)
+        failed_open(name, exc, AsyncLock, lock)
         return await func(*args, **kwargs)
     if not acquired:
-        outcome = _busy(opts, request, name, lock.retry_after, args, kwargs)
+        outcome = busy(opts, request, name, lock.retry_after, args, kwargs)
         return await outcome if inspect.isawaitable(outcome) else outcome
-    token = _push(lock, key, owner)
+    token = push(lock, key, owner)
     try:
         result = await func(*args, **kwargs)
     except BaseException as exc:
-        _held.reset(token)
-        await _arelease(lock, quiet=True)
+        pop(token)
+        await release_async(lock, quiet=True)
         if isinstance(exc, LockLost) and request is not None and opts.on_busy != "raise":
-            return _lost_response(request, name)
+            return lost_response(request, name)
         raise
-    _held.reset(token)
-    await _arelease(lock, quiet=request is not None)
+    pop(token)
+    await release_async(lock, quiet=request is not None)
     return result
 
 
-def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: _Options) -> Any:
-    namer = _namer_for(key, func)
-    label = f"{getattr(func, '__module__', '')}.{_describe(func)}"
+def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: LockOptions) -> Any:
+    namer = namer_for(key, func)
+    label = f"{getattr(func, '__module__', '')}.{describe(func)}"
     if iscoroutinefunction(func):
 
         @functools.wraps(func)
@@ -261,9 +250,9 @@ def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: _Option
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return _call_sync(wrapper, func, namer, opts, label, args, kwargs)
+        return _call(wrapper, func, namer, opts, label, args, kwargs)
 
-    wrapper._non_atomic_requests = _EVERY_ALIAS  # type: ignore[attr-defined]
+    wrapper._non_atomic_requests = EVERY_ALIAS  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -310,18 +299,18 @@ def redis_locked(
     ``fair=False`` takes the lock in the barging order (``docs/locks.rst``):
     more throughput for a hot lock, each waiter served within a bound.
     """
-    _check_key(key)
-    opts = _options(timeout, wait, renew, renew_max, on_busy, fail_open, alias, label, mode)
+    check_key(key)
+    opts = lock_options(timeout, wait, renew, renew_max, on_busy, fail_open, alias, label, mode)
     if not check_fair(fair):
         check_fair_mode(mode)
         opts = dataclasses.replace(opts, fair=False)
 
     def decorate(func: F) -> F:
-        task = _django_task(func)
+        task = django_task(func)
         if task is not None:
             # @redis_locked above @task: lock the function the task runs.
             return dataclasses.replace(task, func=decorate(task.func))
-        _check_target(func)
+        check_target(func)
         return _wrap(key, func, opts)
 
     return decorate

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .core.multi import lock_names
+from ..core.multi import lock_names
 
 _formatter = string.Formatter()
 _ROOT = re.compile(r"[^.\[]*")
@@ -30,7 +30,7 @@ def _template_fields(template: str) -> Iterator[str]:
             yield from _template_fields(spec)
 
 
-def _parse_template(template: str) -> list[str]:
+def parse_template(template: str) -> list[str]:
     """The root names a template uses, checked for syntax; raises ValueError."""
     try:
         fields = list(_template_fields(template))
@@ -52,16 +52,16 @@ def _parse_template(template: str) -> list[str]:
     return roots
 
 
-def _describe(func: Callable[..., Any]) -> str:
+def describe(func: Callable[..., Any]) -> str:
     return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
 
 
-class _Namer:
+class Namer:
     """Computes the lock name of one call of one callable."""
 
     def __init__(self, key: str | Callable[..., Any], func: Callable[..., Any]) -> None:
         self.key = key
-        self.where = _describe(func)
+        self.where = describe(func)
         self.extra: dict[str, Any] = {}
         target = func
         if isinstance(func, functools.partial) and inspect.ismethod(func.func):
@@ -73,7 +73,7 @@ class _Namer:
         self.var_keyword: str | None = None
         if not isinstance(key, str):
             return
-        roots = _parse_template(key)
+        roots = parse_template(key)
         if not roots:
             return  # a constant name: nothing to bind
         try:
@@ -133,18 +133,18 @@ class _Namer:
 
 # Decorators applied through method_decorator are applied again on every call:
 # keep the checked template per underlying function.
-_namers: weakref.WeakKeyDictionary[Any, dict[Any, _Namer]] = weakref.WeakKeyDictionary()
+_namers: weakref.WeakKeyDictionary[Any, dict[Any, Namer]] = weakref.WeakKeyDictionary()
 
 
-def _namer_for(key: str | Callable[..., Any], func: Callable[..., Any]) -> _Namer:
+def namer_for(key: str | Callable[..., Any], func: Callable[..., Any]) -> Namer:
     if not (isinstance(func, functools.partial) and inspect.ismethod(func.func)):
-        return _Namer(key, func)
+        return Namer(key, func)
     per_method = _namers.setdefault(func.func.__func__, {})
     checked = per_method.get(key)
     if checked is None:
-        checked = per_method[key] = _Namer(key, func)
+        checked = per_method[key] = Namer(key, func)
     # A copy per call: ``extra`` holds this call's ``self``.
-    namer = object.__new__(_Namer)
+    namer = object.__new__(Namer)
     namer.__dict__.update(checked.__dict__)
     namer.extra = {"self": func.func.__self__}
     return namer

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .conf import conf
-from .core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
-from .core.lock import Lock
-from .core.lock_async import AsyncLock
-from .http import error_response
-from .options import _Options
-from .signals import send_unavailable
+from ..conf import conf
+from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
+from ..core.lock import Lock
+from ..core.lock_async import AsyncLock
+from ..http import error_response
+from ..signals import send_unavailable
+from .options import LockOptions
 
 log_unavailable = logging.getLogger("django_redislock.unavailable")
 log_release = logging.getLogger("django_redislock.release")
@@ -22,8 +22,8 @@ log_busy = logging.getLogger("django_redislock.busy")
 UNAVAILABLE_RETRY_AFTER = 5.0
 
 
-def _busy(
-    opts: _Options,
+def busy(
+    opts: LockOptions,
     request: Any,
     name: str,
     retry_after: float | None,
@@ -47,8 +47,8 @@ def _busy(
     raise LockNotAcquired(name, retry_after=retry_after)
 
 
-def _unavailable(
-    opts: _Options,
+def unavailable(
+    opts: LockOptions,
     request: Any,
     name: str,
     exc: RedisUnavailable,
@@ -70,14 +70,14 @@ def _unavailable(
     raise exc
 
 
-def _fail_open(
+def failed_open(
     name: str, exc: RedisUnavailable, sender: type, lock: Lock | AsyncLock | None = None
 ) -> None:
     log_unavailable.warning("Redis unavailable for lock %r, running unlocked: %s", name, exc)
     send_unavailable(sender, name=name, error=exc, fail_open=True, lock=lock)
 
 
-def _lost_response(request: Any, name: str) -> Any:
+def lost_response(request: Any, name: str) -> Any:
     return error_response(
         request,
         status=503,
@@ -88,7 +88,7 @@ def _lost_response(request: Any, name: str) -> Any:
     )
 
 
-def _release(lock: Lock, *, quiet: bool) -> None:
+def release(lock: Lock, *, quiet: bool) -> None:
     if lock.token is None:
         return
     try:
@@ -101,7 +101,7 @@ def _release(lock: Lock, *, quiet: bool) -> None:
         log_release.warning("could not release %r (%s); its lease will expire", lock.name, exc)
 
 
-async def _arelease(lock: AsyncLock, *, quiet: bool) -> None:
+async def release_async(lock: AsyncLock, *, quiet: bool) -> None:
     if lock.token is None:
         return
     try:

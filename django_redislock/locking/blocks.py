@@ -9,15 +9,15 @@ from collections.abc import Iterable
 from types import FrameType, TracebackType
 from typing import Any
 
-from .conf import conf
-from .context import Held, _held, _push, _reentered, _task_owner
-from .core.exceptions import LockError, LockNotAcquired
-from .core.lock import Lock
-from .core.lock_async import AsyncLock
-from .core.multi import MultiLock, lock_names
-from .core.multi_async import AsyncMultiLock
-from .core.rwlock import check_mode
-from .locks import (
+from ..conf import conf
+from ..core.exceptions import LockError, LockNotAcquired
+from ..core.lock import Lock
+from ..core.lock_async import AsyncLock
+from ..core.multi import MultiLock, lock_names
+from ..core.multi_async import AsyncMultiLock
+from ..core.rwlock import check_mode
+from .context import Held, pop, push, reenter, task_owner
+from .factories import (
     get_async_lock,
     get_async_multi_lock,
     get_async_rw_lock,
@@ -26,12 +26,11 @@ from .locks import (
     get_rw_lock,
 )
 from .options import (
-    _Options,
-    _options,
     check_fair,
     check_fair_mode,
     check_fair_names,
     check_mode_names,
+    lock_options,
 )
 from .transactions import connect_early
 
@@ -50,23 +49,6 @@ def _where(frame: FrameType | None) -> str:
     function = getattr(code, "co_qualname", code.co_name)  # co_qualname: Python 3.11+
     module = frame.f_globals.get("__name__", "?")
     return f"{module}.{function}:{frame.f_lineno}"
-
-
-def _reenter(opts: _Options, names: str | tuple[str, ...], owner: object) -> Held | None:
-    """``_reentered`` for the key of ``opts``' mode: a reader inside a writer of
-    the same name runs under the writer; a writer inside a reader of the same
-    name cannot be served (it would wait for itself), and says so."""
-    check_mode_names(opts.mode, names)
-    if opts.mode == "read":
-        writer = _reentered((opts.key_alias("write"), names), owner)
-        if writer is not None:
-            return writer
-    elif opts.mode == "write" and _reentered((opts.key_alias("read"), names), owner):
-        raise LockError(
-            f"a write lock on {names} was asked for inside a read lock on it, which this code "
-            "already holds: a read lock is not upgraded; take the write lock in the outer call"
-        )
-    return _reentered((opts.held_key_alias, names), owner)
 
 
 class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") as lock``
@@ -120,7 +102,9 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
                 f"redis_lock(): metric_name must be a non-empty str or None, not {metric_name!r}"
             )
         try:
-            opts = _options(timeout, wait, renew, renew_max, None, None, alias, label or None, mode)
+            opts = lock_options(
+                timeout, wait, renew, renew_max, None, None, alias, label or None, mode
+            )
         except ValueError as exc:
             raise ValueError(str(exc).replace("redis_locked()", "redis_lock()")) from None
         check_mode_names(mode, self.name, "redis_lock")
@@ -155,11 +139,11 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             self._enter(owner, (None, None, False))
             return None
         key = (self._opts.held_key_alias, self.name)
-        entered = _reenter(self._opts, self.name, owner)
+        entered = reenter(self._opts, self.name, owner)
         if entered is not None:
             # This thread holds it already (an enclosing block or decorated
             # call): run under it; the enclosing one releases.
-            self._enter(owner, (entered, _push(entered, key, owner), False))
+            self._enter(owner, (entered, push(entered, key, owner), False))
             return entered
         lock: Lock | MultiLock
         if self._opts.mode is not None and isinstance(self.name, str):
@@ -183,7 +167,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             connect_early(early)
         if not lock.acquire():
             raise LockNotAcquired(lock.name, retry_after=lock.retry_after)
-        self._enter(owner, (lock, _push(lock, key, owner), True))
+        self._enter(owner, (lock, push(lock, key, owner), True))
         return lock
 
     def __exit__(
@@ -195,7 +179,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         lock, token, acquired = self._exit(threading.get_ident())
         if lock is None:
             return
-        _held.reset(token)
+        pop(token)
         if not acquired:
             return
         assert isinstance(lock, (Lock, MultiLock))
@@ -206,14 +190,14 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
                 raise
 
     async def __aenter__(self) -> Any:
-        owner = _task_owner()
+        owner = task_owner()
         if not conf.ENABLED:
             self._enter(owner, (None, None, False))
             return None
         key = (self._opts.held_key_alias, self.name)
-        entered = _reenter(self._opts, self.name, owner)
+        entered = reenter(self._opts, self.name, owner)
         if entered is not None:
-            self._enter(owner, (entered, _push(entered, key, owner), False))
+            self._enter(owner, (entered, push(entered, key, owner), False))
             return entered
         lock: AsyncLock | AsyncMultiLock
         if self._opts.mode is not None and isinstance(self.name, str):
@@ -233,7 +217,7 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
             )
         if not await lock.acquire():
             raise LockNotAcquired(lock.name, retry_after=lock.retry_after)
-        self._enter(owner, (lock, _push(lock, key, owner), True))
+        self._enter(owner, (lock, push(lock, key, owner), True))
         return lock
 
     async def __aexit__(
@@ -242,10 +226,10 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock, token, acquired = self._exit(_task_owner())
+        lock, token, acquired = self._exit(task_owner())
         if lock is None:
             return
-        _held.reset(token)
+        pop(token)
         if not acquired:
             return
         assert isinstance(lock, (AsyncLock, AsyncMultiLock))

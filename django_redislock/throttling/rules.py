@@ -20,10 +20,10 @@ from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from django.utils.module_loading import import_string
 
-from .checks import register_problems
-from .conf import Problem, conf
-from .core.base import is_seconds
-from .core.semaphore import check_limit
+from ..checks import Problem, register_problems
+from ..conf import conf
+from ..core.base import is_seconds
+from ..core.semaphore import check_limit
 
 __all__ = ["PER_CHOICES", "Rule", "current_rules", "make_rule", "matching_rules", "rule_problems"]
 

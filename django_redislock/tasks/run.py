@@ -1,0 +1,184 @@
+"""The worker's side of a unique task: adopt the key for the run, then let it go.
+
+See ``unique.py`` for the whole protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+from ..core.exceptions import LockError, RedisUnavailable
+from ..core.lock import Lock
+from ..core.lock_async import AsyncLock
+from ..locking.factories import get_async_lock, get_lock
+from .claims import note, note_async
+from .options import Claim, UniqueOptions
+
+__all__ = ["Run"]
+
+logger = logging.getLogger("django_redislock.unique")
+
+
+class Run:
+    """One run of a unique task in a worker: adopt the key, then let it go.
+
+    The decisions and messages live here; ``start``/``finish`` are the sync
+    driver, ``start_async``/``finish_async`` the asyncio one (an ``async def`` task).
+    """
+
+    def __init__(self, claim: Claim, opts: UniqueOptions | None, label: str) -> None:
+        self.claim = claim
+        self.alias = opts.alias if opts is not None else None
+        self.metric_name = opts.metric_name if opts is not None else None
+        self.label = label
+        self.lock: Lock | None = None
+        self.alock: AsyncLock | None = None
+        # Seconds until the retry this run sent may run; None: none was sent.
+        self.retry_in: float | None = None
+
+    def retrying(self, delay: float) -> None:
+        """This run sent its own retry (the same task id and claim), to run in
+        ``delay`` seconds: the key goes with it, however the run then ends."""
+        self.retry_in = delay if self.retry_in is None else max(self.retry_in, delay)
+
+    def _lock_kwargs(self) -> dict[str, Any]:
+        return {
+            "timeout": self.claim.lease,
+            "wait": 0,
+            "renew": True,
+            # However long the run: a worker that dies stops renewing.
+            "renew_max": None,
+            "alias": self.alias,
+            "label": self.label,
+            "metric_name": self.metric_name,
+        }
+
+    def _unreachable(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not adopt unique key %r for %s (%s); running without it; its lease "
+            "runs out by itself",
+            self.claim.name,
+            self.label,
+            exc,
+        )
+
+    def _not_adopted(self) -> None:
+        logger.warning(
+            "unique key %r of %s was no longer held by this task (it waited longer than "
+            "its ttl, or was force-released); running without it",
+            self.claim.name,
+            self.label,
+        )
+
+    def _hands_on(self, retry_in: float | None) -> float | None:
+        """The lease for the retry to adopt, or None to release now.
+
+        A retry is known by the message this run sent (``retrying``: a
+        ``self.retry(throw=False)`` returns normally) or by the ``Retry`` it
+        raised (an eager retry sends no message)."""
+        delays = [d for d in (retry_in, self.retry_in) if d is not None]
+        if delays and self.claim.until == "finish":
+            return self.claim.ttl + max(delays)
+        return None
+
+    def _not_handed(self, exc: BaseException) -> None:
+        logger.warning(
+            "could not hand unique key %r to the retry of %s: %s",
+            self.claim.name,
+            self.label,
+            exc,
+        )
+
+    def _not_released(self, exc: BaseException) -> None:
+        # A loss was reported already (lock_lost); Redis down: it runs out.
+        logger.warning(
+            "could not release unique key %r of %s: %s", self.claim.name, self.label, exc
+        )
+
+    # -- sync ---------------------------------------------------------------------------
+    def start(self, task_id: str | None = None) -> bool:
+        """Adopt the key; False when this task no longer holds it (the run
+        goes on without it: unique is a guard, not exactly-once)."""
+        claim = self.claim
+        lock = get_lock(claim.name, **self._lock_kwargs())
+        try:
+            adopted = lock.adopt(claim.token, claim.fence, ttl=claim.lease)
+        except RedisUnavailable as exc:
+            self._unreachable(exc)
+            return False
+        if not adopted:
+            self._not_adopted()
+            return False
+        if claim.until == "enqueue":
+            self._release(lock)
+            return True
+        # From now on operators see this worker, not the enqueuer, as the holder.
+        note(lock, claim.token, task_id, lock.owner_metadata(threading.current_thread().name))
+        self.lock = lock
+        return True
+
+    def finish(self, retry_in: float | None = None) -> None:
+        """The run ended; ``retry_in``: it asked for a retry in that many seconds."""
+        lock, self.lock = self.lock, None
+        if lock is None:
+            return
+        handed = self._hands_on(retry_in)
+        if handed is None:
+            self._release(lock)
+            return
+        # The retry carries the same claim and adopts the key in turn.
+        try:
+            lock.detach(ttl=handed)
+        except (LockError, RedisUnavailable) as exc:
+            self._not_handed(exc)
+
+    def _release(self, lock: Lock) -> None:
+        try:
+            lock.release()
+        except (LockError, RedisUnavailable) as exc:
+            self._not_released(exc)
+
+    # -- asyncio ------------------------------------------------------------------------
+    async def start_async(self, task_id: str | None = None) -> bool:
+        """``start`` for a coroutine task, on its event loop."""
+        claim = self.claim
+        lock = get_async_lock(claim.name, **self._lock_kwargs())
+        try:
+            adopted = await lock.adopt(claim.token, claim.fence, ttl=claim.lease)
+        except RedisUnavailable as exc:
+            self._unreachable(exc)
+            return False
+        if not adopted:
+            self._not_adopted()
+            return False
+        if claim.until == "enqueue":
+            await self._release_async(lock)
+            return True
+        current = asyncio.current_task()
+        who = current.get_name() if current is not None else "?"
+        await note_async(lock, claim.token, task_id, lock.owner_metadata(who))
+        self.alock = lock
+        return True
+
+    async def finish_async(self, retry_in: float | None = None) -> None:
+        """``finish`` for a coroutine task."""
+        lock, self.alock = self.alock, None
+        if lock is None:
+            return
+        handed = self._hands_on(retry_in)
+        if handed is None:
+            await self._release_async(lock)
+            return
+        try:
+            await lock.detach(ttl=handed)
+        except (LockError, RedisUnavailable) as exc:
+            self._not_handed(exc)
+
+    async def _release_async(self, lock: AsyncLock) -> None:
+        try:
+            await lock.release()
+        except (LockError, RedisUnavailable) as exc:
+            self._not_released(exc)

@@ -1,0 +1,377 @@
+"""Concurrency limits for requests: ``ConcurrencyLimitMiddleware`` and ``concurrency_limited``.
+
+A request matched by a rule runs only while it holds a permit of that rule's
+semaphore (one per rule, or one per user, IP or custom key). The permit is
+taken before the rest of the middleware stack and the view run, and given back
+when the response is finished: at once for an ordinary response, when the
+server closes the response for a streaming or file response, and also when
+the view raises. A request that gets no permit within the rule's ``wait`` is
+answered 503 (global rule) or 429 (per-client rule) with ``Retry-After``.
+
+URL names are resolved by the middleware itself (``request.urlconf`` is
+honoured), because the permit must be held before any later middleware runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.http import HttpRequest, HttpResponseBase
+from redis.exceptions import RedisError
+
+from ..conf import conf
+from ..connection import get_client
+from ..core.exceptions import LockError, RedisUnavailable
+from ..core.semaphore import Semaphore, SemaphoreBase, release_permit
+from ..core.semaphore_async import AsyncSemaphore
+from ..http import client_ip, error_response
+from ..locking.factories import get_async_semaphore, get_semaphore
+from ..signals import request_throttled, send_unavailable
+from .rules import Rule, current_rules, make_rule, matching_rules
+
+__all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited"]
+
+logger = logging.getLogger("django_redislock.throttle")
+
+_ANONYMOUS = object()
+DEFAULT_RETRY_AFTER = 1.0
+
+# Rules of concurrency_limited views, by name (the metrics read their semaphores).
+decorated_rules: dict[str, Rule] = {}
+
+
+# -- keys ----------------------------------------------------------------------------
+def _user_key(user: Any, request: HttpRequest) -> str:
+    if user is not None and getattr(user, "is_authenticated", False):
+        return f"u:{user.pk}"
+    return f"ip:{client_ip(request)}"
+
+
+def semaphore_name(rule: Rule, key: str | None) -> str:
+    if key is None:
+        return f"throttle:{rule.name}"
+    return f"throttle:{rule.name}:{rule.per}:{key}"
+
+
+def _key(rule: Rule, request: HttpRequest) -> str | None | object:
+    if rule.per == "global":
+        return None
+    if rule.per == "ip":
+        return client_ip(request)
+    if rule.per == "user":
+        return _user_key(getattr(request, "user", None), request)
+    assert rule.key_func is not None
+    if iscoroutinefunction(rule.key_func):
+        from asgiref.sync import async_to_sync
+
+        key = async_to_sync(rule.key_func)(request)
+    else:
+        key = rule.key_func(request)
+    return _ANONYMOUS if key is None else str(key)
+
+
+async def _key_async(rule: Rule, request: HttpRequest) -> str | None | object:
+    if rule.per == "global":
+        return None
+    if rule.per == "ip":
+        return client_ip(request)
+    if rule.per == "user":
+        auser = getattr(request, "auser", None)
+        user = await auser() if auser is not None else getattr(request, "user", None)
+        return _user_key(user, request)
+    assert rule.key_func is not None
+    if iscoroutinefunction(rule.key_func):
+        key = await rule.key_func(request)
+    else:
+        key = await sync_to_async(rule.key_func)(request)
+    return _ANONYMOUS if key is None else str(key)
+
+
+# -- outcomes ---------------------------------------------------------------------------
+def _label(request: HttpRequest) -> str:
+    return f"{request.method} {request.path}"[:200]
+
+
+def _timeout(rule: Rule) -> float:
+    return rule.timeout if rule.timeout is not None else conf.PERMIT_TIMEOUT
+
+
+def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
+    status = 429 if rule.per_client else 503
+    # Permits usually come back long before they expire, so the earliest
+    # expiry (often the whole permit TTL) would tell clients to stay away far
+    # too long: one second unless the rule says otherwise.
+    retry_after = rule.retry_after if rule.retry_after is not None else DEFAULT_RETRY_AFTER
+    # send_robust: a failing receiver must not turn a 503 into a 500.
+    for receiver, result in request_throttled.send_robust(
+        ConcurrencyLimitMiddleware,
+        rule=rule.name,
+        request=request,
+        status=status,
+        retry_after=retry_after,
+    ):
+        if isinstance(result, Exception):
+            logger.error("request_throttled receiver %r failed: %r", receiver, result)
+    logger.info("throttled %s by rule %r (%d)", _label(request), rule.name, status)
+    return error_response(
+        request,
+        status=status,
+        retry_after=retry_after,
+        reason="throttled",
+        name=rule.name,
+        handler=conf.THROTTLE_RESPONSE,
+    )
+
+
+def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpResponseBase | None:
+    """None to run the request anyway (fail open), else the 503 to send."""
+    fail_open = conf.THROTTLE_FAIL_OPEN
+    send_unavailable(ConcurrencyLimitMiddleware, rule.name, exc, fail_open)
+    if fail_open:
+        logger.warning(
+            "Redis unavailable, running %s without its %r permit: %s",
+            _label(request),
+            rule.name,
+            exc,
+        )
+        return None
+    logger.error("Redis unavailable, refusing %s (rule %r): %s", _label(request), rule.name, exc)
+    return error_response(
+        request,
+        status=503,
+        retry_after=1,
+        reason="unavailable",
+        name=rule.name,
+        handler=conf.UNAVAILABLE_RESPONSE,
+    )
+
+
+def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
+    """Release by token from whatever thread closes the response.
+
+    ``close()`` is synchronous and may run in a server thread or (Django's
+    test client) in the event loop itself, so this uses the sync client: one
+    short, bounded call per permit.
+    """
+    held = [(sem.keyspace, sem.name, sem.token, sem.serial) for sem in permits if sem.token]
+
+    def close() -> None:
+        for ks, name, token, serial in held:
+            try:
+                if not release_permit(get_client(), ks, name, token, serial):
+                    logger.warning("permit of %r had expired before the response was closed", name)
+            except (RedisUnavailable, RedisError) as exc:
+                logger.warning(
+                    "could not release permit of %r (it expires by itself): %s", name, exc
+                )
+
+    return close
+
+
+def _on_close(response: HttpResponseBase, permits: list[Any]) -> None:
+    # HttpResponseBase.close() runs these when the server has sent the body
+    # (or the client went away), whichever thread or loop that happens in.
+    closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
+    closers.append(_closer(list(permits)))
+
+
+def _release(permits: list[Semaphore]) -> None:
+    for sem in reversed(permits):
+        try:
+            sem.release()
+        except LockError as exc:  # lost (expired, cleared) or Redis down
+            logger.warning("releasing permit of %r: %s", sem.name, exc)
+
+
+async def _release_async(permits: list[AsyncSemaphore]) -> None:
+    for sem in reversed(permits):
+        try:
+            await sem.release()
+        except LockError as exc:
+            logger.warning("releasing permit of %r: %s", sem.name, exc)
+
+
+# -- the request path -----------------------------------------------------------------------
+def _run(
+    request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], HttpResponseBase]
+) -> HttpResponseBase:
+    permits: list[Semaphore] = []
+    for rule in rules:
+        try:
+            key = _key(rule, request)
+            if key is _ANONYMOUS:
+                continue  # the key callable exempted this request
+            sem = get_semaphore(
+                semaphore_name(rule, key),  # type: ignore[arg-type]
+                rule.limit,
+                timeout=_timeout(rule),
+                wait=rule.wait,
+                label=_label(request),
+                metric_name=rule.name,
+            )
+            acquired = sem.acquire()
+        except (RedisUnavailable, RedisError) as exc:
+            refusal = _unavailable(request, rule, exc)
+            if refusal is not None:
+                _release(permits)
+                return refusal
+            continue
+        except BaseException:
+            _release(permits)
+            raise
+        if not acquired:
+            _release(permits)
+            return _throttled(request, rule)
+        permits.append(sem)
+    if not permits:
+        return call(request)
+    try:
+        response = call(request)
+    except BaseException:
+        _release(permits)
+        raise
+    return _finish(response, permits)
+
+
+def _finish(response: HttpResponseBase, permits: list[Semaphore]) -> HttpResponseBase:
+    if response.streaming:
+        _on_close(response, permits)
+    else:
+        _release(permits)
+    return response
+
+
+async def _run_async(
+    request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], Any]
+) -> HttpResponseBase:
+    permits: list[AsyncSemaphore] = []
+    for rule in rules:
+        try:
+            key = await _key_async(rule, request)
+            if key is _ANONYMOUS:
+                continue
+            sem = get_async_semaphore(
+                semaphore_name(rule, key),  # type: ignore[arg-type]
+                rule.limit,
+                timeout=_timeout(rule),
+                wait=rule.wait,
+                label=_label(request),
+                metric_name=rule.name,
+            )
+            acquired = await sem.acquire()
+        except (RedisUnavailable, RedisError) as exc:
+            refusal = _unavailable(request, rule, exc)
+            if refusal is not None:
+                await _release_async(permits)
+                return refusal
+            continue
+        except BaseException:
+            await _release_async(permits)
+            raise
+        if not acquired:
+            await _release_async(permits)
+            return _throttled(request, rule)
+        permits.append(sem)
+    if not permits:
+        return await call(request)
+    try:
+        response = await call(request)
+    except BaseException:
+        await _release_async(permits)
+        raise
+    if response.streaming:
+        _on_close(response, permits)
+    else:
+        await _release_async(permits)
+    return response
+
+
+class ConcurrencyLimitMiddleware:
+    """Apply ``REDISLOCK["THROTTLE"]`` rules to every request (sync or async).
+
+    Place it last in ``MIDDLEWARE``: a 503 or 429 it makes passes back only
+    through the middleware above it, so there it gets their headers
+    (``X-Frame-Options`` and the like), and ``per: "user"`` rules see
+    ``request.user`` (it must come after ``AuthenticationMiddleware``).
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        rules = self._rules(request)
+        if not rules:
+            return self.get_response(request)
+        return _run(request, rules, self.get_response)
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        rules = self._rules(request)
+        if not rules:
+            return await self.get_response(request)
+        return await _run_async(request, rules, self.get_response)
+
+    @staticmethod
+    def _rules(request: HttpRequest) -> list[Rule]:
+        if not conf.ENABLED:
+            return []
+        rules = current_rules()
+        return matching_rules(request, rules) if rules else []
+
+
+def concurrency_limited(
+    name: str,
+    limit: int,
+    *,
+    per: str | Callable[[HttpRequest], Any] = "global",
+    wait: float = 0,
+    timeout: float | None = None,
+    retry_after: float | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Let at most ``limit`` requests run the decorated view at once.
+
+    The same semantics as a ``THROTTLE`` rule named ``name`` (and sharing its
+    semaphore if a rule has that name). Bad arguments raise ``ValueError`` here,
+    at decoration time. Works on sync and async function views.
+    """
+    spec: dict[str, Any] = {"name": name, "limit": limit, "per": per, "wait": wait}
+    if timeout is not None:
+        spec["timeout"] = timeout
+    if retry_after is not None:
+        spec["retry_after"] = retry_after
+    rule = make_rule(spec, where=f"concurrency_limited({name!r})")
+    assert rule is not None
+    # Known to every process that imported the view, for the metrics' gauges.
+    decorated_rules.setdefault(rule.name, rule)
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        if iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                if not conf.ENABLED:
+                    return await view(request, *args, **kwargs)
+                return await _run_async(request, [rule], lambda req: view(req, *args, **kwargs))
+
+            return async_wrapper
+
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if not conf.ENABLED:
+                return view(request, *args, **kwargs)
+            return _run(request, [rule], lambda req: view(req, *args, **kwargs))
+
+        return wrapper
+
+    return decorate

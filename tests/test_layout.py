@@ -1,0 +1,79 @@
+"""The package's layout rules (docs/internals.rst, "Package layout"), checked on its source."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "django_redislock"
+# Folders built on locking/: it never imports them.
+ABOVE_LOCKING = ("throttling", "tasks", "ops", "idempotency", "contrib", "testing")
+
+
+def modules() -> list[Path]:
+    """The Django layer's modules: every one outside ``core/``."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "core")
+
+
+def dotted(path: Path) -> list[str]:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(absolute module, imported names, line) of each ``from ... import`` of the package."""
+    found = []
+    package = dotted(path) if path.name == "__init__.py" else dotted(path)[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = package[: len(package) - node.level + 1]
+            module = ".".join([*base, *([node.module] if node.module else [])])
+        else:
+            module = node.module or ""
+        if module.split(".")[0] == "django_redislock":
+            found.append((module, [alias.name for alias in node.names], node.lineno))
+    return found
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_another_modules_underscore_names(path: Path) -> None:
+    private = [
+        f"line {line}: {name} from {module}"
+        for module, names, line in imports(path)
+        for name in names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert private == []
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "locking").rglob("*.py")), ids=lambda p: p.name)
+def test_locking_imports_no_folder_built_on_it(path: Path) -> None:
+    upward = [
+        f"line {line}: {module}"
+        for module, _names, line in imports(path)
+        if module.split(".")[1:2] and module.split(".")[1] in ABOVE_LOCKING
+    ]
+    assert upward == []
+
+
+def test_the_core_imports_nothing_of_the_django_layer() -> None:
+    outward = [
+        f"{path.relative_to(PACKAGE)} line {line}: {module}"
+        for path in sorted((PACKAGE / "core").rglob("*.py"))
+        for module, _names, line in imports(path)
+        if module != "django_redislock" and not module.startswith("django_redislock.core")
+    ]
+    assert outward == []
+
+
+def test_no_hand_written_module_runs_past_400_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in modules()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert long == {}
