@@ -22,8 +22,8 @@ def test_scripts_are_distinct_and_hashed() -> None:
     assert len({s.sha for s in all_scripts}) == len(all_scripts)
     for s in all_scripts:
         assert len(s.sha) == 40
-        assert s.source.startswith(b"-- The memory of losses, shared by every lock")
-        assert b"-- Shared by every lock script" in s.source
+        assert s.source.startswith(b"-- The prelude of every lock, semaphore and read-write")
+        assert b"-- A lock's own piece" in s.source
 
 
 def test_sync_after_script_flush(r: redis.Redis) -> None:
