@@ -493,7 +493,7 @@ def test_the_default_order_never_pauses() -> None:
 # -- what the documentation says ------------------------------------------------------------------
 def test_the_documented_bound_and_pauses() -> None:
     """docs/locks.rst, Barging: "at most 64 other acquisitions", "pauses 2 ms",
-    "(or 20 ms passed)"; _barging.lua's WAKE_AGAIN."""
+    "(or 20 ms passed)"; release_barging.lua's WAKE_AGAIN."""
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "locks.rst").read_text()

@@ -17,7 +17,10 @@
 --                       w:<token>=<deadline ms>|... (waiters; the kind's entry)
 
 local holders = KEYS[1]
-common().now() -- every script of these kinds reads the clock: expiries are server ms
+-- Every script of these kinds reads the clock (expiries are server ms): read
+-- here, as now() in the prelude would, without making lib for it.
+clock = redis.call('TIME')
+now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 -- forget(token, mode): drop what the state says of one holder or
 -- reservation (`mode`: its m: field when the caller read it). The kind's
@@ -32,7 +35,7 @@ local function purge(all)
   local upto = all and '+inf' or now_ms
   local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', upto)
   if #gone > 0 then
-    lib.losses().holders_lost(gone)
+    common().losses().holders_lost(gone)
     for _, token in ipairs(gone) do
       forget(token, nil)
     end
@@ -56,7 +59,7 @@ local function hold(token, ttl, owner, serial, horizon, fields)
     fields[n + 9], fields[n + 10] = 'h', serial
   end
   redis.call('HSET', state, unpack(fields))
-  lib.outlive(ttl + KEEP, holders, state)
+  outlive(ttl + KEEP, holders, state)
 end
 
 -- Not admitted: queue `token` (at the back, or the front when `first`) with
@@ -69,7 +72,7 @@ local function wait_in_line(token, wait, rest, first)
     if redis.call('HSET', state, 'w:' .. token, (now_ms + wait) .. '|' .. rest) == 1 then
       redis.call(first and 'LPUSH' or 'RPUSH', queue, token)
     end
-    lib.outlive(wait + KEEP, queue, state)
+    outlive(wait + KEEP, queue, state)
   end
   local soonest = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   return {0, #soonest == 0 and 1 or math.max(1, tonumber(soonest[2]) - now_ms)}

@@ -77,7 +77,7 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   end
   if waiters then
     -- Only reached after contended(), which made lib.
-    lib.outlive(tonumber(state_ttl), state)
+    outlive(tonumber(state_ttl), state)
   else
     redis.call('PEXPIRE', state, state_ttl)
   end

@@ -44,7 +44,7 @@ local clock, now_ms -- TIME's reply, and it in ms: read once, when first needed
 -- strictly increasing per name, and the state keeps
 --   h  the horizon: the first serial it answers for (the first it issued)
 --   u  the serials at or above h of grants that ended in a loss (ran out,
---      force-released), at most LOST of them, space-separated
+--      force-released), at most LOST (in losses()) of them, space-separated
 -- A retried release of serial s that finds it held no longer is answered:
 -- s below h or above the last serial issued: unknown, a loss; s in u: a
 -- loss; otherwise: released. A loss that would make u longer than LOST
@@ -52,10 +52,6 @@ local clock, now_ms -- TIME's reply, and it in ms: read once, when first needed
 -- as a release, memory stays constant however hot the name, and a release is
 -- reported lost only when more than LOST grants issued after it were lost
 -- before its retry ran (or the state was gone).
-
--- Room for 3 serials of 16 digits: `u` stays under 64 bytes, the longest
--- value Redis keeps a hash compact with (a lock's state is one).
-local LOST = 3
 
 local issued -- the last serial this run issued
 
@@ -78,6 +74,17 @@ local function issue(clock, last)
   return s
 end
 
+-- Raise the TTL of `key` (and of `other`, if given) to at least ms; never
+-- shortens one, never makes one eternal.
+local function outlive(ms, key, other)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+  if other and redis.call('PTTL', other) < ms then
+    redis.call('PEXPIRE', other, ms)
+  end
+end
+
 -- The helpers of the rarer paths, in one table made by common() on first
 -- use (a run that needs none of them pays for none; one table, not a local
 -- per helper, keeps cheap the closures of every run that refer to them).
@@ -96,17 +103,6 @@ local function common()
       now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
     end
     return now_ms
-  end
-
-  -- Raise the TTL of `key` (and of `other`, if given) to at least ms; never
-  -- shortens one, never makes one eternal.
-  local function outlive(ms, key, other)
-    if redis.call('PTTL', key) < ms then
-      redis.call('PEXPIRE', key, ms)
-    end
-    if other and redis.call('PTTL', other) < ms then
-      redis.call('PEXPIRE', other, ms)
-    end
   end
 
   -- Where the deadline of waiter entry `info` ends (its first '|') when the
@@ -135,6 +131,10 @@ local function common()
       return memory
     end
     memory = {}
+
+    -- Room for 3 serials of 16 digits: `u` stays under 64 bytes, the longest
+    -- value Redis keeps a hash compact with (a lock's state is one).
+    local LOST = 3
 
     -- Whether decimal integer text `a` is larger than `b` (as in issue()).
     local function above(a, b)
@@ -223,6 +223,6 @@ local function common()
   end
 
   -- Sized once: a kind's piece may add two more without a rehash.
-  lib = { now = now, outlive = outlive, alive = alive, wake = wake, losses = losses }
+  lib = { now = now, alive = alive, wake = wake, losses = losses }
   return lib
 end

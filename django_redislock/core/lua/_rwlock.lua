@@ -50,7 +50,7 @@ local function promote(grace, self, grant_self)
       break
     end
     local info = redis.call('HGET', state, 'w:' .. head)
-    local sep = info and lib.alive(info)
+    local sep = info and common().alive(info)
     local mode = sep and string.sub(info, sep + 1, sep + 1)
     if not sep then
       redis.call('LPOP', queue)
@@ -64,13 +64,13 @@ local function promote(grace, self, grant_self)
       if head == self then
         grant_self()
         mine = true
-      elseif lib.wake(info, sep + 2, nil, head) then
+      elseif common().wake(info, sep + 2, nil, head) then
         redis.call('ZADD', holders, now_ms + grace, head)
         redis.call('HSET', state, 'r:' .. head, '1', 'm:' .. head, mode)
         if mode == 'w' then
           redis.call('HSET', state, 'x', head)
         end
-        lib.outlive(grace + KEEP, holders, state)
+        outlive(grace + KEEP, holders, state)
         reserved = reserved + 1
       else
         -- Nobody listens on its channel: its process died (or is
@@ -88,7 +88,7 @@ local function promote(grace, self, grant_self)
     local head = redis.call('LINDEX', queue, 0)
     local info = head and head ~= self and redis.call('HGET', state, 'w:' .. head)
     if info then
-      lib.wake(info, string.find(info, '|', 1, true) + 2, nil, head)
+      common().wake(info, string.find(info, '|', 1, true) + 2, nil, head)
     end
   end
   return mine, dry

@@ -24,8 +24,8 @@ local function alert(count, self)
       return
     end
     local info = redis.call('HGET', state, 'w:' .. token)
-    local sep = info and lib.alive(info)
-    if sep and (token == self or lib.wake(info, sep + 1, nil, token)) then
+    local sep = info and common().alive(info)
+    if sep and (token == self or common().wake(info, sep + 1, nil, token)) then
       i = i + 1
       count = count - 1
     else
@@ -42,8 +42,13 @@ end
 -- the acquirer's; nil for the current one (the state's, or else the
 -- caller's: ARGV[3] of release and cancel; none for clear).
 -- When `self` comes up it is not reserved: the caller takes the permit in this
--- same script. Returns whether `self` came up, and how many permits are free.
+-- same script. Returns whether `self` came up, and how many permits are free
+-- (when there is a `self`).
 local function promote(grace, self, limit)
+  if not self and redis.call('EXISTS', queue) == 0 then
+    -- Nobody waits (the common case of a release): no need to count.
+    return false, 0
+  end
   limit = limit or tonumber(redis.call('HGET', state, 'l') or ARGV[3] or '0')
   local free = limit - redis.call('ZCARD', holders)
   local mine = false
@@ -55,7 +60,7 @@ local function promote(grace, self, limit)
     end
     local info = redis.call('HGET', state, 'w:' .. head)
     redis.call('HDEL', state, 'w:' .. head)
-    local sep = info and lib.alive(info)
+    local sep = info and common().alive(info)
     if sep then
       if head == self then
         mine = true
@@ -63,10 +68,10 @@ local function promote(grace, self, limit)
       -- Nobody listens on its channel: its process died (or is reconnecting,
       -- and will queue again). A reservation would only keep the permit idle
       -- until it ran out: the next waiter gets it.
-      elseif lib.wake(info, sep + 1, nil, head) then
+      elseif common().wake(info, sep + 1, nil, head) then
         redis.call('ZADD', holders, now_ms + grace, head)
         redis.call('HSET', state, 'r:' .. head, '1')
-        lib.outlive(grace + KEEP, holders, state)
+        outlive(grace + KEEP, holders, state)
         free = free - 1
         reserved = reserved + 1
       end

@@ -52,7 +52,7 @@ local function enqueue()
     redis.call('HSET', state, token,
       (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|' .. ARGV[4],
       'q', '1', 'n', ARGV[3])
-    lib.outlive(wait + KEEP, queue, state)
+    outlive(wait + KEEP, queue, state)
   end
   return redis.call('PTTL', lease)
 end
@@ -63,7 +63,7 @@ if holder then
     -- older attempt), or a retry of an acquire whose reply was lost: it is
     -- ours. Its validity starts now; the state must outlive it as always.
     redis.call('PEXPIRE', lease, ARGV[2])
-    lib.outlive(tonumber(ARGV[7]), state)
+    outlive(tonumber(ARGV[7]), state)
     return redis.call('HGET', lease, 'f')
   end
   -- Busy: queue (or keep our place in the queue) and wait.

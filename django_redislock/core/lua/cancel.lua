@@ -16,7 +16,7 @@ else
   redis.call('HSET', state, 'd', given)
 end
 -- The state may not have existed: it must not be left without a TTL.
-common().outlive(KEEP, state)
+outlive(KEEP, state)
 if held[1] == token then
   if st[2] then
     contended().hand_off(false)

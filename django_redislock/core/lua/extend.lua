@@ -5,5 +5,5 @@ if redis.call('HGET', lease, 't') ~= ARGV[1] then
   return 0
 end
 redis.call('PEXPIRE', lease, ARGV[2])
-common().outlive(tonumber(ARGV[2]) + KEEP, state)
+outlive(tonumber(ARGV[2]) + KEEP, state)
 return 1

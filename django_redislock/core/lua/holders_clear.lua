@@ -10,7 +10,7 @@ if ARGV[2] == '' then
 else
   removed = redis.call('ZREM', holders, ARGV[2])
   if removed == 1 then
-    lib.losses().holders_lost({ ARGV[2] })
+    common().losses().holders_lost({ ARGV[2] })
     forget(ARGV[2], nil)
   end
   purge()

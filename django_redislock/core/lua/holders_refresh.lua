@@ -11,5 +11,5 @@ if not score or tonumber(score) <= now_ms
 end
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', holders, now_ms + ttl, token)
-lib.outlive(ttl + KEEP, holders, state)
+outlive(ttl + KEEP, holders, state)
 return 1

@@ -14,7 +14,7 @@
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
   return false
 end
-common() -- lib.now(), lib.alive()
+common() -- lib.alive()
 local hash = redis.call('TYPE', state).ok == 'hash'
 local function field(name)
   if not hash then

@@ -13,7 +13,7 @@ local v = redis.call('HMGET', KEYS[1], 't', 'f', 'n', 'o')
 if not v[1] then
   return false
 end
-common() -- lib.now(), lib.alive()
+common() -- lib.alive()
 local waiting = 0
 if redis.call('TYPE', queue).ok == 'list' and redis.call('TYPE', state).ok == 'hash' then
   for _, token in ipairs(redis.call('LRANGE', queue, 0, -1)) do

@@ -42,7 +42,7 @@ if redis.call('ZSCORE', holders, token) then
   if not st[1] then
     -- A retry of an acquire whose reply was lost: the turn is ours already.
     redis.call('ZADD', holders, now_ms + ttl, token)
-    lib.outlive(ttl + KEEP, holders, state)
+    outlive(ttl + KEEP, holders, state)
     return {1, st[2] or '0', st[3] or '0'}
   end
   -- The turn reserved for us when we were woken: claim it.

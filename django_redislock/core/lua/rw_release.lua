@@ -23,4 +23,4 @@ promote(tonumber(ARGV[2]), false, nil)
 if live and not st[1] then
   return 1
 end
-return score and 0 or lib.losses().holder_released(ARGV[4])
+return score and 0 or common().losses().holder_released(ARGV[4])

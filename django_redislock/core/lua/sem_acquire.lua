@@ -19,8 +19,10 @@ local wait = tonumber(ARGV[5])
 local limit = tonumber(ARGV[9])
 
 purge()
-redis.call('HSET', state, 'n', ARGV[3], 'l', limit)
-lib.outlive(KEEP, state)
+if redis.call('HSET', state, 'n', ARGV[3], 'l', limit) > 0 then
+  -- A new state (a state that was there has a TTL already).
+  outlive(KEEP, state)
+end
 
 local function grant()
   redis.call('HDEL', state, 'r:' .. token, 'w:' .. token)
@@ -34,7 +36,7 @@ if redis.call('ZSCORE', holders, token) then
   if redis.call('HEXISTS', state, 'r:' .. token) == 0 then
     -- A retry of an acquire whose reply was lost: the permit is ours already.
     redis.call('ZADD', holders, now_ms + ttl, token)
-    lib.outlive(ttl + KEEP, holders, state)
+    outlive(ttl + KEEP, holders, state)
     return {1, redis.call('HGET', state, 's:' .. token) or '0'}
   end
   -- Our reserved permit. If the limit fell below the permits in use since it

@@ -25,4 +25,4 @@ promote(tonumber(ARGV[2]), false)
 if held then
   return 1
 end
-return score and 0 or lib.losses().holder_released(ARGV[5])
+return score and 0 or common().losses().holder_released(ARGV[5])
