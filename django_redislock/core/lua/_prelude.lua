@@ -24,9 +24,10 @@
 -- each run makes the closures its chunk defines), and the uncontended paths
 -- are kept to the least: they read the server clock only when they need it,
 -- keep numbers as text where they can (a conversion between number and text
--- costs about what a redis.call does), and make no closure they do not call.
--- What the rarer paths need is made on first use, by common() here and by
--- contended() in _lock.lua.
+-- costs about what a redis.call does), and make few closures: issue() and
+-- outlive(), which most runs call, are made by every run; what the rarer
+-- paths need is made on first use, by common() here and by contended() in
+-- _lock.lua.
 
 local queue, state = KEYS[2], KEYS[3]
 -- How long the state outlives what it holds: STATE_KEEP_MS in protocol.py,
@@ -222,7 +223,7 @@ local function common()
     return memory
   end
 
-  -- Sized once: a kind's piece may add two more without a rehash.
+  -- A lock's piece adds its own (contended() in _lock.lua).
   lib = { now = now, alive = alive, wake = wake, losses = losses }
   return lib
 end
