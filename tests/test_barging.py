@@ -48,9 +48,11 @@ def test_first_come_first_served_stays_the_default(r: redis.Redis) -> None:
     assert barging._acquire_script is scripts.ACQUIRE_BARGING
     assert len(barging._args_acquire("t" * 16, 1000, "w", 0, NO_CHANNEL)) == 9
     assert AsyncLock(r, "order", fair=False)._acquire_script is scripts.ACQUIRE_BARGING
-    # Its own scripts: the first-come, first-served ones are not touched.
-    assert scripts.ACQUIRE_BARGING.sha != scripts.ACQUIRE.sha
-    assert b"barging" not in scripts.ACQUIRE.source + scripts.RELEASE.source
+    # One acquire script for both orders, told apart by the limit (ARGV[9]);
+    # the release of the first-come order knows nothing of barging.
+    assert scripts.ACQUIRE_BARGING is scripts.ACQUIRE
+    assert b"WAKE_AGAIN" not in scripts.RELEASE.source
+    assert scripts.RELEASE_BARGING.sha != scripts.RELEASE.sha
 
 
 @pytest.mark.parametrize("bad", ["fifo", "barging", 0, 1, None])
@@ -499,7 +501,7 @@ def test_the_default_order_never_pauses() -> None:
 # -- what the documentation says ------------------------------------------------------------------
 def test_the_documented_bound_and_pauses() -> None:
     """docs/locks.rst, Barging: "at most 64 other acquisitions", "pauses 2 ms",
-    "(or 20 ms passed)"; _barging.lua's WAKE_AGAIN."""
+    "(or 20 ms passed)"; release_barging.lua's WAKE_AGAIN."""
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "locks.rst").read_text()

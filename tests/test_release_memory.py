@@ -48,7 +48,7 @@ KS = KeySpace()
 # semaphore or read-write lock) between the lost reply and the retry.
 HANDOFFS = 80
 WAITERS = 4
-# LOST in lua/_losses.lua: how many losses the memory holds.
+# LOST in lua/_prelude.lua: how many losses the memory holds.
 LOST = 3
 
 

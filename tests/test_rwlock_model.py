@@ -15,7 +15,7 @@ never past the queue. After every step:
 4. every key has a TTL;
 5. a release sent again is never told "released" for a turn that was lost,
    and told "lost" for one released only once more than LOST turns granted
-   after it were lost (lua/_losses.lua).
+   after it were lost (lua/_prelude.lua).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ NAME = "doc"
 KEYS = KS.rwlock(NAME)
 KEY_TUPLE = (KEYS.lease, KEYS.queue, KEYS.state)
 TOKENS = [f"{i:016x}" for i in range(8)]
-LOST = 3  # lua/_losses.lua
+LOST = 3  # lua/_prelude.lua
 LONG = 600_000  # ms: no lease, reservation or wait runs out during a run
 _server: dict[str, Any] = {}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -12,7 +12,16 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable, scripts
+from django_redislock.core import (
+    AsyncLock,
+    KeySpace,
+    Lock,
+    RedisUnavailable,
+    rwlock,
+    scripts,
+    semaphore,
+)
+from django_redislock.core.protocol import STATE_KEEP_MS
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.topologies import ClusterTopology, wait_until
 
@@ -22,8 +31,122 @@ def test_scripts_are_distinct_and_hashed() -> None:
     assert len({s.sha for s in all_scripts}) == len(all_scripts)
     for s in all_scripts:
         assert len(s.sha) == 40
-        assert s.source.startswith(b"-- The memory of losses, shared by every lock")
-        assert b"-- Shared by every lock script" in s.source
+        assert s.source.startswith(b"-- The prelude of every lock, semaphore and read-write")
+        assert b"-- A lock's own piece" in s.source
+
+
+def test_one_prelude_each_kind_adding_its_own() -> None:
+    pieces = {
+        "_prelude.lua": b"-- The prelude of every lock, semaphore and read-write",
+        "_lock.lua": b"-- A lock's own piece",
+        "_holders.lua": b"-- What semaphores and read-write locks share",
+        "_semaphore.lua": b"-- A semaphore's own piece",
+        "_rwlock.lua": b"-- A read-write lock's own piece",
+    }
+    kinds = {
+        "lock": (scripts.ACQUIRE, scripts.RELEASE, scripts.RELEASE_BARGING, scripts.CLEAR),
+        "holders": (scripts.HOLDERS_REFRESH,),
+        "semaphore": (semaphore.ACQUIRE, semaphore.RELEASE, semaphore.CANCEL, semaphore.CLEAR),
+        "rwlock": (rwlock.ACQUIRE, rwlock.RELEASE, rwlock.CANCEL, rwlock.CLEAR),
+    }
+    for kind, loaded in kinds.items():
+        for script in loaded:
+            found = [name for name, head in pieces.items() if head in script.source]
+            assert found == list(scripts.PIECES[kind]), (kind, script.name)
+            assert script.source.count(pieces["_prelude.lua"]) == 1
+    # Identical scripts are one: the refresh of both kinds with many holders.
+    assert semaphore.REFRESH is rwlock.REFRESH is scripts.HOLDERS_REFRESH
+    assert scripts.ACQUIRE_BARGING is scripts.ACQUIRE
+
+
+def test_the_keep_time_reaches_the_scripts_one_way(r: redis.Redis) -> None:
+    """KEEP, written in by scripts.load; a keep argument a caller sends is not
+    read (the semaphore's used to be, by its acquire and refresh)."""
+    for script in (scripts.ACQUIRE, semaphore.ACQUIRE, rwlock.ACQUIRE, scripts.HOLDERS_REFRESH):
+        assert f"local KEEP = {STATE_KEEP_MS}\n".encode() in script.source
+        assert b"@STATE_KEEP_MS@" not in script.source
+    keys = KeySpace().semaphore("keep-one-way")
+    key_tuple = (keys.lease, keys.queue, keys.state)
+    args = ("t" * 32, 60_000, b"keep-one-way", "{}", 0, b"-", 2000, 1, 1)
+    assert scripts.run(r, semaphore.ACQUIRE, key_tuple, args)[0] == 1
+    assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
+    r.persist(keys.state)
+    r.pexpire(keys.state, 1000)
+    assert scripts.run(r, semaphore.REFRESH, key_tuple, ("t" * 32, 60_000, 1)) == 1
+    assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
+    assert scripts.run(r, semaphore.RELEASE, key_tuple, ("t" * 32, 2000, 1, 1, "")) == 1
+
+
+# The commands a script may run; what else the server counts (the client's
+# own EVALSHA, INFO, a wake-up channel's housekeeping) is left out, and so is
+# PEXPIRE: a TTL is raised only when it is short of its mark, which depends
+# on how many milliseconds passed since it was set.
+_SCRIPT_COMMANDS = frozenset(
+    [
+        "del",
+        "exists",
+        "hdel",
+        "hexists",
+        "hget",
+        "hincrby",
+        "hmget",
+        "hset",
+        "lindex",
+        "llen",
+        "lpop",
+        "lpush",
+        "lrange",
+        "lrem",
+        "pttl",
+        "publish",
+        "rpush",
+        "spublish",
+        "time",
+        "type",
+        "zadd",
+        "zcard",
+        "zrange",
+        "zrangebyscore",
+        "zremrangebyscore",
+        "zrem",
+        "zscore",
+    ]
+)
+
+
+def _script_commands(r: redis.Redis, call: Callable[[], Any]) -> int:
+    r.config_resetstat()
+    call()
+    stats = r.info("commandstats")
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k.removeprefix("cmdstat_") in _SCRIPT_COMMANDS
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "acquire", "release"),
+    [("lock", 5, 4), ("barging", 5, 4), ("semaphore", 12, 7), ("read", 10, 7), ("write", 10, 9)],
+)
+def test_commands_of_an_uncontended_acquire_and_release(
+    r: redis.Redis, kind: str, acquire: int, release: int
+) -> None:
+    """What the server runs for an uncontended acquire and release of each kind
+    (docs/internals.rst, Scripts): a script that runs more on these paths
+    makes every caller pay for it."""
+    name = f"count-{kind}"
+    handle: Any
+    if kind in ("lock", "barging"):
+        handle = Lock(r, name, ttl=30, wait=1, fair=kind == "lock")
+    elif kind == "semaphore":
+        handle = semaphore.Semaphore(r, name, 3, ttl=30, wait=1)
+    else:
+        handle = rwlock.ReadWriteLock(r, name, kind, ttl=30, wait=1)  # type: ignore[arg-type]
+    handle.acquire()
+    handle.release()  # the state exists from here on, as it does for a name in use
+    assert (_script_commands(r, handle.acquire), _script_commands(r, handle.release)) == (
+        acquire,
+        release,
+    )
 
 
 def test_sync_after_script_flush(r: redis.Redis) -> None:

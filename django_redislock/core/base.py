@@ -174,7 +174,7 @@ class LockBase:
         self.token: str | None = None
         self.fence: int | None = None
         # The grant's serial, which the release sends so that a retry of it
-        # can tell a release from a loss (lua/_losses.lua): a lease's fence,
+        # can tell a release from a loss (lua/_prelude.lua): a lease's fence,
         # a private number for a permit or a reader; None when unknown.
         self._serial: int | None = None
         self.lost = False

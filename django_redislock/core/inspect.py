@@ -52,8 +52,8 @@ logger = logging.getLogger("django_redislock.inspect")
 KINDS = ("lock", "semaphore", "rwlock")
 _KIND_CODE = {"lock": b"L", "semaphore": b"S", "rwlock": b"RW"}
 
-INSPECT_LOCK = scripts.load("inspect_lock", prelude=None)
-INSPECT_HOLDERS = scripts.load("inspect_holders", prelude=None)
+INSPECT_LOCK = scripts.load("inspect_lock", prelude="shared")
+INSPECT_HOLDERS = scripts.load("inspect_holders", prelude="shared")
 
 # Keys asked for per SCAN call: large enough to walk a big keyspace in few
 # round trips, small enough that each call stays short on the server.

@@ -12,10 +12,10 @@ Protocol, one round trip each when uncontended:
 
 Because a freed lock goes straight to the oldest waiter, nobody can barge in
 and waits are first come first served across processes. ``fair=False`` opts
-into barging instead (``acquire_barging.lua``, ``release_barging.lua``): a
-release frees the lease and wakes the oldest waiter to look again, and
-whoever asks first takes it, until the head of the queue has seen
-``BARGE_LIMIT`` others served; then it is handed over as above.
+into barging instead (``acquire.lua`` told the barging limit, and
+``release_barging.lua``): a release frees the lease and wakes the oldest
+waiter to look again, and whoever asks first takes it, until the head of the
+queue has seen ``BARGE_LIMIT`` others served; then it is handed over as above.
 
 This module is the driver: it sends, receives and waits. What a reply means
 and what to do next is decided in ``protocol.py``. It is written once, for
@@ -396,7 +396,7 @@ class Lock(SyncHandle):
         self._renewer: Renewer | None = None
         self._ttl_ms_held = 0
         if not self.fair:
-            # Barging (see _barging.lua): its own scripts; the FIFO ones are untouched.
+            # Barging: the acquire script told its limit, and a release of its own.
             self._acquire_script = scripts.ACQUIRE_BARGING
 
     def _on_acquired(self, ttl_ms: int) -> None:

@@ -53,14 +53,14 @@ MODES: tuple[str, ...] = ("read", "write")
 
 
 def _load(name: str, *, repeatable: bool = False) -> scripts.Script:
-    return scripts.load(name, prelude="rw_prelude.lua", repeatable=repeatable)
+    return scripts.load(name, prelude="rwlock", repeatable=repeatable)
 
 
 ACQUIRE = _load("rw_acquire")
 RELEASE = _load("rw_release", repeatable=True)
-REFRESH = _load("rw_refresh", repeatable=True)
+REFRESH = scripts.HOLDERS_REFRESH
 CANCEL = _load("rw_cancel", repeatable=True)
-CLEAR = _load("rw_clear")
+CLEAR = _load("holders_clear")
 
 
 def check_mode(mode: object) -> Mode:

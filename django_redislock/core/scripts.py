@@ -1,10 +1,12 @@
 """Lua scripts, run by EVALSHA with a transparent fallback to EVAL on NOSCRIPT.
 
-The scripts live in ``lua/`` beside this module. Each lock script is the shared
-``_prelude.lua`` followed by its own body, so the queue logic exists once; each
-semaphore and read-write lock script has its kind's prelude instead. Every one
-of them starts with ``_losses.lua``, the memory that tells a retried release
-from a lost lease, so that memory exists once for all three kinds.
+The scripts live in ``lua/`` beside this module. Every lock, semaphore and
+read-write lock script is ``_prelude.lua`` (what the three kinds share: the
+clock, TTLs, waiter entries and wake-ups, serials and the memory of losses),
+then its kind's own piece, then its body: ``_lock.lua`` for a lock;
+``_holders.lua`` (what semaphores and read-write locks share) and then
+``_semaphore.lua`` or ``_rwlock.lua``. A script that needs no more than
+``_holders.lua`` is one script for both kinds (``HOLDERS_REFRESH``).
 A Redis that lost its script cache (restart, ``SCRIPT FLUSH``, failover) gets
 the source again through EVAL, which also caches it for the next EVALSHA.
 """
@@ -25,6 +27,7 @@ from .exceptions import RedisUnavailable
 from .protocol import STATE_KEEP_MS, may_have_run
 
 __all__ = [
+    "PIECES",
     "Script",
     "load",
     "may_have_run",
@@ -51,20 +54,25 @@ def _read(filename: str) -> str:
     return (resources.files(__package__) / "lua" / filename).read_text("utf-8")
 
 
-def load(
-    name: str,
-    *,
-    prelude: str | None = "_prelude.lua",
-    repeatable: bool = False,
-    helpers: str | None = None,
-) -> Script:
-    text = _read(f"{name}.lua")
-    if helpers:
-        # Shared by a family of scripts, after the prelude (whose locals it uses).
-        text = _read(helpers) + "\n" + text
-    if prelude:
-        text = _read("_losses.lua") + "\n" + _read(prelude) + "\n" + text
-    # One source for the state's keep time: the scripts say @STATE_KEEP_MS@.
+# The pieces before a script's body, per kind (``load``'s ``prelude``).
+PIECES: dict[str, tuple[str, ...]] = {
+    "shared": ("_prelude.lua",),
+    "lock": ("_prelude.lua", "_lock.lua"),
+    "holders": ("_prelude.lua", "_holders.lua"),
+    "semaphore": ("_prelude.lua", "_holders.lua", "_semaphore.lua"),
+    "rwlock": ("_prelude.lua", "_holders.lua", "_rwlock.lua"),
+}
+
+
+def load(name: str, *, prelude: str | None = "lock", repeatable: bool = False) -> Script:
+    """The script ``lua/<name>.lua``, after the pieces of its kind.
+
+    ``prelude`` is the kind (a key of ``PIECES``), or None for a stand-alone
+    script.
+    """
+    pieces = (*PIECES[prelude], f"{name}.lua") if prelude else (f"{name}.lua",)
+    text = "\n".join(_read(piece) for piece in pieces)
+    # The one way the scripts learn the state's keep time (docs/internals.rst).
     source = text.replace("@STATE_KEEP_MS@", str(STATE_KEEP_MS)).encode()
     return Script(name, source, hashlib.sha1(source).hexdigest(), repeatable)
 
@@ -224,7 +232,9 @@ RELEASE = load("release", repeatable=True)
 EXTEND = load("extend", repeatable=True)
 CANCEL = load("cancel", repeatable=True)
 CLEAR = load("clear")
-# The barging order (``Lock(..., fair=False)``): its own scripts, so that the
-# first-come, first-served ones above stay exactly as they are.
-ACQUIRE_BARGING = load("acquire_barging", helpers="_barging.lua")
-RELEASE_BARGING = load("release_barging", repeatable=True, helpers="_barging.lua")
+# The barging order (``Lock(..., fair=False)``): the same acquire script (the
+# limit it is sent says which order), its own release.
+ACQUIRE_BARGING = ACQUIRE
+RELEASE_BARGING = load("release_barging", repeatable=True)
+# Semaphores and read-write locks refresh a holder alike: one script.
+HOLDERS_REFRESH = load("holders_refresh", prelude="holders", repeatable=True)

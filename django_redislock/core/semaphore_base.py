@@ -50,14 +50,14 @@ DEFAULT_PERMIT_TTL = 60.0
 
 
 def _load(name: str, *, repeatable: bool = False) -> scripts.Script:
-    return scripts.load(name, prelude="sem_prelude.lua", repeatable=repeatable)
+    return scripts.load(name, prelude="semaphore", repeatable=repeatable)
 
 
 ACQUIRE = _load("sem_acquire")
 RELEASE = _load("sem_release", repeatable=True)
-REFRESH = _load("sem_refresh", repeatable=True)
+REFRESH = scripts.HOLDERS_REFRESH
 CANCEL = _load("sem_cancel", repeatable=True)
-CLEAR = _load("sem_clear")
+CLEAR = _load("holders_clear")
 
 
 def check_limit(limit: object) -> int:

@@ -1,120 +1,104 @@
--- Shared by every lock script (scripts.py prepends it).
+-- The prelude of every lock, semaphore and read-write lock script: what the
+-- three kinds share. scripts.py puts it first, then the kind's own piece
+-- (_lock.lua; or _holders.lua, shared by semaphores and read-write locks,
+-- then _semaphore.lua or _rwlock.lua), then the script's body.
 --
--- KEYS[1] lease  hash  t=token f=fence o=owner, and n=name when the key
---                cannot hold it readably (long names); the fence is the
---                server's microsecond clock when it was granted
+-- KEYS[1] the kind's own: a lock's lease (hash), or the holders of a
+--         semaphore or read-write lock (zset)
 -- KEYS[2] queue  list  waiting tokens, oldest first
--- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
---                      n=lock name,
---                      e=the fence of the last lease that ended without a
---                        loss (released, or given back unused),
---                      h, u=the memory of losses (_losses.lua): a lease's
---                        fence is its serial, and a lease ended in a loss
---                        when it ended without `e` naming it (it ran out,
---                        or was force-released); the next grant records it
---                      d=the last RECENT tokens given back, newest first,
---                        space-separated (tokens are 16 hex digits, so a
---                        match cannot straddle a separator)
---                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<round>|<owner>
---                      for each waiter
--- A token is in the queue exactly when the state hash has a field for it.
--- The state's TTL is never shorter than the lease's: every path that sets the
--- lease's TTL raises the state's to at least the same plus KEEP, so a lease
--- never outlives its state and no write to the state finds it gone.
+-- KEYS[3] state  hash  n=name, h and u=the memory of losses (below), one
+--                      waiter entry per queued token, and the kind's own
+--                      fields (see its piece)
+-- A waiter entry is "<deadline ms>|..."; the kind says what follows, and
+-- where in it the waiter's wake-up channel is: "<p|s|-><channel>", p for
+-- PUBLISH, s for SPUBLISH (a Cluster's channel of the lock's slot), - for
+-- none (the waiter looks again at its next retry). A token is in the queue
+-- exactly when the state has its waiter entry.
 --
--- Every run of a script pays for what it does, and the uncontended paths are
--- kept to the least: they read `q` instead of touching the queue, read the
--- server clock only when they need it, keep numbers as text (Lua converts
--- between numbers and strings with printf and strtod, dearer than a
--- redis.call), and make no closure they do not call: the contended paths'
--- helpers are made on first use, by contended().
+-- Every key has a TTL. Each script that writes a key raises its TTL to cover
+-- what it wrote, plus KEEP for the state (outlive; it never lowers a TTL),
+-- so no path leaves a key without one, and the state outlives every lease,
+-- holder, reservation and waiter it speaks of by KEEP.
+--
+-- Every run of a script pays for what it does (Redis compiles a script once;
+-- each run makes the closures its chunk defines), and the uncontended paths
+-- are kept to the least: they read the server clock only when they need it,
+-- keep numbers as text where they can (a conversion between number and text
+-- costs about what a redis.call does), and make few closures: issue() and
+-- outlive(), which most runs call, are made by every run; what the rarer
+-- paths need is made on first use, by common() here and by contended() in
+-- _lock.lua.
 
-local lease, queue, state = KEYS[1], KEYS[2], KEYS[3]
--- How long the state (last fence) outlives a lease: STATE_KEEP_MS in
--- protocol.py, written in by scripts.load.
+local queue, state = KEYS[2], KEYS[3]
+-- How long the state outlives what it holds: STATE_KEEP_MS in protocol.py,
+-- written in by scripts.load. The one way the scripts learn it (a constant
+-- of the protocol, not a caller's choice; see docs/internals.rst, Scripts).
 local KEEP = @STATE_KEEP_MS@
--- How many given-back tokens `d` remembers: an acquire that arrives after
--- its caller gave it back (a reply that never came, then a give-back that
--- ran first) grants nothing. It comes within moments of the give-back, in
--- which a name sees few others; more entries would push the state out of
--- Redis's compact encoding (values up to 64 bytes) and make every lock
--- script dearer. (A retried release is answered by the memory of losses.)
-local RECENT = 3
-local clock, now_ms
-local slow   -- the contended paths' helpers, once contended() made them
+local clock, now_ms -- TIME's reply, and it in ms: read once, when first needed
 
--- `d` keeps at most this much of its former value when a token is added.
-local RECENT_KEPT = (RECENT - 1) * 17 - 1
+-- The memory of losses. A release sent again after its reply was lost
+-- (scripts.py: repeatable) must report success when its first run released,
+-- and a loss when the lease was lost (invariants 7 and 14), however often the
+-- name changed hands in between. Releases are the common case and losses the
+-- rare one, so the state remembers the losses: every grant gets a serial (a
+-- lock's or a writer's fence; a private number for a permit or a reader),
+-- strictly increasing per name, and the state keeps
+--   h  the horizon: the first serial it answers for (the first it issued)
+--   u  the serials at or above h of grants that ended in a loss (ran out,
+--      force-released), at most LOST (in losses()) of them, space-separated
+-- A retried release of serial s that finds it held no longer is answered:
+-- s below h or above the last serial issued: unknown, a loss; s in u: a
+-- loss; otherwise: released. A loss that would make u longer than LOST
+-- drops its smallest entry and raises h past it. So a loss is never reported
+-- as a release, memory stays constant however hot the name, and a release is
+-- reported lost only when more than LOST grants issued after it were lost
+-- before its retry ran (or the state was gone).
 
--- Write a lease for `token` and return its fence, as text: its serial
--- (_losses.lua), the server clock in microseconds above the last fence
--- issued (`last`). `ended` is the state's `e`: when it does not name `last`,
--- that lease ended in a loss and is recorded as one; `horizon` is its `h`
--- (false in a state that has none yet: it starts here). `ttl` is text;
--- `state_ttl` (the state's TTL) is text, or a number when `waiters`; `name`
--- is '' when the key holds it. `waiters`: whether anyone may be queued (then
--- the state's TTL may only grow, it covers their deadlines).
-local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, waiters)
-  clock = clock or redis.call('TIME')
-  if issued then
-    -- This run gave a lease already and took it back (a waiter nobody
-    -- heard): that one is the last, and it ended without a loss.
-    last, ended, horizon = issued, issued, horizon or issued
+local issued -- the last serial this run issued
+
+-- A new serial, as text: the server clock (`clock`, TIME's reply) in
+-- microseconds, above `last` (text, or false/nil) and above any serial this
+-- run issued. Serials keep increasing after the state expires or Redis
+-- restarts empty, as long as the server clock does not step back.
+local function issue(clock, last)
+  local us = clock[2]
+  local s = clock[1] .. string.rep('0', 6 - #us) .. us
+  -- Decimal integers without leading zeros: longer is larger, else compare
+  -- as text (no number conversion on the common path).
+  if issued and (not last or #issued > #last or (#issued == #last and issued > last)) then
+    last = issued
   end
-  local f = issue(clock, last)
-  if name == '' then
-    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
-  else
-    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
+  if last and not (#s > #last or (#s == #last and s > last)) then
+    s = string.format('%.0f', tonumber(last) + 1)
   end
-  redis.call('PEXPIRE', lease, ttl)
-  if not last or not horizon then
-    -- A new state (or one from before the memory of losses): it answers for
-    -- the fences it issues from here on.
-    redis.call('HSET', state, 'f', f, 'h', f)
-  elseif ended == last then
-    redis.call('HSET', state, 'f', f)
-  else
-    local u, h = losses().record(redis.call('HGET', state, 'u'), horizon, last)
-    if u then
-      redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
-    else
-      redis.call('HSET', state, 'f', f)
-    end
-  end
-  if waiters then
-    -- Only reached through contended(), which made `slow`.
-    slow.bump_ttl(state, tonumber(state_ttl))
-  else
-    redis.call('PEXPIRE', state, state_ttl)
-  end
-  return f
+  issued = s
+  return s
 end
 
-local function contended()
-  if slow then
-    return slow
+-- Raise the TTL of `key` (and of `other`, if given) to at least ms; never
+-- shortens one, never makes one eternal.
+local function outlive(ms, key, other)
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, ms)
   end
-  slow = {}
+  if other and redis.call('PTTL', other) < ms then
+    redis.call('PEXPIRE', other, ms)
+  end
+end
 
-  -- A release of `fence` (text from the client; '' or nil when it did not
-  -- say) that found the lease not its own: 1 if that lease was released all
-  -- the same (this is a retry, and the first run released it), else 0.
-  function slow.released_before(fence)
-    if not fence or fence == '' then
-      return 0
-    end
-    local st = redis.call('HMGET', state, 'f', 'e', 'h', 'u')
-    if fence == st[1] then
-      -- The last lease issued, and gone: released only if `e` says so (it
-      -- may have run out since, unrecorded until the next grant).
-      return st[2] == fence and 1 or 0
-    end
-    return losses().released(fence, st[1], st[3], st[4]) and 1 or 0
+-- The helpers of the rarer paths, in one table made by common() on first
+-- use (a run that needs none of them pays for none; one table, not a local
+-- per helper, keeps cheap the closures of every run that refer to them).
+-- losses() makes the memory's own, rarer still.
+local lib
+
+local function common()
+  if lib then
+    return lib
   end
 
-  -- The server clock in milliseconds, as a number (deadlines).
-  function slow.read_clock()
+  -- The server clock in ms, as a number (deadlines, expiries).
+  local function now()
     if not now_ms then
       clock = clock or redis.call('TIME')
       now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -122,81 +106,124 @@ local function contended()
     return now_ms
   end
 
-  -- Raise a key's TTL to at least ms; never shortens it, never makes it eternal.
-  function slow.bump_ttl(key, ms)
-    if redis.call('PTTL', key) < ms then
-      redis.call('PEXPIRE', key, ms)
-    end
+  -- Where the deadline of waiter entry `info` ends (its first '|') when the
+  -- deadline has not passed on the server clock, else false.
+  local function alive(info)
+    local sep = string.find(info, '|', 1, true)
+    return tonumber(string.sub(info, 1, sep - 1)) > (now_ms or now()) and sep
   end
 
-  -- The lock is free and someone may be queued: hand the lease straight to
-  -- the oldest live waiter and wake it with "<token>:<fence>:<round>", so it holds the
-  -- lock the moment it wakes, with no second round trip. The message also
-  -- names the acquire attempt (round) that queued the waiter: a lease handed
-  -- in answer to an older attempt is never taken as it is. Waiters whose
-  -- deadline passed, or whose wake-up channel nobody listens on (their
-  -- process died), are dropped on the way. Returns the new holder's token, or
-  -- false when nobody was left. When the oldest live waiter is `self` (the
-  -- caller of this very script), it is popped and returned without a lease:
-  -- the caller takes it itself.
-  function slow.hand_off(self)
-    local now = slow.read_clock()
-    while true do
-      local head = redis.call('LPOP', queue)
-      if not head then
-        redis.call('HDEL', state, 'q')
-        return false
-      end
-      local info = redis.call('HGET', state, head)
-      redis.call('HDEL', state, head)
-      if info then
-        local s1 = string.find(info, '|', 1, true)
-        local s2 = string.find(info, '|', s1 + 1, true)
-        local s3 = string.find(info, '|', s2 + 1, true)
-        local s4 = string.find(info, '|', s3 + 1, true)
-        if tonumber(string.sub(info, 1, s1 - 1)) > now then
-          if head == self then
-            return head
+  -- Send `message` on the wake-up channel at `at` in waiter entry `info`,
+  -- which ends before `stop` (nil: at the end of the entry). Whether anyone
+  -- may have heard: a waiter without a channel ('-') counts as heard.
+  local function wake(info, at, stop, message)
+    local mode = string.sub(info, at, at)
+    if mode == '-' then
+      return true
+    end
+    local channel = string.sub(info, at + 1, stop and stop - 1 or -1)
+    return redis.call(mode == 'p' and 'PUBLISH' or 'SPUBLISH', channel, message) > 0
+  end
+
+  local memory
+
+  local function losses()
+    if memory then
+      return memory
+    end
+    memory = {}
+
+    -- Room for 3 serials of 16 digits: `u` stays under 64 bytes, the longest
+    -- value Redis keeps a hash compact with (a lock's state is one).
+    local LOST = 3
+
+    -- Whether decimal integer text `a` is larger than `b` (as in issue()).
+    local function above(a, b)
+      return #a > #b or (#a == #b and a > b)
+    end
+
+    -- Whether `u` (text or false) holds `serial`.
+    local function among(u, serial)
+      if u then
+        for s in string.gmatch(u, '%d+') do
+          if s == serial then
+            return true
           end
-          local mode = string.sub(info, s1 + 1, s1 + 1)
-          local channel = string.sub(info, s1 + 2, s2 - 1)
-          local ttl = string.sub(info, s2 + 1, s3 - 1)
-          -- An entry written before attempts were numbered has the owner
-          -- (JSON, never digits) where the round is: it is woken as before,
-          -- with no round, and looks again.
-          local round = s4 and string.sub(info, s3 + 1, s4 - 1)
-          local owner
-          if round and string.find(round, '^%d+$') then
-            owner = string.sub(info, s4 + 1)
-          else
-            round = nil
-            owner = string.sub(info, s3 + 1)
-          end
-          local st = redis.call('HMGET', state, 'f', 'n', 'e', 'h')
-          local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], st[3],
-            st[4], true)
-          local message = head .. ':' .. fence
-          if round then
-            message = message .. ':' .. round
-          end
-          local heard = 1
-          if mode == 'p' then
-            heard = redis.call('PUBLISH', channel, message)
-          elseif mode == 's' then
-            heard = redis.call('SPUBLISH', channel, message)
-          end
-          if heard > 0 or mode == '-' then
-            -- A waiter without a channel finds its lease at its next retry.
-            return head
-          end
-          -- Nobody heard: its process died. Take the lease back (nobody
-          -- will release it: no loss to remember), try the next.
-          redis.call('DEL', lease)
-          redis.call('HSET', state, 'e', fence)
         end
       end
+      return false
     end
+
+    -- The new `u` and `h` once the grant `serial` ended in a loss (u, h: their
+    -- values, false when unset; h is set with the first serial a state issues).
+    function memory.record(u, h, serial)
+      if not h or above(h, serial) or among(u, serial) then
+        return u, h -- below the horizon: any retry of it is answered lost already
+      end
+      if not u then
+        return serial, h
+      end
+      local list = { serial }
+      for s in string.gmatch(u, '%d+') do
+        list[#list + 1] = s
+      end
+      if #list > LOST then
+        local low = 1
+        for i = 2, #list do
+          if above(list[low], list[i]) then
+            low = i
+          end
+        end
+        h = string.format('%.0f', tonumber(list[low]) + 1)
+        table.remove(list, low)
+      end
+      return table.concat(list, ' '), h
+    end
+
+    -- Whether the grant `serial` (text from the client: '' or nil when it did
+    -- not say), which holds no longer, was released. `last`: the last serial
+    -- issued; h and u as above (false when unset).
+    function memory.released(serial, last, h, u)
+      if not serial or not last or not h or not string.find(serial, '^[1-9]%d*$') then
+        return false
+      end
+      return not (above(serial, last) or above(h, serial) or among(u, serial))
+    end
+
+    -- Semaphores and read-write locks have many holders: their state keeps
+    -- i = the last serial issued and s:<token> = each holder's serial.
+    -- Record the grants of `tokens`, holders dropped without being released
+    -- (ran out, force-released), as lost. Call it before their s: fields are
+    -- deleted. Reservations have no serial: nothing to record.
+    function memory.holders_lost(tokens)
+      local fields = { 'h', 'u' }
+      for i, token in ipairs(tokens) do
+        fields[i + 2] = 's:' .. token
+      end
+      local got = redis.call('HMGET', state, unpack(fields))
+      local h, u = got[1], got[2]
+      local before = u
+      for i = 3, #fields do
+        if got[i] then
+          u, h = memory.record(u, h, got[i])
+        end
+      end
+      if u ~= before then
+        redis.call('HSET', state, 'h', h, 'u', u)
+      end
+    end
+
+    -- The same kinds' answer to a release of `serial` (as memory.released)
+    -- that found its holder gone: 1 if it was released all the same, else 0.
+    function memory.holder_released(serial)
+      local mem = redis.call('HMGET', state, 'i', 'h', 'u')
+      return memory.released(serial, mem[1], mem[2], mem[3]) and 1 or 0
+    end
+
+    return memory
   end
 
-  return slow
+  -- A lock's piece adds its own (contended() in _lock.lua).
+  lib = { now = now, alive = alive, wake = wake, losses = losses }
+  return lib
 end

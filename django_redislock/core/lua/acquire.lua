@@ -1,21 +1,35 @@
--- Take the lease, or join the queue of waiters.
--- KEYS: lease, queue, state (see the prelude)
+-- Take the lease, or join the queue of waiters, in either order: first come,
+-- first served, or barging (Lock(..., fair=False)), where a free lease goes
+-- to whoever asks, even with waiters queued, until the head of the queue has
+-- seen `limit` others served (the state's `b`); then it goes to the head, as
+-- in the first order. One script for both: they differ only there.
+-- KEYS: lease, queue, state (see _lock.lua)
 -- ARGV[1] token      random, unique to this acquisition
 -- ARGV[2] ttl        lease length, ms
 -- ARGV[3] name       lock name, kept for operators; '' when the key shows it
 -- ARGV[4] owner      owner metadata (JSON), kept for operators
 -- ARGV[5] wait       ms the caller will wait; 0 = try once, never queue
 -- ARGV[6] channel    <p|s|-> followed by the caller's wake-up channel
--- ARGV[7] state ttl  ms the state (last fence) lives: ttl + STATE_KEEP_MS
+-- ARGV[7] state ttl  ttl + STATE_KEEP_MS (KEEP): what the state's TTL is set
+--                    to when the lease is granted. The caller adds them: in
+--                    Lua the sum would cost two number conversions on the
+--                    uncontended path (about what a redis.call costs)
 -- ARGV[8] round      the caller's attempt number, named when the lease is
---                    handed to it (see the prelude)
+--                    handed to it (see hand_off in _lock.lua)
+-- ARGV[9] limit      the barging order only: barges allowed while the head
+--                    of the queue waits; absent in the first-come order
 -- Numbers arrive as text and stay text where they can (see the prelude).
 -- Returns the fence, as text, when acquired; when busy, the ms until the
 -- state can change by itself (the holder's lease end) as an integer: the
 -- waiter's fallback timer.
 
-local token = ARGV[1]
-local st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h')
+local token, limit = ARGV[1], ARGV[9]
+local st
+if limit then
+  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', 'b')
+else
+  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h')
+end
 if st[3] and string.find(st[3], token, 1, true) then
   -- Its caller gave this acquisition up already (a reply that never came,
   -- then a give-back that ran first): grant and queue nothing.
@@ -27,22 +41,20 @@ if not holder and not st[1] then
   return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], false)
 end
 
-contended() -- from here on, `slow` holds the contended paths' helpers
+contended()
 
 local function enqueue()
   local wait = tonumber(ARGV[5])
-  if wait <= 0 then
-    return
+  if wait > 0 then
+    if redis.call('HEXISTS', state, token) == 0 then
+      redis.call('RPUSH', queue, token)
+    end
+    redis.call('HSET', state, token,
+      (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|' .. ARGV[4],
+      'q', '1', 'n', ARGV[3])
+    outlive(wait + KEEP, queue, state)
   end
-  local now = slow.read_clock()
-  if redis.call('HEXISTS', state, token) == 0 then
-    redis.call('RPUSH', queue, token)
-  end
-  redis.call('HSET', state, token,
-    (now + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|' .. ARGV[4],
-    'q', '1', 'n', ARGV[3])
-  slow.bump_ttl(queue, wait + KEEP)
-  slow.bump_ttl(state, wait + KEEP)
+  return redis.call('PTTL', lease)
 end
 
 if holder then
@@ -51,18 +63,43 @@ if holder then
     -- older attempt), or a retry of an acquire whose reply was lost: it is
     -- ours. Its validity starts now; the state must outlive it as always.
     redis.call('PEXPIRE', lease, ARGV[2])
-    slow.bump_ttl(state, tonumber(ARGV[7]))
+    outlive(tonumber(ARGV[7]), state)
     return redis.call('HGET', lease, 'f')
   end
-  enqueue()
-  return redis.call('PTTL', lease)
+  -- Busy: queue (or keep our place in the queue) and wait.
+  return enqueue()
 end
 
--- Free, and someone may be queued: the oldest live waiter goes first.
-local head = slow.hand_off(token)
-if head and head ~= token then
-  -- An earlier waiter holds it now; queue behind it.
-  enqueue()
-  return redis.call('PTTL', lease)
+-- Free, and someone may be queued.
+if limit and not (st[6] and tonumber(st[6]) >= tonumber(limit)) then
+  -- Barging, and the head has not yet seen `limit` others served: whoever
+  -- asks takes it.
+  if redis.call('HEXISTS', state, token) == 0 then
+    -- Not queued: a barge.
+    redis.call('HINCRBY', state, 'b', 1)
+  else
+    if redis.call('LINDEX', queue, 0) == token then
+      -- The head itself, woken to look again: served, the count starts again.
+      redis.call('HDEL', state, 'b')
+    else
+      redis.call('HINCRBY', state, 'b', 1)
+    end
+    redis.call('HDEL', state, token)
+    redis.call('LREM', queue, 1, token)
+    if redis.call('LLEN', queue) == 0 then
+      redis.call('HDEL', state, 'q', 'b', 'w')
+    end
+  end
+else
+  -- The oldest live waiter goes first (in the barging order: the head has
+  -- seen enough others served, and its count starts again).
+  local head = lib.hand_off(token)
+  if limit then
+    redis.call('HDEL', state, 'b')
+  end
+  if head and head ~= token then
+    -- An earlier waiter holds it now; queue behind it.
+    return enqueue()
+  end
 end
 return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], true)

@@ -1,8 +1,8 @@
 -- A waiter gives up (timeout, cancellation, interrupt, a reply that never
 -- came): give back a lease that was granted or handed to it without its
--- hearing of it, leave the queue, and remember the token (see `d` in the
--- prelude) so that its acquire, if it is still on its way, grants nothing.
--- KEYS: lease, queue, state. ARGV[1] token.
+-- hearing of it, leave the queue, and remember the token (see `d` in
+-- _lock.lua) so that its acquire, if it is still on its way, grants nothing.
+-- KEYS: lease, queue, state (see _lock.lua). ARGV[1] token.
 -- Returns 1 when a lease was passed on, 0 otherwise.
 local token = ARGV[1]
 local st = redis.call('HMGET', state, 'd', 'q')
@@ -16,10 +16,10 @@ else
   redis.call('HSET', state, 'd', given)
 end
 -- The state may not have existed: it must not be left without a TTL.
-contended().bump_ttl(state, KEEP)
+outlive(KEEP, state)
 if held[1] == token then
   if st[2] then
-    slow.hand_off(false)
+    contended().hand_off(false)
   end
   return 1
 end

@@ -1,6 +1,6 @@
 -- Force-release (operators): delete the lease whoever holds it, and hand it
 -- to the next waiter. The former holder learns of it at its next extend or release.
--- KEYS: lease, queue, state. ARGV[1] grace ms. ARGV[2] expected token or ''.
+-- KEYS: lease, queue, state (see _lock.lua). ARGV[1] grace ms. ARGV[2] expected token or ''.
 -- Returns 1 when a lease was deleted, 0 when none was held (or another token).
 local holder = redis.call('HGET', lease, 't')
 if not holder or (ARGV[2] ~= '' and holder ~= ARGV[2]) then

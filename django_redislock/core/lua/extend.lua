@@ -1,9 +1,9 @@
 -- Reset the lease to ttl ms from now, if the caller still owns it.
--- KEYS: lease, queue, state. ARGV[1] token, ARGV[2] ttl ms.
+-- KEYS: lease, queue, state (see _lock.lua). ARGV[1] token, ARGV[2] ttl ms.
 -- Returns 1 when extended, 0 when the caller did not own the lease.
 if redis.call('HGET', lease, 't') ~= ARGV[1] then
   return 0
 end
 redis.call('PEXPIRE', lease, ARGV[2])
-contended().bump_ttl(state, tonumber(ARGV[2]) + KEEP)
+outlive(tonumber(ARGV[2]) + KEEP, state)
 return 1

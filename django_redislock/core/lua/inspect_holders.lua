@@ -1,7 +1,8 @@
 -- Read one semaphore or read-write lock for operators (inspect.py); writes
--- nothing. Both keep their holders the same way.
+-- nothing. Both keep their holders the same way. After _prelude.lua alone:
+-- the keys may be of any type, or none.
 -- KEYS[1] holders zset, KEYS[2] queue list, KEYS[3] state hash (see
--- sem_prelude.lua and rw_prelude.lua).
+-- _holders.lua).
 -- ARGV[1] the state field read second: l (a semaphore's limit) or f (a
 --         read-write lock's last writer fence)
 -- ARGV[2] '' or the prefix of one more field read per holder: m: (a
@@ -13,28 +14,25 @@
 if redis.call('TYPE', KEYS[1]).ok ~= 'zset' then
   return false
 end
-local clock = redis.call('TIME')
-local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local state = redis.call('TYPE', KEYS[3]).ok == 'hash'
+common() -- lib.alive()
+local hash = redis.call('TYPE', state).ok == 'hash'
 local function field(name)
-  if not state then
+  if not hash then
     return ''
   end
-  return redis.call('HGET', KEYS[3], name) or ''
+  return redis.call('HGET', state, name) or ''
 end
 local waiting = 0
-if state and redis.call('TYPE', KEYS[2]).ok == 'list' then
-  for _, token in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
+if hash and redis.call('TYPE', queue).ok == 'list' then
+  for _, token in ipairs(redis.call('LRANGE', queue, 0, -1)) do
     local info = field('w:' .. token)
-    local sep = string.find(info, '|', 1, true)
-    local deadline = sep and tonumber(string.sub(info, 1, sep - 1))
-    if deadline and deadline > now_ms then
+    if info ~= '' and lib.alive(info) then
       waiting = waiting + 1
     end
   end
 end
-local out = {field('n'), field(ARGV[1]), waiting, now_ms}
-local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now_ms, '+inf', 'WITHSCORES')
+local out = {field('n'), field(ARGV[1]), waiting, lib.now()}
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. lib.now(), '+inf', 'WITHSCORES')
 for i = 1, #live, 2 do
   local token = live[i]
   if field('r:' .. token) == '' then

@@ -1,5 +1,6 @@
--- Read one lock for operators (inspect.py); writes nothing.
--- KEYS[1] lease hash, KEYS[2] queue list, KEYS[3] state hash (see the prelude)
+-- Read one lock for operators (inspect.py); writes nothing. After
+-- _prelude.lua alone: the keys may be of any type, or none.
+-- KEYS[1] lease hash, KEYS[2] queue list, KEYS[3] state hash (see _lock.lua)
 -- Returns false when KEYS[1] is not a held lease, otherwise
 -- {token, fence, name ('' when the key shows it), owner, lease ms left
 --  (-1: no TTL), live waiters, server now ms}. The fence is the server's
@@ -12,19 +13,14 @@ local v = redis.call('HMGET', KEYS[1], 't', 'f', 'n', 'o')
 if not v[1] then
   return false
 end
-local clock = redis.call('TIME')
-local now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+common() -- lib.alive()
 local waiting = 0
-if redis.call('TYPE', KEYS[2]).ok == 'list' and redis.call('TYPE', KEYS[3]).ok == 'hash' then
-  for _, token in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do
-    local info = redis.call('HGET', KEYS[3], token)
-    if info then
-      local sep = string.find(info, '|', 1, true)
-      local deadline = sep and tonumber(string.sub(info, 1, sep - 1))
-      if deadline and deadline > now_ms then
-        waiting = waiting + 1
-      end
+if redis.call('TYPE', queue).ok == 'list' and redis.call('TYPE', state).ok == 'hash' then
+  for _, token in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    local info = redis.call('HGET', state, token)
+    if info and lib.alive(info) then
+      waiting = waiting + 1
     end
   end
 end
-return {v[1], v[2] or '', v[3] or '', v[4] or '', redis.call('PTTL', KEYS[1]), waiting, now_ms}
+return {v[1], v[2] or '', v[3] or '', v[4] or '', redis.call('PTTL', KEYS[1]), waiting, lib.now()}

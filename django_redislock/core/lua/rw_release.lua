@@ -1,18 +1,17 @@
 -- Give back a reader's or the writer's turn and admit whoever may come next.
--- KEYS: holders, queue, state. ARGV[1] token, ARGV[2] grace ms, ARGV[3] keep
--- ms (no longer used; kept for the order of arguments), ARGV[4] the turn's
--- serial (optional).
+-- KEYS: holders, queue, state (see _holders.lua). ARGV[1] token, ARGV[2]
+-- grace ms, ARGV[3] unused (callers send STATE_KEEP_MS; the scripts know it
+-- as KEEP), ARGV[4] the turn's serial (optional).
 -- Returns 1 when released, 0 when the caller held no live turn (it expired,
 -- was cleared, or was never granted).
 -- Repeatable: a retry of a release whose reply was lost reports success,
 -- however many turns were released in between: the state remembers the
--- turns lost, not the ones released (see _losses.lua). Without the serial,
--- only a turn still held is released.
+-- turns lost, not the ones released (see the memory of losses in the
+-- prelude). Without the serial, only a turn still held is released.
 local token = ARGV[1]
 local score = redis.call('ZSCORE', holders, token)
 local live = score and tonumber(score) > now_ms
 local st = live and redis.call('HMGET', state, 'r:' .. token, 'm:' .. token)
-local held = live and not st[1]
 if live then
   -- Ours, or a reservation (never ours to release). One that ran out is
   -- left to purge, which remembers it lost.
@@ -21,11 +20,7 @@ if live then
 end
 purge()
 promote(tonumber(ARGV[2]), false, nil)
-if held then
+if live and not st[1] then
   return 1
 end
-if score then
-  return 0
-end
-local mem = redis.call('HMGET', state, 'i', 'h', 'u')
-return losses().released(ARGV[4], mem[1], mem[2], mem[3]) and 1 or 0
+return score and 0 or common().losses().holder_released(ARGV[4])

@@ -1,12 +1,14 @@
 -- A waiter gives up (timeout, cancellation, interrupt): give back a permit or
 -- reservation it got without hearing of it, and leave the queue.
--- KEYS: holders, queue, state. ARGV[1] token, ARGV[2] grace ms, ARGV[3] limit.
+-- KEYS: holders, queue, state (see _holders.lua). ARGV[1] token, ARGV[2]
+-- grace ms, ARGV[3] limit (used only when the state has lost the current
+-- limit).
 -- Returns 1 when a permit or reservation was passed on, 0 otherwise.
 local token = ARGV[1]
 if redis.call('ZREM', holders, token) == 1 then
   forget(token)
   purge()
-  promote(current_limit(ARGV[3]), tonumber(ARGV[2]), false)
+  promote(tonumber(ARGV[2]), false)
   return 1
 end
 if redis.call('HDEL', state, 'w:' .. token) == 1 then

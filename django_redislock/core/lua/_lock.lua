@@ -1,0 +1,170 @@
+-- A lock's own piece, after _prelude.lua, in every lock script.
+--
+-- KEYS[1] lease  hash  t=token f=fence o=owner, and n=name when the key
+--                cannot hold it readably (long names); the fence is the
+--                server's microsecond clock when it was granted
+-- KEYS[2] queue  list  (see the prelude)
+-- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
+--                      n=lock name,
+--                      e=the fence of the last lease that ended without a
+--                        loss (released, or given back unused),
+--                      h, u=the memory of losses (the prelude): a lease's
+--                        fence is its serial, and a lease ended in a loss
+--                        when it ended without `e` naming it (it ran out,
+--                        or was force-released); the next grant records it
+--                      d=the last RECENT tokens given back, newest first,
+--                        space-separated (tokens are 16 hex digits, so a
+--                        match cannot straddle a separator)
+--                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<round>|<owner>
+--                      for each waiter
+--                      and, in the barging order (Lock(..., fair=False)):
+--                      b=how many leases went to others than the head of
+--                        the queue while it waited (barges) since it was
+--                        last served (acquire.lua),
+--                      w=the waiter woken last (release_barging.lua)
+-- The state's TTL is never shorter than the lease's: every path that sets the
+-- lease's TTL raises the state's to at least the same plus KEEP, so a lease
+-- never outlives its state and no write to the state finds it gone. The
+-- uncontended paths read `q` instead of touching the queue.
+
+local lease = KEYS[1]
+-- How many given-back tokens `d` remembers: an acquire that arrives after
+-- its caller gave it back (a reply that never came, then a give-back that
+-- ran first) grants nothing. It comes within moments of the give-back, in
+-- which a name sees few others; more entries would push the state out of
+-- Redis's compact encoding (values up to 64 bytes) and make every lock
+-- script dearer. (A retried release is answered by the memory of losses.)
+local RECENT = 3
+
+-- `d` keeps at most this much of its former value when a token is added.
+local RECENT_KEPT = (RECENT - 1) * 17 - 1
+
+-- Write a lease for `token` and return its fence, as text: its serial
+-- (issue()), the server clock in microseconds above the last fence issued
+-- (`last`). `ended` is the state's `e`: when it does not name `last`, that
+-- lease ended in a loss and is recorded as one; `horizon` is its `h` (false
+-- in a state that has none yet: it starts here). `ttl` is text; `state_ttl`
+-- (the state's TTL: ttl + KEEP) is text, or a number when `waiters`; `name`
+-- is '' when the key holds it. `waiters`: whether anyone may be queued (then
+-- the state's TTL may only grow, it covers their deadlines).
+local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, waiters)
+  clock = clock or redis.call('TIME')
+  if issued then
+    -- This run gave a lease already and took it back (a waiter nobody
+    -- heard): that one is the last, and it ended without a loss.
+    last, ended, horizon = issued, issued, horizon or issued
+  end
+  local f = issue(clock, last)
+  if name == '' then
+    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
+  else
+    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
+  end
+  redis.call('PEXPIRE', lease, ttl)
+  if not last or not horizon then
+    -- A new state (or one from before the memory of losses): it answers for
+    -- the fences it issues from here on.
+    redis.call('HSET', state, 'f', f, 'h', f)
+  elseif ended == last then
+    redis.call('HSET', state, 'f', f)
+  else
+    local u, h = common().losses().record(redis.call('HGET', state, 'u'), horizon, last)
+    if u then
+      redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
+    else
+      redis.call('HSET', state, 'f', f)
+    end
+  end
+  if waiters then
+    -- Only reached after contended(), which made lib.
+    outlive(tonumber(state_ttl), state)
+  else
+    redis.call('PEXPIRE', state, state_ttl)
+  end
+  return f
+end
+
+-- The contended paths' helpers: the prelude's, and the lock's own added to
+-- them (lib.hand_off, lib.released_before). Returns them.
+local function contended()
+  if lib and lib.hand_off then
+    return lib
+  end
+  common()
+
+  -- A release of `fence` (text from the client; '' or nil when it did not
+  -- say) that found the lease not its own: 1 if that lease was released all
+  -- the same (this is a retry, and the first run released it), else 0.
+  function lib.released_before(fence)
+    if not fence or fence == '' then
+      return 0
+    end
+    local st = redis.call('HMGET', state, 'f', 'e', 'h', 'u')
+    if fence == st[1] then
+      -- The last lease issued, and gone: released only if `e` says so (it
+      -- may have run out since, unrecorded until the next grant).
+      return st[2] == fence and 1 or 0
+    end
+    return lib.losses().released(fence, st[1], st[3], st[4]) and 1 or 0
+  end
+
+  -- The lock is free and someone may be queued: hand the lease straight to
+  -- the oldest live waiter and wake it with "<token>:<fence>:<round>", so it
+  -- holds the lock the moment it wakes, with no second round trip. The
+  -- message also names the acquire attempt (round) that queued the waiter:
+  -- a lease handed in answer to an older attempt is never taken as it is.
+  -- Waiters whose deadline passed, or whose wake-up channel nobody listens
+  -- on (their process died), are dropped on the way. Returns the new
+  -- holder's token, or false when nobody was left. When the oldest live
+  -- waiter is `self` (the caller of this very script), it is popped and
+  -- returned without a lease: the caller takes it itself.
+  function lib.hand_off(self)
+    while true do
+      local head = redis.call('LPOP', queue)
+      if not head then
+        redis.call('HDEL', state, 'q')
+        return false
+      end
+      local info = redis.call('HGET', state, head)
+      redis.call('HDEL', state, head)
+      local s1 = info and lib.alive(info)
+      if s1 then
+        if head == self then
+          return head
+        end
+        local s2 = string.find(info, '|', s1 + 1, true)
+        local s3 = string.find(info, '|', s2 + 1, true)
+        local s4 = string.find(info, '|', s3 + 1, true)
+        local ttl = string.sub(info, s2 + 1, s3 - 1)
+        -- An entry written before attempts were numbered has the owner
+        -- (JSON, never digits) where the round is: it is woken as before,
+        -- with no round, and looks again.
+        local round = s4 and string.sub(info, s3 + 1, s4 - 1)
+        local owner
+        if round and string.find(round, '^%d+$') then
+          owner = string.sub(info, s4 + 1)
+        else
+          round = nil
+          owner = string.sub(info, s3 + 1)
+        end
+        local st = redis.call('HMGET', state, 'f', 'n', 'e', 'h')
+        local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], st[3],
+          st[4], true)
+        local message = head .. ':' .. fence
+        if round then
+          message = message .. ':' .. round
+        end
+        if lib.wake(info, s1 + 1, s2, message) then
+          -- A waiter without a channel finds its lease at its next retry.
+          return head
+        end
+        -- Nobody heard: its process died. Take the lease back (nobody
+        -- will release it: no loss to remember), try the next.
+        redis.call('DEL', lease)
+        redis.call('HSET', state, 'e', fence)
+      end
+    end
+  end
+
+  return lib
+end

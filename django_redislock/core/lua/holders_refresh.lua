@@ -1,0 +1,15 @@
+-- Extend the caller's permit or turn (a semaphore's or a read-write lock's:
+-- one script for both) to ttl ms from now, if it still holds it.
+-- KEYS: holders, queue, state (see _holders.lua). ARGV[1] token, ARGV[2] ttl
+-- ms, ARGV[3] unused (callers send STATE_KEEP_MS; the scripts know it as KEEP).
+-- Returns 1 when extended, 0 when the caller held no live permit or turn.
+local token = ARGV[1]
+local score = redis.call('ZSCORE', holders, token)
+if not score or tonumber(score) <= now_ms
+    or redis.call('HEXISTS', state, 'r:' .. token) == 1 then
+  return 0
+end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', holders, now_ms + ttl, token)
+outlive(ttl + KEEP, holders, state)
+return 1
