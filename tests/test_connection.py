@@ -218,7 +218,7 @@ async def test_eviction_policy_is_warned_about_by_the_async_factories(
 ) -> None:
     # Only get_async_semaphore checked it: an ASGI site that only took
     # asyncio locks was never warned. Fails before this change.
-    from django_redislock import locks
+    from django_redislock.locking import factories as locks
 
     server = redis_factory(
         port=free_port(), unix=False, extra=("--maxmemory-policy", "allkeys-lru")
