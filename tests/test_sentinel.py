@@ -14,16 +14,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.cache import caches
 from django.test import override_settings
+from redis.sentinel import Sentinel
 
 from django_redislock import connection
 from django_redislock.core import LockLost, RedisUnavailable, ReplicationTimeout
-from django_redislock.locks import get_async_lock, get_lock
+from django_redislock.core.lock import Lock
+from django_redislock.fencing import StaleFence, fenced_get, fenced_update
+from django_redislock.locks import get_async_lock, get_lock, keyspace
 from tests.helpers_oracles import Occupancy
+from tests.servers import RedisServer
+from tests.testapp.models import Product
 from tests.topologies import SERVICE, SentinelTopology, wait_until
 
 pytestmark = [pytest.mark.sentinel]
+
+# The databases the fenced writes of the failover window go to: SQLite, and
+# PostgreSQL when it answers.
+FENCE_ALIASES = [alias for alias in ("default", "postgres") if alias in settings.DATABASES]
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +233,90 @@ def test_forced_failover_keeps_an_acknowledged_lease(
     again = get_lock("kept", timeout=5, wait=0)
     assert again.acquire()
     again.release()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, databases=FENCE_ALIASES)
+def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
+    sentinel_settings: None, topology: SentinelTopology
+) -> None:
+    """docs/guarantees.rst, Failover: a primary frozen (SIGSTOP) past the
+    sentinels' patience and resumed stays a primary until they reconfigure it,
+    and grants the lock beside the new primary; fencing keeps the data right."""
+    topology.wait_replicated(60)
+    frozen = topology.primary()
+    old = topology.primary_address()
+    # A worker whose pooled connection to the primary is open before the
+    # freeze (a process's pool keeps its idle connections; a pause breaks
+    # nothing a socket can see).
+    assert probe_write()
+    sentinels = Sentinel(topology.sentinel_addresses, socket_timeout=1)
+    # Connects at first use: a worker that asks the sentinels after the failover.
+    fresh = sentinels.master_for(SERVICE, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        frozen.pause()
+        try:
+            topology.wait_new_primary(old, 40)
+            on_new = Lock(fresh, "window", ttl=60, wait=0, keyspace=keyspace())
+            assert on_new.acquire()
+        finally:
+            frozen.resume()
+        # The old primary answers as a primary: the pooled connection is
+        # granted the lock the new primary also granted.
+        on_old = get_lock("window", timeout=60, wait=0)
+        assert on_old.keys.lease == on_new.keys.lease
+        assert on_old.acquire(), "the resumed primary refused: no window to show"
+        assert role_of(frozen) == "master"  # it never answered READONLY
+        with frozen.client(socket_timeout=1) as c:
+            assert c.exists(on_old.keys.lease) == 1
+        assert topology.primary_address() != old  # while the sentinels name the other
+        with topology.primary().client(socket_timeout=1) as c:
+            assert c.exists(on_new.keys.lease) == 1
+        assert on_old.held and on_new.held  # two holders of one lock
+        # Fences are the servers' clock: the later grant has the larger one.
+        assert on_old.fence > on_new.fence
+        for alias in FENCE_ALIASES:
+            _both_holders_buy(alias, earlier=on_new.fence, later=on_old.fence)
+        # The sentinels turn the old primary into a replica of the new one,
+        # which wipes its lease (a full resync); its holder learns at its next extend.
+        wait_until(
+            "the resumed primary to be made a replica", lambda: role_of(frozen) == "slave", 40
+        )
+        topology.wait_replicated(60)
+        # Its pooled connection meets READONLY there, is dropped, and the call
+        # is retried once on the new primary, where the lease is the other's.
+        with pytest.raises(LockLost):
+            on_old.extend()
+        assert on_new.held
+        on_new.release()
+    finally:
+        for client in (fresh, *sentinels.sentinels):
+            client.close()
+
+
+def role_of(server: RedisServer) -> str:
+    """What ``server`` says it is: ``master`` or ``slave``."""
+    with server.client(socket_timeout=1) as c:
+        return str(c.info("replication")["role"])
+
+
+def _both_holders_buy(alias: str, *, earlier: int, later: int) -> None:
+    """Each holder of one lock sells one unit of the same product, interleaved
+    as the window allows: both read, then both write. Fencing refuses the
+    holder with the smaller token once the other has claimed the row."""
+    products = Product.objects.using(alias)
+    row = products.create(name="window", stock=5, fence=0)
+    qs = products.filter(pk=row.pk)
+    seen_by_earlier = fenced_get(qs, earlier)  # claims the row for the earlier holder
+    seen_by_later = fenced_get(qs, later)  # the later holder claims it from then on
+    assert seen_by_earlier.stock == seen_by_later.stock == 5
+    with pytest.raises(StaleFence):
+        fenced_update(qs, earlier, stock=seen_by_earlier.stock - 1)
+    assert fenced_update(qs, later, stock=seen_by_later.stock - 1) == 1
+    with pytest.raises(StaleFence):
+        fenced_get(qs, earlier)  # nor can it read the row as its own again
+    final = products.get(pk=row.pk)
+    assert (final.stock, final.fence) == (4, later)  # one sale, one unit
 
 
 def test_failover_to_a_replica_without_the_lease(
