@@ -2,7 +2,8 @@
 
 docs/guarantees.rst says so: the call's result stands, the warning goes to
 ``django_redislock.release``, and the lease is given back off the caller's
-path once Redis answers (or runs out).
+path once Redis answers (or runs out). A ``redis_lock`` block and
+``Lock.release()`` raise ``RedisUnavailable`` instead.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import pytest
 from django.http import HttpResponse
 from django.test import AsyncRequestFactory, RequestFactory, override_settings
 
-from django_redislock import connection, current_lock, redis_locked
+from django_redislock import RedisUnavailable, connection, current_lock, redis_lock, redis_locked
 from django_redislock.core.keys import LockKeys
+from django_redislock.locks import get_async_lock, get_lock
 from tests.servers import RedisServer
 from tests.test_decorators import close_async_clients
 from tests.topologies import wait_until
@@ -118,5 +120,51 @@ async def test_an_async_release_that_cannot_reach_redis_logs_and_returns(
         assert time.monotonic() < deadline, "the lease was not given back"
         await asyncio.sleep(0.02)
     # The give-back runs as a task of this loop: let it finish before the loop ends.
+    givebacks = [t for t in asyncio.all_tasks() if t.get_name() == "redislock-giveback"]
+    await asyncio.wait_for(asyncio.gather(*givebacks), 10)
+
+
+def test_a_redis_lock_block_and_a_bare_release_raise_instead(server: RedisServer) -> None:
+    """Code that holds the lock itself is told: ``RedisUnavailable``."""
+    block = redis_lock("report:7", timeout=60)
+    try:
+        with pytest.raises(RedisUnavailable), block as held:
+            keys = held.keys
+            server.pause()
+    finally:
+        server.resume()
+    wait_until("the block's lease to be given back", lambda: not lease_exists(server, keys), 10)
+    lock = get_lock("report:8", timeout=60, wait=0)
+    assert lock.acquire()
+    server.pause()
+    try:
+        with pytest.raises(RedisUnavailable):
+            lock.release()
+    finally:
+        server.resume()
+    wait_until("the lease to be given back", lambda: not lease_exists(server, lock.keys), 10)
+
+
+async def test_an_async_redis_lock_block_and_release_raise_instead(
+    async_server: RedisServer,
+) -> None:
+    server = async_server
+    try:
+        with pytest.raises(RedisUnavailable):
+            async with redis_lock("report:7", timeout=60) as held:
+                keys = held.keys
+                server.pause()
+        lock = get_async_lock("report:8", timeout=60, wait=0)
+        server.resume()
+        assert await lock.acquire()
+        server.pause()
+        with pytest.raises(RedisUnavailable):
+            await lock.release()
+    finally:
+        server.resume()
+    deadline = time.monotonic() + 10
+    while lease_exists(server, keys) or lease_exists(server, lock.keys):
+        assert time.monotonic() < deadline, "the leases were not given back"
+        await asyncio.sleep(0.02)
     givebacks = [t for t in asyncio.all_tasks() if t.get_name() == "redislock-giveback"]
     await asyncio.wait_for(asyncio.gather(*givebacks), 10)
