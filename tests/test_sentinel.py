@@ -73,6 +73,9 @@ def test_django_redis_sentinel_cache_works_unchanged(
     sentinel_settings: None, topology: SentinelTopology
 ) -> None:
     caches["default"].set("greeting", "hello")
+    # django-redis's SentinelClient reads from a replica, which has the write
+    # an instant later (replication is asynchronous): read until it does.
+    wait_until("the replica to serve the write", lambda: caches["default"].get("greeting"), 10)
     assert caches["default"].get("greeting") == "hello"
     client = connection.get_client()
     # The library's own pool follows the sentinels, with bounded timeouts.
@@ -292,6 +295,7 @@ def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
             "the resumed primary to be made a replica", lambda: role_of(frozen) == "slave", 40
         )
         topology.wait_replicated(60)
+        wait_until("every sentinel to see it as a healthy replica", lambda: settled(topology), 30)
         # Its pooled connection meets READONLY there, is dropped, and the call
         # is retried once on the new primary, where the lease is the other's.
         with pytest.raises(LockLost):
@@ -301,6 +305,28 @@ def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
     finally:
         for client in (fresh, *sentinels.sentinels):
             client.close()
+
+
+def settled(topology: SentinelTopology) -> bool:
+    """Whether every sentinel lists the replica, linked and with no fault flags."""
+    port = topology.replica().port
+    for sentinel in topology.sentinels:
+        with sentinel.client(socket_timeout=1) as c:
+            replicas = c.execute_command("SENTINEL", "REPLICAS", SERVICE)
+        for replica in replicas:
+            # A map over RESP3, a flat list of names and values over RESP2.
+            fields = replica if isinstance(replica, dict) else _pairs(replica)
+            if int(fields[b"port"]) == port:
+                if fields[b"flags"] != b"slave" or fields[b"master-link-status"] != b"ok":
+                    return False
+                break
+        else:
+            return False
+    return True
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
 
 def role_of(server: RedisServer) -> str:
