@@ -33,8 +33,9 @@ def server(redis_factory: Any) -> Iterator[RedisServer]:
     """CACHES pointed at a private Redis of this test's own, which it may pause."""
     private = redis_factory().start()
     caches = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": private.url}}
-    # Short: the release waits one socket timeout for the paused server.
-    with override_settings(CACHES=caches, REDISLOCK={"SOCKET_TIMEOUT": 0.3}):
+    # The release waits one socket timeout for the paused server; the acquire
+    # before it must not time out on a loaded machine.
+    with override_settings(CACHES=caches, REDISLOCK={"SOCKET_TIMEOUT": 1.0}):
         connection.reset()
         try:
             yield private

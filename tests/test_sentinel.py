@@ -36,9 +36,16 @@ pytestmark = [pytest.mark.sentinel]
 FENCE_ALIASES = [alias for alias in ("default", "postgres") if alias in settings.DATABASES]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def topology() -> Iterator[SentinelTopology]:
-    """A primary, a replica, three sentinels: started once for the module."""
+    """A primary, a replica, three sentinels: started once per test process.
+
+    Not once per module: pytest-django runs the database tests of every
+    module first, so this module's tests do not run in one stretch, and a
+    second topology would meet pools that django-redis keeps per LOCATION
+    for the life of the process (``redis://mymaster/0``), built for the
+    sentinels of the first one.
+    """
     sentinel = SentinelTopology().start()
     yield sentinel
     sentinel.stop()
