@@ -14,21 +14,38 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.cache import caches
 from django.test import override_settings
+from redis.sentinel import Sentinel
 
 from django_redislock import connection
 from django_redislock.core import LockLost, RedisUnavailable, ReplicationTimeout
-from django_redislock.locking.factories import get_async_lock, get_lock
+from django_redislock.core.lock import Lock
+from django_redislock.fencing import StaleFence, fenced_get, fenced_update
+from django_redislock.locking.factories import get_async_lock, get_lock, keyspace
 from tests.helpers_oracles import Occupancy
+from tests.servers import RedisServer
+from tests.testapp.models import Product
 from tests.topologies import SERVICE, SentinelTopology, wait_until
 
 pytestmark = [pytest.mark.sentinel]
 
+# The databases the fenced writes of the failover window go to: SQLite, and
+# PostgreSQL when it answers.
+FENCE_ALIASES = [alias for alias in ("default", "postgres") if alias in settings.DATABASES]
 
-@pytest.fixture(scope="module")
+
+@pytest.fixture(scope="session")
 def topology() -> Iterator[SentinelTopology]:
-    """A primary, a replica, three sentinels: started once for the module."""
+    """A primary, a replica, three sentinels: started once per test process.
+
+    Not once per module: pytest-django runs the database tests of every
+    module first, so this module's tests do not run in one stretch, and a
+    second topology would meet pools that django-redis keeps per LOCATION
+    for the life of the process (``redis://mymaster/0``), built for the
+    sentinels of the first one.
+    """
     sentinel = SentinelTopology().start()
     yield sentinel
     sentinel.stop()
@@ -63,6 +80,9 @@ def test_django_redis_sentinel_cache_works_unchanged(
     sentinel_settings: None, topology: SentinelTopology
 ) -> None:
     caches["default"].set("greeting", "hello")
+    # django-redis's SentinelClient reads from a replica, which has the write
+    # an instant later (replication is asynchronous): read until it does.
+    wait_until("the replica to serve the write", lambda: caches["default"].get("greeting"), 10)
     assert caches["default"].get("greeting") == "hello"
     client = connection.get_client()
     # The library's own pool follows the sentinels, with bounded timeouts.
@@ -223,6 +243,122 @@ def test_forced_failover_keeps_an_acknowledged_lease(
     again = get_lock("kept", timeout=5, wait=0)
     assert again.acquire()
     again.release()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True, databases=FENCE_ALIASES)
+def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
+    sentinel_settings: None, topology: SentinelTopology
+) -> None:
+    """docs/guarantees.rst, Failover: a primary frozen (SIGSTOP) past the
+    sentinels' patience and resumed stays a primary until they reconfigure it,
+    and grants the lock beside the new primary; fencing keeps the data right."""
+    topology.wait_replicated(60)
+    frozen = topology.primary()
+    old = topology.primary_address()
+    # A worker whose pooled connection to the primary is open before the
+    # freeze (a process's pool keeps its idle connections; a pause breaks
+    # nothing a socket can see).
+    assert probe_write()
+    sentinels = Sentinel(topology.sentinel_addresses, socket_timeout=1)
+    # Connects at first use: a worker that asks the sentinels after the failover.
+    fresh = sentinels.master_for(SERVICE, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        frozen.pause()
+        try:
+            topology.wait_new_primary(old, 40)
+            # Asking for a replica's acknowledgement fails there for now: its
+            # only replica is the frozen server.
+            acked = Lock(fresh, "window", ttl=60, wait=0, keyspace=keyspace(), replicas=1)
+            with pytest.raises(ReplicationTimeout):
+                acked.acquire()
+            on_new = Lock(fresh, "window", ttl=60, wait=0, keyspace=keyspace())
+            assert on_new.acquire()
+        finally:
+            frozen.resume()
+        # The old primary answers as a primary: the pooled connection is
+        # granted the lock the new primary also granted.
+        on_old = get_lock("window", timeout=60, wait=0)
+        assert on_old.keys.lease == on_new.keys.lease
+        # Not with replicas=1: its replica follows nobody now, so the resumed
+        # primary cannot have a grant acknowledged, and gives it back.
+        with pytest.raises(ReplicationTimeout):
+            get_lock("window", timeout=60, wait=0, replicas=1, replicas_timeout=0.2).acquire()
+        assert on_old.acquire(), "the resumed primary refused: no window to show"
+        assert role_of(frozen) == "master"  # it never answered READONLY
+        with frozen.client(socket_timeout=1) as c:
+            assert c.exists(on_old.keys.lease) == 1
+        assert topology.primary_address() != old  # while the sentinels name the other
+        with topology.primary().client(socket_timeout=1) as c:
+            assert c.exists(on_new.keys.lease) == 1
+        assert on_old.held and on_new.held  # two holders of one lock
+        # Fences are the servers' clock: the later grant has the larger one.
+        assert on_old.fence > on_new.fence
+        for alias in FENCE_ALIASES:
+            _both_holders_buy(alias, earlier=on_new.fence, later=on_old.fence)
+        # The sentinels turn the old primary into a replica of the new one,
+        # which wipes its lease (a full resync); its holder learns at its next extend.
+        wait_until(
+            "the resumed primary to be made a replica", lambda: role_of(frozen) == "slave", 40
+        )
+        topology.wait_replicated(60)
+        wait_until("every sentinel to see it as a healthy replica", lambda: settled(topology), 30)
+        # Its pooled connection meets READONLY there, is dropped, and the call
+        # is retried once on the new primary, where the lease is the other's.
+        with pytest.raises(LockLost):
+            on_old.extend()
+        assert on_new.held
+        on_new.release()
+    finally:
+        for client in (fresh, *sentinels.sentinels):
+            client.close()
+
+
+def settled(topology: SentinelTopology) -> bool:
+    """Whether every sentinel lists the replica, linked and with no fault flags."""
+    port = topology.replica().port
+    for sentinel in topology.sentinels:
+        with sentinel.client(socket_timeout=1) as c:
+            replicas = c.execute_command("SENTINEL", "REPLICAS", SERVICE)
+        for replica in replicas:
+            # A map over RESP3, a flat list of names and values over RESP2.
+            fields = replica if isinstance(replica, dict) else _pairs(replica)
+            if int(fields[b"port"]) == port:
+                if fields[b"flags"] != b"slave" or fields[b"master-link-status"] != b"ok":
+                    return False
+                break
+        else:
+            return False
+    return True
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def role_of(server: RedisServer) -> str:
+    """What ``server`` says it is: ``master`` or ``slave``."""
+    with server.client(socket_timeout=1) as c:
+        return str(c.info("replication")["role"])
+
+
+def _both_holders_buy(alias: str, *, earlier: int, later: int) -> None:
+    """Each holder of one lock sells one unit of the same product, interleaved
+    as the window allows: both read, then both write. Fencing refuses the
+    holder with the smaller token once the other has claimed the row."""
+    products = Product.objects.using(alias)
+    row = products.create(name="window", stock=5, fence=0)
+    qs = products.filter(pk=row.pk)
+    seen_by_earlier = fenced_get(qs, earlier)  # claims the row for the earlier holder
+    seen_by_later = fenced_get(qs, later)  # the later holder claims it from then on
+    assert seen_by_earlier.stock == seen_by_later.stock == 5
+    with pytest.raises(StaleFence):
+        fenced_update(qs, earlier, stock=seen_by_earlier.stock - 1)
+    assert fenced_update(qs, later, stock=seen_by_later.stock - 1) == 1
+    with pytest.raises(StaleFence):
+        fenced_get(qs, earlier)  # nor can it read the row as its own again
+    final = products.get(pk=row.pk)
+    assert (final.stock, final.fence) == (4, later)  # one sale, one unit
 
 
 def test_failover_to_a_replica_without_the_lease(
