@@ -41,7 +41,27 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from . import giveback, scripts
+from ..engine import scripts
+from ..engine.protocol import (
+    BARGE_DEFER,
+    Acquisition,
+    Move,
+    check_adopted,
+    may_have_run,
+    renew_interval,
+    retry_renewal_in,
+    short_of_replicas,
+)
+from ..exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
+from ..io import giveback
+from ..io.notify import get_notifier
 from ._sync_prims import (
     CLEANUP_TIMEOUT,
     HOLDER_KIND,
@@ -59,25 +79,6 @@ from ._sync_prims import (
     stop_renewal,
 )
 from .base import LockBase, same_token
-from .exceptions import (
-    LockError,
-    LockLost,
-    LockNotAcquired,
-    LockNotOwned,
-    RedisUnavailable,
-    ReplicationTimeout,
-)
-from .notify import get_notifier
-from .protocol import (
-    BARGE_DEFER,
-    Acquisition,
-    Move,
-    check_adopted,
-    may_have_run,
-    renew_interval,
-    retry_renewal_in,
-    short_of_replicas,
-)
 
 __all__ = ["SyncHandle", "Lock"]
 

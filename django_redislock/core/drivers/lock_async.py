@@ -40,7 +40,27 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from . import giveback, scripts
+from ..engine import scripts
+from ..engine.protocol import (
+    BARGE_DEFER,
+    Acquisition,
+    Move,
+    check_adopted,
+    may_have_run,
+    renew_interval,
+    retry_renewal_in,
+    short_of_replicas,
+)
+from ..exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
+from ..io import giveback
+from ..io.notify_async import get_async_notifier
 from ._async_prims import (
     CLEANUP_TIMEOUT,
     HOLDER_KIND,
@@ -58,25 +78,6 @@ from ._async_prims import (
     stop_renewal,
 )
 from .base import LockBase, same_token
-from .exceptions import (
-    LockError,
-    LockLost,
-    LockNotAcquired,
-    LockNotOwned,
-    RedisUnavailable,
-    ReplicationTimeout,
-)
-from .notify_async import get_async_notifier
-from .protocol import (
-    BARGE_DEFER,
-    Acquisition,
-    Move,
-    check_adopted,
-    may_have_run,
-    renew_interval,
-    retry_renewal_in,
-    short_of_replicas,
-)
 
 __all__ = ["AsyncHandle", "AsyncLock"]
 

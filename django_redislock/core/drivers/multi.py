@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from types import TracebackType
 
+from ..exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
 from ._sync_prims import Cancelled
-from .exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
 from .lock import Lock
 from .multi_base import MultiBase, lock_names
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from types import TracebackType
 
+from ..exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
 from ._async_prims import Cancelled
-from .exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
 from .lock_async import AsyncLock
 from .multi_base import MultiBase, lock_names
 

@@ -18,11 +18,11 @@ import os
 import time
 from typing import Any
 
-from . import scripts
+from ..engine import scripts
+from ..engine.keys import KeySpace
+from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from ._sync_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from .keys import KeySpace
 from .lock import SyncHandle
 from .semaphore_base import (
     ACQUIRE,

@@ -17,11 +17,11 @@ import os
 import time
 from typing import Any
 
-from . import scripts
+from ..engine import scripts
+from ..engine.keys import KeySpace
+from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from ._async_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from .keys import KeySpace
 from .lock_async import AsyncHandle
 from .semaphore_base import (
     ACQUIRE,
