@@ -254,7 +254,7 @@ IMPLS: dict[str, Impl] = {
 def semaphore_factory() -> Callable[[Any, str, int, float, float], Any] | None:
     """``Semaphore(client, name, limit, ttl=, wait=)`` when the module exists yet."""
     try:
-        from django_redislock.core.semaphore import Semaphore
+        from django_redislock.core.drivers.semaphore import Semaphore
     except ImportError:
         return None
 

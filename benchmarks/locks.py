@@ -186,7 +186,7 @@ def uncontended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace)
         sem = make_sem(client, "bench:unc:semaphore", 10, cfg.ttl, cfg.wait)
         ops["semaphore"] = _cycle(sem)
     else:
-        log("semaphore: django_redislock.core.semaphore not importable yet, skipped")
+        log("semaphore: django_redislock.core.drivers.semaphore not importable yet, skipped")
     names = list(ops)
     for name in names:  # warm: connections, script caches, code paths
         _time_block(ops[name], cfg.warmup_iters)

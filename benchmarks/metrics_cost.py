@@ -133,8 +133,8 @@ def micro(variants: list[str], redis_url: str) -> dict[str, dict[str, float]]:
     from django.conf import settings
     from django.test import override_settings
 
-    from django_redislock.core.lock import Lock
-    from django_redislock.core.semaphore import Semaphore
+    from django_redislock.core.drivers.lock import Lock
+    from django_redislock.core.drivers.semaphore import Semaphore
     from django_redislock.ops import metrics
     from django_redislock.signals import observer
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .core.drivers.lock import Lock
+from .core.drivers.lock_async import AsyncLock
+from .core.drivers.multi import MultiLock
+from .core.drivers.multi_async import AsyncMultiLock
 from .core.exceptions import (
     LockError,
     LockLost,
@@ -13,10 +17,6 @@ from .core.exceptions import (
     RedisUnavailable,
     ReplicationTimeout,
 )
-from .core.lock import Lock
-from .core.lock_async import AsyncLock
-from .core.multi import MultiLock
-from .core.multi_async import AsyncMultiLock
 
 __version__ = "0.2.0"
 
@@ -45,10 +45,10 @@ _LAZY = {
     "get_async_semaphore": "locking.factories",
     "get_rw_lock": "locking.factories",
     "get_async_rw_lock": "locking.factories",
-    "Semaphore": "core.semaphore",
-    "AsyncSemaphore": "core.semaphore_async",
-    "ReadWriteLock": "core.rwlock",
-    "AsyncReadWriteLock": "core.rwlock_async",
+    "Semaphore": "core.drivers.semaphore",
+    "AsyncSemaphore": "core.drivers.semaphore_async",
+    "ReadWriteLock": "core.drivers.rwlock",
+    "AsyncReadWriteLock": "core.drivers.rwlock_async",
     "concurrency_limited": "throttling.middleware",
     "idempotent": "idempotency",
     "unique_task": "tasks.unique",
@@ -59,10 +59,10 @@ _LAZY = {
 # these imports every lazy name would be Any to them. tests/test_typing.py
 # checks that this block and _LAZY name the same objects.
 if TYPE_CHECKING:
-    from .core.rwlock import ReadWriteLock
-    from .core.rwlock_async import AsyncReadWriteLock
-    from .core.semaphore import Semaphore
-    from .core.semaphore_async import AsyncSemaphore
+    from .core.drivers.rwlock import ReadWriteLock
+    from .core.drivers.rwlock_async import AsyncReadWriteLock
+    from .core.drivers.semaphore import Semaphore
+    from .core.drivers.semaphore_async import AsyncSemaphore
     from .idempotency import idempotent
     from .locking.blocks import redis_lock
     from .locking.context import current_fence, current_lock

@@ -22,9 +22,9 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, DJANGO_REDIS_CACHE, cache_backend, cache_locations, conf
-from .core.base import is_seconds
-from .core.green import RENEWAL_HINT, green_runtime, renewal_warning
-from .core.keys import validate_prefix
+from .core.drivers.base import is_seconds
+from .core.engine.keys import validate_prefix
+from .core.io.green import RENEWAL_HINT, green_runtime, renewal_warning
 
 __all__ = [
     "Problem",
@@ -241,7 +241,7 @@ def settings_problems() -> list[Problem]:
 # -- renewal on green threads ----------------------------------------------------------
 def _green_problems() -> list[Problem]:
     # Only REDISLOCK["RENEW"]: a decorator's or a lock's own renew=True is
-    # told by the log at its first renewal (core/renewal.py), in the process
+    # told by the log at its first renewal (core/io/renewal.py), in the process
     # that runs it, which is where green threads matter.
     runtime = green_runtime()
     if runtime is None or conf.raw.get("RENEW") is not True:

@@ -26,7 +26,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from .core.base import LockBase, Observer
+from .core.drivers.base import LockBase, Observer
 
 __all__ = [
     "SignalObserver",

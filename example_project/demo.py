@@ -521,7 +521,7 @@ def purchase_run(
     from django.db import connection
 
     from django_redislock.connection import get_client
-    from django_redislock.core.inspect import list_locks
+    from django_redislock.core.ops.inspection import list_locks
     from django_redislock.locking.factories import keyspace
     from shop.models import Order, Product
 

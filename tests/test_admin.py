@@ -12,10 +12,10 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_redislock import connection
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.inspect import list_locks
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
+from django_redislock.core.ops.inspection import list_locks
 from django_redislock.ops.admin import has_permission, parse_selection, selection
 
 pytestmark = pytest.mark.django_db

@@ -24,9 +24,9 @@ from django.test import Client
 from django.urls import reverse
 
 from django_redislock import LockLost, connection, redis_lock
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.semaphore import Semaphore
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.ops.admin import short_fence
 
 pytestmark = pytest.mark.django_db

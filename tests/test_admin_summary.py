@@ -12,9 +12,9 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_redislock import connection
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.semaphore import Semaphore
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
 from tests.test_summary import WAIT, Waiters, queued
 
 pytestmark = pytest.mark.django_db

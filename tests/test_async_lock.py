@@ -18,8 +18,8 @@ from django_redislock.core import (
     LockLost,
     LockNotAcquired,
     LockNotOwned,
-    scripts,
 )
+from django_redislock.core.engine import scripts
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 
 

@@ -18,9 +18,10 @@ import pytest
 import redis
 import redis.asyncio
 
-from django_redislock.core import AsyncLock, Lock, ReplicationTimeout, scripts
-from django_redislock.core.protocol import BARGE_DEFER, BARGE_LIMIT, Acquisition, Move
-from django_redislock.core.wakeup import NO_CHANNEL, Handed
+from django_redislock.core import AsyncLock, Lock, ReplicationTimeout
+from django_redislock.core.engine import scripts
+from django_redislock.core.engine.protocol import BARGE_DEFER, BARGE_LIMIT, Acquisition, Move
+from django_redislock.core.io.wakeup import NO_CHANNEL, Handed
 from tests.helpers_oracles import Occupancy, audit_keyspace, plant_sentinel, wait_until
 
 # Every wait in these tests is bounded by this; none is expected to come near it.

@@ -14,7 +14,7 @@ from django_redislock import (
     redis_lock,
     redis_locked,
 )
-from django_redislock.core import scripts
+from django_redislock.core.engine import scripts
 
 
 def test_get_lock_passes_it_on() -> None:

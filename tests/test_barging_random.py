@@ -10,8 +10,9 @@ import secrets
 import pytest
 import redis
 
-from django_redislock.core import Lock, scripts
-from django_redislock.core.wakeup import NO_CHANNEL
+from django_redislock.core import Lock
+from django_redislock.core.engine import scripts
+from django_redislock.core.io.wakeup import NO_CHANNEL
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 
 LIMIT = 3  # a small bound, so that random walks reach it often

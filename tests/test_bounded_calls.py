@@ -24,7 +24,8 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from django_redislock import connection
-from django_redislock.core import RedisUnavailable, scripts
+from django_redislock.core import RedisUnavailable
+from django_redislock.core.engine import scripts
 from tests.servers import RedisServer
 from tests.topologies import SERVICE, SentinelTopology, wait_until
 

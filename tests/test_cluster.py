@@ -36,9 +36,9 @@ from django_redislock.core import (
     MultiLock,
     RedisUnavailable,
     ReplicationTimeout,
-    notify_sharded,
 )
-from django_redislock.core.notify import get_notifier
+from django_redislock.core.io import notify_sharded
+from django_redislock.core.io.notify import get_notifier
 from tests.helpers_oracles import Occupancy
 from tests.servers import has_sharded_pubsub
 from tests.topologies import ClusterTopology, wait_until
@@ -539,7 +539,7 @@ def test_redislocks_command_sees_every_primary(cluster_settings: None, rc: Redis
 
 
 def test_semaphore_on_a_cluster(rc: RedisCluster) -> None:
-    from django_redislock.core.semaphore import Semaphore
+    from django_redislock.core.drivers.semaphore import Semaphore
 
     name = names_on_every_node(rc)[1]
     occupancy_limit = 2
@@ -582,7 +582,7 @@ def test_concurrency_middleware_on_a_cluster(
 ) -> None:
     from django.test import Client
 
-    from django_redislock.core.semaphore import Semaphore
+    from django_redislock.core.drivers.semaphore import Semaphore
 
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, THROTTLE_MW]
     settings.REDISLOCK = {

@@ -17,10 +17,10 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_redislock import connection
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.semaphore import Semaphore
 
 KS = KeySpace("redislock")
 OWNER = f"{socket.gethostname()}:{os.getpid()}/MainThread"

@@ -13,8 +13,8 @@ import pytest
 import redis
 from django.core.management import call_command
 
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.engine.keys import KeySpace
 
 ROOT = Path(__file__).resolve().parent.parent
 

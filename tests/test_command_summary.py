@@ -13,10 +13,10 @@ import redis
 from django.core.management import call_command
 
 from django_redislock import connection
-from django_redislock.core.inspect import BUSIEST, HeldLock, TemplateSummary
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.semaphore import Semaphore
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
+from django_redislock.core.ops.inspection import BUSIEST, HeldLock, TemplateSummary
 from django_redislock.ops.display import SUMMARY_COLUMNS, render_summary
 from tests.test_summary import WAIT, Waiters, queued
 

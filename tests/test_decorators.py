@@ -28,7 +28,7 @@ from django_redislock import (
     redis_locked,
 )
 from django_redislock import connection as rl_connection
-from django_redislock.core import notify_async
+from django_redislock.core.io import notify_async
 from django_redislock.signals import (
     lock_acquired,
     lock_busy,
@@ -104,7 +104,7 @@ def is_free(name: str) -> bool:
 
 def force_release(name: str) -> None:
     """Take ``name`` away from its holder as an operator would (``redislocks clear``)."""
-    from django_redislock.core import force
+    from django_redislock.core.ops import force
     from django_redislock.locking.factories import keyspace
 
     result = force.clear(get_lock(name).client, keyspace(), names=[name])

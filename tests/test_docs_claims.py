@@ -24,12 +24,12 @@ import redis.asyncio
 
 from django_redislock import connection
 from django_redislock.conf import DEFAULTS
-from django_redislock.core.base import DEFAULT_GRACE, STATE_KEEP_MS
+from django_redislock.core.drivers.base import DEFAULT_GRACE, STATE_KEEP_MS
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.lock_async import AsyncLock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.lock_async import AsyncLock
-from django_redislock.core.semaphore import Semaphore
 from tests.faults.harness import Worker, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -415,8 +415,8 @@ def _bare(func: Any) -> inspect.Signature:
         ("semaphores", "concurrency_limited", "django_redislock.concurrency_limited"),
         (
             "semaphores",
-            "django_redislock.core.semaphore.clear_semaphore",
-            "django_redislock.core.semaphore.clear_semaphore",
+            "django_redislock.core.drivers.semaphore.clear_semaphore",
+            "django_redislock.core.drivers.semaphore.clear_semaphore",
         ),
         ("views", "fenced_update", "django_redislock.fencing.fenced_update"),
         ("rwlocks", "ReadWriteLock", "django_redislock.ReadWriteLock"),
@@ -442,7 +442,7 @@ def _plain_paths(doc: str) -> list[str]:
 def test_docstrings_show_file_paths_as_literals() -> None:
     """The API reference (docs/api.rst, from the docstrings) shows a file path as
     ``literal`` text, as the pages do, never as plain words."""
-    assert _plain_paths("see docs/locks.rst and ``core/keys.py``") == ["docs/locks.rst"]
+    assert _plain_paths("see docs/locks.rst and ``core/engine/keys.py``") == ["docs/locks.rst"]
     found = []
     for path in sorted((ROOT / "django_redislock").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -2,7 +2,7 @@
 a late acquire after its give-back, the state's TTL on every path.
 
 Each test here failed on the engine before the protocol's decisions moved
-into ``core/protocol.py``; the commit that added them says how.
+into ``core/engine/protocol.py``; the commit that added them says how.
 """
 
 from __future__ import annotations
@@ -17,18 +17,12 @@ import pytest
 import redis
 import redis.asyncio
 
-from django_redislock.core import (
-    AsyncLock,
-    KeySpace,
-    Lock,
-    LockLost,
-    RedisUnavailable,
-    scripts,
-    wakeup,
-)
-from django_redislock.core.force import clear
-from django_redislock.core.notify import Notifier
-from django_redislock.core.wakeup import NO_CHANNEL
+from django_redislock.core import AsyncLock, KeySpace, Lock, LockLost, RedisUnavailable
+from django_redislock.core.engine import scripts
+from django_redislock.core.io import wakeup
+from django_redislock.core.io.notify import Notifier
+from django_redislock.core.io.wakeup import NO_CHANNEL
+from django_redislock.core.ops.force import clear
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 
 

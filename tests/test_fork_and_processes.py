@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import redis
 
-from django_redislock.core import Lock, LockNotOwned, renewal
+from django_redislock.core import Lock, LockNotOwned
+from django_redislock.core.io import renewal
 from tests.helpers_oracles import Occupancy, audit_keyspace, plant_sentinel, wait_until
 
 # Python 3.12+ warns about fork() in a process with threads (the test runner's

@@ -15,7 +15,9 @@ import pytest
 import redis
 import redis.asyncio
 
-from django_redislock.core import Lock, RedisUnavailable, giveback, scripts
+from django_redislock.core import Lock, RedisUnavailable
+from django_redislock.core.engine import scripts
+from django_redislock.core.io import giveback
 from tests.servers import RedisServer
 from tests.topologies import wait_until
 

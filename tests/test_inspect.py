@@ -1,4 +1,4 @@
-"""core/inspect.py: listing and force-release on a real Redis (plain and Cluster)."""
+"""core/ops/inspection.py: listing and force-release on a real Redis (plain and Cluster)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.force import clear
-from django_redislock.core.inspect import HeldLock, list_locks, matches
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
+from django_redislock.core.ops.force import clear
+from django_redislock.core.ops.inspection import HeldLock, list_locks, matches
 from django_redislock.ops.display import duration, printable, width
 from tests.servers import cli_binary, free_port
 
@@ -40,7 +40,7 @@ def hold(client: redis.Redis, name: str, *, label: str = "", ttl: float = 600) -
 
 
 def semaphore(client: redis.Redis, name: str, limit: int) -> object:
-    from django_redislock.core.semaphore import Semaphore
+    from django_redislock.core.drivers.semaphore import Semaphore
 
     return Semaphore(client, name, limit, ttl=600, wait=0, keyspace=KS, label="sem")
 
@@ -158,7 +158,7 @@ def test_clear_named_not_held_and_dry_run(r: redis.Redis) -> None:
 
 
 def test_clear_leaves_a_new_holder_alone(r: redis.Redis) -> None:
-    from django_redislock.core.force import release
+    from django_redislock.core.ops.force import release
 
     first = hold(r, "x", ttl=600)
     (row,) = list_locks(r, KS)

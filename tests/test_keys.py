@@ -9,7 +9,7 @@ import redis
 from redis.crc import key_slot
 
 from django_redislock.core import KeySpace, Lock
-from django_redislock.core.keys import READABLE_LIMIT, shows_name, validate_prefix
+from django_redislock.core.engine.keys import READABLE_LIMIT, shows_name, validate_prefix
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 
 HOSTILE = [

@@ -39,7 +39,9 @@ def imports(path: Path) -> list[tuple[str, list[str], int]]:
     return found
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
 def test_no_module_imports_another_modules_underscore_names(path: Path) -> None:
     private = [
         f"line {line}: {name} from {module}"
@@ -77,3 +79,19 @@ def test_no_hand_written_module_runs_past_400_lines() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > 400
     }
     assert long == {}
+
+
+@pytest.mark.parametrize(
+    "path", sorted((PACKAGE / "core").rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_in_the_core_only_ops_imports_the_drivers_and_nothing_imports_ops(path: Path) -> None:
+    folder = path.relative_to(PACKAGE / "core").parts[0]
+    forbidden = {"ops"} if folder in ("drivers", "ops") else {"drivers", "ops"}
+    if path == PACKAGE / "core" / "__init__.py":
+        forbidden = {"ops"}  # it exports the drivers
+    wrong = [
+        f"line {line}: {module}"
+        for module, _names, line in imports(path)
+        if module.split(".")[2:3] and module.split(".")[2] in forbidden - {folder}
+    ]
+    assert wrong == []

@@ -39,7 +39,7 @@ from prometheus_client import REGISTRY
 
 from django_redislock import LockLost, connection, redis_lock, redis_locked, signals
 from django_redislock.checks import check_settings
-from django_redislock.core.inspect import find
+from django_redislock.core.ops.inspection import find
 from django_redislock.locking.factories import get_lock, get_semaphore, keyspace
 from django_redislock.middleware import concurrency_limited
 from django_redislock.ops import metrics as rl_metrics

@@ -17,8 +17,8 @@ from django.test import AsyncClient, Client
 
 from django_redislock import connection, signals
 from django_redislock.checks import check_settings
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.semaphore import Semaphore
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.middleware import concurrency_limited
 from tests.servers import free_port
 

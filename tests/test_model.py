@@ -12,7 +12,7 @@ interleavings of the public API and of faults:
   renewal watchdog does, run when the model says (its own thread would make
   the runs depend on timing, and Hypothesis could not replay them);
 * the model's clock: short sleeps, so that leases of 50 to 600 ms run out;
-* force-release through ``core.force.clear``;
+* force-release through ``core.ops.force.clear``;
 * a lost reply (one or both attempts of a call), Redis frozen (SIGSTOP) for a
   while, Redis killed and restarted empty.
 
@@ -84,11 +84,11 @@ from hypothesis.stateful import (
 )
 
 import django_redislock.core
-from django_redislock.core import force
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.semaphore import Semaphore
+from django_redislock.core.ops import force
 from tests.faults.harness import FaultServer, bounded_client, call_bound
 from tests.faults.proxy import FaultProxy
 

@@ -25,7 +25,7 @@ from django_redislock.core import (
     MultiLock,
     RedisUnavailable,
 )
-from django_redislock.core.base import Observer
+from django_redislock.core.drivers.base import Observer
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 from tests.servers import free_port
 
@@ -197,8 +197,8 @@ def test_uncontended_costs_one_script_per_name(r: redis.Redis) -> None:
 
 
 def test_each_name_is_a_row_of_its_own_for_operators(r: redis.Redis) -> None:
-    from django_redislock.core.inspect import list_locks
-    from django_redislock.core.keys import KeySpace
+    from django_redislock.core.engine.keys import KeySpace
+    from django_redislock.core.ops.inspection import list_locks
 
     with MultiLock(r, ["row:b", "row:a"], ttl=10, wait=0, label="checkout") as multi:
         rows = list_locks(r, KeySpace.default(), "row:*")

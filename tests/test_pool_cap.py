@@ -26,7 +26,8 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from django_redislock import connection
-from django_redislock.core import Lock, RedisUnavailable, scripts
+from django_redislock.core import Lock, RedisUnavailable
+from django_redislock.core.engine import scripts
 from tests.servers import RedisServer
 from tests.topologies import SERVICE, ClusterTopology, SentinelTopology
 

@@ -6,8 +6,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from django_redislock.core.exceptions import RedisUnavailable
-from django_redislock.core.protocol import (
+from django_redislock.core.engine.protocol import (
     Acquisition,
     Move,
     may_have_run,
@@ -15,7 +14,8 @@ from django_redislock.core.protocol import (
     short_of_replicas,
     validity,
 )
-from django_redislock.core.wakeup import NO_CHANNEL, Handed, parse_wakeup
+from django_redislock.core.exceptions import RedisUnavailable
+from django_redislock.core.io.wakeup import NO_CHANNEL, Handed, parse_wakeup
 
 
 def _acq(*, deadline: float = 10.0, ttl_ms: int = 1000, handed: bool = True) -> Acquisition:

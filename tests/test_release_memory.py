@@ -31,15 +31,15 @@ from django_redislock.core import (
     Lock,
     MultiLock,
     ReadWriteLock,
-    scripts,
 )
+from django_redislock.core.drivers.rwlock import RELEASE as RW_RELEASE
+from django_redislock.core.drivers.rwlock import clear_rw_lock
+from django_redislock.core.drivers.semaphore import RELEASE as SEM_RELEASE
+from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
+from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
+from django_redislock.core.engine import scripts
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.rwlock import RELEASE as RW_RELEASE
-from django_redislock.core.rwlock import clear_rw_lock
-from django_redislock.core.semaphore import RELEASE as SEM_RELEASE
-from django_redislock.core.semaphore import Semaphore, clear_semaphore
-from django_redislock.core.semaphore_async import AsyncSemaphore
-from django_redislock.core.wakeup import NO_CHANNEL
+from django_redislock.core.io.wakeup import NO_CHANNEL
 from tests.faults.harness import ServerPool, bounded_async_client, bounded_client
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 
@@ -167,7 +167,7 @@ class Losses:
         self.reasons: list[str] = []
         outer = self
 
-        from django_redislock.core.base import Observer
+        from django_redislock.core.drivers.base import Observer
 
         class Told(Observer):
             def lost(self, lock: Any, reason: str) -> None:

@@ -20,10 +20,10 @@ from django.urls import reverse
 
 from django_redislock import connection
 from django_redislock.core import KeySpace, ReadWriteLock
-from django_redislock.core.force import Shown, release, still_held
-from django_redislock.core.inspect import holder_id, list_locks
-from django_redislock.core.lock import Lock
-from django_redislock.core.semaphore import Semaphore
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.ops.force import Shown, release, still_held
+from django_redislock.core.ops.inspection import holder_id, list_locks
 from django_redislock.ops.admin import parse_selection, selection
 from django_redislock.tasks.unique import unique_task
 

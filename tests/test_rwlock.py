@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from django_redislock.core import KeySpace, ReadWriteLock
+from django_redislock.core.drivers.rwlock import check_mode, clear_rw_lock
 from django_redislock.core.exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
-from django_redislock.core.rwlock import check_mode, clear_rw_lock
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 from tests.servers import RedisServer
 
@@ -254,8 +254,8 @@ def test_extend_renew_and_repeatable_release(r: redis.Redis) -> None:
     assert r.zscore(k.lease, reader.token) > int(r.time()[0]) * 1000 + 50_000
     args = reader._release_args(reader.token)
     reader.release()
-    from django_redislock.core import scripts
-    from django_redislock.core.rwlock import RELEASE
+    from django_redislock.core.drivers.rwlock import RELEASE
+    from django_redislock.core.engine import scripts
 
     # A retried release (its reply lost) still reports success.
     assert scripts.run(r, RELEASE, (k.lease, k.queue, k.state), args) == 1
@@ -383,8 +383,8 @@ def test_killed_holder_frees_within_its_lease(
 
 
 def test_a_woken_waiter_that_died_costs_the_next_only_the_grace(r: redis.Redis) -> None:
-    from django_redislock.core import scripts
-    from django_redislock.core.rwlock import ACQUIRE
+    from django_redislock.core.drivers.rwlock import ACQUIRE
+    from django_redislock.core.engine import scripts
 
     holder = rw(r, "write", ttl=60, grace=0.3)
     assert holder.acquire()

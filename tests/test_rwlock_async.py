@@ -11,8 +11,8 @@ import redis
 import redis.asyncio
 
 from django_redislock.core import AsyncReadWriteLock, KeySpace
+from django_redislock.core.drivers.rwlock_async import clear_rw_lock_async
 from django_redislock.core.exceptions import LockLost, LockNotOwned
-from django_redislock.core.rwlock_async import clear_rw_lock_async
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.servers import RedisServer
 

@@ -19,8 +19,8 @@ from django.urls import reverse
 from django_redislock import connection
 from django_redislock.core import KeySpace, ReadWriteLock
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.force import release
-from django_redislock.core.inspect import KINDS, find, list_locks, summarize
+from django_redislock.core.ops.force import release
+from django_redislock.core.ops.inspection import KINDS, find, list_locks, summarize
 from django_redislock.ops.admin import selection
 from tests.helpers_oracles import wait_until
 

@@ -27,8 +27,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from django_redislock.core import KeySpace, scripts
-from django_redislock.core.rwlock import ACQUIRE, CANCEL, CLEAR, RELEASE
+from django_redislock.core import KeySpace
+from django_redislock.core.drivers.rwlock import ACQUIRE, CANCEL, CLEAR, RELEASE
+from django_redislock.core.engine import scripts
 from tests.servers import RedisServer
 
 KS = KeySpace("rwmodel")

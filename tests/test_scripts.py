@@ -12,16 +12,10 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from django_redislock.core import (
-    AsyncLock,
-    KeySpace,
-    Lock,
-    RedisUnavailable,
-    rwlock,
-    scripts,
-    semaphore,
-)
-from django_redislock.core.protocol import STATE_KEEP_MS
+from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable
+from django_redislock.core.drivers import rwlock, semaphore
+from django_redislock.core.engine import scripts
+from django_redislock.core.engine.protocol import STATE_KEEP_MS
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.topologies import ClusterTopology, wait_until
 

@@ -11,9 +11,9 @@ import time
 import pytest
 import redis
 
+from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.semaphore import Semaphore, clear_semaphore
 from tests.servers import RedisServer
 
 KS = KeySpace()
@@ -361,8 +361,8 @@ def test_reservation_given_back_when_limit_drops_before_claim(r: redis.Redis) ->
     # Before w1 claims, a newcomer lowers the limit to 1.
     low = Semaphore(r, "claim", 1, wait=0)
     assert low.acquire() is False
-    from django_redislock.core import scripts
-    from django_redislock.core.semaphore import ACQUIRE
+    from django_redislock.core.drivers.semaphore import ACQUIRE
+    from django_redislock.core.engine import scripts
 
     granted, _ = scripts.run(
         r,

@@ -9,9 +9,9 @@ import pytest
 import redis
 import redis.asyncio
 
+from django_redislock.core.drivers.semaphore_async import AsyncSemaphore, clear_semaphore_async
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost, LockNotAcquired, LockNotOwned
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.semaphore_async import AsyncSemaphore, clear_semaphore_async
 from tests.servers import RedisServer
 
 KS = KeySpace()

@@ -19,10 +19,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from django_redislock import signals
-from django_redislock.core import scripts
-from django_redislock.core.base import STATE_KEEP_MS
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.semaphore import (
+from django_redislock.core.drivers.base import STATE_KEEP_MS
+from django_redislock.core.drivers.semaphore import (
     ACQUIRE,
     CANCEL,
     RELEASE,
@@ -30,7 +28,9 @@ from django_redislock.core.semaphore import (
     clear_semaphore,
     release_permit,
 )
-from django_redislock.core.semaphore_async import AsyncSemaphore
+from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
+from django_redislock.core.engine import scripts
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.signals import observer
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 from tests.servers import free_port

@@ -175,7 +175,7 @@ def test_middleware_and_command_through_sentinel(
     from django.core.management import call_command
     from django.test import Client
 
-    from django_redislock.core.semaphore import Semaphore
+    from django_redislock.core.drivers.semaphore import Semaphore
 
     middleware = "django_redislock.middleware.ConcurrencyLimitMiddleware"
     settings.MIDDLEWARE = [*settings.MIDDLEWARE, middleware]

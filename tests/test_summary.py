@@ -17,11 +17,11 @@ import pytest
 import redis
 
 from django_redislock import connection, redis_lock, redis_locked
-from django_redislock.core import base
-from django_redislock.core.inspect import BUSIEST, HeldLock, list_locks, summarize
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.semaphore import Semaphore
+from django_redislock.core.drivers import base
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
+from django_redislock.core.ops.inspection import BUSIEST, HeldLock, list_locks, summarize
 from django_redislock.locking.factories import get_lock, get_semaphore
 from django_redislock.ops.metrics import label_of
 from tests.faults.harness import wait_until

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_redislock.core.keys import KeySpace
+from django_redislock.core.engine.keys import KeySpace
 from tests.servers import RedisServer, free_port
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

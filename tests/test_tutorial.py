@@ -55,7 +55,7 @@ from pathlib import Path
 
 import pytest
 
-from django_redislock.core.keys import KeySpace
+from django_redislock.core.engine.keys import KeySpace
 from tests.servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent

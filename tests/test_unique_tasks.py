@@ -23,7 +23,7 @@ from django.test import override_settings
 
 from django_redislock import RedisUnavailable, get_lock
 from django_redislock import connection as rl_connection
-from django_redislock.core.inspect import list_locks
+from django_redislock.core.ops.inspection import list_locks
 from django_redislock.locking.factories import keyspace
 from django_redislock.signals import task_duplicate
 from django_redislock.tasks.options import KWARG, TaskNotUnique

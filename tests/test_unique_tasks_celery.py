@@ -40,7 +40,7 @@ if not apps.ready:  # in the worker: this module is its task module
 
 from django_redislock import get_lock  # noqa: E402
 from django_redislock.contrib.celery_unique import UniqueTask  # noqa: E402
-from django_redislock.core.inspect import list_locks  # noqa: E402
+from django_redislock.core.ops.inspection import list_locks  # noqa: E402
 from django_redislock.locking.factories import keyspace  # noqa: E402
 from django_redislock.signals import task_duplicate  # noqa: E402
 from django_redislock.tasks.options import HEADER, TaskNotUnique  # noqa: E402

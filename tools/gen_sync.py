@@ -1,6 +1,6 @@
 """Make the sync lock drivers from their asyncio source.
 
-The asyncio drivers in ``django_redislock/core`` are the source; the sync
+The asyncio drivers in ``django_redislock/core/drivers`` are the source; the sync
 drivers are generated from them and committed, so that every protocol
 decision is written once. The transformation maps names only:
 
@@ -11,8 +11,8 @@ decision is written once. The transformation maps names only:
   ``_async_prims`` by ``_sync_prims``...), in code, and as whole words in
   docstrings and comments.
 
-What threads and tasks do differently is in ``core/_async_prims.py`` and
-``core/_sync_prims.py``, which export the same names: never in a generated
+What threads and tasks do differently is in ``core/drivers/_async_prims.py`` and
+``core/drivers/_sync_prims.py``, which export the same names: never in a generated
 file. The result goes through ``ruff`` (import order, then format), so that
 it reads like the rest of the code.
 
@@ -37,7 +37,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = Path("django_redislock/core")
+CORE = Path("django_redislock/core/drivers")
 
 # asyncio source -> generated sync driver, relative to the repository root.
 PAIRS = [

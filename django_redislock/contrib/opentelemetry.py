@@ -51,7 +51,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import __version__, signals
-from ..core.base import LockBase
+from ..core.drivers.base import LockBase
 from ..core.exceptions import RedisUnavailable
 from ..ops.metrics import Level, kind_of, label_of, semaphore_levels, unavailable_label
 

@@ -34,7 +34,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import signals
-from ..core.base import LockBase
+from ..core.drivers.base import LockBase
 from ..core.exceptions import RedisUnavailable
 from ..ops.metrics import kind_of, label_of, semaphore_levels, unavailable_label
 

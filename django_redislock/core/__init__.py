@@ -1,5 +1,12 @@
 """The Redis-only lock engine. Nothing in this package imports Django."""
 
+from .drivers.lock import Lock
+from .drivers.lock_async import AsyncLock
+from .drivers.multi import MultiLock
+from .drivers.multi_async import AsyncMultiLock
+from .drivers.rwlock import ReadWriteLock
+from .drivers.rwlock_async import AsyncReadWriteLock
+from .engine.keys import KeySpace
 from .exceptions import (
     LockError,
     LockLost,
@@ -8,13 +15,6 @@ from .exceptions import (
     RedisUnavailable,
     ReplicationTimeout,
 )
-from .keys import KeySpace
-from .lock import Lock
-from .lock_async import AsyncLock
-from .multi import MultiLock
-from .multi_async import AsyncMultiLock
-from .rwlock import ReadWriteLock
-from .rwlock_async import AsyncReadWriteLock
 
 __all__ = [
     "AsyncLock",

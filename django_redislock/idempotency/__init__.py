@@ -19,7 +19,7 @@ the commit, renewal, store after the commit and release. The modules:
 ``decorator``    ``@idempotent``
 ``middleware``   ``IdempotencyMiddleware``
 
-Keys are built in ``core/keys.py`` (``KeySpace.idempotency``).
+Keys are built in ``core/engine/keys.py`` (``KeySpace.idempotency``).
 """
 
 from __future__ import annotations

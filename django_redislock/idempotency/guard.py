@@ -43,8 +43,8 @@ from django.db import connections, transaction
 from django.http import HttpResponse, HttpResponseBase
 
 from ..connection import get_async_client, get_client
+from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
-from ..core.keys import IdempotencyKeys
 from ..locking.context import current_lock
 from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace

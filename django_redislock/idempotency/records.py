@@ -1,11 +1,11 @@
 """The record of a key in Redis: read, written and forgotten through the bounded transport.
 
-Every call goes through ``core.transport`` (directly, or as a script through
-``core.scripts``), as every lock call does: bounded by the client's socket
+Every call goes through ``core.io.transport`` (directly, or as a script through
+``core.engine.scripts``), as every lock call does: bounded by the client's socket
 timeout whatever its retry policy, never re-sent after a timeout, routed to
 the slot's node on a Cluster. A failure raises ``RedisUnavailable``.
 
-A record is a hash (``core/keys.py``: ``P:I:{T}:<n>``) with the fields:
+A record is a hash (``core/engine/keys.py``: ``P:I:{T}:<n>``) with the fields:
 
 ``fp``       the request's fingerprint (method, path, body)
 ``state``    ``running`` while the first request runs, ``done`` once stored
@@ -21,9 +21,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..core import failures, scripts, transport
+from ..core import failures
+from ..core.engine import scripts
+from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
-from ..core.keys import IdempotencyKeys
+from ..core.io import transport
 
 __all__ = ["Record", "aforget", "aread", "awrite", "forget", "read", "write"]
 

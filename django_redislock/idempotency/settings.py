@@ -24,7 +24,7 @@ from ..checks import (
     register_problems,
 )
 from ..conf import conf
-from ..core.base import is_seconds
+from ..core.drivers.base import is_seconds
 
 __all__ = [
     "MIDDLEWARE_PATH",

@@ -10,12 +10,12 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from ..conf import conf
+from ..core.drivers.lock import Lock
+from ..core.drivers.lock_async import AsyncLock
+from ..core.drivers.multi import MultiLock, lock_names
+from ..core.drivers.multi_async import AsyncMultiLock
+from ..core.drivers.rwlock import check_mode
 from ..core.exceptions import LockError, LockNotAcquired
-from ..core.lock import Lock
-from ..core.lock_async import AsyncLock
-from ..core.multi import MultiLock, lock_names
-from ..core.multi_async import AsyncMultiLock
-from ..core.rwlock import check_mode
 from .context import Held, pop, push, reenter, task_owner
 from .factories import (
     get_async_lock,

@@ -12,9 +12,9 @@ from contextvars import ContextVar, Token
 from typing import Any, TypeAlias
 
 from ..conf import conf
-from ..core.base import LockBase
+from ..core.drivers.base import LockBase
+from ..core.drivers.multi import MultiBase
 from ..core.exceptions import LockError
-from ..core.multi import MultiBase
 from .options import LockOptions, check_mode_names
 
 # What a running call or block holds: one name, or several all together.

@@ -30,10 +30,10 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
 
 from ..conf import conf
+from ..core.drivers.lock import Lock
+from ..core.drivers.lock_async import AsyncLock
+from ..core.drivers.rwlock import check_mode
 from ..core.exceptions import LockLost, RedisUnavailable
-from ..core.lock import Lock
-from ..core.lock_async import AsyncLock
-from ..core.rwlock import check_mode
 from ..http import request_in
 from .blocks import redis_lock
 from .context import Key, current_fence, current_lock, pop, push, reenter, task_owner

@@ -42,9 +42,9 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..core import renewal
+from ..core.drivers.lock import Lock
 from ..core.exceptions import LockLost
-from ..core.lock import Lock
+from ..core.io import renewal
 from .context import Key
 from .outcomes import release
 

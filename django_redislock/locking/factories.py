@@ -7,15 +7,15 @@ from typing import Any
 
 from ..conf import conf
 from ..connection import check_eviction, get_async_client, get_client
-from ..core.keys import KeySpace
-from ..core.lock import Lock
-from ..core.lock_async import AsyncLock
-from ..core.multi import MultiLock, lock_names
-from ..core.multi_async import AsyncMultiLock
-from ..core.rwlock import Mode, ReadWriteLock
-from ..core.rwlock_async import AsyncReadWriteLock
-from ..core.semaphore import Semaphore
-from ..core.semaphore_async import AsyncSemaphore
+from ..core.drivers.lock import Lock
+from ..core.drivers.lock_async import AsyncLock
+from ..core.drivers.multi import MultiLock, lock_names
+from ..core.drivers.multi_async import AsyncMultiLock
+from ..core.drivers.rwlock import Mode, ReadWriteLock
+from ..core.drivers.rwlock_async import AsyncReadWriteLock
+from ..core.drivers.semaphore import Semaphore
+from ..core.drivers.semaphore_async import AsyncSemaphore
+from ..core.engine.keys import KeySpace
 from ..signals import observer
 
 __all__ = [

@@ -6,9 +6,9 @@ import logging
 from typing import Any
 
 from ..conf import conf
+from ..core.drivers.lock import Lock
+from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
-from ..core.lock import Lock
-from ..core.lock_async import AsyncLock
 from ..http import error_response
 from ..signals import send_unavailable
 from .options import LockOptions

@@ -29,7 +29,7 @@ from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
 from ..conf import conf
-from ..core.base import LockBase
+from ..core.drivers.base import LockBase
 from ..core.exceptions import LockLost
 
 log_connect = logging.getLogger("django_redislock.connect")

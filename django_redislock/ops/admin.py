@@ -1,7 +1,7 @@
 """A page in the Django admin that lists held locks and force-releases them.
 
 Above the rows, a "By template" table sums them up per template
-(``core.inspect.summarize``): names carry ids, templates do not.
+(``core.ops.inspection.summarize``): names carry ids, templates do not.
 
 There is no model and no migration: ``install(site)`` adds one URL to an
 ``AdminSite`` (``django_redislock.admin`` does it for ``admin.site``) and an
@@ -9,7 +9,7 @@ entry to its app list. Only active staff reach the page (the admin's own
 login), and then only users allowed by ``REDISLOCK['ADMIN_PERMISSION']``
 (superusers by default). Releasing takes a POST with a CSRF token, through a
 confirmation page that shows what will go. Each page carries the holders it
-showed (``core.force.Shown``: their ids, never their tokens) and releases only
+showed (``core.ops.force.Shown``: their ids, never their tokens) and releases only
 those: a holder that came after the page was shown, of any kind, is left alone.
 """
 
@@ -33,10 +33,10 @@ from django.utils.module_loading import import_string
 
 from ..conf import conf
 from ..connection import get_client
+from ..core.engine.keys import decode_name, encode_name
 from ..core.exceptions import RedisUnavailable
-from ..core.force import Shown, release, still_held
-from ..core.inspect import KINDS, HeldLock, TemplateSummary, list_locks, summarize
-from ..core.keys import decode_name, encode_name
+from ..core.ops.force import Shown, release, still_held
+from ..core.ops.inspection import KINDS, HeldLock, TemplateSummary, list_locks, summarize
 from ..locking.factories import keyspace
 from .display import duration, owner_text, printable, quoted, template_text
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from ..core.inspect import HeldLock, Holder, TemplateSummary
+from ..core.ops.inspection import HeldLock, Holder, TemplateSummary
 
 __all__ = [
     "COLUMNS",

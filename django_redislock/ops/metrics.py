@@ -34,8 +34,8 @@ from django.core.signals import setting_changed
 
 from ..checks import Problem, register_problems
 from ..conf import conf
-from ..core.base import LockBase
-from ..core.semaphore import SemaphoreBase
+from ..core.drivers.base import LockBase
+from ..core.drivers.semaphore import SemaphoreBase
 
 __all__ = [
     "BACKENDS",
@@ -152,7 +152,7 @@ def semaphore_levels() -> list[Level]:
     read-only script per rule; raises ``RedisUnavailable``.
     """
     from ..connection import get_client
-    from ..core.inspect import find
+    from ..core.ops.inspection import find
     from ..locking.factories import keyspace
     from ..throttling.middleware import decorated_rules, semaphore_name
     from ..throttling.rules import current_rules

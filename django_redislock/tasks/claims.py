@@ -12,10 +12,10 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from ..core import scripts
+from ..core.drivers.lock import Lock
+from ..core.drivers.lock_async import AsyncLock
+from ..core.engine import scripts
 from ..core.exceptions import LockError, RedisUnavailable
-from ..core.lock import Lock
-from ..core.lock_async import AsyncLock
 from ..locking.factories import get_lock
 from ..signals import send_task_duplicate
 from .options import Claim, TaskNotUnique, UniqueOptions

@@ -10,9 +10,9 @@ import logging
 import threading
 from typing import Any
 
+from ..core.drivers.lock import Lock
+from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockError, RedisUnavailable
-from ..core.lock import Lock
-from ..core.lock_async import AsyncLock
 from ..locking.factories import get_async_lock, get_lock
 from .claims import note, note_async
 from .options import Claim, UniqueOptions

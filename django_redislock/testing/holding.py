@@ -11,8 +11,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from ..core.lock import Lock
-    from ..core.semaphore import Semaphore
+    from ..core.drivers.lock import Lock
+    from ..core.drivers.semaphore import Semaphore
 
 __all__ = ["HOLD_LABEL", "describe_owner", "hold_lock", "hold_permits", "hold_tokens"]
 
@@ -68,7 +68,7 @@ def _uncap(key: tuple[str, str], wait: float | None) -> None:
 
 
 def _check_hold_args(what: str, timeout: object, wait: object) -> tuple[float, float | None]:
-    from ..core.base import check_seconds
+    from ..core.drivers.base import check_seconds
 
     try:
         seconds = check_seconds("timeout", timeout, allow_zero=False)
@@ -82,7 +82,7 @@ def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
     detail = ""
     try:
         from ..connection import get_client
-        from ..core.inspect import find
+        from ..core.ops.inspection import find
         from ..locking.factories import keyspace
 
         rows, _missing = find(get_client(alias), keyspace(), [name], kinds=(kind,))
@@ -228,7 +228,7 @@ class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a functi
         wait: float | None = 0.0,
         alias: str | None = None,
     ) -> None:
-        from ..core.semaphore import check_limit
+        from ..core.drivers.semaphore import check_limit
 
         if not isinstance(name, str) or not name:
             raise TypeError(f"hold_permits(): name must be a non-empty str, not {name!r}")

@@ -15,7 +15,7 @@ def _lease(left: float | None) -> str:
 
 def _queued(client: Any, prefix: str) -> list[str]:
     """Waiters' queue entries (lock and semaphore queues) under ``prefix``."""
-    from ..core.inspect import scan_keys
+    from ..core.ops.inspection import scan_keys
 
     found: list[str] = []
     for code, kind in ((b"Q", "lock"), (b"SQ", "semaphore")):
@@ -48,7 +48,7 @@ def leftovers(*, alias: str | None = None) -> list[str]:
     ``CACHES`` alias (default ``REDISLOCK['CACHE']``).
     """
     from ..connection import get_client
-    from ..core.inspect import list_locks
+    from ..core.ops.inspection import list_locks
     from ..locking.factories import keyspace
 
     client = get_client(alias)

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from ..core.lock import Lock
-    from ..core.semaphore import Semaphore
+    from ..core.drivers.lock import Lock
+    from ..core.drivers.semaphore import Semaphore
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

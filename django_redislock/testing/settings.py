@@ -142,7 +142,7 @@ class isolated_prefix(_Block):  # noqa: N801 - used like a function
     """
 
     def __init__(self, prefix: str | None = None) -> None:
-        from ..core.keys import validate_prefix
+        from ..core.engine.keys import validate_prefix
 
         self.prefix = None if prefix is None else validate_prefix(prefix)
         self._active: list[redislock_settings] = []

@@ -25,9 +25,9 @@ from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_client
+from ..core.drivers.semaphore import Semaphore, SemaphoreBase, release_permit
+from ..core.drivers.semaphore_async import AsyncSemaphore
 from ..core.exceptions import LockError, RedisUnavailable
-from ..core.semaphore import Semaphore, SemaphoreBase, release_permit
-from ..core.semaphore_async import AsyncSemaphore
 from ..http import client_ip, error_response
 from ..locking.factories import get_async_semaphore, get_semaphore
 from ..signals import request_throttled, send_unavailable

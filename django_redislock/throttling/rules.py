@@ -22,8 +22,8 @@ from django.utils.module_loading import import_string
 
 from ..checks import Problem, register_problems
 from ..conf import conf
-from ..core.base import is_seconds
-from ..core.semaphore import check_limit
+from ..core.drivers.base import is_seconds
+from ..core.drivers.semaphore import check_limit
 
 __all__ = ["PER_CHOICES", "Rule", "current_rules", "make_rule", "matching_rules", "rule_problems"]
 

@@ -23,7 +23,7 @@ from django_redis import get_redis_connection
 
 from django_redislock import current_fence, redis_locked
 from django_redislock.connection import get_client
-from django_redislock.core.inspect import list_locks
+from django_redislock.core.ops.inspection import list_locks
 from django_redislock.fencing import fenced_get, fenced_update
 from django_redislock.idempotency import idempotent
 from django_redislock.locking.factories import keyspace

@@ -28,14 +28,14 @@ import redis.asyncio.retry
 import redis.backoff
 import redis.retry
 
+from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.lock_async import AsyncLock
+from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import (
     LockLost,
     LockNotOwned,
     RedisUnavailable,
 )
-from django_redislock.core.keys import KeySpace
-from django_redislock.core.lock import Lock
-from django_redislock.core.lock_async import AsyncLock
 
 from .harness import (
     Bound,
@@ -1026,7 +1026,7 @@ def _live_permits(admin: redis.Redis, name: str) -> int:
 
 
 async def _cancel_permit_points(url: str, admin: redis.Redis, limit: int) -> dict[str, int]:
-    from django_redislock.core.semaphore_async import AsyncSemaphore
+    from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
 
     client = bounded_async_client(url, timeout=2)
     tried = leaked = 0
@@ -1072,7 +1072,7 @@ def permits(
 ) -> dict[str, Any]:
     """Permits are never over-granted and never leak: contention across threads
     (occupancy oracle) and a SIGKILLed permit holder."""
-    from django_redislock.core.semaphore import Semaphore
+    from django_redislock.core.drivers.semaphore import Semaphore
 
     server = pool.server()
     admin = server.admin()

@@ -16,8 +16,8 @@ import sys
 import time
 from typing import Any
 
+from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.exceptions import LockError, RedisUnavailable
-from django_redislock.core.lock import Lock
 
 from .harness import bounded_client, freeze_bound
 from .oracles import FenceTable, SharedOracles, TokenLedger
@@ -43,7 +43,7 @@ def _serve(url: str) -> None:
                 out["fence"] = lock.fence
                 out["token"] = lock.token
             elif op == "permit":
-                from django_redislock.core.semaphore import Semaphore
+                from django_redislock.core.drivers.semaphore import Semaphore
 
                 permit = Semaphore(
                     client, cmd["name"], cmd["limit"], ttl=cmd["ttl"], wait=cmd.get("wait", 0)

@@ -21,8 +21,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...connection import get_client
 from ...core.exceptions import RedisUnavailable
-from ...core.force import release, select
-from ...core.inspect import KINDS, HeldLock, list_locks, summarize
+from ...core.ops.force import release, select
+from ...core.ops.inspection import KINDS, HeldLock, list_locks, summarize
 from ...locking.factories import keyspace
 from ...ops.display import describe, quoted, render_summary, render_table
 

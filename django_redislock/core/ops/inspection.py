@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from . import failures, scripts
-from .exceptions import RedisUnavailable
-from .keys import KeySpace, decode_name
-from .topology import is_cluster
+from .. import failures
+from ..engine import scripts
+from ..engine.keys import KeySpace, decode_name
+from ..exceptions import RedisUnavailable
+from ..topology import is_cluster
 
 __all__ = [
     "BUSIEST",

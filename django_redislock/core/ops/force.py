@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import scripts
-from .base import DEFAULT_GRACE
-from .inspect import KINDS, HeldLock, find, list_locks
-from .keys import KeySpace
+from ..drivers.base import DEFAULT_GRACE
+from ..engine import scripts
+from ..engine.keys import KeySpace
+from .inspection import KINDS, HeldLock, find, list_locks
 
 __all__ = ["ClearResult", "Shown", "clear", "release", "select", "still_held"]
 
@@ -84,11 +84,11 @@ def _clear_script(kind: str, keyspace: KeySpace, name: str) -> tuple[Any, tuple[
         return scripts.CLEAR, (k.lease, k.queue, k.state)
     # Imported here: semaphores and read-write locks are optional for locks.
     if kind == "semaphore":
-        from .semaphore_base import CLEAR as SEMAPHORE_CLEAR
+        from ..drivers.semaphore_base import CLEAR as SEMAPHORE_CLEAR
 
         s = keyspace.semaphore(name)
         return SEMAPHORE_CLEAR, (s.lease, s.queue, s.state)
-    from .rwlock_base import CLEAR as RW_CLEAR
+    from ..drivers.rwlock_base import CLEAR as RW_CLEAR
 
     w = keyspace.rwlock(name)
     return RW_CLEAR, (w.lease, w.queue, w.state)

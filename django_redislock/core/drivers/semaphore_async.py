@@ -1,8 +1,7 @@
-# generated from semaphore_async.py by tools/gen_sync.py; do not edit
-"""``Semaphore``: at most ``limit`` holders of a name, across every process.
+"""``AsyncSemaphore``: at most ``limit`` holders of a name, across every process.
 
 The protocol, scripts and arguments are in ``semaphore_base.py``; the driver
-is ``SyncHandle``'s (the wait loop, give-back on interrupt or timeout, the
+is ``AsyncHandle``'s (the wait loop, give-back on interrupt or timeout, the
 context manager), with the semaphore's scripts in place of the lock's.
 Written once, for asyncio; ``tools/gen_sync.py`` makes the sync driver from
 it (edit this source, never the generated file).
@@ -18,12 +17,12 @@ import os
 import time
 from typing import Any
 
-from . import scripts
-from ._sync_prims import HOLDER_KIND, current_holder
+from ..engine import scripts
+from ..engine.keys import KeySpace
+from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
+from ._async_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from .keys import KeySpace
-from .lock import SyncHandle
+from .lock_async import AsyncHandle
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,
@@ -35,18 +34,18 @@ from .semaphore_base import (
 )
 
 __all__ = [
-    "Semaphore",
+    "AsyncSemaphore",
     "SemaphoreBase",
     "check_limit",
-    "clear_semaphore",
-    "release_permit",
+    "clear_semaphore_async",
+    "release_permit_async",
 ]
 
 
-class Semaphore(SemaphoreBase, SyncHandle):
+class AsyncSemaphore(SemaphoreBase, AsyncHandle):
     """At most ``limit`` holders of ``name`` at once, across every process.
 
-    ``Semaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
+    ``AsyncSemaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
     waits up to ``wait`` seconds for a permit, in arrival order; a permit
     lasts ``ttl`` seconds on the Redis server's clock unless ``refresh``-ed,
     so a crashed holder's permit comes back by itself. A handle holds one
@@ -74,11 +73,11 @@ class Semaphore(SemaphoreBase, SyncHandle):
             )
         return self.token
 
-    def _release_call(self, token: str) -> int:
+    async def _release_call(self, token: str) -> int:
         args = self._release_args(token)
-        return int(scripts.run(self.client, RELEASE, self._key_tuple, args))
+        return int(await scripts.run_async(self.client, RELEASE, self._key_tuple, args))
 
-    def refresh(self, ttl: float | None = None) -> None:
+    async def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
         token = self._check_owner("refresh")
         if self.lost:
@@ -86,7 +85,9 @@ class Semaphore(SemaphoreBase, SyncHandle):
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
         try:
-            ok = scripts.run(self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS))
+            ok = await scripts.run_async(
+                self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
+            )
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             raise
@@ -98,12 +99,12 @@ class Semaphore(SemaphoreBase, SyncHandle):
 
     extend = refresh
 
-    def owned(self) -> bool:
+    async def owned(self) -> bool:
         """Ask Redis whether this handle still holds its permit (one round trip)."""
-        return self._in_sorted_set()
+        return await self._in_sorted_set()
 
 
-def release_permit(
+async def release_permit_async(
     client: Any, keyspace: KeySpace, name: str, token: str, serial: int | None = None
 ) -> bool:
     """Give back the permit ``token`` of ``name`` from any thread or task, by its token.
@@ -115,7 +116,7 @@ def release_permit(
     """
     keys = keyspace.semaphore(name)
     return bool(
-        scripts.run(
+        await scripts.run_async(
             client,
             RELEASE,
             (keys.lease, keys.queue, keys.state),
@@ -124,7 +125,9 @@ def release_permit(
     )
 
 
-def clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | None = None) -> int:
+async def clear_semaphore_async(
+    client: Any, keyspace: KeySpace, name: str, token: str | None = None
+) -> int:
     """Force-release one holder of ``name`` (or all, when ``token`` is None).
 
     Owner details are removed and waiters are woken for the freed permits.
@@ -133,7 +136,7 @@ def clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | Non
     """
     keys = keyspace.semaphore(name)
     return int(
-        scripts.run(
+        await scripts.run_async(
             client,
             CLEAR,
             (keys.lease, keys.queue, keys.state),

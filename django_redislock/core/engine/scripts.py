@@ -22,8 +22,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import failures, transport
-from .exceptions import RedisUnavailable
+from .. import failures
+from ..exceptions import RedisUnavailable
+from ..io import transport
 from .protocol import STATE_KEEP_MS, may_have_run
 
 __all__ = [

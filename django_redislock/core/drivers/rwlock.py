@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import scripts
+from ..engine import scripts
+from ..engine.keys import KeySpace
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .keys import KeySpace
 from .lock import Lock
 from .rwlock_base import (
     ACQUIRE,

@@ -1,5 +1,4 @@
-# generated from lock_async.py by tools/gen_sync.py; do not edit
-"""``Lock``: a Redis lease with fencing, fair queueing and notification wake-ups.
+"""``AsyncLock``: a Redis lease with fencing, fair queueing and notification wake-ups.
 
 Protocol, one round trip each when uncontended:
 
@@ -25,7 +24,7 @@ generated file. What threads and tasks do
 differently (the gate, who holds a handle, cancellation, where renewal runs)
 lives in the primitives module imported below.
 
-Waiters sleep on the process's wake-up channel (``notify.py``): one
+Waiters sleep on the process's wake-up channel (``notify_async.py``): one
 connection however many wait. An acquire interrupted or cancelled at any
 point gives back whatever it may have been granted, so a lease is never
 left behind it.
@@ -41,8 +40,28 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from . import giveback, scripts
-from ._sync_prims import (
+from ..engine import scripts
+from ..engine.protocol import (
+    BARGE_DEFER,
+    Acquisition,
+    Move,
+    check_adopted,
+    may_have_run,
+    renew_interval,
+    retry_renewal_in,
+    short_of_replicas,
+)
+from ..exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
+from ..io import giveback
+from ..io.notify_async import get_async_notifier
+from ._async_prims import (
     CLEANUP_TIMEOUT,
     HOLDER_KIND,
     CallTimeout,
@@ -59,40 +78,21 @@ from ._sync_prims import (
     stop_renewal,
 )
 from .base import LockBase, same_token
-from .exceptions import (
-    LockError,
-    LockLost,
-    LockNotAcquired,
-    LockNotOwned,
-    RedisUnavailable,
-    ReplicationTimeout,
-)
-from .notify import get_notifier
-from .protocol import (
-    BARGE_DEFER,
-    Acquisition,
-    Move,
-    check_adopted,
-    may_have_run,
-    renew_interval,
-    retry_renewal_in,
-    short_of_replicas,
-)
 
-__all__ = ["SyncHandle", "Lock"]
+__all__ = ["AsyncHandle", "AsyncLock"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 log_renew = logging.getLogger("django_redislock.renew")
 
-_H = TypeVar("_H", bound="SyncHandle")
+_H = TypeVar("_H", bound="AsyncHandle")
 
 # A release runs to the end even if its task is cancelled, within this bound
 # (the client's socket timeout normally ends it much sooner).
 _RELEASE_TIMEOUT = 10.0
 
 
-class SyncHandle(LockBase):
-    """What ``Lock`` and ``Semaphore`` share: the gate, the wait
+class AsyncHandle(LockBase):
+    """What ``AsyncLock`` and ``AsyncSemaphore`` share: the gate, the wait
     loop, and giving back whatever an interrupted or timed-out attempt may hold.
 
     Shared between threads (sync) or tasks (asyncio), a handle behaves like
@@ -116,15 +116,17 @@ class SyncHandle(LockBase):
         self._holder: Holder | None = None
         self.retry_after: float | None = None
 
-    def _attempt(
+    async def _attempt(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple[int, int]:
         """Run the acquire script once: (1, fence) or (0, ms until a change)."""
         args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
         if not self.replicas:
-            reply = scripts.run(self.client, self._acquire_script, self._key_tuple, args)
+            reply = await scripts.run_async(
+                self.client, self._acquire_script, self._key_tuple, args
+            )
             return self._acquire_reply(reply)
-        reply, acked = scripts.run_acked(
+        reply, acked = await scripts.run_acked_async(
             self.client,
             self._acquire_script,
             self._key_tuple,
@@ -134,17 +136,17 @@ class SyncHandle(LockBase):
         )
         granted, value = self._acquire_reply(reply)
         if short_of_replicas(granted, acked, self.replicas):
-            self._cancel(token)
+            await self._cancel(token)
             raise ReplicationTimeout(
                 self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
             )
         return granted, value
 
-    def _cancel(self, token: str) -> None:
+    async def _cancel(self, token: str) -> None:
         """Give back whatever ``token`` may hold or be queued for."""
         try:
             # To the end, even if the caller is cancelled meanwhile (asyncio).
-            complete(self._cancel_call(token), CLEANUP_TIMEOUT)
+            await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
         except (RedisUnavailable, CallTimeout) as exc:
             # A queue entry expires at its deadline, a lease or permit handed
             # to us unheard with its TTL; until then, keep trying off our path.
@@ -160,7 +162,7 @@ class SyncHandle(LockBase):
             "locks are not reentrant: release it first or use another name"
         )
 
-    def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+    async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
         """Take it, waiting up to ``wait`` seconds (0: try once).
 
         Returns True when held, False when it stayed busy. Raises
@@ -174,11 +176,11 @@ class SyncHandle(LockBase):
         if self.token is not None and self._holder == me:
             raise self._already_held()
         started = time.monotonic()
-        if not self._gate.acquire(wait_s):
+        if not await self._gate.acquire(wait_s):
             self.observer.busy(self, time.monotonic() - started)
             return False
         try:
-            acquired = self._acquire(started + wait_s, ttl_ms)
+            acquired = await self._acquire(started + wait_s, ttl_ms)
         except BaseException:
             self._gate.release()
             raise
@@ -191,7 +193,7 @@ class SyncHandle(LockBase):
         self.observer.acquired(self, time.monotonic() - started)
         return True
 
-    def _acquire(self, deadline: float, ttl_ms: int) -> bool:
+    async def _acquire(self, deadline: float, ttl_ms: int) -> bool:
         token = self._new_token()
         who = current_name()
         now = time.monotonic()
@@ -205,7 +207,7 @@ class SyncHandle(LockBase):
         )
         # Only a process already listening queues on the first attempt; the
         # uncontended path must not start a channel or wait for one.
-        notifier = get_notifier(self.client, self.keyspace) if deadline > now else None
+        notifier = get_async_notifier(self.client, self.keyspace) if deadline > now else None
         tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
         event = None
         if notifier is not None:
@@ -225,7 +227,7 @@ class SyncHandle(LockBase):
                     # again with it, so that our turn wakes us.
                     acq.channel_up(notifier.address_for(tag))
                 self._round, wait_ms = acq.attempt(time.monotonic())
-                granted, value = keep_cancellation(
+                granted, value = await keep_cancellation(
                     self._attempt(token, ttl_ms, who, wait_ms, acq.address)
                 )
                 # redis-py's send may have swallowed our cancellation (3.11).
@@ -236,7 +238,7 @@ class SyncHandle(LockBase):
                     # First contention in this process: start listening, then
                     # queue at once (the channel must be there to hear our turn).
                     event = notifier.register(token, tag)
-                    up = notifier.wait_ready(step.timeout, tag)
+                    up = await notifier.wait_ready(step.timeout, tag)
                     acq.listening_on(notifier.address_for(tag) if up else None)
                     continue
                 if step.move is Move.SLEEP and event is not None and notifier is not None:
@@ -245,11 +247,11 @@ class SyncHandle(LockBase):
                     event.needs_channel = acq.queued_without_channel
                     if event.needs_channel and notifier.is_ready(tag):
                         continue
-                    handed = notifier.wait(event, step.timeout)
+                    handed = await notifier.wait(event, step.timeout)
                     step = acq.on_wakeup(handed, time.monotonic())
                     while step.move is Move.SLEEP:
                         # Barging: woken to look again, it lets the releaser go first.
-                        handed = notifier.wait(event, step.timeout)
+                        handed = await notifier.wait(event, step.timeout)
                         step = acq.on_wakeup(handed, time.monotonic())
                     if step.move is Move.RETRY:
                         continue
@@ -258,9 +260,9 @@ class SyncHandle(LockBase):
                     return True
                 if step.move is Move.GIVE_BACK:
                     log_acquire.warning("acquire reply for %r came after its validity", self.name)
-                    self._cancel(token)
+                    await self._cancel(token)
                 elif acq.queued:
-                    self._cancel(token)  # out of time: leave the queue
+                    await self._cancel(token)  # out of time: leave the queue
                 return False
         except RedisUnavailable as exc:
             if may_have_run(exc):
@@ -272,7 +274,7 @@ class SyncHandle(LockBase):
             # Interrupted (or, asyncio, cancelled at some await): the script
             # may have run and granted us what we asked. Give it back,
             # whatever happens to us.
-            self._cancel(token)
+            await self._cancel(token)
             raise
         finally:
             if event is not None and notifier is not None:
@@ -282,15 +284,15 @@ class SyncHandle(LockBase):
         """Give back whatever ``token`` may hold, retried off the caller's
         path until Redis answers or the lease would have ended anyway;
         ``after``: the failed call it follows, whose late reply comes first."""
-        giveback.submit(
+        giveback.submit_async(
             lambda: self._cancel_call(token),
             within=self.ttl,
             after=after if self._give_back_after_late_reply else None,
             what=self._label(),
         )
 
-    def _cancel_call(self, token: str) -> Any:
-        return scripts.run(
+    async def _cancel_call(self, token: str) -> Any:
+        return await scripts.run_async(
             self.client, self._cancel_script, self._key_tuple, self._cancel_args(token)
         )
 
@@ -301,39 +303,39 @@ class SyncHandle(LockBase):
         self._holder = None
         self._forget()
 
-    def _in_sorted_set(self) -> bool:
+    async def _in_sorted_set(self) -> bool:
         """``owned()`` of the kinds whose holders are members of a sorted set
         scored by expiry (a semaphore's permits, a read-write lock's turns)."""
         token = self.token
         if token is None or not self.held:
             return False
         try:
-            score = self.client.zscore(self.keys.lease, token)
+            score = await self.client.zscore(self.keys.lease, token)
         except RedisError as exc:
             raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
         return score is not None and self.held
 
     # -- context manager ---------------------------------------------------------
-    def __enter__(self: _H) -> _H:
-        if not self.acquire():
+    async def __aenter__(self: _H) -> _H:
+        if not await self.acquire():
             raise LockNotAcquired(self.name, retry_after=self.retry_after)
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         try:
-            self.release()
+            await self.release()
         except LockError:
             # The body's own exception passes through unchanged; loss was
             # already reported to the observer and on_lost.
             if exc_type is None:
                 raise
 
-    def _release_call(self, token: str) -> int:
+    async def _release_call(self, token: str) -> int:
         """Run the release script: 1 when released, 0 when not held."""
         raise NotImplementedError
 
@@ -344,7 +346,7 @@ class SyncHandle(LockBase):
     def _stop_renewal(self) -> None:
         """Called before releasing; renewing handles stop their renewal."""
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Give it back. Raises ``LockLost`` if it had been lost meanwhile,
         ``RedisUnavailable`` if Redis did not answer (the give-back then goes
         on off the caller's path until Redis answers or the lease ends)."""
@@ -356,7 +358,7 @@ class SyncHandle(LockBase):
         self._forget()
         try:
             # To the end, even if the caller is cancelled meanwhile (asyncio).
-            released = complete(self._release_call(token), _RELEASE_TIMEOUT)
+            released = await complete(self._release_call(token), _RELEASE_TIMEOUT)
         except CallTimeout as exc:
             self._give_back_later(token, after=exc)
             raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
@@ -369,10 +371,10 @@ class SyncHandle(LockBase):
         self._settle_release(released, held)
 
 
-class Lock(SyncHandle):
+class AsyncLock(AsyncHandle):
     """A lock on ``name`` in Redis, held by this handle.
 
-    ``Lock(client, "purchase:7", ttl=30, wait=10)``. A handle is
+    ``AsyncLock(client, "purchase:7", ttl=30, wait=10)``. A handle is
     reusable: it may be acquired again after release. Shared between threads
     (sync) or tasks (asyncio), it behaves like ``threading.Lock`` or
     ``asyncio.Lock``: a second holder waits for the first to release, and
@@ -404,10 +406,10 @@ class Lock(SyncHandle):
         if self.renew:
             self._renewer = start_renewal(self, renew_interval(ttl_ms))
 
-    def _release_call(self, token: str) -> int:
+    async def _release_call(self, token: str) -> int:
         script = scripts.RELEASE if self.fair else scripts.RELEASE_BARGING
         args = self._release_args(token)
-        return int(scripts.run(self.client, script, self._key_tuple, args))
+        return int(await scripts.run_async(self.client, script, self._key_tuple, args))
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:
@@ -424,7 +426,7 @@ class Lock(SyncHandle):
         renewer, self._renewer = self._renewer, None
         stop_renewal(self, renewer)
 
-    def extend(self, ttl: float | None = None) -> None:
+    async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
         token = self._check_owner("extend")
         if self.lost:
@@ -432,7 +434,7 @@ class Lock(SyncHandle):
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
         try:
-            ok = self._extend_call(token, ttl_ms)
+            ok = await self._extend_call(token, ttl_ms)
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             raise
@@ -443,21 +445,23 @@ class Lock(SyncHandle):
         if self.token == token and not self.lost:
             self._valid_until = self._validity(sent, ttl_ms)
 
-    def _extend_call(self, token: str, ttl_ms: int) -> bool:
-        return bool(scripts.run(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms)))
+    async def _extend_call(self, token: str, ttl_ms: int) -> bool:
+        return bool(
+            await scripts.run_async(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms))
+        )
 
-    def owned(self) -> bool:
+    async def owned(self) -> bool:
         """Ask Redis whether this handle still holds the lease (one round trip)."""
         token = self.token
         if token is None or not self.held:
             return False
         try:
-            current = self.client.hget(self.keys.lease, "t")
+            current = await self.client.hget(self.keys.lease, "t")
         except RedisError as exc:
             raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
         return same_token(current, token) and self.held
 
-    def adopt(self, token: str, fence: int, *, ttl: float | None = None) -> bool:
+    async def adopt(self, token: str, fence: int, *, ttl: float | None = None) -> bool:
         """Hold the lease that another handle took as ``token`` with ``fence``.
 
         For a lease handed across processes (a task's enqueuer to the worker
@@ -473,14 +477,14 @@ class Lock(SyncHandle):
         me = current_holder()
         if self.token is not None and self._holder == me:
             raise self._already_held()
-        if not self._gate.acquire(0):
+        if not await self._gate.acquire(0):
             raise LockError(
                 f"lock {self.name!r}: this handle is held by another {HOLDER_KIND}; "
                 "adopt with a handle of its own"
             )
         sent = time.monotonic()
         try:
-            ok = self._extend_call(token, ttl_ms)
+            ok = await self._extend_call(token, ttl_ms)
         except BaseException:
             self._gate.release()
             raise
@@ -493,7 +497,7 @@ class Lock(SyncHandle):
         log_acquire.debug("adopted %r fence=%s", self.name, fence)
         return True
 
-    def detach(self, ttl: float | None = None) -> str:
+    async def detach(self, ttl: float | None = None) -> str:
         """Stop holding the lease without releasing it, for a handle to ``adopt``.
 
         The lease is reset to ``ttl`` seconds (default: the handle's) from now
@@ -504,7 +508,7 @@ class Lock(SyncHandle):
         try:
             if self.lost:
                 raise LockLost(f"lock {self.name!r} was already lost")
-            self.extend(ttl)
+            await self.extend(ttl)
         finally:
             self._stop_renewal()
             self._forget()
@@ -512,7 +516,7 @@ class Lock(SyncHandle):
             self._gate.release()
         return token
 
-    def _renew_once(self) -> float | None:
+    async def _renew_once(self) -> float | None:
         """One renewal: seconds until the next, or None to stop."""
         token = self.token
         if token is None or self.lost or self._pid != os.getpid():
@@ -523,7 +527,7 @@ class Lock(SyncHandle):
         ttl_ms = self._ttl_ms_held
         sent = time.monotonic()
         try:
-            ok = self._extend_call(token, ttl_ms)
+            ok = await self._extend_call(token, ttl_ms)
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)

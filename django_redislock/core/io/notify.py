@@ -29,9 +29,9 @@ import threading
 import time
 from typing import Any
 
-from .keys import KeySpace
+from ..engine.keys import KeySpace
+from ..topology import is_cluster
 from .notify_sharded import ShardedNotifier
-from .topology import is_cluster
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup, parse_wakeup
 
 __all__ = ["Notifier", "get_notifier"]

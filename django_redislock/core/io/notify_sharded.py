@@ -38,7 +38,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .keys import KeySpace
+from ..engine.keys import KeySpace
 from .wakeup import (
     IDLE_TIMEOUT,
     LIVENESS_INTERVAL,
@@ -49,7 +49,8 @@ from .wakeup import (
     parse_wakeup,
 )
 
-__all__ = ["ShardedNotifier"]
+# ShardedBase and SubscribedTag are shared with the asyncio twin.
+__all__ = ["TAG_IDLE", "ShardedBase", "ShardedNotifier", "SubscribedTag", "no_sharded_pubsub"]
 
 logger = logging.getLogger("django_redislock.notify")
 
@@ -77,7 +78,7 @@ def no_sharded_pubsub(exc: BaseException) -> bool:
 _KINDS = {"message": "smessage", "subscribe": "ssubscribe", "unsubscribe": "sunsubscribe"}
 
 
-class _Tag:
+class SubscribedTag:
     """One subscribed hash tag: its channel and who waits on it."""
 
     __slots__ = ("channel", "users", "idle_since", "node", "ready", "confirmed_before", "mode")
@@ -94,13 +95,15 @@ class _Tag:
         self.mode = b"s"
 
 
-class _ShardedBase:
+class ShardedBase:
+    """What the thread and asyncio sharded notifiers share: tags, slots, nodes."""
+
     def __init__(self, client: Any, keyspace: KeySpace) -> None:
         self._client = client
         self._keyspace = keyspace
         self.process_id = secrets.token_hex(8)
         self._slots: dict[str, tuple[Any, bytes]] = {}
-        self._tags: dict[bytes, _Tag] = {}
+        self._tags: dict[bytes, SubscribedTag] = {}
         self._by_channel: dict[bytes, bytes] = {}
         # Nodes that refused SSUBSCRIBE: their listeners, present and future,
         # use plain SUBSCRIBE.
@@ -268,7 +271,7 @@ class _NodeListener:
                     ping_sent = now
 
 
-class ShardedNotifier(_ShardedBase):
+class ShardedNotifier(ShardedBase):
     """``Notifier`` for a sync ``RedisCluster``: SSUBSCRIBE per waited-on tag."""
 
     def __init__(self, client: Any, keyspace: KeySpace) -> None:
@@ -285,7 +288,7 @@ class ShardedNotifier(_ShardedBase):
                 return event
             state = self._tags.get(tag)
             if state is None:
-                state = _Tag(self.channel(tag), threading.Event())
+                state = SubscribedTag(self.channel(tag), threading.Event())
                 self._tags[tag] = state
                 self._by_channel[state.channel] = tag
             state.users += 1
@@ -331,7 +334,7 @@ class ShardedNotifier(_ShardedBase):
         return bool(state.ready.wait(timeout))
 
     # -- listeners ------------------------------------------------------------
-    def _route(self, state: _Tag) -> None:
+    def _route(self, state: SubscribedTag) -> None:
         """Subscribe a tag on the node that owns its slot (under the mutex)."""
         try:
             node = self._node_of(state.channel)

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from functools import cache, lru_cache
 from typing import Any
 
-from .exceptions import LockLost
-from .keys import KeySpace, LockKeys, shows_name
-from .protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
+from ..engine.keys import KeySpace, LockKeys, shows_name
+from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
+from ..exceptions import LockLost
 
 __all__ = [
     "STATE_KEEP_MS",

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import scripts
+from ..engine import scripts
+from ..engine.keys import KeySpace
 from .base import STATE_KEEP_MS, LockBase, Observer
-from .keys import KeySpace
 
 __all__ = [
     "ACQUIRE",

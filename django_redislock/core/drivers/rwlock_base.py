@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from . import scripts
+from ..engine import scripts
+from ..engine.keys import KeySpace
 from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
-from .keys import KeySpace
 
 __all__ = [
     "ACQUIRE",

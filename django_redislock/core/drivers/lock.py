@@ -1,4 +1,5 @@
-"""``AsyncLock``: a Redis lease with fencing, fair queueing and notification wake-ups.
+# generated from lock_async.py by tools/gen_sync.py; do not edit
+"""``Lock``: a Redis lease with fencing, fair queueing and notification wake-ups.
 
 Protocol, one round trip each when uncontended:
 
@@ -24,7 +25,7 @@ generated file. What threads and tasks do
 differently (the gate, who holds a handle, cancellation, where renewal runs)
 lives in the primitives module imported below.
 
-Waiters sleep on the process's wake-up channel (``notify_async.py``): one
+Waiters sleep on the process's wake-up channel (``notify.py``): one
 connection however many wait. An acquire interrupted or cancelled at any
 point gives back whatever it may have been granted, so a lease is never
 left behind it.
@@ -40,8 +41,28 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from . import giveback, scripts
-from ._async_prims import (
+from ..engine import scripts
+from ..engine.protocol import (
+    BARGE_DEFER,
+    Acquisition,
+    Move,
+    check_adopted,
+    may_have_run,
+    renew_interval,
+    retry_renewal_in,
+    short_of_replicas,
+)
+from ..exceptions import (
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
+from ..io import giveback
+from ..io.notify import get_notifier
+from ._sync_prims import (
     CLEANUP_TIMEOUT,
     HOLDER_KIND,
     CallTimeout,
@@ -58,40 +79,21 @@ from ._async_prims import (
     stop_renewal,
 )
 from .base import LockBase, same_token
-from .exceptions import (
-    LockError,
-    LockLost,
-    LockNotAcquired,
-    LockNotOwned,
-    RedisUnavailable,
-    ReplicationTimeout,
-)
-from .notify_async import get_async_notifier
-from .protocol import (
-    BARGE_DEFER,
-    Acquisition,
-    Move,
-    check_adopted,
-    may_have_run,
-    renew_interval,
-    retry_renewal_in,
-    short_of_replicas,
-)
 
-__all__ = ["AsyncHandle", "AsyncLock"]
+__all__ = ["SyncHandle", "Lock"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 log_renew = logging.getLogger("django_redislock.renew")
 
-_H = TypeVar("_H", bound="AsyncHandle")
+_H = TypeVar("_H", bound="SyncHandle")
 
 # A release runs to the end even if its task is cancelled, within this bound
 # (the client's socket timeout normally ends it much sooner).
 _RELEASE_TIMEOUT = 10.0
 
 
-class AsyncHandle(LockBase):
-    """What ``AsyncLock`` and ``AsyncSemaphore`` share: the gate, the wait
+class SyncHandle(LockBase):
+    """What ``Lock`` and ``Semaphore`` share: the gate, the wait
     loop, and giving back whatever an interrupted or timed-out attempt may hold.
 
     Shared between threads (sync) or tasks (asyncio), a handle behaves like
@@ -115,17 +117,15 @@ class AsyncHandle(LockBase):
         self._holder: Holder | None = None
         self.retry_after: float | None = None
 
-    async def _attempt(
+    def _attempt(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
     ) -> tuple[int, int]:
         """Run the acquire script once: (1, fence) or (0, ms until a change)."""
         args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
         if not self.replicas:
-            reply = await scripts.run_async(
-                self.client, self._acquire_script, self._key_tuple, args
-            )
+            reply = scripts.run(self.client, self._acquire_script, self._key_tuple, args)
             return self._acquire_reply(reply)
-        reply, acked = await scripts.run_acked_async(
+        reply, acked = scripts.run_acked(
             self.client,
             self._acquire_script,
             self._key_tuple,
@@ -135,17 +135,17 @@ class AsyncHandle(LockBase):
         )
         granted, value = self._acquire_reply(reply)
         if short_of_replicas(granted, acked, self.replicas):
-            await self._cancel(token)
+            self._cancel(token)
             raise ReplicationTimeout(
                 self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
             )
         return granted, value
 
-    async def _cancel(self, token: str) -> None:
+    def _cancel(self, token: str) -> None:
         """Give back whatever ``token`` may hold or be queued for."""
         try:
             # To the end, even if the caller is cancelled meanwhile (asyncio).
-            await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
+            complete(self._cancel_call(token), CLEANUP_TIMEOUT)
         except (RedisUnavailable, CallTimeout) as exc:
             # A queue entry expires at its deadline, a lease or permit handed
             # to us unheard with its TTL; until then, keep trying off our path.
@@ -161,7 +161,7 @@ class AsyncHandle(LockBase):
             "locks are not reentrant: release it first or use another name"
         )
 
-    async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+    def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
         """Take it, waiting up to ``wait`` seconds (0: try once).
 
         Returns True when held, False when it stayed busy. Raises
@@ -175,11 +175,11 @@ class AsyncHandle(LockBase):
         if self.token is not None and self._holder == me:
             raise self._already_held()
         started = time.monotonic()
-        if not await self._gate.acquire(wait_s):
+        if not self._gate.acquire(wait_s):
             self.observer.busy(self, time.monotonic() - started)
             return False
         try:
-            acquired = await self._acquire(started + wait_s, ttl_ms)
+            acquired = self._acquire(started + wait_s, ttl_ms)
         except BaseException:
             self._gate.release()
             raise
@@ -192,7 +192,7 @@ class AsyncHandle(LockBase):
         self.observer.acquired(self, time.monotonic() - started)
         return True
 
-    async def _acquire(self, deadline: float, ttl_ms: int) -> bool:
+    def _acquire(self, deadline: float, ttl_ms: int) -> bool:
         token = self._new_token()
         who = current_name()
         now = time.monotonic()
@@ -206,7 +206,7 @@ class AsyncHandle(LockBase):
         )
         # Only a process already listening queues on the first attempt; the
         # uncontended path must not start a channel or wait for one.
-        notifier = get_async_notifier(self.client, self.keyspace) if deadline > now else None
+        notifier = get_notifier(self.client, self.keyspace) if deadline > now else None
         tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
         event = None
         if notifier is not None:
@@ -226,7 +226,7 @@ class AsyncHandle(LockBase):
                     # again with it, so that our turn wakes us.
                     acq.channel_up(notifier.address_for(tag))
                 self._round, wait_ms = acq.attempt(time.monotonic())
-                granted, value = await keep_cancellation(
+                granted, value = keep_cancellation(
                     self._attempt(token, ttl_ms, who, wait_ms, acq.address)
                 )
                 # redis-py's send may have swallowed our cancellation (3.11).
@@ -237,7 +237,7 @@ class AsyncHandle(LockBase):
                     # First contention in this process: start listening, then
                     # queue at once (the channel must be there to hear our turn).
                     event = notifier.register(token, tag)
-                    up = await notifier.wait_ready(step.timeout, tag)
+                    up = notifier.wait_ready(step.timeout, tag)
                     acq.listening_on(notifier.address_for(tag) if up else None)
                     continue
                 if step.move is Move.SLEEP and event is not None and notifier is not None:
@@ -246,11 +246,11 @@ class AsyncHandle(LockBase):
                     event.needs_channel = acq.queued_without_channel
                     if event.needs_channel and notifier.is_ready(tag):
                         continue
-                    handed = await notifier.wait(event, step.timeout)
+                    handed = notifier.wait(event, step.timeout)
                     step = acq.on_wakeup(handed, time.monotonic())
                     while step.move is Move.SLEEP:
                         # Barging: woken to look again, it lets the releaser go first.
-                        handed = await notifier.wait(event, step.timeout)
+                        handed = notifier.wait(event, step.timeout)
                         step = acq.on_wakeup(handed, time.monotonic())
                     if step.move is Move.RETRY:
                         continue
@@ -259,9 +259,9 @@ class AsyncHandle(LockBase):
                     return True
                 if step.move is Move.GIVE_BACK:
                     log_acquire.warning("acquire reply for %r came after its validity", self.name)
-                    await self._cancel(token)
+                    self._cancel(token)
                 elif acq.queued:
-                    await self._cancel(token)  # out of time: leave the queue
+                    self._cancel(token)  # out of time: leave the queue
                 return False
         except RedisUnavailable as exc:
             if may_have_run(exc):
@@ -273,7 +273,7 @@ class AsyncHandle(LockBase):
             # Interrupted (or, asyncio, cancelled at some await): the script
             # may have run and granted us what we asked. Give it back,
             # whatever happens to us.
-            await self._cancel(token)
+            self._cancel(token)
             raise
         finally:
             if event is not None and notifier is not None:
@@ -283,15 +283,15 @@ class AsyncHandle(LockBase):
         """Give back whatever ``token`` may hold, retried off the caller's
         path until Redis answers or the lease would have ended anyway;
         ``after``: the failed call it follows, whose late reply comes first."""
-        giveback.submit_async(
+        giveback.submit(
             lambda: self._cancel_call(token),
             within=self.ttl,
             after=after if self._give_back_after_late_reply else None,
             what=self._label(),
         )
 
-    async def _cancel_call(self, token: str) -> Any:
-        return await scripts.run_async(
+    def _cancel_call(self, token: str) -> Any:
+        return scripts.run(
             self.client, self._cancel_script, self._key_tuple, self._cancel_args(token)
         )
 
@@ -302,39 +302,39 @@ class AsyncHandle(LockBase):
         self._holder = None
         self._forget()
 
-    async def _in_sorted_set(self) -> bool:
+    def _in_sorted_set(self) -> bool:
         """``owned()`` of the kinds whose holders are members of a sorted set
         scored by expiry (a semaphore's permits, a read-write lock's turns)."""
         token = self.token
         if token is None or not self.held:
             return False
         try:
-            score = await self.client.zscore(self.keys.lease, token)
+            score = self.client.zscore(self.keys.lease, token)
         except RedisError as exc:
             raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
         return score is not None and self.held
 
     # -- context manager ---------------------------------------------------------
-    async def __aenter__(self: _H) -> _H:
-        if not await self.acquire():
+    def __enter__(self: _H) -> _H:
+        if not self.acquire():
             raise LockNotAcquired(self.name, retry_after=self.retry_after)
         return self
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         try:
-            await self.release()
+            self.release()
         except LockError:
             # The body's own exception passes through unchanged; loss was
             # already reported to the observer and on_lost.
             if exc_type is None:
                 raise
 
-    async def _release_call(self, token: str) -> int:
+    def _release_call(self, token: str) -> int:
         """Run the release script: 1 when released, 0 when not held."""
         raise NotImplementedError
 
@@ -345,7 +345,7 @@ class AsyncHandle(LockBase):
     def _stop_renewal(self) -> None:
         """Called before releasing; renewing handles stop their renewal."""
 
-    async def release(self) -> None:
+    def release(self) -> None:
         """Give it back. Raises ``LockLost`` if it had been lost meanwhile,
         ``RedisUnavailable`` if Redis did not answer (the give-back then goes
         on off the caller's path until Redis answers or the lease ends)."""
@@ -357,7 +357,7 @@ class AsyncHandle(LockBase):
         self._forget()
         try:
             # To the end, even if the caller is cancelled meanwhile (asyncio).
-            released = await complete(self._release_call(token), _RELEASE_TIMEOUT)
+            released = complete(self._release_call(token), _RELEASE_TIMEOUT)
         except CallTimeout as exc:
             self._give_back_later(token, after=exc)
             raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
@@ -370,10 +370,10 @@ class AsyncHandle(LockBase):
         self._settle_release(released, held)
 
 
-class AsyncLock(AsyncHandle):
+class Lock(SyncHandle):
     """A lock on ``name`` in Redis, held by this handle.
 
-    ``AsyncLock(client, "purchase:7", ttl=30, wait=10)``. A handle is
+    ``Lock(client, "purchase:7", ttl=30, wait=10)``. A handle is
     reusable: it may be acquired again after release. Shared between threads
     (sync) or tasks (asyncio), it behaves like ``threading.Lock`` or
     ``asyncio.Lock``: a second holder waits for the first to release, and
@@ -405,10 +405,10 @@ class AsyncLock(AsyncHandle):
         if self.renew:
             self._renewer = start_renewal(self, renew_interval(ttl_ms))
 
-    async def _release_call(self, token: str) -> int:
+    def _release_call(self, token: str) -> int:
         script = scripts.RELEASE if self.fair else scripts.RELEASE_BARGING
         args = self._release_args(token)
-        return int(await scripts.run_async(self.client, script, self._key_tuple, args))
+        return int(scripts.run(self.client, script, self._key_tuple, args))
 
     # -- release / extend ---------------------------------------------------------
     def _check_owner(self, action: str) -> str:
@@ -425,7 +425,7 @@ class AsyncLock(AsyncHandle):
         renewer, self._renewer = self._renewer, None
         stop_renewal(self, renewer)
 
-    async def extend(self, ttl: float | None = None) -> None:
+    def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
         token = self._check_owner("extend")
         if self.lost:
@@ -433,7 +433,7 @@ class AsyncLock(AsyncHandle):
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
         try:
-            ok = await self._extend_call(token, ttl_ms)
+            ok = self._extend_call(token, ttl_ms)
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             raise
@@ -444,23 +444,21 @@ class AsyncLock(AsyncHandle):
         if self.token == token and not self.lost:
             self._valid_until = self._validity(sent, ttl_ms)
 
-    async def _extend_call(self, token: str, ttl_ms: int) -> bool:
-        return bool(
-            await scripts.run_async(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms))
-        )
+    def _extend_call(self, token: str, ttl_ms: int) -> bool:
+        return bool(scripts.run(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms)))
 
-    async def owned(self) -> bool:
+    def owned(self) -> bool:
         """Ask Redis whether this handle still holds the lease (one round trip)."""
         token = self.token
         if token is None or not self.held:
             return False
         try:
-            current = await self.client.hget(self.keys.lease, "t")
+            current = self.client.hget(self.keys.lease, "t")
         except RedisError as exc:
             raise RedisUnavailable(f"could not check lock {self.name!r}: {exc}") from exc
         return same_token(current, token) and self.held
 
-    async def adopt(self, token: str, fence: int, *, ttl: float | None = None) -> bool:
+    def adopt(self, token: str, fence: int, *, ttl: float | None = None) -> bool:
         """Hold the lease that another handle took as ``token`` with ``fence``.
 
         For a lease handed across processes (a task's enqueuer to the worker
@@ -476,14 +474,14 @@ class AsyncLock(AsyncHandle):
         me = current_holder()
         if self.token is not None and self._holder == me:
             raise self._already_held()
-        if not await self._gate.acquire(0):
+        if not self._gate.acquire(0):
             raise LockError(
                 f"lock {self.name!r}: this handle is held by another {HOLDER_KIND}; "
                 "adopt with a handle of its own"
             )
         sent = time.monotonic()
         try:
-            ok = await self._extend_call(token, ttl_ms)
+            ok = self._extend_call(token, ttl_ms)
         except BaseException:
             self._gate.release()
             raise
@@ -496,7 +494,7 @@ class AsyncLock(AsyncHandle):
         log_acquire.debug("adopted %r fence=%s", self.name, fence)
         return True
 
-    async def detach(self, ttl: float | None = None) -> str:
+    def detach(self, ttl: float | None = None) -> str:
         """Stop holding the lease without releasing it, for a handle to ``adopt``.
 
         The lease is reset to ``ttl`` seconds (default: the handle's) from now
@@ -507,7 +505,7 @@ class AsyncLock(AsyncHandle):
         try:
             if self.lost:
                 raise LockLost(f"lock {self.name!r} was already lost")
-            await self.extend(ttl)
+            self.extend(ttl)
         finally:
             self._stop_renewal()
             self._forget()
@@ -515,7 +513,7 @@ class AsyncLock(AsyncHandle):
             self._gate.release()
         return token
 
-    async def _renew_once(self) -> float | None:
+    def _renew_once(self) -> float | None:
         """One renewal: seconds until the next, or None to stop."""
         token = self.token
         if token is None or self.lost or self._pid != os.getpid():
@@ -526,7 +524,7 @@ class AsyncLock(AsyncHandle):
         ttl_ms = self._ttl_ms_held
         sent = time.monotonic()
         try:
-            ok = await self._extend_call(token, ttl_ms)
+            ok = self._extend_call(token, ttl_ms)
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)

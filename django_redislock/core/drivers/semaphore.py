@@ -1,7 +1,8 @@
-"""``AsyncSemaphore``: at most ``limit`` holders of a name, across every process.
+# generated from semaphore_async.py by tools/gen_sync.py; do not edit
+"""``Semaphore``: at most ``limit`` holders of a name, across every process.
 
 The protocol, scripts and arguments are in ``semaphore_base.py``; the driver
-is ``AsyncHandle``'s (the wait loop, give-back on interrupt or timeout, the
+is ``SyncHandle``'s (the wait loop, give-back on interrupt or timeout, the
 context manager), with the semaphore's scripts in place of the lock's.
 Written once, for asyncio; ``tools/gen_sync.py`` makes the sync driver from
 it (edit this source, never the generated file).
@@ -17,12 +18,12 @@ import os
 import time
 from typing import Any
 
-from . import scripts
-from ._async_prims import HOLDER_KIND, current_holder
+from ..engine import scripts
+from ..engine.keys import KeySpace
+from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
+from ._sync_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from .keys import KeySpace
-from .lock_async import AsyncHandle
+from .lock import SyncHandle
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,
@@ -34,18 +35,18 @@ from .semaphore_base import (
 )
 
 __all__ = [
-    "AsyncSemaphore",
+    "Semaphore",
     "SemaphoreBase",
     "check_limit",
-    "clear_semaphore_async",
-    "release_permit_async",
+    "clear_semaphore",
+    "release_permit",
 ]
 
 
-class AsyncSemaphore(SemaphoreBase, AsyncHandle):
+class Semaphore(SemaphoreBase, SyncHandle):
     """At most ``limit`` holders of ``name`` at once, across every process.
 
-    ``AsyncSemaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
+    ``Semaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
     waits up to ``wait`` seconds for a permit, in arrival order; a permit
     lasts ``ttl`` seconds on the Redis server's clock unless ``refresh``-ed,
     so a crashed holder's permit comes back by itself. A handle holds one
@@ -73,11 +74,11 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
             )
         return self.token
 
-    async def _release_call(self, token: str) -> int:
+    def _release_call(self, token: str) -> int:
         args = self._release_args(token)
-        return int(await scripts.run_async(self.client, RELEASE, self._key_tuple, args))
+        return int(scripts.run(self.client, RELEASE, self._key_tuple, args))
 
-    async def refresh(self, ttl: float | None = None) -> None:
+    def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
         token = self._check_owner("refresh")
         if self.lost:
@@ -85,9 +86,7 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
         try:
-            ok = await scripts.run_async(
-                self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
-            )
+            ok = scripts.run(self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS))
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             raise
@@ -99,12 +98,12 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
 
     extend = refresh
 
-    async def owned(self) -> bool:
+    def owned(self) -> bool:
         """Ask Redis whether this handle still holds its permit (one round trip)."""
-        return await self._in_sorted_set()
+        return self._in_sorted_set()
 
 
-async def release_permit_async(
+def release_permit(
     client: Any, keyspace: KeySpace, name: str, token: str, serial: int | None = None
 ) -> bool:
     """Give back the permit ``token`` of ``name`` from any thread or task, by its token.
@@ -116,7 +115,7 @@ async def release_permit_async(
     """
     keys = keyspace.semaphore(name)
     return bool(
-        await scripts.run_async(
+        scripts.run(
             client,
             RELEASE,
             (keys.lease, keys.queue, keys.state),
@@ -125,9 +124,7 @@ async def release_permit_async(
     )
 
 
-async def clear_semaphore_async(
-    client: Any, keyspace: KeySpace, name: str, token: str | None = None
-) -> int:
+def clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | None = None) -> int:
     """Force-release one holder of ``name`` (or all, when ``token`` is None).
 
     Owner details are removed and waiters are woken for the freed permits.
@@ -136,7 +133,7 @@ async def clear_semaphore_async(
     """
     keys = keyspace.semaphore(name)
     return int(
-        await scripts.run_async(
+        scripts.run(
             client,
             CLEAR,
             (keys.lease, keys.queue, keys.state),

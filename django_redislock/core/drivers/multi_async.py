@@ -1,5 +1,4 @@
-# generated from multi_async.py by tools/gen_sync.py; do not edit
-"""``MultiLock``: several names, taken all together or not at all.
+"""``AsyncMultiLock``: several names, taken all together or not at all.
 
 How it takes several names without ever waiting while it holds one, and what
 it promises, is in ``multi_base.py``, with what both drivers share. The
@@ -12,26 +11,26 @@ from __future__ import annotations
 import time
 from types import TracebackType
 
-from ._sync_prims import Cancelled
-from .exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
-from .lock import Lock
+from ..exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
+from ._async_prims import Cancelled
+from .lock_async import AsyncLock
 from .multi_base import MultiBase, lock_names
 
-__all__ = ["MultiLock", "MultiBase", "lock_names"]
+__all__ = ["AsyncMultiLock", "MultiBase", "lock_names"]
 
 
-class MultiLock(MultiBase[Lock]):
+class AsyncMultiLock(MultiBase[AsyncLock]):
     """Locks on several names, held all together or not at all.
 
-    ``MultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
-    takes the same options as ``Lock``, applied to each name. Names are
+    ``AsyncMultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
+    takes the same options as ``AsyncLock``, applied to each name. Names are
     taken in sorted order whatever order they are given in, and never waited
     for while any other is held, so callers cannot deadlock one another.
     """
 
-    _handle = Lock
+    _handle = AsyncLock
 
-    def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+    async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
         """Take every name, waiting up to ``wait`` seconds in all (0: try once).
 
         True when all are held; False, holding none, when one stayed busy.
@@ -39,43 +38,43 @@ class MultiLock(MultiBase[Lock]):
         """
         started = time.monotonic()
         deadline = started + self._wait_s(wait)
-        first: Lock | None = None  # a busy name to wait for, holding nothing
+        first: AsyncLock | None = None  # a busy name to wait for, holding nothing
         while True:
-            taken: list[Lock] = []
-            busy: Lock | None = None
+            taken: list[AsyncLock] = []
+            busy: AsyncLock | None = None
             try:
                 if first is not None:
                     left = deadline - time.monotonic()
-                    if left <= 0 or not first.acquire(left, ttl=ttl):
+                    if left <= 0 or not await first.acquire(left, ttl=ttl):
                         self._stayed_busy(first, started)
                         return False
                     taken.append(first)
                 for lock in self.locks.values():
                     if lock is first:
                         continue
-                    if not lock.acquire(0, ttl=ttl):
+                    if not await lock.acquire(0, ttl=ttl):
                         busy = lock
                         break
                     taken.append(lock)
             except BaseException:
                 # Cancelled too (asyncio): each release runs to its end regardless.
-                self._give_back(taken)
+                await self._give_back(taken)
                 raise
             if busy is None:
                 self._taken(started)
                 return True
-            self._give_back(taken)
+            await self._give_back(taken)
             if time.monotonic() >= deadline:
                 self._stayed_busy(busy, started)
                 return False
             first = busy
 
-    def _give_back(self, taken: list[Lock]) -> None:
+    async def _give_back(self, taken: list[AsyncLock]) -> None:
         """Release names taken on the way to a busy one (newest first)."""
         cancelled: Cancelled | None = None
         for lock in reversed(taken):
             try:
-                lock.release()
+                await lock.release()
             except (LockError, RedisUnavailable):
                 # Lost meanwhile, or Redis did not answer: the handle already
                 # goes on giving it back off our path; nothing was done under it.
@@ -86,7 +85,7 @@ class MultiLock(MultiBase[Lock]):
         if cancelled is not None:
             raise cancelled
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Give every name back. Raises ``LockLost`` if any was lost meanwhile
         (after releasing the others), ``RedisUnavailable`` if Redis did not
         answer for one (it is then given back off the caller's path). A task
@@ -96,7 +95,7 @@ class MultiLock(MultiBase[Lock]):
         cancelled: Cancelled | None = None
         for lock in reversed(self.locks.values()):
             try:
-                lock.release()
+                await lock.release()
             except (LockLost, RedisUnavailable) as exc:
                 if failure is None or isinstance(exc, RedisUnavailable):
                     failure = exc
@@ -112,24 +111,24 @@ class MultiLock(MultiBase[Lock]):
         if failure is not None:
             raise failure
 
-    def extend(self, ttl: float | None = None) -> None:
+    async def extend(self, ttl: float | None = None) -> None:
         """Reset every name's lease to ``ttl`` seconds (default: the handle's)."""
         for lock in self.locks.values():
-            lock.extend(ttl)
+            await lock.extend(ttl)
 
-    def __enter__(self) -> MultiLock:
-        if not self.acquire():
+    async def __aenter__(self) -> AsyncMultiLock:
+        if not await self.acquire():
             raise LockNotAcquired(self.name, retry_after=self.retry_after)
         return self
 
-    def __exit__(
+    async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         try:
-            self.release()
+            await self.release()
         except LockError:
             # The body's own exception passes through unchanged.
             if exc_type is None:

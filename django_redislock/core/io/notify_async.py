@@ -16,10 +16,10 @@ import time
 import weakref
 from typing import Any
 
+from ..engine.keys import KeySpace
+from ..topology import is_cluster
 from .aio_calls import wait_for
-from .keys import KeySpace
 from .notify_sharded_async import AsyncShardedNotifier
-from .topology import is_cluster
 from .wakeup import (
     IDLE_TIMEOUT,
     LIVENESS_INTERVAL,

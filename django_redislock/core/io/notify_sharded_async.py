@@ -14,9 +14,9 @@ from typing import Any
 
 from redis.asyncio.client import PubSub as AsyncPubSub
 
+from ..engine.keys import KeySpace
 from . import notify_sharded
-from .keys import KeySpace
-from .notify_sharded import _ShardedBase, _Tag, logger, no_sharded_pubsub
+from .notify_sharded import ShardedBase, SubscribedTag, logger, no_sharded_pubsub
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed, Reconnect
 
 __all__ = ["AsyncShardedNotifier"]
@@ -175,7 +175,7 @@ def _async_node_client(node: Any) -> Any:
     return redis.asyncio.Redis(connection_pool=pool)
 
 
-class AsyncShardedNotifier(_ShardedBase):
+class AsyncShardedNotifier(ShardedBase):
     """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
 
     def __init__(self, client: Any, keyspace: KeySpace) -> None:
@@ -190,7 +190,7 @@ class AsyncShardedNotifier(_ShardedBase):
             return event
         state = self._tags.get(tag)
         if state is None:
-            state = _Tag(self.channel(tag), asyncio.Event())
+            state = SubscribedTag(self.channel(tag), asyncio.Event())
             self._tags[tag] = state
             self._by_channel[state.channel] = tag
         state.users += 1
@@ -234,7 +234,7 @@ class AsyncShardedNotifier(_ShardedBase):
             await asyncio.wait_for(state.ready.wait(), timeout)
         return state.ready.is_set()
 
-    async def _route(self, state: _Tag) -> None:
+    async def _route(self, state: SubscribedTag) -> None:
         if state.node is not None:
             return
         try:

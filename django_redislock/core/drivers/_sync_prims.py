@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Protocol, TypeAlias, TypeVar
 
-from . import renewal
-from .aio_calls import CLEANUP_TIMEOUT
+from ..io import renewal
+from ..io.aio_calls import CLEANUP_TIMEOUT
 
 __all__ = [
     "CLEANUP_TIMEOUT",

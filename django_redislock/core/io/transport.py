@@ -51,9 +51,9 @@ try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
 except ImportError:  # pragma: no cover - redis-py before 8
     _metric_names = _metrics = None  # type: ignore[assignment]
 
+from ..topology import is_cluster
 from . import giveback
 from .giveback import Pending
-from .topology import is_cluster
 
 __all__ = ["CallFailed", "Pending", "call", "call_async"]
 

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from typing import Any, Protocol, TypeAlias
 
-from .aio_calls import (
+from ..io.aio_calls import (
     CLEANUP_TIMEOUT,
     cancel_requests,
     complete,

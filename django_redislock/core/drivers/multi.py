@@ -1,4 +1,5 @@
-"""``AsyncMultiLock``: several names, taken all together or not at all.
+# generated from multi_async.py by tools/gen_sync.py; do not edit
+"""``MultiLock``: several names, taken all together or not at all.
 
 How it takes several names without ever waiting while it holds one, and what
 it promises, is in ``multi_base.py``, with what both drivers share. The
@@ -11,26 +12,26 @@ from __future__ import annotations
 import time
 from types import TracebackType
 
-from ._async_prims import Cancelled
-from .exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
-from .lock_async import AsyncLock
+from ..exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
+from ._sync_prims import Cancelled
+from .lock import Lock
 from .multi_base import MultiBase, lock_names
 
-__all__ = ["AsyncMultiLock", "MultiBase", "lock_names"]
+__all__ = ["MultiLock", "MultiBase", "lock_names"]
 
 
-class AsyncMultiLock(MultiBase[AsyncLock]):
+class MultiLock(MultiBase[Lock]):
     """Locks on several names, held all together or not at all.
 
-    ``AsyncMultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
-    takes the same options as ``AsyncLock``, applied to each name. Names are
+    ``MultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
+    takes the same options as ``Lock``, applied to each name. Names are
     taken in sorted order whatever order they are given in, and never waited
     for while any other is held, so callers cannot deadlock one another.
     """
 
-    _handle = AsyncLock
+    _handle = Lock
 
-    async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+    def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
         """Take every name, waiting up to ``wait`` seconds in all (0: try once).
 
         True when all are held; False, holding none, when one stayed busy.
@@ -38,43 +39,43 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
         """
         started = time.monotonic()
         deadline = started + self._wait_s(wait)
-        first: AsyncLock | None = None  # a busy name to wait for, holding nothing
+        first: Lock | None = None  # a busy name to wait for, holding nothing
         while True:
-            taken: list[AsyncLock] = []
-            busy: AsyncLock | None = None
+            taken: list[Lock] = []
+            busy: Lock | None = None
             try:
                 if first is not None:
                     left = deadline - time.monotonic()
-                    if left <= 0 or not await first.acquire(left, ttl=ttl):
+                    if left <= 0 or not first.acquire(left, ttl=ttl):
                         self._stayed_busy(first, started)
                         return False
                     taken.append(first)
                 for lock in self.locks.values():
                     if lock is first:
                         continue
-                    if not await lock.acquire(0, ttl=ttl):
+                    if not lock.acquire(0, ttl=ttl):
                         busy = lock
                         break
                     taken.append(lock)
             except BaseException:
                 # Cancelled too (asyncio): each release runs to its end regardless.
-                await self._give_back(taken)
+                self._give_back(taken)
                 raise
             if busy is None:
                 self._taken(started)
                 return True
-            await self._give_back(taken)
+            self._give_back(taken)
             if time.monotonic() >= deadline:
                 self._stayed_busy(busy, started)
                 return False
             first = busy
 
-    async def _give_back(self, taken: list[AsyncLock]) -> None:
+    def _give_back(self, taken: list[Lock]) -> None:
         """Release names taken on the way to a busy one (newest first)."""
         cancelled: Cancelled | None = None
         for lock in reversed(taken):
             try:
-                await lock.release()
+                lock.release()
             except (LockError, RedisUnavailable):
                 # Lost meanwhile, or Redis did not answer: the handle already
                 # goes on giving it back off our path; nothing was done under it.
@@ -85,7 +86,7 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
         if cancelled is not None:
             raise cancelled
 
-    async def release(self) -> None:
+    def release(self) -> None:
         """Give every name back. Raises ``LockLost`` if any was lost meanwhile
         (after releasing the others), ``RedisUnavailable`` if Redis did not
         answer for one (it is then given back off the caller's path). A task
@@ -95,7 +96,7 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
         cancelled: Cancelled | None = None
         for lock in reversed(self.locks.values()):
             try:
-                await lock.release()
+                lock.release()
             except (LockLost, RedisUnavailable) as exc:
                 if failure is None or isinstance(exc, RedisUnavailable):
                     failure = exc
@@ -111,24 +112,24 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
         if failure is not None:
             raise failure
 
-    async def extend(self, ttl: float | None = None) -> None:
+    def extend(self, ttl: float | None = None) -> None:
         """Reset every name's lease to ``ttl`` seconds (default: the handle's)."""
         for lock in self.locks.values():
-            await lock.extend(ttl)
+            lock.extend(ttl)
 
-    async def __aenter__(self) -> AsyncMultiLock:
-        if not await self.acquire():
+    def __enter__(self) -> MultiLock:
+        if not self.acquire():
             raise LockNotAcquired(self.name, retry_after=self.retry_after)
         return self
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         try:
-            await self.release()
+            self.release()
         except LockError:
             # The body's own exception passes through unchanged.
             if exc_type is None:

@@ -1,0 +1,1 @@
+"""Operators' tools over Redis: list and inspect held locks, force them free."""
