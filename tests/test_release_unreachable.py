@@ -19,7 +19,7 @@ from django.http import HttpResponse
 from django.test import AsyncRequestFactory, RequestFactory, override_settings
 
 from django_redislock import RedisUnavailable, connection, current_lock, redis_lock, redis_locked
-from django_redislock.core.keys import LockKeys
+from django_redislock.core.engine.keys import LockKeys
 from django_redislock.locking.factories import get_async_lock, get_lock
 from tests.servers import RedisServer
 from tests.test_decorators import close_async_clients

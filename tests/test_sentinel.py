@@ -21,7 +21,7 @@ from redis.sentinel import Sentinel
 
 from django_redislock import connection
 from django_redislock.core import LockLost, RedisUnavailable, ReplicationTimeout
-from django_redislock.core.lock import Lock
+from django_redislock.core.drivers.lock import Lock
 from django_redislock.fencing import StaleFence, fenced_get, fenced_update
 from django_redislock.locking.factories import get_async_lock, get_lock, keyspace
 from tests.helpers_oracles import Occupancy
