@@ -236,8 +236,17 @@ def test_sigkilled_waiter_does_not_hold_up_the_queue(redis_server: Any, r: redis
         t = threading.Thread(target=wait_for_it)
         t.start()
         wait_until(lambda: r.llen(holder.keys.queue) == 2)
+        dead_token = r.lindex(holder.keys.queue, 0)
+        dead_entry = r.hget(holder.keys.state, dead_token).decode()  # type: ignore[arg-type,union-attr]
+        dead_channel = dead_entry.split("|")[1][1:]
+        assert r.pubsub_numsub(dead_channel)[0][1] == 1
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
         child.join(5)
+        # Redis learns of the closed connection on its next turn of the event
+        # loop, and until then a PUBLISH still counts the dead subscriber; the
+        # handed lease would then cost the live waiter the old holder's TTL
+        # (docs/internals.rst: its fallback timer). Wait until Redis has noticed.
+        wait_until(lambda: r.pubsub_numsub(dead_channel)[0][1] == 0)
         # The dead waiter is first in line, but nobody listens on its channel
         # any more: the turn passes to the live waiter at once, by notification
         # (not after the old holder's TTL, its fallback timer).
