@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 
 __all__ = [
     "DEFAULTS",
@@ -74,12 +75,30 @@ DEFAULTS: dict[str, Any] = {
 
 
 class Settings:
-    """Typed, lazy view of ``settings.REDISLOCK``."""
+    """Typed, lazy view of ``settings.REDISLOCK``.
+
+    The dict is looked up once and kept until Django announces a change of
+    ``REDISLOCK`` (``setting_changed``: ``override_settings``, pytest-django's
+    ``settings`` fixture): a decorated call reads a dozen settings, and a
+    project without a ``REDISLOCK`` dict would otherwise pay for a failed
+    lookup on Django's lazy settings object at each one. The dict itself is
+    not copied, so a change made to it in place is seen at once.
+    """
+
+    def __init__(self) -> None:
+        self._raw: dict[str, Any] | None = None
 
     @property
     def raw(self) -> dict[str, Any]:
-        value = getattr(django_settings, "REDISLOCK", {})
-        return value if isinstance(value, dict) else {}
+        found = self._raw
+        if found is None:
+            value = getattr(django_settings, "REDISLOCK", {})
+            found = self._raw = value if isinstance(value, dict) else {}
+        return found
+
+    def forget(self) -> None:
+        """Look ``settings.REDISLOCK`` up again at the next read."""
+        self._raw = None
 
     def get(self, key: str) -> Any:
         return self.raw.get(key, DEFAULTS[key])
@@ -190,6 +209,14 @@ class Settings:
 
 
 conf = Settings()
+
+
+def _on_setting_changed(setting: str, **kwargs: Any) -> None:
+    if setting == "REDISLOCK":
+        conf.forget()
+
+
+setting_changed.connect(_on_setting_changed, dispatch_uid="django_redislock.conf")
 
 
 # Django's own Redis cache backend (Django 4.0+). django-redis is any backend

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.core.checks import CheckMessage, Error, Warning
 from django.core.management import call_command
@@ -519,3 +520,14 @@ def test_a_middleware_entry_that_fails_to_import_does_not_break_the_checks() -> 
     broken = "tests.no_such_module.Middleware"
     assert _ids(_setup_ids([broken, SESSION, AUTH, MW], USER_RULE)) == []
     assert _ids(_setup_ids([broken], GLOBAL_RULE)) == ["django_redislock.E031"]
+
+
+def test_settings_are_read_again_after_a_change() -> None:
+    with override_settings(REDISLOCK={"WAIT": 3}):
+        assert conf.WAIT == 3.0
+        with override_settings(REDISLOCK={"WAIT": 4}):
+            assert conf.WAIT == 4.0
+        assert conf.WAIT == 3.0
+        # The dict is kept, not copied: a change made to it in place shows.
+        settings.REDISLOCK["WAIT"] = 5
+        assert conf.WAIT == 5.0
