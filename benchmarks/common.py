@@ -133,6 +133,51 @@ def private_redis(*, tcp: bool = False) -> Iterator[PrivateRedis]:
         server.stop()
 
 
+# -- CPU ----------------------------------------------------------------------
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_table() -> dict[int, tuple[int, float, float]]:
+    """Every process's ``(parent, own CPU s, reaped children's CPU s)`` (Linux)."""
+    table: dict[int, tuple[int, float, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue  # gone since the listing
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        # After the command: state, ppid, ..., utime (14th field), stime,
+        # cutime, cstime (fields 14-17 of proc(5), counted from the pid).
+        parent = int(fields[1])
+        own = (int(fields[11]) + int(fields[12])) / _TICK
+        reaped = (int(fields[13]) + int(fields[14])) / _TICK
+        table[int(entry)] = (parent, own, reaped)
+    return table
+
+
+def tree_cpu(roots: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each named process tree: its live processes'
+    own time plus what their exited children left them (a short-lived
+    PostgreSQL backend's time lands on the postmaster when it is reaped)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    out: dict[str, float] = {}
+    for name, root in roots.items():
+        total, stack = 0.0, [root]
+        while stack:
+            pid = stack.pop()
+            if pid in table:
+                total += table[pid][1] + table[pid][2]
+                stack.extend(children.get(pid, ()))
+        out[name] = total
+    return out
+
+
 # -- statistics ---------------------------------------------------------------
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of unsorted values; nan when empty."""

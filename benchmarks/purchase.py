@@ -59,6 +59,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -78,6 +79,7 @@ from .common import (
     ratio,
     rst_table,
     table,
+    tree_cpu,
     uptime_line,
     write_results,
 )
@@ -123,6 +125,20 @@ class BenchDatabase:
         with pg_connect(self.cfg, self.cfg.pg_admin_db) as conn:
             # FORCE: a gunicorn worker killed mid-request may leave a backend behind.
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+    def postmaster_pid(self) -> int | None:
+        """The server's postmaster, when it runs on this host and can be seen:
+        every backend is its child."""
+        with pg_connect(self.cfg, self.name) as conn:
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        try:
+            with open(f"/proc/{backend}/status") as f:
+                for line in f:
+                    if line.startswith("PPid:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return None
 
     def server_facts(self) -> dict[str, Any]:
         with pg_connect(self.cfg, self.name) as conn:
@@ -387,6 +403,9 @@ def run_variant(
             "INSERT INTO purchasesite_product (stock, fence) VALUES (%s, 0) RETURNING id",
             (SEED_STOCK,),
         ).fetchone()[0]
+    roots = getattr(cfg, "cpu_roots", {})
+    cpu_before = tree_cpu(roots)
+    clients_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with Sampler(cfg, db.name) as sampler:
         run = run_load(
             port,
@@ -403,6 +422,18 @@ def run_variant(
         orders = conn.execute(
             "SELECT count(*) FROM purchasesite_order WHERE product_id = %s", (product,)
         ).fetchone()[0]
+    # CPU of the whole purchase: the site, Redis, PostgreSQL (every backend of
+    # the server, so the host must be otherwise quiet), and the client
+    # processes (reaped by run_load). The sampler of pg_stat_activity runs in
+    # this process and is left out, but its backend is the server's.
+    cpu_after = tree_cpu(roots)
+    clients_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = {name: cpu_after[name] - cpu_before[name] for name in roots}
+    cpu["clients"] = (clients_after.ru_utime + clients_after.ru_stime) - (
+        clients_before.ru_utime + clients_before.ru_stime
+    )
+    bought = max(1, run["ok"])
+    run["cpu_ms"] = {name: seconds * 1000 / bought for name, seconds in cpu.items()}
     run["oversold"] = orders + stock - SEED_STOCK
     run["orders"] = orders
     run["pg"] = sampler.summary()
@@ -430,6 +461,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "oversold": sum(r["oversold"] for r in runs),
         "pg": {k: med(lambda r, k=k: r["pg"][k]) for k in runs[0]["pg"]},
         "trace": {k: med(lambda r, k=k: r["trace"].get(k)) for k in runs[0]["trace"]},
+        "cpu_ms": {k: med(lambda r, k=k: r["cpu_ms"].get(k)) for k in runs[0].get("cpu_ms", {})},
         "bystander": bystander_summary(runs),
     }
 
@@ -518,6 +550,32 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
         ],
         details,
     )
+    cpu_rows = []
+    for key, v in res.items():
+        cpu = v.get("cpu_ms") or {}
+        if not cpu:
+            continue
+        variant, slow = key.split("/")
+        total = sum(cpu.values())
+        base = sum((res.get(f"sfu/{slow}", {}).get("cpu_ms") or {}).values())
+        cpu_rows.append(
+            [
+                variant,
+                slow,
+                *(fmt(cpu.get(name), 2) for name in ("site", "postgres", "redis", "clients")),
+                fmt(total, 2),
+                fmt(ratio(total, base), 2),
+            ]
+        )
+    if cpu_rows:
+        out += (
+            "\n\nCPU per purchase, ms (medians of rounds; every process counted: the "
+            "site's gunicorn, PostgreSQL's server with all its backends, the private "
+            "Redis, the clients; meaningful on an otherwise quiet host)\n\n"
+        ) + tab(
+            ["variant", "call ms", "site", "postgres", "redis", "clients", "total", "vs sfu"],
+            cpu_rows,
+        )
     pages = [(k, v["bystander"]) for k, v in res.items() if v.get("bystander")]
     if pages:
         quiet = data.get("quiet") or {}
@@ -671,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
             "benchmarks.purchasesite.wsgi:application", env, cfg.workers, cfg.threads, keep_alive=30
         ).start(lambda port: post(port, f"/buy/sfu/0/{warm}/")[0] == 200)
         log(f"gunicorn {cfg.workers}x{cfg.threads} on 127.0.0.1:{gunicorn.port}, db {db.name}")
+        cfg.cpu_roots = {"site": gunicorn.proc.pid, "redis": server.proc.pid}  # type: ignore[union-attr]
+        postmaster = db.postmaster_pid()
+        if postmaster is not None:
+            cfg.cpu_roots["postgres"] = postmaster
         keys = [f"{v}/{s}" for s in (0, cfg.slow_ms) for v in cfg.variants]
         for v in cfg.variants:  # warm every worker's imports and code paths
             run_load(gunicorn.port, f"/buy/{v}/0/{warm}/", cfg.clients, 1.0)
