@@ -16,25 +16,19 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 
 from ..engine.keys import KeySpace
 from . import notify_sharded
-from .notify_sharded import ShardedBase, SubscribedTag, logger, no_sharded_pubsub
+from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed, Reconnect
 
 __all__ = ["AsyncShardedNotifier"]
 
 
-class _AsyncNodeListener:
-    def __init__(self, owner: AsyncShardedNotifier, name: str, redis_client: Any) -> None:
-        self.owner = owner
-        self.name = name
-        self.redis = redis_client
-        self.wanted: set[bytes] = set()
-        self.pubsub: Any = None
-        self.empty_since = time.monotonic()
-        self.task: asyncio.Task[None] | None = None
+class _AsyncNodeListener(NodeListenerBase):
+    """Reads one node's sharded subscriptions in a task of its own."""
 
-    @property
-    def sharded(self) -> bool:
-        return self.name not in self.owner._unsharded
+    def __init__(self, owner: AsyncShardedNotifier, name: str, redis_client: Any) -> None:
+        super().__init__(name, redis_client, owner._unsharded)
+        self.owner = owner
+        self.task: asyncio.Task[None] | None = None
 
     async def add(self, channel: bytes) -> None:
         self.wanted.add(channel)
@@ -77,14 +71,7 @@ class _AsyncNodeListener:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    delay = reconnect.failed(time.monotonic())
-                    if self.sharded and no_sharded_pubsub(exc):
-                        self.owner._unsharded.add(self.name)
-                        logger.info("%s has no sharded pub/sub: waking by PUBLISH there", self.name)
-                    else:
-                        # One warning per outage; each retry after it is only a debug line.
-                        log = logger.warning if reconnect.first else logger.debug
-                        log("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                    delay = self.lost(exc, reconnect)
                 finally:
                     self.pubsub = None
                     with contextlib.suppress(Exception):
@@ -213,18 +200,7 @@ class AsyncShardedNotifier(ShardedBase):
         task.add_done_callback(self._pending.discard)
 
     def unregister(self, token: str) -> None:
-        entry = self._slots.pop(token, None)
-        if entry is None:
-            return
-        state = self._tags.get(entry[1])
-        if state is not None:
-            state.users -= 1
-            if state.users <= 0:
-                state.idle_since = time.monotonic()
-
-    def is_ready(self, tag: bytes = b"") -> bool:
-        state = self._tags.get(tag)
-        return state is not None and state.ready.is_set()
+        self._forget(token)
 
     async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
