@@ -23,7 +23,7 @@ from ..engine.keys import KeySpace
 from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from ._sync_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .lock import SyncHandle
+from .handle import SyncHandle
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,

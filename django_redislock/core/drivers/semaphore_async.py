@@ -22,7 +22,7 @@ from ..engine.keys import KeySpace
 from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from ._async_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .lock_async import AsyncHandle
+from .handle_async import AsyncHandle
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,
