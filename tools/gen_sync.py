@@ -64,6 +64,7 @@ RENAMES = {
     "AsyncSemaphore": "Semaphore",
     "AsyncReadWriteLock": "ReadWriteLock",
     "AsyncMultiLock": "MultiLock",
+    "AsyncRedisClient": "RedisClient",
     # Functions: the async twin is ``x_async``, a factory ``get_async_x``.
     "get_async_notifier": "get_notifier",
     "run_async": "run",

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
+from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.protocol import (
     BARGE_DEFER,
@@ -66,7 +67,7 @@ _H = TypeVar("_H", bound="SyncHandle")
 _RELEASE_TIMEOUT = 10.0
 
 
-class SyncHandle(LockBase):
+class SyncHandle(LockBase[RedisClient]):
     """What ``Lock`` and ``Semaphore`` share: the gate, the wait
     loop, and giving back whatever an interrupted or timed-out attempt may hold.
 

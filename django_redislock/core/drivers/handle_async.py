@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
+from ..clients import AsyncRedisClient
 from ..engine import scripts
 from ..engine.protocol import (
     BARGE_DEFER,
@@ -65,7 +66,7 @@ _H = TypeVar("_H", bound="AsyncHandle")
 _RELEASE_TIMEOUT = 10.0
 
 
-class AsyncHandle(LockBase):
+class AsyncHandle(LockBase[AsyncRedisClient]):
     """What ``AsyncLock`` and ``AsyncSemaphore`` share: the gate, the wait
     loop, and giving back whatever an interrupted or timed-out attempt may hold.
 

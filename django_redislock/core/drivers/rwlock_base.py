@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from ..engine import scripts
 from ..engine.keys import KeySpace
-from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
+from .base import DEFAULT_GRACE, STATE_KEEP_MS, ClientT, LockBase, Observer
 
 __all__ = [
     "ACQUIRE",
@@ -72,7 +72,7 @@ def check_mode(mode: object) -> Mode:
     raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
 
 
-class ReadWriteLockBase(LockBase):
+class ReadWriteLockBase(LockBase[ClientT]):
     """Arguments and state of one read-write lock handle; drivers do the I/O.
 
     ``fence`` is the writer's fencing token, and None for a reader (readers
@@ -84,7 +84,7 @@ class ReadWriteLockBase(LockBase):
 
     def __init__(
         self,
-        client: Any,
+        client: ClientT,
         name: str,
         mode: Mode = "write",
         *,

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..engine import scripts
 from ..engine.keys import KeySpace
-from .base import STATE_KEEP_MS, LockBase, Observer
+from .base import STATE_KEEP_MS, ClientT, LockBase, Observer
 
 __all__ = [
     "ACQUIRE",
@@ -69,7 +69,7 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-class SemaphoreBase(LockBase):
+class SemaphoreBase(LockBase[ClientT]):
     """Arguments and state of one semaphore handle; subclasses do the I/O.
 
     ``fence`` is always None: permits are shared, so no order among their
@@ -78,7 +78,7 @@ class SemaphoreBase(LockBase):
 
     def __init__(
         self,
-        client: Any,
+        client: ClientT,
         name: str,
         limit: int,
         *,
