@@ -10,13 +10,17 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .batch import CallFailed, Command, call_on_node_async, call_on_pool
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
 
 __all__ = ["cluster_call", "cluster_call_async"]
 
@@ -37,9 +41,10 @@ def _node_may_be_gone(failed: CallFailed) -> bool:
     )
 
 
-def _redirect_target(client: Any, error: AskError) -> Any:
+def _redirect_target(client: RedisCluster | AsyncRedisCluster, error: AskError) -> Any:
     """The node a MOVED/ASK names, with the client's slot map told of a MOVED."""
-    manager = client.nodes_manager
+    # Its methods differ across redis-py versions: asked for by name below.
+    manager: Any = client.nodes_manager
     if isinstance(error, MovedError):
         for method in ("move_slot", "update_moved_exception"):
             if hasattr(manager, method):
@@ -57,7 +62,7 @@ def _redirect_target(client: Any, error: AskError) -> Any:
     return None
 
 
-def _node_at(client: Any, error: AskError) -> Any:
+def _node_at(client: RedisCluster | AsyncRedisCluster, error: AskError) -> Any:
     node = client.get_node(host=error.host, port=error.port)
     if node is None and isinstance(error, MovedError):
         node = client.nodes_manager.get_node_from_slot(error.slot_id)
@@ -66,7 +71,7 @@ def _node_at(client: Any, error: AskError) -> Any:
     return node
 
 
-def cluster_call(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) -> list[Any]:
     if _refresh.pop(client, False):
         try:
             client.nodes_manager.initialize()
@@ -96,7 +101,9 @@ def cluster_call(client: Any, commands: Sequence[Command], key: bytes) -> list[A
     raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
 
 
-async def cluster_call_async(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+async def cluster_call_async(
+    client: AsyncRedisCluster, commands: Sequence[Command], key: bytes
+) -> list[Any]:
     if _refresh.pop(client, False):
         try:
             await client.nodes_manager.initialize()
@@ -105,7 +112,8 @@ async def cluster_call_async(client: Any, commands: Sequence[Command], key: byte
             raise CallFailed(exc, may_have_run=False) from exc
     if getattr(client, "_initialize", False):
         await client.initialize()
-    node = client.get_node_from_key(key)
+    # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
+    node = client.get_node_from_key(key)  # type: ignore[arg-type]
     prefix: tuple[Command, ...] = ()
     for _ in range(_MAX_REDIRECTS):
         try:

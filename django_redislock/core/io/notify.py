@@ -27,12 +27,16 @@ import os
 import secrets
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from ..topology import is_cluster
 from .notify_sharded import ShardedNotifier
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup, parse_wakeup
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
 
 __all__ = ["Notifier", "get_notifier"]
 
@@ -48,7 +52,7 @@ SUBSCRIBE_TIMEOUT = LIVENESS_INTERVAL
 class Notifier:
     """The wake-up channel of this process for one Redis connection pool."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+    def __init__(self, client: RedisClient, keyspace: KeySpace) -> None:
         self._client = client
         self.process_id = secrets.token_hex(8)
         self.channel = keyspace.channel(self.process_id)
@@ -363,11 +367,11 @@ class Notifier:
             return
 
 
-_registry: dict[tuple[int, str], tuple[Any, Any]] = {}
+_registry: dict[tuple[int, str], tuple[Any, Notifier | ShardedNotifier]] = {}
 _registry_lock = threading.Lock()
 
 
-def get_notifier(client: Any, keyspace: KeySpace) -> Any:
+def get_notifier(client: RedisClient, keyspace: KeySpace) -> Notifier | ShardedNotifier:
     """The process's notifier for the client's connection pool and prefix.
 
     A ``RedisCluster`` (which has no single pool) gets a ``ShardedNotifier``.
@@ -382,8 +386,12 @@ def get_notifier(client: Any, keyspace: KeySpace) -> Any:
     with _registry_lock:
         entry = _registry.get(key)
         if entry is None or entry[0] is not pool:
-            kind = ShardedNotifier if is_cluster(client) else Notifier
-            entry = (pool, kind(client, keyspace))
+            notifier = (
+                ShardedNotifier(cast("RedisCluster", client), keyspace)
+                if is_cluster(client)
+                else Notifier(client, keyspace)
+            )
+            entry = (pool, notifier)
             _registry[key] = entry
         return entry[1]
 

@@ -14,8 +14,9 @@ import logging
 import secrets
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..topology import is_cluster
 from .aio_calls import wait_for
@@ -29,6 +30,9 @@ from .wakeup import (
     parse_wakeup,
 )
 
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
 __all__ = ["AsyncNotifier", "get_async_notifier"]
 
 log_notify = logging.getLogger("django_redislock.notify")
@@ -37,7 +41,7 @@ log_notify = logging.getLogger("django_redislock.notify")
 class AsyncNotifier:
     """The wake-up channel of this process for one event loop and pool."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+    def __init__(self, client: AsyncRedisClient, keyspace: KeySpace) -> None:
         self._client = client
         self.channel = keyspace.channel(secrets.token_hex(8))
         self.address = b"p" + self.channel
@@ -152,11 +156,14 @@ class AsyncNotifier:
 
 
 _notifiers: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[int, str], tuple[Any, Any]]
+    asyncio.AbstractEventLoop,
+    dict[tuple[int, str], tuple[Any, AsyncNotifier | AsyncShardedNotifier]],
 ] = weakref.WeakKeyDictionary()
 
 
-def get_async_notifier(client: Any, keyspace: KeySpace) -> Any:
+def get_async_notifier(
+    client: AsyncRedisClient, keyspace: KeySpace
+) -> AsyncNotifier | AsyncShardedNotifier:
     """The notifier of the running loop for the client's pool and prefix.
 
     An asyncio ``RedisCluster`` gets an ``AsyncShardedNotifier``.
@@ -168,7 +175,11 @@ def get_async_notifier(client: Any, keyspace: KeySpace) -> Any:
     key = (id(pool), keyspace.prefix)
     entry = per_loop.get(key)
     if entry is None or entry[0] is not pool:
-        kind = AsyncShardedNotifier if is_cluster(client) else AsyncNotifier
-        entry = (pool, kind(client, keyspace))
+        notifier = (
+            AsyncShardedNotifier(cast("AsyncRedisCluster", client), keyspace)
+            if is_cluster(client)
+            else AsyncNotifier(client, keyspace)
+        )
+        entry = (pool, notifier)
         per_loop[key] = entry
     return entry[1]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..engine.keys import KeySpace
 from .notify_sharded_base import (
@@ -43,6 +43,10 @@ from .notify_sharded_base import (
     no_sharded_pubsub,
 )
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup
+
+if TYPE_CHECKING:
+    import redis
+    from redis.cluster import RedisCluster
 
 # ShardedBase and SubscribedTag are shared with the asyncio twin (notify_sharded_base.py).
 __all__ = ["TAG_IDLE", "ShardedBase", "ShardedNotifier", "SubscribedTag", "no_sharded_pubsub"]
@@ -55,8 +59,9 @@ TAG_IDLE = 30.0
 class _NodeListener(NodeListenerBase):
     """Reads one node's sharded subscriptions in a thread of its own."""
 
-    def __init__(self, owner: ShardedNotifier, name: str, redis_client: Any) -> None:
-        super().__init__(name, redis_client, owner._unsharded)
+    def __init__(self, owner: ShardedNotifier, name: str, redis_client: redis.Redis) -> None:
+        super().__init__(name, owner._unsharded)
+        self.redis = redis_client
         self.owner = owner
         self.lock = threading.Lock()
         self.thread = threading.Thread(
@@ -143,10 +148,10 @@ class _NodeListener(NodeListenerBase):
                     ping_sent = now
 
 
-class ShardedNotifier(ShardedBase):
+class ShardedNotifier(ShardedBase["RedisCluster"]):
     """``Notifier`` for a sync ``RedisCluster``: SSUBSCRIBE per waited-on tag."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+    def __init__(self, client: RedisCluster, keyspace: KeySpace) -> None:
         super().__init__(client, keyspace)
         self._mutex = threading.RLock()
         self._listeners: dict[str, _NodeListener] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.client import PubSub as AsyncPubSub
 
@@ -19,14 +19,21 @@ from . import notify_sharded
 from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed, Reconnect
 
+if TYPE_CHECKING:
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
 __all__ = ["AsyncShardedNotifier"]
 
 
 class _AsyncNodeListener(NodeListenerBase):
     """Reads one node's sharded subscriptions in a task of its own."""
 
-    def __init__(self, owner: AsyncShardedNotifier, name: str, redis_client: Any) -> None:
-        super().__init__(name, redis_client, owner._unsharded)
+    def __init__(
+        self, owner: AsyncShardedNotifier, name: str, redis_client: redis.asyncio.Redis
+    ) -> None:
+        super().__init__(name, owner._unsharded)
+        self.redis = redis_client
         self.owner = owner
         self.task: asyncio.Task[None] | None = None
 
@@ -142,14 +149,14 @@ class _ShardedPubSub(AsyncPubSub):
             await self.execute_command("SSUBSCRIBE", channel)
 
 
-def _async_pubsub(client: Any) -> Any:
+def _async_pubsub(client: redis.asyncio.Redis) -> Any:
     pubsub = client.pubsub()
     if hasattr(pubsub, "ssubscribe"):
         return pubsub
     return _ShardedPubSub(client.connection_pool)
 
 
-def _async_node_client(node: Any) -> Any:
+def _async_node_client(node: Any) -> redis.asyncio.Redis:
     """A ``redis.asyncio.Redis`` for one cluster node, with the cluster's settings."""
     import redis.asyncio
 
@@ -162,10 +169,10 @@ def _async_node_client(node: Any) -> Any:
     return redis.asyncio.Redis(connection_pool=pool)
 
 
-class AsyncShardedNotifier(ShardedBase):
+class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
     """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+    def __init__(self, client: AsyncRedisCluster, keyspace: KeySpace) -> None:
         super().__init__(client, keyspace)
         self._listeners: dict[str, _AsyncNodeListener] = {}
         self._pending: set[asyncio.Task[None]] = set()

@@ -9,12 +9,16 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from redis.exceptions import ResponseError
 
 from ..engine.keys import KeySpace
 from .wakeup import NO_CHANNEL, Reconnect, parse_wakeup
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
 
 __all__ = ["NodeListenerBase", "ShardedBase", "SubscribedTag", "logger", "no_sharded_pubsub"]
 
@@ -57,11 +61,15 @@ class SubscribedTag:
         self.mode = b"s"
 
 
-class ShardedBase:
+# The Cluster client of a notifier: sync for the thread one, asyncio for the other.
+_K = TypeVar("_K", bound="RedisCluster | AsyncRedisCluster")
+
+
+class ShardedBase(Generic[_K]):
     """What the thread and asyncio sharded notifiers share: tags, slots, nodes."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
-        self._client = client
+    def __init__(self, client: _K, keyspace: KeySpace) -> None:
+        self._client: _K = client
         self._keyspace = keyspace
         self.process_id = secrets.token_hex(8)
         self._slots: dict[str, tuple[Any, bytes]] = {}
@@ -89,7 +97,8 @@ class ShardedBase:
         return (b"s" if state is None else state.mode) + self.channel(tag)
 
     def _node_of(self, channel: bytes) -> Any:
-        return self._client.get_node_from_key(channel)
+        # Annotated ``str`` by the asyncio client, which takes bytes keys as every command does.
+        return self._client.get_node_from_key(channel)  # type: ignore[arg-type]
 
     def _wake_tag(self, tag: bytes, *, channel_less_only: bool = False) -> None:
         for event, t in list(self._slots.values()):
@@ -145,9 +154,8 @@ class ShardedBase:
 class NodeListenerBase:
     """What a node's listener keeps, a thread's or a task's: its channels and connection."""
 
-    def __init__(self, name: str, redis_client: Any, unsharded: set[str]) -> None:
+    def __init__(self, name: str, unsharded: set[str]) -> None:
         self.name = name
-        self.redis = redis_client
         self.wanted: set[bytes] = set()
         self.pubsub: Any = None
         self.empty_since = time.monotonic()

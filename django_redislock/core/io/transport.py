@@ -24,29 +24,39 @@ replies, ``cluster_calls`` routes it on a Cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from ..clients import AsyncRedisClient, RedisClient
 from ..topology import is_cluster
 from .batch import CallFailed, Command, call_on_pool, call_on_pool_async
 from .cluster_calls import cluster_call, cluster_call_async
 from .giveback import Pending
 
+if TYPE_CHECKING:
+    import redis
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
 __all__ = ["CallFailed", "Command", "Pending", "call", "call_async"]
 
 
-def call(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+def call(client: RedisClient, commands: Sequence[Command], key: bytes) -> list[Any]:
     """Send ``commands`` as one batch on one connection; a reply each, errors as values.
 
     On a Cluster the batch goes to the node owning ``key``'s slot. Raises
     ``CallFailed``; it never sends a written batch again.
     """
     if is_cluster(client):
-        return cluster_call(client, commands, key)
-    return call_on_pool(client.connection_pool, commands)
+        return cluster_call(cast("RedisCluster", client), commands, key)
+    # Not a Cluster: a single server's client, with its pool.
+    return call_on_pool(cast("redis.Redis", client).connection_pool, commands)
 
 
-async def call_async(client: Any, commands: Sequence[Command], key: bytes) -> list[Any]:
+async def call_async(
+    client: AsyncRedisClient, commands: Sequence[Command], key: bytes
+) -> list[Any]:
     """``call`` for a ``redis.asyncio`` client."""
     if is_cluster(client):
-        return await cluster_call_async(client, commands, key)
-    return await call_on_pool_async(client.connection_pool, commands)
+        return await cluster_call_async(cast("AsyncRedisCluster", client), commands, key)
+    return await call_on_pool_async(cast("redis.asyncio.Redis", client).connection_pool, commands)

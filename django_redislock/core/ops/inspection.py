@@ -23,8 +23,8 @@ reads them into rows (``rows``), ``summary`` groups rows per template.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
+from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from .reading import READ_BATCH, read_many
 from .rows import HeldLock, Holder, holder_id, matches
@@ -55,7 +55,7 @@ def _check_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
 
 
 def list_locks(
-    client: Any,
+    client: RedisClient,
     keyspace: KeySpace,
     pattern: str | None = None,
     literal: bool = False,
@@ -98,7 +98,7 @@ def list_locks(
 
 
 def find(
-    client: Any, keyspace: KeySpace, names: Iterable[str], *, kinds: Iterable[str] = KINDS
+    client: RedisClient, keyspace: KeySpace, names: Iterable[str], *, kinds: Iterable[str] = KINDS
 ) -> tuple[list[HeldLock], list[str]]:
     """Rows for exactly these names (no SCAN), and the names held as no kind."""
     chosen = _check_kinds(kinds)

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from .. import failures
+from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
 from ..topology import is_cluster
@@ -81,14 +82,17 @@ _SCRIPTS = {
 READ_BATCH = 200
 
 
-def _read_replies(client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]) -> list[Any]:
+def _read_replies(
+    client: RedisClient, keyspace: KeySpace, kind: str, keys: list[bytes]
+) -> list[Any]:
     """The inspect script's reply for each key, in order."""
     script, args = _SCRIPTS[kind]
     if is_cluster(client) or len(keys) < 2:
         # A Cluster pipeline would split by node anyway; keep it simple there.
         return [scripts.run(client, script, _siblings(keyspace, kind, k), args) for k in keys]
     try:
-        client.script_load(script.source)
+        # Annotated ``str`` by redis-py, which sends bytes as they are.
+        client.script_load(script.source)  # type: ignore[arg-type]
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.evalsha(script.sha, 3, *_siblings(keyspace, kind, key), *args)
@@ -193,7 +197,7 @@ def _parse(keyspace: KeySpace, kind: str, key: bytes, reply: Any) -> HeldLock | 
 
 
 def read_many(
-    client: Any, keyspace: KeySpace, kind: str, keys: list[bytes]
+    client: RedisClient, keyspace: KeySpace, kind: str, keys: list[bytes]
 ) -> list[HeldLock | None]:
     replies = _read_replies(client, keyspace, kind, keys)
     return [_parse(keyspace, kind, key, reply) for key, reply in zip(keys, replies, strict=True)]

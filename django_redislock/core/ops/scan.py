@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import failures
+from ..clients import RedisClient
 from ..engine.keys import KeySpace, decode_name
 from ..exceptions import RedisUnavailable
 from ..topology import is_cluster
@@ -29,7 +30,7 @@ SCAN_COUNT = 500
 _HEX16 = re.compile(rb"^[0-9a-f]{16}$")
 
 
-def scan_keys(client: Any, match: bytes) -> Iterator[bytes]:
+def scan_keys(client: RedisClient, match: bytes) -> Iterator[bytes]:
     """Every key matching ``match``, on every primary of a Cluster.
 
     A key may be yielded twice (SCAN's guarantee is "at least once" while the
@@ -37,10 +38,13 @@ def scan_keys(client: Any, match: bytes) -> Iterator[bytes]:
     """
     try:
         if is_cluster(client):
-            for node in client.get_primaries():
+            # A RedisCluster: its SCAN returns a cursor per node (redis-py
+            # annotates the single server's reply).
+            cluster: Any = client
+            for node in cluster.get_primaries():
                 cursor = 0
                 while True:
-                    cursors, keys = client.scan(
+                    cursors, keys = cluster.scan(
                         cursor=cursor, match=match, count=SCAN_COUNT, target_nodes=node
                     )
                     yield from keys
