@@ -9,7 +9,9 @@ with a short back-off, until Redis answers or the lease it guards is over.
 Ordering matters: the late acquire is still in Redis's buffer on its own
 connection. A cancel sent on another connection could run first and the late
 acquire after it. So that connection is kept (``drain``) until its replies are
-read, and a give-back that follows such a call (``after=``) starts only then.
+read, and a give-back that follows such a call (``after=``) starts after them:
+under asyncio once they are read (or given up on), in sync code after the
+drain's first look for them, so that a reply lost on the way does not hold it.
 
 Sync code runs them on the process's one background thread (``scheduler.py``:
 started on first use, started anew in a forked child); asyncio code runs each
@@ -46,8 +48,6 @@ _FIRST_DELAY = 0.02
 _MAX_DELAY = 0.25
 # How long a sync drain polls its connection per turn before the next job's turn.
 _DRAIN_POLL = 0.05
-# How often a sync give-back looks whether the late replies it follows were read.
-_FOLLOW_POLL = 0.01
 
 
 @dataclass(eq=False)
@@ -131,27 +131,16 @@ def drain(pending: Pending) -> None:
 
 
 class _GiveBack:
-    """One give-back: an attempt per turn, with a growing pause between them.
+    """One give-back: an attempt per turn, with a growing pause between them."""
 
-    It follows ``pending``, the late replies of the call it gives back for:
-    no attempt before they are read (or given up on).
-    """
-
-    def __init__(
-        self, call: Callable[[], Any], deadline: float, what: str, pending: Pending | None
-    ) -> None:
+    def __init__(self, call: Callable[[], Any], deadline: float, what: str) -> None:
         self.call = call
         self.deadline = deadline
         self.what = what
-        self.pending = pending
         self.delay = _FIRST_DELAY
         self.attempts = 0
 
     def __call__(self) -> float | None:
-        if self.pending is not None:
-            if not self.pending.done.is_set() and time.monotonic() < self.deadline:
-                return _FOLLOW_POLL
-            self.pending = None
         self.attempts += 1
         try:
             self.call()
@@ -188,7 +177,11 @@ def submit(
     pending = _pending_of(after)
     if pending is not None:
         pending.keep_until(deadline)
-    scheduler.current().add(_GiveBack(call, deadline, what, pending))
+    # The drain of ``after`` was queued before this, due sooner: its first
+    # turn (a short poll for the late replies) comes before the first attempt.
+    # It does not wait for the drain to end: a reply lost on the way would
+    # hold the give-back until the drain gives up (tests/test_rwlock_faults.py).
+    scheduler.current().add(_GiveBack(call, deadline, what))
 
 
 # -- asyncio ---------------------------------------------------------------------
