@@ -160,17 +160,9 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
     def register(self, token: str, tag: bytes = b"") -> Wakeup:
         event = Wakeup()
         with self._mutex:
-            self._slots[token] = (event, tag)
-            if not tag:
-                return event
-            state = self._tags.get(tag)
-            if state is None:
-                state = SubscribedTag(self.channel(tag), threading.Event())
-                self._tags[tag] = state
-                self._by_channel[state.channel] = tag
-            state.users += 1
-            if state.node is None:
-                self._route(state)
+            unrouted = self._join(token, event, tag, threading.Event)
+            if unrouted is not None:
+                self._route(unrouted)
         return event
 
     def register_if_ready(self, token: str, tag: bytes = b"") -> Wakeup | None:

@@ -179,17 +179,9 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
 
     def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
         event = AsyncWakeup()
-        self._slots[token] = (event, tag)
-        if not tag:
-            return event
-        state = self._tags.get(tag)
-        if state is None:
-            state = SubscribedTag(self.channel(tag), asyncio.Event())
-            self._tags[tag] = state
-            self._by_channel[state.channel] = tag
-        state.users += 1
-        if state.node is None:
-            self._spawn(self._route(state))
+        unrouted = self._join(token, event, tag, asyncio.Event)
+        if unrouted is not None:
+            self._spawn(self._route(unrouted))
         return event
 
     def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from redis.exceptions import ResponseError
@@ -138,6 +139,25 @@ class ShardedBase(Generic[_K]):
     def is_ready(self, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         return state is not None and state.ready.is_set()
+
+    def _join(
+        self, token: str, event: Any, tag: bytes, new_ready: Callable[[], Any]
+    ) -> SubscribedTag | None:
+        """Count a waiter of ``tag`` in; its tag when no node serves it yet.
+
+        ``new_ready``: the kind of event a new tag's subscription sets when
+        confirmed (``threading.Event`` or ``asyncio.Event``).
+        """
+        self._slots[token] = (event, tag)
+        if not tag:
+            return None
+        state = self._tags.get(tag)
+        if state is None:
+            state = SubscribedTag(self.channel(tag), new_ready())
+            self._tags[tag] = state
+            self._by_channel[state.channel] = tag
+        state.users += 1
+        return state if state.node is None else None
 
     def _forget(self, token: str) -> None:
         """Forget a waiter; its tag stays subscribed, idle from now if it was the last."""
