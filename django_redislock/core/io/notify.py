@@ -27,16 +27,13 @@ import os
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from ..topology import is_cluster
 from .notify_sharded import ShardedNotifier
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup, parse_wakeup
-
-if TYPE_CHECKING:
-    from redis.cluster import RedisCluster
 
 __all__ = ["Notifier", "get_notifier"]
 
@@ -386,12 +383,8 @@ def get_notifier(client: RedisClient, keyspace: KeySpace) -> Notifier | ShardedN
     with _registry_lock:
         entry = _registry.get(key)
         if entry is None or entry[0] is not pool:
-            notifier = (
-                ShardedNotifier(cast("RedisCluster", client), keyspace)
-                if is_cluster(client)
-                else Notifier(client, keyspace)
-            )
-            entry = (pool, notifier)
+            kind = ShardedNotifier if is_cluster(client) else Notifier
+            entry = (pool, kind(client, keyspace))
             _registry[key] = entry
         return entry[1]
 

@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
@@ -29,9 +29,6 @@ from .wakeup import (
     Reconnect,
     parse_wakeup,
 )
-
-if TYPE_CHECKING:
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
 
@@ -175,11 +172,7 @@ def get_async_notifier(
     key = (id(pool), keyspace.prefix)
     entry = per_loop.get(key)
     if entry is None or entry[0] is not pool:
-        notifier = (
-            AsyncShardedNotifier(cast("AsyncRedisCluster", client), keyspace)
-            if is_cluster(client)
-            else AsyncNotifier(client, keyspace)
-        )
-        entry = (pool, notifier)
+        kind = AsyncShardedNotifier if is_cluster(client) else AsyncNotifier
+        entry = (pool, kind(client, keyspace))
         per_loop[key] = entry
     return entry[1]

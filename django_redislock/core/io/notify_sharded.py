@@ -32,8 +32,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from .notify_sharded_base import (
     NodeListenerBase,
@@ -151,8 +152,9 @@ class _NodeListener(NodeListenerBase):
 class ShardedNotifier(ShardedBase["RedisCluster"]):
     """``Notifier`` for a sync ``RedisCluster``: SSUBSCRIBE per waited-on tag."""
 
-    def __init__(self, client: RedisCluster, keyspace: KeySpace) -> None:
-        super().__init__(client, keyspace)
+    def __init__(self, client: RedisClient, keyspace: KeySpace) -> None:
+        # Made only for a client that ``is_cluster`` says is one (``get_notifier``).
+        super().__init__(cast("RedisCluster", client), keyspace)
         self._mutex = threading.RLock()
         self._listeners: dict[str, _NodeListener] = {}
 

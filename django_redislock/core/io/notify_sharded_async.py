@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio.client import PubSub as AsyncPubSub
 
+from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from . import notify_sharded
 from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
@@ -172,8 +173,9 @@ def _async_node_client(node: Any) -> redis.asyncio.Redis:
 class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
     """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
 
-    def __init__(self, client: AsyncRedisCluster, keyspace: KeySpace) -> None:
-        super().__init__(client, keyspace)
+    def __init__(self, client: AsyncRedisClient, keyspace: KeySpace) -> None:
+        # Made only for a client that ``is_cluster`` says is one (``get_async_notifier``).
+        super().__init__(cast("AsyncRedisCluster", client), keyspace)
         self._listeners: dict[str, _AsyncNodeListener] = {}
         self._pending: set[asyncio.Task[None]] = set()
 
