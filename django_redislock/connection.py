@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio
@@ -36,6 +36,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from .conf import cache_backend, cache_locations, conf
+from .core.clients import AsyncRedisClient, RedisClient
 
 __all__ = ["get_async_client", "get_client", "reset"]
 
@@ -243,7 +244,7 @@ def _build_sync(alias: str) -> Any:
     return redis.Redis(connection_pool=new_pool)
 
 
-def check_eviction(client: Any) -> threading.Thread | None:
+def check_eviction(client: RedisClient) -> threading.Thread | None:
     """Check Redis's eviction policy once per client, off the caller's path.
 
     It is one more bounded call, and against a stalled Redis the first lock a
@@ -261,7 +262,7 @@ def check_eviction(client: Any) -> threading.Thread | None:
     return thread
 
 
-def _warn_eviction(client: Any) -> None:
+def _warn_eviction(client: RedisClient) -> None:
     """Log if Redis may evict lock keys under memory pressure."""
     try:
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
@@ -278,7 +279,7 @@ def _warn_eviction(client: Any) -> None:
         )
 
 
-def get_client(alias: str | None = None) -> Any:
+def get_client(alias: str | None = None) -> RedisClient:
     """The library's sync client for ``alias`` (default ``REDISLOCK['CACHE']``)."""
     alias = alias or conf.CACHE
     key = (alias, os.getpid(), conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
@@ -296,7 +297,8 @@ def get_client(alias: str | None = None) -> Any:
 
 
 def _build_async(alias: str) -> Any:
-    sync_pool = get_client(alias).connection_pool
+    # Without CLIENT (the only case that gets here) the sync client is _build_sync's.
+    sync_pool = cast(redis.Redis, get_client(alias)).connection_pool
     from redis.sentinel import SentinelConnectionPool
 
     kwargs = {k: v for k, v in sync_pool.connection_kwargs.items() if k in _ASYNC_KEEP}
@@ -366,7 +368,7 @@ def _close_with_loop(client: Any) -> Any:
     return agen  # the loop holds async generators weakly: keep a reference
 
 
-def get_async_client(alias: str | None = None) -> Any:
+def get_async_client(alias: str | None = None) -> AsyncRedisClient:
     """The library's ``redis.asyncio`` client for ``alias`` in the running loop."""
     alias = alias or conf.CACHE
     loop = asyncio.get_running_loop()

@@ -139,18 +139,20 @@ def test_a_later_renewal_does_not_wake_the_watchdog() -> None:
     """Each acquire adds a renewal; only one due before the thread's next wake-up
     may wake it (a wake-up takes the GIL from the holder in its critical section)."""
     from django_redislock.core.io.renewal import Watchdog
+    from django_redislock.core.io.scheduler import Scheduler
 
-    dog = Watchdog()
-    dog._cond = _CountingCondition()
+    on = Scheduler()
+    on._cond = _CountingCondition()
+    dog = Watchdog(on)
     first, later, middle, sooner, after = _Tick(), _Tick(), _Tick(), _Tick(), _Tick()
     dog.add(first, 0.3)
-    assert dog._cond.notified == 1  # the thread has nothing earlier to sleep until
+    assert on._cond.notified == 1  # the thread has nothing earlier to sleep until
     dog.add(later, 60)
     dog.discard(first)  # a released lock: its entry stays in the heap, inactive
     dog.add(middle, 30)
-    assert dog._cond.notified == 1
+    assert on._cond.notified == 1
     dog.add(sooner, 0.05)
-    assert dog._cond.notified == 2
+    assert on._cond.notified == 2
     assert sooner.renewed.wait(10)
     dog.add(after, 0.4)  # past the discarded entry's time
     assert after.renewed.wait(10)

@@ -41,6 +41,7 @@ CORE = Path("django_redislock/core/drivers")
 
 # asyncio source -> generated sync driver, relative to the repository root.
 PAIRS = [
+    (CORE / "handle_async.py", CORE / "handle.py"),
     (CORE / "lock_async.py", CORE / "lock.py"),
     (CORE / "semaphore_async.py", CORE / "semaphore.py"),
     (CORE / "rwlock_async.py", CORE / "rwlock.py"),
@@ -51,6 +52,7 @@ RENAMES = {
     # The primitives: same names, the sync meaning.
     "_async_prims": "_sync_prims",
     # Modules.
+    "handle_async": "handle",
     "lock_async": "lock",
     "semaphore_async": "semaphore",
     "rwlock_async": "rwlock",
@@ -62,6 +64,7 @@ RENAMES = {
     "AsyncSemaphore": "Semaphore",
     "AsyncReadWriteLock": "ReadWriteLock",
     "AsyncMultiLock": "MultiLock",
+    "AsyncRedisClient": "RedisClient",
     # Functions: the async twin is ``x_async``, a factory ``get_async_x``.
     "get_async_notifier": "get_notifier",
     "run_async": "run",

@@ -9,12 +9,12 @@ problem when the password is wrong.
 from __future__ import annotations
 
 import errno
-from typing import Any
 
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .clients import AnyRedisClient
 from .exceptions import RedisUnavailable
 
 __all__ = ["AUTH", "ERROR", "PERMISSION", "REFUSED", "TIMEOUT", "UNREACHABLE", "address_of"]
@@ -30,7 +30,7 @@ ERROR = "error"  # the server answered with an error
 _NOT_LISTENING = (errno.ECONNREFUSED, errno.ENOENT)
 
 
-def address_of(client: Any) -> str | None:
+def address_of(client: AnyRedisClient) -> str | None:
     """``host:port`` or the unix socket path a client connects to, if it says."""
     pool = getattr(client, "connection_pool", None)
     kwargs = getattr(pool, "connection_kwargs", None)

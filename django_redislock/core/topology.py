@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from .clients import AnyRedisClient
 
 __all__ = ["is_cluster"]
 
@@ -12,7 +12,7 @@ __all__ = ["is_cluster"]
 _by_type: dict[type, bool] = {}
 
 
-def is_cluster(client: Any) -> bool:
+def is_cluster(client: AnyRedisClient) -> bool:
     """True for redis-py's sync or asyncio ``RedisCluster``.
 
     Asked by type, not by duck typing: a client of a single server that

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core import failures
+from ..core.clients import AnyRedisClient, AsyncRedisClient, RedisClient
 from ..core.engine import scripts
 from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
@@ -52,7 +53,7 @@ def _as_record(reply: Any) -> Record:
     return {_bytes(items[i]): _bytes(items[i + 1]) for i in range(0, len(items) - 1, 2)}
 
 
-def _failed(client: Any, cause: BaseException) -> RedisUnavailable:
+def _failed(client: AnyRedisClient, cause: BaseException) -> RedisUnavailable:
     return failures.unavailable("reading an idempotency record", cause, failures.address_of(client))
 
 
@@ -61,7 +62,7 @@ def _commands(keys: IdempotencyKeys) -> Sequence[transport.Command]:
     return [("HGETALL", keys.record), ("PTTL", keys.lease)]
 
 
-def _parsed(client: Any, replies: list[Any]) -> tuple[Record, int]:
+def _parsed(client: AnyRedisClient, replies: list[Any]) -> tuple[Record, int]:
     for reply in replies:
         if isinstance(reply, Exception):
             raise _failed(client, reply) from reply
@@ -69,7 +70,7 @@ def _parsed(client: Any, replies: list[Any]) -> tuple[Record, int]:
     return _as_record(record), int(pttl)
 
 
-def read(client: Any, keys: IdempotencyKeys) -> tuple[Record, int]:
+def read(client: RedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
     """The record (empty if none) and the lease's PTTL (negative: no request runs)."""
     try:
         replies = transport.call(client, _commands(keys), keys.record)
@@ -78,7 +79,7 @@ def read(client: Any, keys: IdempotencyKeys) -> tuple[Record, int]:
     return _parsed(client, replies)
 
 
-async def aread(client: Any, keys: IdempotencyKeys) -> tuple[Record, int]:
+async def aread(client: AsyncRedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
     """``read`` for a ``redis.asyncio`` client."""
     try:
         replies = await transport.call_async(client, _commands(keys), keys.record)
@@ -92,17 +93,19 @@ def _replace_args(record: Record, ttl: float) -> tuple[Any, ...]:
     return (ttl_ms, *(part for item in record.items() for part in item))
 
 
-def write(client: Any, keys: IdempotencyKeys, record: Record, ttl: float) -> None:
+def write(client: RedisClient, keys: IdempotencyKeys, record: Record, ttl: float) -> None:
     """Replace the record, which expires after ``ttl`` seconds."""
     scripts.run(client, _REPLACE, (keys.record,), _replace_args(record, ttl))
 
 
-async def awrite(client: Any, keys: IdempotencyKeys, record: Record, ttl: float) -> None:
+async def awrite(
+    client: AsyncRedisClient, keys: IdempotencyKeys, record: Record, ttl: float
+) -> None:
     """``write`` for a ``redis.asyncio`` client."""
     await scripts.run_async(client, _REPLACE, (keys.record,), _replace_args(record, ttl))
 
 
-def forget(client: Any, keys: IdempotencyKeys, attempt: bytes) -> None:
+def forget(client: RedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
     """Delete the record if ``attempt`` wrote it: the key is free for a retry."""
     try:
         scripts.run(client, _FORGET, (keys.record,), (attempt,))
@@ -110,7 +113,7 @@ def forget(client: Any, keys: IdempotencyKeys, attempt: bytes) -> None:
         logger.debug("could not remove the in-progress marker %r: %s", keys.record, exc)
 
 
-async def aforget(client: Any, keys: IdempotencyKeys, attempt: bytes) -> None:
+async def aforget(client: AsyncRedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
     """``forget`` for a ``redis.asyncio`` client."""
     try:
         await scripts.run_async(client, _FORGET, (keys.record,), (attempt,))

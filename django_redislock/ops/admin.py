@@ -33,6 +33,7 @@ from django.utils.module_loading import import_string
 
 from ..conf import conf
 from ..connection import get_client
+from ..core.clients import RedisClient
 from ..core.engine.keys import decode_name, encode_name
 from ..core.exceptions import RedisUnavailable
 from ..core.ops.force import Shown, release, still_held
@@ -225,7 +226,7 @@ def locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
 def _post(
     request: HttpRequest,
     site: admin.AdminSite,
-    client: Any,
+    client: RedisClient,
     context: dict[str, Any],
     pattern: str | None,
     literal: bool,

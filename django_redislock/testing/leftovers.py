@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .holding import describe_owner, hold_tokens
+
+if TYPE_CHECKING:
+    from ..core.clients import RedisClient
 
 __all__ = ["assert_no_locks_left", "leftovers"]
 
@@ -13,7 +16,7 @@ def _lease(left: float | None) -> str:
     return "no expiry" if left is None else f"{left:.1f}s left"
 
 
-def _queued(client: Any, prefix: str) -> list[str]:
+def _queued(client: RedisClient, prefix: str) -> list[str]:
     """Waiters' queue entries (lock and semaphore queues) under ``prefix``."""
     from ..core.ops.inspection import scan_keys
 

@@ -99,7 +99,7 @@ class Renewing(Protocol):
 
 def start_renewal(handle: Renewing, delay: float) -> Renewer:
     """Renew ``handle`` after ``delay`` seconds, and then as it says: on the
-    process's watchdog thread (``renewal.py``)."""
+    process's background thread (``renewal.py``, ``scheduler.py``)."""
     renewal.watchdog.add(handle, delay)
     return True
 

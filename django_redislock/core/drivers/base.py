@@ -11,8 +11,10 @@ import socket
 import time
 from collections.abc import Callable
 from functools import cache, lru_cache
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from ..clients import AnyRedisClient
+from ..engine import scripts
 from ..engine.keys import KeySpace, LockKeys, shows_name
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
 from ..exceptions import LockLost
@@ -104,7 +106,27 @@ def _owner_json(pid: int, who: str, label: str, template: str | None = None) -> 
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
-class LockBase:
+# The client a handle holds: a sync one for the sync drivers, an asyncio one
+# for theirs (``clients.py``).
+ClientT = TypeVar("ClientT", bound=AnyRedisClient)
+
+
+def holder_scripts(
+    prelude: str, prefix: str
+) -> tuple[scripts.Script, scripts.Script, scripts.Script, scripts.Script, scripts.Script]:
+    """(acquire, release, refresh, cancel, clear) of a kind whose holders are
+    members of a sorted set scored by expiry: ``<prefix>_acquire.lua`` and
+    its siblings on the kind's ``prelude``; refresh and clear are shared."""
+    return (
+        scripts.load(f"{prefix}_acquire", prelude=prelude),
+        scripts.load(f"{prefix}_release", prelude=prelude, repeatable=True),
+        scripts.HOLDERS_REFRESH,
+        scripts.load(f"{prefix}_cancel", prelude=prelude, repeatable=True),
+        scripts.load("holders_clear", prelude=prelude),
+    )
+
+
+class LockBase(Generic[ClientT]):
     """State and arguments of one lock handle; subclasses do the I/O."""
 
     # A name for metrics that stays the same across calls (the decorator's
@@ -114,7 +136,7 @@ class LockBase:
 
     def __init__(
         self,
-        client: Any,
+        client: ClientT,
         name: str,
         *,
         ttl: float = 30.0,

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
+from ..clients import AnyRedisClient
 from .base import DEFAULT_OBSERVER, LockBase, Observer, check_seconds
 
 __all__ = ["MultiBase", "lock_names"]
@@ -88,7 +89,8 @@ class MultiBase(Generic[_L]):
 
     def __init__(
         self,
-        client: Any,
+        # The kind its handles take (``_handle``): sync, or asyncio.
+        client: AnyRedisClient,
         names: Iterable[str],
         *,
         wait: float = 10.0,

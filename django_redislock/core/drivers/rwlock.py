@@ -10,8 +10,7 @@ it (edit this source, never the generated file).
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
@@ -38,7 +37,7 @@ __all__ = [
 ]
 
 
-class ReadWriteLock(ReadWriteLockBase, Lock):
+class ReadWriteLock(ReadWriteLockBase[RedisClient], Lock):
     """Many readers or one writer of ``name`` at once, across every process.
 
     ``ReadWriteLock(client, "catalogue", "read", ttl=30, wait=5)``. Waits
@@ -67,7 +66,9 @@ class ReadWriteLock(ReadWriteLockBase, Lock):
         return self._in_sorted_set()
 
 
-def clear_rw_lock(client: Any, keyspace: KeySpace, name: str, token: str | None = None) -> int:
+def clear_rw_lock(
+    client: RedisClient, keyspace: KeySpace, name: str, token: str | None = None
+) -> int:
     """Force-release one holder of ``name`` (or every one, when ``token`` is None).
 
     Waiters that may come next are admitted. Former holders find out at their

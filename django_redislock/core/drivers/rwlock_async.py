@@ -9,8 +9,7 @@ it (edit this source, never the generated file).
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..clients import AsyncRedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
@@ -37,7 +36,7 @@ __all__ = [
 ]
 
 
-class AsyncReadWriteLock(ReadWriteLockBase, AsyncLock):
+class AsyncReadWriteLock(ReadWriteLockBase[AsyncRedisClient], AsyncLock):
     """Many readers or one writer of ``name`` at once, across every process.
 
     ``AsyncReadWriteLock(client, "catalogue", "read", ttl=30, wait=5)``. Waits
@@ -67,7 +66,7 @@ class AsyncReadWriteLock(ReadWriteLockBase, AsyncLock):
 
 
 async def clear_rw_lock_async(
-    client: Any, keyspace: KeySpace, name: str, token: str | None = None
+    client: AsyncRedisClient, keyspace: KeySpace, name: str, token: str | None = None
 ) -> int:
     """Force-release one holder of ``name`` (or every one, when ``token`` is None).
 

@@ -32,9 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from ..engine import scripts
 from ..engine.keys import KeySpace
-from .base import DEFAULT_GRACE, STATE_KEEP_MS, LockBase, Observer
+from .base import DEFAULT_GRACE, STATE_KEEP_MS, ClientT, LockBase, Observer, holder_scripts
 
 __all__ = [
     "ACQUIRE",
@@ -52,15 +51,7 @@ Mode = Literal["read", "write"]
 MODES: tuple[str, ...] = ("read", "write")
 
 
-def _load(name: str, *, repeatable: bool = False) -> scripts.Script:
-    return scripts.load(name, prelude="rwlock", repeatable=repeatable)
-
-
-ACQUIRE = _load("rw_acquire")
-RELEASE = _load("rw_release", repeatable=True)
-REFRESH = scripts.HOLDERS_REFRESH
-CANCEL = _load("rw_cancel", repeatable=True)
-CLEAR = _load("holders_clear")
+ACQUIRE, RELEASE, REFRESH, CANCEL, CLEAR = holder_scripts("rwlock", "rw")
 
 
 def check_mode(mode: object) -> Mode:
@@ -72,7 +63,7 @@ def check_mode(mode: object) -> Mode:
     raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
 
 
-class ReadWriteLockBase(LockBase):
+class ReadWriteLockBase(LockBase[ClientT]):
     """Arguments and state of one read-write lock handle; drivers do the I/O.
 
     ``fence`` is the writer's fencing token, and None for a reader (readers
@@ -84,7 +75,7 @@ class ReadWriteLockBase(LockBase):
 
     def __init__(
         self,
-        client: Any,
+        client: ClientT,
         name: str,
         mode: Mode = "write",
         *,

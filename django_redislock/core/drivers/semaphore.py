@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
+from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
 from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from ._sync_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .lock import SyncHandle
+from .handle import SyncHandle
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-class Semaphore(SemaphoreBase, SyncHandle):
+class Semaphore(SemaphoreBase[RedisClient], SyncHandle):
     """At most ``limit`` holders of ``name`` at once, across every process.
 
     ``Semaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
@@ -104,7 +104,7 @@ class Semaphore(SemaphoreBase, SyncHandle):
 
 
 def release_permit(
-    client: Any, keyspace: KeySpace, name: str, token: str, serial: int | None = None
+    client: RedisClient, keyspace: KeySpace, name: str, token: str, serial: int | None = None
 ) -> bool:
     """Give back the permit ``token`` of ``name`` from any thread or task, by its token.
 
@@ -124,7 +124,9 @@ def release_permit(
     )
 
 
-def clear_semaphore(client: Any, keyspace: KeySpace, name: str, token: str | None = None) -> int:
+def clear_semaphore(
+    client: RedisClient, keyspace: KeySpace, name: str, token: str | None = None
+) -> int:
     """Force-release one holder of ``name`` (or all, when ``token`` is None).
 
     Owner details are removed and waiters are woken for the freed permits.

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
+from ..clients import AsyncRedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
 from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from ._async_prims import HOLDER_KIND, current_holder
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .lock_async import AsyncHandle
+from .handle_async import AsyncHandle
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-class AsyncSemaphore(SemaphoreBase, AsyncHandle):
+class AsyncSemaphore(SemaphoreBase[AsyncRedisClient], AsyncHandle):
     """At most ``limit`` holders of ``name`` at once, across every process.
 
     ``AsyncSemaphore(client, "reports", 3, ttl=60, wait=5)``. ``acquire``
@@ -105,7 +105,7 @@ class AsyncSemaphore(SemaphoreBase, AsyncHandle):
 
 
 async def release_permit_async(
-    client: Any, keyspace: KeySpace, name: str, token: str, serial: int | None = None
+    client: AsyncRedisClient, keyspace: KeySpace, name: str, token: str, serial: int | None = None
 ) -> bool:
     """Give back the permit ``token`` of ``name`` from any thread or task, by its token.
 
@@ -126,7 +126,7 @@ async def release_permit_async(
 
 
 async def clear_semaphore_async(
-    client: Any, keyspace: KeySpace, name: str, token: str | None = None
+    client: AsyncRedisClient, keyspace: KeySpace, name: str, token: str | None = None
 ) -> int:
     """Force-release one holder of ``name`` (or all, when ``token`` is None).
 

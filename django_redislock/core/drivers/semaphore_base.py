@@ -29,9 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine import scripts
 from ..engine.keys import KeySpace
-from .base import STATE_KEEP_MS, LockBase, Observer
+from .base import STATE_KEEP_MS, ClientT, LockBase, Observer, holder_scripts
 
 __all__ = [
     "ACQUIRE",
@@ -49,15 +48,7 @@ __all__ = [
 DEFAULT_PERMIT_TTL = 60.0
 
 
-def _load(name: str, *, repeatable: bool = False) -> scripts.Script:
-    return scripts.load(name, prelude="semaphore", repeatable=repeatable)
-
-
-ACQUIRE = _load("sem_acquire")
-RELEASE = _load("sem_release", repeatable=True)
-REFRESH = scripts.HOLDERS_REFRESH
-CANCEL = _load("sem_cancel", repeatable=True)
-CLEAR = _load("holders_clear")
+ACQUIRE, RELEASE, REFRESH, CANCEL, CLEAR = holder_scripts("semaphore", "sem")
 
 
 def check_limit(limit: object) -> int:
@@ -69,7 +60,7 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-class SemaphoreBase(LockBase):
+class SemaphoreBase(LockBase[ClientT]):
     """Arguments and state of one semaphore handle; subclasses do the I/O.
 
     ``fence`` is always None: permits are shared, so no order among their
@@ -78,7 +69,7 @@ class SemaphoreBase(LockBase):
 
     def __init__(
         self,
-        client: Any,
+        client: ClientT,
         name: str,
         limit: int,
         *,

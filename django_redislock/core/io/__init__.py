@@ -1,6 +1,8 @@
 """The I/O plumbing under the drivers: bounded calls, renewal, wake-ups.
 
-``transport`` sends every command with its deadline; ``giveback`` returns what
-a cut-off call may still have taken; ``renewal`` keeps leases alive; the
-``notify*`` modules and ``wakeup`` tell waiters that a lock was released.
+``transport`` sends every command with its deadline (``checkout``, ``batch``
+and ``cluster_calls`` are its steps); ``giveback`` returns what a cut-off call
+may still have taken; ``renewal`` keeps leases alive; ``scheduler`` is the one
+thread both run on; the ``notify*`` modules and ``wakeup`` tell waiters that a
+lock was released.
 """

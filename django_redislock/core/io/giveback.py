@@ -9,22 +9,21 @@ with a short back-off, until Redis answers or the lease it guards is over.
 Ordering matters: the late acquire is still in Redis's buffer on its own
 connection. A cancel sent on another connection could run first and the late
 acquire after it. So that connection is kept (``drain``) until its replies are
-read, and a give-back that follows such a call (``after=``) starts only then.
+read, and a give-back that follows such a call (``after=``) starts after them:
+under asyncio once they are read (or given up on), in sync code after the
+drain's first look for them, so that a reply lost on the way does not hold it.
 
-Sync code has one daemon thread per process (started on first use, started
-anew in a forked child); asyncio code runs each give-back as a task on the
-running loop.
+Sync code runs them on the process's one background thread (``scheduler.py``:
+started on first use, started anew in a forked child); asyncio code runs each
+give-back as a task on the running loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import inspect
-import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +32,8 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import scheduler
 
 __all__ = ["Pending", "drain", "submit", "submit_async"]
 
@@ -45,7 +46,7 @@ DRAIN_DEFAULT = 30.0
 # already waits a socket timeout, so this does not hammer it.
 _FIRST_DELAY = 0.02
 _MAX_DELAY = 0.25
-# How long a sync drain polls its connection per turn before the next one's turn.
+# How long a sync drain polls its connection per turn before the next job's turn.
 _DRAIN_POLL = 0.05
 
 
@@ -72,63 +73,11 @@ def _pending_of(after: BaseException | None) -> Pending | None:
 
 
 # -- sync ------------------------------------------------------------------------
-
-
-class _Worker:
-    """One of the process's background threads and its schedule, made on first use.
-
-    A job does one step and returns when it wants to run again (monotonic
-    time), or None when it is done. Jobs take turns: a give-back that Redis
-    keeps refusing (a server gone for good) never holds up the others.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.ready = threading.Condition(threading.Lock())
-        self.jobs: list[tuple[float, int, Callable[[], float | None]]] = []
-        self.count = itertools.count()
-        self.thread: threading.Thread | None = None
-
-    def put(self, job: Callable[[], float | None], at: float = 0.0) -> None:
-        with self.ready:
-            heapq.heappush(self.jobs, (at, next(self.count), job))
-            self.ready.notify()
-            if self.thread is None:
-                self.thread = threading.Thread(target=self.run, name=self.name, daemon=True)
-                self.thread.start()
-
-    def run(self) -> None:
-        while True:
-            with self.ready:
-                while not self.jobs or self.jobs[0][0] > time.monotonic():
-                    self.ready.wait(self.jobs[0][0] - time.monotonic() if self.jobs else None)
-                _, _, job = heapq.heappop(self.jobs)
-            try:
-                again = job()
-            except Exception:  # a give-back must never stop the ones behind it
-                logger.exception("give-back job failed")
-                again = None
-            if again is not None:
-                self.put(job, again)
-
-
-# Give-backs run on one thread, the reading of late replies on another: a
-# reply that never comes (lost on the way) must not hold up the give-backs
-# that need not wait for it.
-_worker = _Worker("redislock-giveback")
-_drainer = _Worker("redislock-drain")
-
-
-def _after_fork_in_child() -> None:
-    # The parent's threads do not exist here, and the queued jobs use the
-    # parent's connections: the child starts with nothing to give back.
-    global _worker, _drainer
-    _worker = _Worker("redislock-giveback")
-    _drainer = _Worker("redislock-drain")
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+#
+# Drains and give-backs are jobs of the process's scheduler (``scheduler.py``),
+# the thread that also renews leases. Each takes turns with the others: a
+# drain polls its connection briefly per turn, so a reply that never comes
+# (lost on the way) does not hold up the give-backs that need not wait for it.
 
 
 class _Drain:
@@ -145,12 +94,12 @@ class _Drain:
         if pending.unread and left > 0:
             try:
                 if not conn.can_read(timeout=min(_DRAIN_POLL, left)):
-                    return time.monotonic()
+                    return 0.0
                 conn.read_response(disconnect_on_error=False)
             except ResponseError:
                 pass
             except (TimeoutError, RedisTimeoutError):
-                return time.monotonic()
+                return 0.0
             except Exception:
                 # Closed by Redis (or Redis restarted): what was unread is gone.
                 logger.debug("connection with late replies closed", exc_info=True)
@@ -158,7 +107,7 @@ class _Drain:
                 return None
             pending.unread -= 1
             if pending.unread:
-                return time.monotonic()
+                return 0.0
         self.finish()
         return None
 
@@ -178,7 +127,7 @@ def drain(pending: Pending) -> None:
     if pending.asynchronous:
         _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
     else:
-        _drainer.put(_Drain(pending))
+        scheduler.current().add(_Drain(pending))
 
 
 class _GiveBack:
@@ -203,9 +152,9 @@ class _GiveBack:
                 )
                 return None
             logger.debug("giving back %s failed (%s); trying again", self.what, exc)
-            due = now + self.delay
+            delay = self.delay
             self.delay = min(self.delay * 2, _MAX_DELAY)
-            return due
+            return delay
         if self.attempts > 1:
             logger.info("gave back %s after %d attempts", self.what, self.attempts)
         return None
@@ -228,14 +177,11 @@ def submit(
     pending = _pending_of(after)
     if pending is not None:
         pending.keep_until(deadline)
-    job = _GiveBack(call, deadline, what)
-    if pending is None:
-        _worker.put(job)
-    else:
-        # The drain of ``after`` was queued before this on the drain thread:
-        # once it is done (the late replies read, or given up on), the
-        # give-back joins the others.
-        _drainer.put(lambda: _worker.put(job))
+    # The drain of ``after`` was queued before this, due sooner: its first
+    # turn (a short poll for the late replies) comes before the first attempt.
+    # It does not wait for the drain to end: a reply lost on the way would
+    # hold the give-back until the drain gives up (tests/test_rwlock_faults.py).
+    scheduler.current().add(_GiveBack(call, deadline, what))
 
 
 # -- asyncio ---------------------------------------------------------------------

@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any
 
+from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from ..topology import is_cluster
 from .notify_sharded import ShardedNotifier
@@ -48,7 +49,7 @@ SUBSCRIBE_TIMEOUT = LIVENESS_INTERVAL
 class Notifier:
     """The wake-up channel of this process for one Redis connection pool."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+    def __init__(self, client: RedisClient, keyspace: KeySpace) -> None:
         self._client = client
         self.process_id = secrets.token_hex(8)
         self.channel = keyspace.channel(self.process_id)
@@ -363,11 +364,11 @@ class Notifier:
             return
 
 
-_registry: dict[tuple[int, str], tuple[Any, Any]] = {}
+_registry: dict[tuple[int, str], tuple[Any, Notifier | ShardedNotifier]] = {}
 _registry_lock = threading.Lock()
 
 
-def get_notifier(client: Any, keyspace: KeySpace) -> Any:
+def get_notifier(client: RedisClient, keyspace: KeySpace) -> Notifier | ShardedNotifier:
     """The process's notifier for the client's connection pool and prefix.
 
     A ``RedisCluster`` (which has no single pool) gets a ``ShardedNotifier``.

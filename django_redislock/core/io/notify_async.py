@@ -16,6 +16,7 @@ import time
 import weakref
 from typing import Any
 
+from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..topology import is_cluster
 from .aio_calls import wait_for
@@ -37,7 +38,7 @@ log_notify = logging.getLogger("django_redislock.notify")
 class AsyncNotifier:
     """The wake-up channel of this process for one event loop and pool."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
+    def __init__(self, client: AsyncRedisClient, keyspace: KeySpace) -> None:
         self._client = client
         self.channel = keyspace.channel(secrets.token_hex(8))
         self.address = b"p" + self.channel
@@ -152,11 +153,14 @@ class AsyncNotifier:
 
 
 _notifiers: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[tuple[int, str], tuple[Any, Any]]
+    asyncio.AbstractEventLoop,
+    dict[tuple[int, str], tuple[Any, AsyncNotifier | AsyncShardedNotifier]],
 ] = weakref.WeakKeyDictionary()
 
 
-def get_async_notifier(client: Any, keyspace: KeySpace) -> Any:
+def get_async_notifier(
+    client: AsyncRedisClient, keyspace: KeySpace
+) -> AsyncNotifier | AsyncShardedNotifier:
     """The notifier of the running loop for the client's pool and prefix.
 
     An asyncio ``RedisCluster`` gets an ``AsyncShardedNotifier``.

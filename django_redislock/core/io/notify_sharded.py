@@ -30,159 +30,44 @@ served node by node.
 from __future__ import annotations
 
 import contextlib
-import logging
-import secrets
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from redis.exceptions import ResponseError
-
+from ..clients import RedisClient
 from ..engine.keys import KeySpace
-from .wakeup import (
-    IDLE_TIMEOUT,
-    LIVENESS_INTERVAL,
-    NO_CHANNEL,
-    Handed,
-    Reconnect,
-    Wakeup,
-    parse_wakeup,
+from .notify_sharded_base import (
+    NodeListenerBase,
+    ShardedBase,
+    SubscribedTag,
+    logger,
+    no_sharded_pubsub,
 )
+from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup
 
-# ShardedBase and SubscribedTag are shared with the asyncio twin.
+if TYPE_CHECKING:
+    import redis
+    from redis.cluster import RedisCluster
+
+# ShardedBase and SubscribedTag are shared with the asyncio twin (notify_sharded_base.py).
 __all__ = ["TAG_IDLE", "ShardedBase", "ShardedNotifier", "SubscribedTag", "no_sharded_pubsub"]
-
-logger = logging.getLogger("django_redislock.notify")
 
 # A tag nobody waits on stays subscribed this long: a busy lock does not pay
 # a subscription round trip for every contended acquire.
 TAG_IDLE = 30.0
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _channel_bytes(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-def no_sharded_pubsub(exc: BaseException) -> bool:
-    """Whether ``exc`` is a node refusing SSUBSCRIBE as an unknown command:
-    Redis before 7.0, or the command renamed away."""
-    text = str(exc).lower()
-    return isinstance(exc, ResponseError) and "unknown command" in text and "ssubscribe" in text
-
-
-# Confirmations and messages of plain pub/sub, read as their sharded kinds.
-_KINDS = {"message": "smessage", "subscribe": "ssubscribe", "unsubscribe": "sunsubscribe"}
-
-
-class SubscribedTag:
-    """One subscribed hash tag: its channel and who waits on it."""
-
-    __slots__ = ("channel", "users", "idle_since", "node", "ready", "confirmed_before", "mode")
-
-    def __init__(self, channel: bytes, ready: Any) -> None:
-        self.channel = channel
-        self.users = 0
-        self.idle_since = time.monotonic()
-        self.node: str | None = None
-        self.ready = ready
-        self.confirmed_before = False
-        # The scripts' publish mode for this tag: s = SPUBLISH, p = PUBLISH
-        # (its node has no sharded pub/sub); set by the confirmation.
-        self.mode = b"s"
-
-
-class ShardedBase:
-    """What the thread and asyncio sharded notifiers share: tags, slots, nodes."""
-
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
-        self._client = client
-        self._keyspace = keyspace
-        self.process_id = secrets.token_hex(8)
-        self._slots: dict[str, tuple[Any, bytes]] = {}
-        self._tags: dict[bytes, SubscribedTag] = {}
-        self._by_channel: dict[bytes, bytes] = {}
-        # Nodes that refused SSUBSCRIBE: their listeners, present and future,
-        # use plain SUBSCRIBE.
-        self._unsharded: set[str] = set()
-
-    # Callers that pass no tag cannot be woken on a Cluster (a channel outside
-    # the keys' slot would fail the script): they queue without an address
-    # and fall back to their timer, which is bounded by the state's own clock.
-    address = NO_CHANNEL
-    ready = False
-
-    def channel(self, tag: bytes) -> bytes:
-        return self._keyspace.channel(self.process_id, tag)
-
-    def address_for(self, tag: bytes) -> bytes:
-        # s = SPUBLISH: the prelude's promote() publishes on the lock's shard;
-        # p = PUBLISH, where the tag's node has no sharded pub/sub.
-        if not tag:
-            return self.address
-        state = self._tags.get(tag)
-        return (b"s" if state is None else state.mode) + self.channel(tag)
-
-    def _node_of(self, channel: bytes) -> Any:
-        return self._client.get_node_from_key(channel)
-
-    def _wake_tag(self, tag: bytes, *, channel_less_only: bool = False) -> None:
-        for event, t in list(self._slots.values()):
-            if t == tag and (event.needs_channel or not channel_less_only):
-                event.set()
-
-    def _on_message(self, message: dict[str, Any], node: str) -> None:
-        kind = _text(message["type"])
-        plain = kind in _KINDS
-        kind = _KINDS.get(kind, kind)
-        channel = _channel_bytes(message.get("channel", b""))
-        if kind == "smessage":
-            token, handed = parse_wakeup(message["data"])
-            entry = self._slots.get(token)
-            if entry is not None:
-                entry[0].handed = handed
-                entry[0].set()
-            return
-        tag = self._by_channel.get(channel)
-        state = self._tags.get(tag) if tag is not None else None
-        if state is None:
-            return
-        if kind == "ssubscribe" and state.node == node:
-            state.mode = b"p" if plain else b"s"
-            state.ready.set()
-            # Subscribed again after losing it, wake-ups may have been missed;
-            # and whoever queued without the channel can now queue with it.
-            self._wake_tag(tag, channel_less_only=not state.confirmed_before)  # type: ignore[arg-type]
-            state.confirmed_before = True
-        elif kind == "sunsubscribe" and state.node == node:
-            # Not asked for (we forget a tag before unsubscribing it): the
-            # server dropped us, its slot moved. Route it again.
-            state.ready.clear()
-            state.node = None
-            self._wake_tag(tag)  # type: ignore[arg-type]
-
-
-class _NodeListener:
+class _NodeListener(NodeListenerBase):
     """Reads one node's sharded subscriptions in a thread of its own."""
 
-    def __init__(self, owner: ShardedNotifier, name: str, redis_client: Any) -> None:
-        self.owner = owner
-        self.name = name
+    def __init__(self, owner: ShardedNotifier, name: str, redis_client: redis.Redis) -> None:
+        super().__init__(name, owner._unsharded)
         self.redis = redis_client
+        self.owner = owner
         self.lock = threading.Lock()
-        self.wanted: set[bytes] = set()
-        self.pubsub: Any = None
-        self.empty_since = time.monotonic()
         self.thread = threading.Thread(
             target=self._run, name=f"redislock-notify-{name}", daemon=True
         )
-
-    @property
-    def sharded(self) -> bool:
-        return self.name not in self.owner._unsharded
 
     def add(self, channel: bytes) -> None:
         with self.lock:
@@ -225,14 +110,7 @@ class _NodeListener:
                 if self._listen():
                     return
             except Exception as exc:
-                delay = reconnect.failed(time.monotonic())
-                if self.sharded and no_sharded_pubsub(exc):
-                    self.owner._unsharded.add(self.name)
-                    logger.info("%s has no sharded pub/sub: waking by PUBLISH there", self.name)
-                else:
-                    # One warning per outage; each retry after it is only a debug line.
-                    log = logger.warning if reconnect.first else logger.debug
-                    log("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                delay = self.lost(exc, reconnect)
             finally:
                 with self.lock:
                     pubsub, self.pubsub = self.pubsub, None
@@ -271,11 +149,12 @@ class _NodeListener:
                     ping_sent = now
 
 
-class ShardedNotifier(ShardedBase):
+class ShardedNotifier(ShardedBase["RedisCluster"]):
     """``Notifier`` for a sync ``RedisCluster``: SSUBSCRIBE per waited-on tag."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
-        super().__init__(client, keyspace)
+    def __init__(self, client: RedisClient, keyspace: KeySpace) -> None:
+        # Made only for a client that ``is_cluster`` says is one (``get_notifier``).
+        super().__init__(cast("RedisCluster", client), keyspace)
         self._mutex = threading.RLock()
         self._listeners: dict[str, _NodeListener] = {}
 
@@ -283,17 +162,9 @@ class ShardedNotifier(ShardedBase):
     def register(self, token: str, tag: bytes = b"") -> Wakeup:
         event = Wakeup()
         with self._mutex:
-            self._slots[token] = (event, tag)
-            if not tag:
-                return event
-            state = self._tags.get(tag)
-            if state is None:
-                state = SubscribedTag(self.channel(tag), threading.Event())
-                self._tags[tag] = state
-                self._by_channel[state.channel] = tag
-            state.users += 1
-            if state.node is None:
-                self._route(state)
+            unrouted = self._join(token, event, tag, threading.Event)
+            if unrouted is not None:
+                self._route(unrouted)
         return event
 
     def register_if_ready(self, token: str, tag: bytes = b"") -> Wakeup | None:
@@ -305,14 +176,7 @@ class ShardedNotifier(ShardedBase):
 
     def unregister(self, token: str) -> None:
         with self._mutex:
-            entry = self._slots.pop(token, None)
-            if entry is None:
-                return
-            state = self._tags.get(entry[1])
-            if state is not None:
-                state.users -= 1
-                if state.users <= 0:
-                    state.idle_since = time.monotonic()
+            self._forget(token)
 
     def wait(self, event: Wakeup, timeout: float) -> Handed | None:
         """Sleep until a listener sets ``event`` or ``timeout`` passes; the
@@ -322,10 +186,6 @@ class ShardedNotifier(ShardedBase):
             handed, event.handed = event.handed, None
             event.clear()
         return handed
-
-    def is_ready(self, tag: bytes = b"") -> bool:
-        state = self._tags.get(tag)
-        return state is not None and state.ready.is_set()
 
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)

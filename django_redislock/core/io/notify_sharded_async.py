@@ -10,31 +10,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio.client import PubSub as AsyncPubSub
 
+from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from . import notify_sharded
-from .notify_sharded import ShardedBase, SubscribedTag, logger, no_sharded_pubsub
+from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
 from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed, Reconnect
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 __all__ = ["AsyncShardedNotifier"]
 
 
-class _AsyncNodeListener:
-    def __init__(self, owner: AsyncShardedNotifier, name: str, redis_client: Any) -> None:
-        self.owner = owner
-        self.name = name
-        self.redis = redis_client
-        self.wanted: set[bytes] = set()
-        self.pubsub: Any = None
-        self.empty_since = time.monotonic()
-        self.task: asyncio.Task[None] | None = None
+class _AsyncNodeListener(NodeListenerBase):
+    """Reads one node's sharded subscriptions in a task of its own."""
 
-    @property
-    def sharded(self) -> bool:
-        return self.name not in self.owner._unsharded
+    def __init__(
+        self, owner: AsyncShardedNotifier, name: str, redis_client: redis.asyncio.Redis
+    ) -> None:
+        super().__init__(name, owner._unsharded)
+        self.redis = redis_client
+        self.owner = owner
+        self.task: asyncio.Task[None] | None = None
 
     async def add(self, channel: bytes) -> None:
         self.wanted.add(channel)
@@ -77,14 +79,7 @@ class _AsyncNodeListener:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    delay = reconnect.failed(time.monotonic())
-                    if self.sharded and no_sharded_pubsub(exc):
-                        self.owner._unsharded.add(self.name)
-                        logger.info("%s has no sharded pub/sub: waking by PUBLISH there", self.name)
-                    else:
-                        # One warning per outage; each retry after it is only a debug line.
-                        log = logger.warning if reconnect.first else logger.debug
-                        log("wake-up channel on %s lost, reconnecting: %s", self.name, exc)
+                    delay = self.lost(exc, reconnect)
                 finally:
                     self.pubsub = None
                     with contextlib.suppress(Exception):
@@ -155,14 +150,14 @@ class _ShardedPubSub(AsyncPubSub):
             await self.execute_command("SSUBSCRIBE", channel)
 
 
-def _async_pubsub(client: Any) -> Any:
+def _async_pubsub(client: redis.asyncio.Redis) -> Any:
     pubsub = client.pubsub()
     if hasattr(pubsub, "ssubscribe"):
         return pubsub
     return _ShardedPubSub(client.connection_pool)
 
 
-def _async_node_client(node: Any) -> Any:
+def _async_node_client(node: Any) -> redis.asyncio.Redis:
     """A ``redis.asyncio.Redis`` for one cluster node, with the cluster's settings."""
     import redis.asyncio
 
@@ -175,27 +170,20 @@ def _async_node_client(node: Any) -> Any:
     return redis.asyncio.Redis(connection_pool=pool)
 
 
-class AsyncShardedNotifier(ShardedBase):
+class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
     """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
 
-    def __init__(self, client: Any, keyspace: KeySpace) -> None:
-        super().__init__(client, keyspace)
+    def __init__(self, client: AsyncRedisClient, keyspace: KeySpace) -> None:
+        # Made only for a client that ``is_cluster`` says is one (``get_async_notifier``).
+        super().__init__(cast("AsyncRedisCluster", client), keyspace)
         self._listeners: dict[str, _AsyncNodeListener] = {}
         self._pending: set[asyncio.Task[None]] = set()
 
     def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
         event = AsyncWakeup()
-        self._slots[token] = (event, tag)
-        if not tag:
-            return event
-        state = self._tags.get(tag)
-        if state is None:
-            state = SubscribedTag(self.channel(tag), asyncio.Event())
-            self._tags[tag] = state
-            self._by_channel[state.channel] = tag
-        state.users += 1
-        if state.node is None:
-            self._spawn(self._route(state))
+        unrouted = self._join(token, event, tag, asyncio.Event)
+        if unrouted is not None:
+            self._spawn(self._route(unrouted))
         return event
 
     def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
@@ -213,18 +201,7 @@ class AsyncShardedNotifier(ShardedBase):
         task.add_done_callback(self._pending.discard)
 
     def unregister(self, token: str) -> None:
-        entry = self._slots.pop(token, None)
-        if entry is None:
-            return
-        state = self._tags.get(entry[1])
-        if state is not None:
-            state.users -= 1
-            if state.users <= 0:
-                state.idle_since = time.monotonic()
-
-    def is_ready(self, tag: bytes = b"") -> bool:
-        state = self._tags.get(tag)
-        return state is not None and state.ready.is_set()
+        self._forget(token)
 
     async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)

@@ -1,26 +1,25 @@
-"""A watchdog thread that extends held leases until release, loss or a maximum hold.
+"""Renewal: extend held leases until release, loss or a maximum hold.
 
-One daemon thread per process serves every renewing ``Lock`` (asyncio locks
-renew from a task of their own, see ``lock_async.py``). Each lock is renewed after a
-third of its TTL, so two renewals can fail before the lease runs out. A lock
-whose renewal finds the lease gone, or that cannot reach Redis before its
-conservative validity ends, is marked lost and renewal stops: loss is reported,
-never silent. A forked child renews nothing it inherited.
+Every renewing ``Lock`` of the process is renewed from the process's one
+background thread (``scheduler.py``); asyncio locks renew from a task of their
+own, see ``lock_async.py``. Each lock is renewed after a third of its TTL, so
+two renewals can fail before the lease runs out. A lock whose renewal finds the
+lease gone, or that cannot reach Redis before its conservative validity ends,
+is marked lost and renewal stops: loss is reported, never silent. A forked
+child renews nothing it inherited.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
-import threading
-import time
+from collections.abc import Callable
 from typing import Protocol
 
+from . import scheduler
 from .green import RENEWAL_HINT, green_runtime, renewal_warning
 
-__all__ = ["Renewable", "watchdog"]
+__all__ = ["Renewable", "Watchdog", "watchdog"]
 
 logger = logging.getLogger("django_redislock.renew")
 
@@ -31,13 +30,15 @@ class Renewable(Protocol):
 
 
 class Watchdog:
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Renewable]] = []
-        self._active: dict[int, int] = {}  # id(lock) -> sequence number of its entry
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
+    """Adds renewals to a scheduler (by default the process's) and withdraws them."""
+
+    def __init__(self, on: scheduler.Scheduler | None = None) -> None:
+        self._on = on
         self._runtime_checked = False
+
+    @property
+    def scheduler(self) -> scheduler.Scheduler:
+        return self._on if self._on is not None else scheduler.current()
 
     def add(self, lock: Renewable, delay: float) -> None:
         if not self._runtime_checked and getattr(lock, "renew", False):
@@ -46,53 +47,25 @@ class Watchdog:
             # they load the project, and show no system check (W004).
             self._runtime_checked = True
             _warn_if_green()
-        with self._cond:
-            seq = next(self._seq)
-            self._active[id(lock)] = seq
-            heapq.heappush(self._heap, (time.monotonic() + delay, seq, lock))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="redislock-renew", daemon=True
-                )
-                self._thread.start()
-            if self._heap[0][1] == seq:
-                # Due before whatever the thread sleeps until. Otherwise it
-                # wakes in time by itself: waking it on every acquire would
-                # take the GIL from the holder inside its critical section.
-                self._cond.notify()
+        self.scheduler.add(_renewal_of(lock), delay, key=_key(lock))
 
     def discard(self, lock: Renewable) -> None:
-        with self._cond:
-            self._active.pop(id(lock), None)
+        self.scheduler.discard(_key(lock))
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while True:
-                    # Drop entries of locks that were discarded or rescheduled.
-                    while self._heap and self._active.get(id(self._heap[0][2])) != self._heap[0][1]:
-                        heapq.heappop(self._heap)
-                    if not self._heap:
-                        self._cond.wait()
-                        continue
-                    due, seq, lock = self._heap[0]
-                    delay = due - time.monotonic()
-                    if delay <= 0:
-                        heapq.heappop(self._heap)
-                        break
-                    self._cond.wait(delay)
-            try:
-                again = lock._renew_once()
-            except Exception:
-                logger.exception("renewal failed unexpectedly; it stops for this lock")
-                again = None
-            with self._cond:
-                if self._active.get(id(lock)) != seq:
-                    continue  # released (or re-added) while we were renewing
-                if again is None:
-                    del self._active[id(lock)]
-                else:
-                    heapq.heappush(self._heap, (time.monotonic() + again, seq, lock))
+
+def _key(lock: Renewable) -> tuple[str, int]:
+    return ("renew", id(lock))
+
+
+def _renewal_of(lock: Renewable) -> Callable[[], float | None]:
+    def renew() -> float | None:
+        try:
+            return lock._renew_once()
+        except Exception:
+            logger.exception("renewal failed unexpectedly; it stops for this lock")
+            return None
+
+    return renew
 
 
 def _warn_if_green() -> None:

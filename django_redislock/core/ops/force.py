@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..clients import RedisClient
 from ..drivers.base import DEFAULT_GRACE
 from ..engine import scripts
 from ..engine.keys import KeySpace
@@ -58,7 +59,7 @@ class Shown:
 
 
 def still_held(
-    client: Any, keyspace: KeySpace, shown: Iterable[Shown]
+    client: RedisClient, keyspace: KeySpace, shown: Iterable[Shown]
 ) -> tuple[list[HeldLock], list[Shown]]:
     """Read again what was shown: (rows with only the holders shown that still
     hold, what was shown and holds no more). A holder that came since is in
@@ -95,7 +96,11 @@ def _clear_script(kind: str, keyspace: KeySpace, name: str) -> tuple[Any, tuple[
 
 
 def release(
-    client: Any, keyspace: KeySpace, rows: Iterable[HeldLock], *, grace: float = DEFAULT_GRACE
+    client: RedisClient,
+    keyspace: KeySpace,
+    rows: Iterable[HeldLock],
+    *,
+    grace: float = DEFAULT_GRACE,
 ) -> ClearResult:
     """Force-release exactly the holders of these rows, as they were read.
 
@@ -131,7 +136,7 @@ def release(
 
 
 def select(
-    client: Any,
+    client: RedisClient,
     keyspace: KeySpace,
     *,
     names: Iterable[str] = (),
@@ -151,7 +156,7 @@ def select(
 
 
 def clear(
-    client: Any,
+    client: RedisClient,
     keyspace: KeySpace,
     *,
     names: Iterable[str] = (),

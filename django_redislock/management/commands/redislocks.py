@@ -20,6 +20,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...connection import get_client
+from ...core.clients import RedisClient
 from ...core.exceptions import RedisUnavailable
 from ...core.ops.force import release, select
 from ...core.ops.inspection import KINDS, HeldLock, list_locks, summarize
@@ -119,7 +120,7 @@ class Command(BaseCommand):
         except RedisUnavailable as exc:
             raise CommandError(f"Redis is unavailable: {exc}") from exc
 
-    def _list(self, client: Any, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
+    def _list(self, client: RedisClient, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
         rows = list_locks(client, keyspace(), options["pattern"], options["literal"], kinds=kinds)
         summary = options["summary"]
         if options["format"] == "json":
@@ -141,7 +142,7 @@ class Command(BaseCommand):
         for line in render_table(rows):
             self.stdout.write(line)
 
-    def _clear(self, client: Any, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
+    def _clear(self, client: RedisClient, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
         names, pattern, everything = options["names"], options["pattern"], options["all"]
         if sum((bool(names), pattern is not None, everything)) != 1:
             raise CommandError(

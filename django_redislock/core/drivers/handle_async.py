@@ -1,0 +1,346 @@
+"""``AsyncHandle``: what every waiting primitive does with Redis, written once.
+
+The gate (a handle shared between threads or tasks is held by one at a time),
+the wait loop (attempt, listen, sleep on the process's wake-up channel,
+``notify_async.py``, accept or give back), and giving back whatever an
+interrupted, cancelled or timed-out attempt may hold, so a lease is never
+left behind it. ``AsyncLock``, ``AsyncSemaphore`` and ``AsyncReadWriteLock``
+say how to try and how to give back.
+
+What a reply means and what to do next is decided in ``protocol.py``. It is
+written once, for asyncio, and ``tools/gen_sync.py`` makes the sync module
+from it: edit the asyncio source, never the generated file. What threads and
+tasks do differently lives in the primitives module imported below.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from types import TracebackType
+from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
+
+from ..clients import AsyncRedisClient
+from ..engine import scripts
+from ..engine.protocol import (
+    BARGE_DEFER,
+    Acquisition,
+    Move,
+    may_have_run,
+    short_of_replicas,
+)
+from ..exceptions import (
+    LockError,
+    LockNotAcquired,
+    RedisUnavailable,
+    ReplicationTimeout,
+)
+from ..io import giveback
+from ..io.notify_async import get_async_notifier
+from ._async_prims import (
+    CLEANUP_TIMEOUT,
+    HOLDER_KIND,
+    CallTimeout,
+    Gate,
+    Holder,
+    cancel_requests,
+    complete,
+    current_holder,
+    current_name,
+    keep_cancellation,
+    raise_if_cancelled_since,
+)
+from .base import LockBase
+
+__all__ = ["AsyncHandle"]
+
+log_acquire = logging.getLogger("django_redislock.acquire")
+
+_H = TypeVar("_H", bound="AsyncHandle")
+
+# A release runs to the end even if its task is cancelled, within this bound
+# (the client's socket timeout normally ends it much sooner).
+_RELEASE_TIMEOUT = 10.0
+
+
+class AsyncHandle(LockBase[AsyncRedisClient]):
+    """What ``AsyncLock`` and ``AsyncSemaphore`` share: the gate, the wait
+    loop, and giving back whatever an interrupted or timed-out attempt may hold.
+
+    Shared between threads (sync) or tasks (asyncio), a handle behaves like
+    ``threading.Lock`` or ``asyncio.Lock``: a second holder waits for the
+    first to release, and only the one that acquired may release. Subclasses
+    say how to try (``_attempt``), how to give back (``_cancel``,
+    ``_cancel_script``) and what holding starts (``_on_acquired``).
+    """
+
+    # Takes the lease or permit, or queues for it; gives back whatever a
+    # token may hold or be queued for (safe to repeat).
+    _acquire_script: scripts.Script
+    _cancel_script: scripts.Script
+    # Whether a give-back must wait for the late reply of the call it follows
+    # (else the late call could run after it and take what it gave back).
+    _give_back_after_late_reply = True
+
+    def _init_driver(self) -> None:
+        self._gate = Gate()
+        # The thread or task that holds the handle (None: nobody).
+        self._holder: Holder | None = None
+        self.retry_after: float | None = None
+
+    async def _attempt(
+        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
+    ) -> tuple[int, int]:
+        """Run the acquire script once: (1, fence) or (0, ms until a change)."""
+        args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
+        if not self.replicas:
+            reply = await scripts.run_async(
+                self.client, self._acquire_script, self._key_tuple, args
+            )
+            return self._acquire_reply(reply)
+        reply, acked = await scripts.run_acked_async(
+            self.client,
+            self._acquire_script,
+            self._key_tuple,
+            args,
+            self.replicas,
+            self.replicas_timeout,
+        )
+        granted, value = self._acquire_reply(reply)
+        if short_of_replicas(granted, acked, self.replicas):
+            await self._cancel(token)
+            raise ReplicationTimeout(
+                self.name, acked=acked, wanted=self.replicas, timeout=self.replicas_timeout
+            )
+        return granted, value
+
+    async def _cancel(self, token: str) -> None:
+        """Give back whatever ``token`` may hold or be queued for."""
+        try:
+            # To the end, even if the caller is cancelled meanwhile (asyncio).
+            await complete(self._cancel_call(token), CLEANUP_TIMEOUT)
+        except (RedisUnavailable, CallTimeout) as exc:
+            # A queue entry expires at its deadline, a lease or permit handed
+            # to us unheard with its TTL; until then, keep trying off our path.
+            log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
+            self._give_back_later(token, after=exc)
+
+    def _on_acquired(self, ttl_ms: int) -> None:
+        """Called once the handle holds what it asked for."""
+
+    def _already_held(self) -> LockError:
+        return LockError(
+            f"lock {self.name!r} is already held by this handle in this {HOLDER_KIND}; "
+            "locks are not reentrant: release it first or use another name"
+        )
+
+    async def acquire(self, wait: float | None = None, *, ttl: float | None = None) -> bool:
+        """Take it, waiting up to ``wait`` seconds (0: try once).
+
+        Returns True when held, False when it stayed busy. Raises
+        ``RedisUnavailable`` when Redis cannot be reached: that is not busy.
+        """
+        wait_s = self._wait_s(wait)
+        ttl_ms = self._ttl_ms(ttl)
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        me = current_holder()
+        if self.token is not None and self._holder == me:
+            raise self._already_held()
+        started = time.monotonic()
+        if not await self._gate.acquire(wait_s):
+            self.observer.busy(self, time.monotonic() - started)
+            return False
+        try:
+            acquired = await self._acquire(started + wait_s, ttl_ms)
+        except BaseException:
+            self._gate.release()
+            raise
+        if not acquired:
+            self._gate.release()
+            self.observer.busy(self, time.monotonic() - started)
+            return False
+        self._holder = me
+        self._on_acquired(ttl_ms)
+        self.observer.acquired(self, time.monotonic() - started)
+        return True
+
+    async def _acquire(self, deadline: float, ttl_ms: int) -> bool:
+        token = self._new_token()
+        who = current_name()
+        now = time.monotonic()
+        acq = Acquisition(
+            ttl_ms=ttl_ms,
+            deadline=deadline,
+            drift_factor=self.drift_factor,
+            can_take_handed=not self.replicas,
+            now=now,
+            defer=0.0 if self.fair else BARGE_DEFER,
+        )
+        # Only a process already listening queues on the first attempt; the
+        # uncontended path must not start a channel or wait for one.
+        notifier = get_async_notifier(self.client, self.keyspace) if deadline > now else None
+        tag = self.keys.tag  # on a Cluster, the wake-up channel lives in this slot
+        event = None
+        if notifier is not None:
+            event = notifier.register_if_ready(token, tag)
+            if event is not None:
+                acq.listening_on(notifier.address_for(tag))
+        cancels = cancel_requests()
+        try:
+            while True:
+                if (
+                    event is not None
+                    and notifier is not None
+                    and acq.queued_without_channel
+                    and notifier.is_ready(tag)
+                ):
+                    # Queued while the channel was down; it is up now: queue
+                    # again with it, so that our turn wakes us.
+                    acq.channel_up(notifier.address_for(tag))
+                self._round, wait_ms = acq.attempt(time.monotonic())
+                granted, value = await keep_cancellation(
+                    self._attempt(token, ttl_ms, who, wait_ms, acq.address)
+                )
+                # redis-py's send may have swallowed our cancellation (3.11).
+                raise_if_cancelled_since(cancels)
+                step = acq.on_reply(granted, value, time.monotonic())
+                self.retry_after = acq.retry_after
+                if step.move is Move.LISTEN and notifier is not None:
+                    # First contention in this process: start listening, then
+                    # queue at once (the channel must be there to hear our turn).
+                    event = notifier.register(token, tag)
+                    up = await notifier.wait_ready(step.timeout, tag)
+                    acq.listening_on(notifier.address_for(tag) if up else None)
+                    continue
+                if step.move is Move.SLEEP and event is not None and notifier is not None:
+                    # Marked first, so that the channel coming up wakes us;
+                    # if it came up meanwhile, queue again with it at once.
+                    event.needs_channel = acq.queued_without_channel
+                    if event.needs_channel and notifier.is_ready(tag):
+                        continue
+                    handed = await notifier.wait(event, step.timeout)
+                    step = acq.on_wakeup(handed, time.monotonic())
+                    while step.move is Move.SLEEP:
+                        # Barging: woken to look again, it lets the releaser go first.
+                        handed = await notifier.wait(event, step.timeout)
+                        step = acq.on_wakeup(handed, time.monotonic())
+                    if step.move is Move.RETRY:
+                        continue
+                if step.move is Move.ACCEPT:
+                    self._granted(token, step.fence, acq.sent, ttl_ms)
+                    return True
+                if step.move is Move.GIVE_BACK:
+                    log_acquire.warning("acquire reply for %r came after its validity", self.name)
+                    await self._cancel(token)
+                elif acq.queued:
+                    await self._cancel(token)  # out of time: leave the queue
+                return False
+        except RedisUnavailable as exc:
+            if may_have_run(exc):
+                # The script may have granted or queued us, or may yet, once
+                # Redis reads it: give it back, off the caller's path.
+                self._give_back_later(token, after=exc)
+            raise
+        except BaseException:
+            # Interrupted (or, asyncio, cancelled at some await): the script
+            # may have run and granted us what we asked. Give it back,
+            # whatever happens to us.
+            await self._cancel(token)
+            raise
+        finally:
+            if event is not None and notifier is not None:
+                notifier.unregister(token)
+
+    def _give_back_later(self, token: str, after: BaseException | None = None) -> None:
+        """Give back whatever ``token`` may hold, retried off the caller's
+        path until Redis answers or the lease would have ended anyway;
+        ``after``: the failed call it follows, whose late reply comes first."""
+        giveback.submit_async(
+            lambda: self._cancel_call(token),
+            within=self.ttl,
+            after=after if self._give_back_after_late_reply else None,
+            what=self._label(),
+        )
+
+    async def _cancel_call(self, token: str) -> Any:
+        return await scripts.run_async(
+            self.client, self._cancel_script, self._key_tuple, self._cancel_args(token)
+        )
+
+    def _detach_after_fork(self) -> None:
+        # A child inherits the parent's handle, not what it holds: it starts free.
+        self._pid = os.getpid()
+        self._gate = Gate()
+        self._holder = None
+        self._forget()
+
+    async def _in_sorted_set(self) -> bool:
+        """``owned()`` of the kinds whose holders are members of a sorted set
+        scored by expiry (a semaphore's permits, a read-write lock's turns)."""
+        token = self.token
+        if token is None or not self.held:
+            return False
+        try:
+            score = await self.client.zscore(self.keys.lease, token)
+        except RedisError as exc:
+            raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
+        return score is not None and self.held
+
+    # -- context manager ---------------------------------------------------------
+    async def __aenter__(self: _H) -> _H:
+        if not await self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.release()
+        except LockError:
+            # The body's own exception passes through unchanged; loss was
+            # already reported to the observer and on_lost.
+            if exc_type is None:
+                raise
+
+    async def _release_call(self, token: str) -> int:
+        """Run the release script: 1 when released, 0 when not held."""
+        raise NotImplementedError
+
+    def _check_owner(self, action: str) -> str:
+        """The token, if this thread or task may ``action`` it; else LockNotOwned."""
+        raise NotImplementedError
+
+    def _stop_renewal(self) -> None:
+        """Called before releasing; renewing handles stop their renewal."""
+
+    async def release(self) -> None:
+        """Give it back. Raises ``LockLost`` if it had been lost meanwhile,
+        ``RedisUnavailable`` if Redis did not answer (the give-back then goes
+        on off the caller's path until Redis answers or the lease ends)."""
+        token = self._check_owner("release")
+        self._stop_renewal()
+        held = time.monotonic() - self._acquired_at
+        # Forget first: a renewal in flight that finds the lease gone must see
+        # that we let it go, not report it lost.
+        self._forget()
+        try:
+            # To the end, even if the caller is cancelled meanwhile (asyncio).
+            released = await complete(self._release_call(token), _RELEASE_TIMEOUT)
+        except CallTimeout as exc:
+            self._give_back_later(token, after=exc)
+            raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
+        except RedisUnavailable as exc:
+            self._give_back_later(token, after=exc)
+            raise
+        finally:
+            self._holder = None
+            self._gate.release()
+        self._settle_release(released, held)

@@ -1,0 +1,134 @@
+"""A batch on a Redis Cluster: sent to the node that owns the key's slot.
+
+MOVED and ASK are followed: the script has not run where Redis answered with
+a redirection, so following it is safe. A node that failed to answer may be
+gone for good (a failover): the slot map is read again before the next call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import AskError, MovedError, RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .batch import CallFailed, Command, call_on_node_async, call_on_pool
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
+
+__all__ = ["cluster_call", "cluster_call_async"]
+
+# A redirection is followed this many times at most: a slot moving while we
+# follow it is rare, a loop between two confused nodes must not hang a call.
+_MAX_REDIRECTS = 5
+# Clients whose slot map is read again before their next call.
+_refresh: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _node_may_be_gone(failed: CallFailed) -> bool:
+    from redis.exceptions import MaxConnectionsError
+
+    # A pool at its cap says nothing of the node: it must not cost the
+    # next call a refresh of the slot map (which replaces node clients).
+    return isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)) and not (
+        isinstance(failed.cause, MaxConnectionsError)
+    )
+
+
+def _redirect_target(client: RedisCluster | AsyncRedisCluster, error: AskError) -> Any:
+    """The node a MOVED/ASK names, with the client's slot map told of a MOVED."""
+    # Its methods differ across redis-py versions: asked for by name below.
+    manager: Any = client.nodes_manager
+    if isinstance(error, MovedError):
+        for method in ("move_slot", "update_moved_exception"):
+            if hasattr(manager, method):
+                outcome = getattr(manager, method)(error)
+                break
+        else:
+            manager._moved_exception = error
+            outcome = None
+        if inspect.isawaitable(outcome):
+            return outcome  # the asyncio manager: the caller awaits it first
+        if getattr(manager, "_moved_exception", None) is error:
+            # redis-py 5.0 only notes the move and applies it at the next
+            # get_node_from_slot (get_node_from_key does not look): apply it.
+            manager.get_node_from_slot(error.slot_id)
+    return None
+
+
+def _node_at(client: RedisCluster | AsyncRedisCluster, error: AskError) -> Any:
+    node = client.get_node(host=error.host, port=error.port)
+    if node is None and isinstance(error, MovedError):
+        node = client.nodes_manager.get_node_from_slot(error.slot_id)
+    if node is None:
+        raise CallFailed(error, may_have_run=False)
+    return node
+
+
+def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) -> list[Any]:
+    if _refresh.pop(client, False):
+        try:
+            client.nodes_manager.initialize()
+        except RedisError as exc:
+            _refresh[client] = True
+            raise CallFailed(exc, may_have_run=False) from exc
+    node = client.get_node_from_key(key)
+    prefix: tuple[Command, ...] = ()
+    for _ in range(_MAX_REDIRECTS):
+        redis_node = node.redis_connection or client.get_redis_connection(node)
+        try:
+            replies = call_on_pool(redis_node.connection_pool, (*prefix, *commands))
+        except CallFailed as failed:
+            if _node_may_be_gone(failed):
+                # The node may be gone for good (failover): look again next time.
+                _refresh[client] = True
+            raise
+        replies = replies[len(prefix) :]
+        first = replies[0]
+        if not isinstance(first, AskError):
+            return replies
+        # Redirected: the command did not run here; a WAIT after it has
+        # nothing to wait for. Send the whole batch where Redis says.
+        _redirect_target(client, first)
+        node = _node_at(client, first)
+        prefix = () if isinstance(first, MovedError) else (("ASKING",),)
+    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
+
+
+async def cluster_call_async(
+    client: AsyncRedisCluster, commands: Sequence[Command], key: bytes
+) -> list[Any]:
+    if _refresh.pop(client, False):
+        try:
+            await client.nodes_manager.initialize()
+        except RedisError as exc:
+            _refresh[client] = True
+            raise CallFailed(exc, may_have_run=False) from exc
+    if getattr(client, "_initialize", False):
+        await client.initialize()
+    # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
+    node = client.get_node_from_key(key)  # type: ignore[arg-type]
+    prefix: tuple[Command, ...] = ()
+    for _ in range(_MAX_REDIRECTS):
+        try:
+            replies = await call_on_node_async(node, (*prefix, *commands))
+        except CallFailed as failed:
+            if _node_may_be_gone(failed):
+                _refresh[client] = True
+            raise
+        replies = replies[len(prefix) :]
+        first = replies[0]
+        if not isinstance(first, AskError):
+            return replies
+        moved = _redirect_target(client, first)
+        if moved is not None:
+            await moved
+        node = _node_at(client, first)
+        prefix = () if isinstance(first, MovedError) else (("ASKING",),)
+    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)

@@ -1,0 +1,179 @@
+"""What operators are shown of a held lock, semaphore or read-write lock: its row.
+
+A row (``HeldLock``) and its holders (``Holder``) are plain frozen data, read
+from Redis by ``reading.py``; a holder is named to people by ``holder_id``,
+never by its token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+__all__ = ["HeldLock", "Holder", "holder_id", "matches", "row_of_holders"]
+
+
+def holder_id(token: str) -> str:
+    """What names one acquisition to people and forms, in place of its token.
+
+    A token is per acquisition (a lease, permit or turn taken, or handed on
+    to a task's worker), so its digest tells "the holder that was shown" from
+    a holder that came since, whatever the kind; the token itself, which
+    releases the lease, is never shown. 64 bits, as many as a token has.
+    """
+    return hashlib.blake2b(token.encode("latin-1"), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock or one permit of a semaphore."""
+
+    host: str
+    pid: int | None
+    thread: str
+    label: str
+    # Seconds since the lease or permit was taken, by the server's clock.
+    held_for: float
+    # Seconds until it expires unless renewed; None when it has no expiry.
+    lease_left: float | None
+    token: str = field(repr=False, compare=False, default="")
+    # The template it was taken under (``metric_name``); None for an ad-hoc
+    # lock, and for an owner written before templates were stored.
+    template: str | None = None
+    # A read-write lock's holder: "read" or "write"; None for other kinds.
+    # (Not in ``as_dict``: a row's ``fence`` is set exactly when a writer holds.)
+    mode: str | None = None
+
+    @property
+    def ident(self) -> str:
+        """``holder_id`` of its token: safe to put in a page or a form."""
+        return holder_id(self.token)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "thread": self.thread,
+            "label": self.label,
+            "held_for": self.held_for,
+            "lease_left": self.lease_left,
+        }
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """One held lock, one semaphore with at least one live permit, or one
+    read-write lock with a writer or at least one reader.
+
+    For a semaphore, the owner fields and ``held_for`` are those of the
+    longest-held permit and ``lease_left`` is the soonest expiry; every permit
+    is in ``holders``. A read-write lock reads the same, with its readers (or
+    its one writer) as holders; its ``fence`` is the writer's while a writer
+    holds it, and None while readers do.
+    """
+
+    name: str
+    kind: str
+    host: str
+    pid: int | None
+    thread: str
+    label: str
+    fence: int | None
+    held_for: float
+    lease_left: float | None
+    waiters: int
+    holders: tuple[Holder, ...]
+    limit: int | None
+    key: bytes = field(repr=False, compare=False, default=b"")
+    # See Holder.template; a semaphore's is that of its longest-held permit
+    # that has one.
+    template: str | None = None
+
+    @property
+    def token(self) -> str:
+        """The lock's current token (locks only); never shown to people."""
+        return self.holders[0].token if self.kind == "lock" and self.holders else ""
+
+    def only(self, idents: Iterable[str]) -> HeldLock | None:
+        """This row with only the holders whose ``ident`` is in ``idents``
+        (None when none is): what an operator was shown of it, still held."""
+        wanted = set(idents)
+        kept = [h for h in self.holders if h.ident in wanted]
+        if len(kept) == len(self.holders):
+            return self
+        # A lock's one holder and a writer are all or nothing: only a
+        # semaphore's permits and a read-write lock's readers get here.
+        return row_of_holders(
+            self.name,
+            self.kind,
+            self.key,
+            kept,
+            self.waiters,
+            fence=self.fence,
+            limit=self.limit,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form; the keys are the same for every kind, always."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "host": self.host,
+            "pid": self.pid,
+            "thread": self.thread,
+            "label": self.label,
+            "fence": self.fence,
+            "held_for": self.held_for,
+            "lease_left": self.lease_left,
+            "waiters": self.waiters,
+            "holders": len(self.holders),
+            "limit": self.limit,
+            "permits": [h.as_dict() for h in self.holders],
+        }
+
+
+def matches(name: str, pattern: str | None, *, literal: bool = False) -> bool:
+    """Whether ``name`` is selected by ``pattern`` (None selects everything)."""
+    if pattern is None:
+        return True
+    if literal:
+        return name == pattern
+    return fnmatchcase(name, pattern)
+
+
+def row_of_holders(
+    own: str,
+    kind: str,
+    key: bytes,
+    holders: list[Holder],
+    waiting: Any,
+    *,
+    fence: int | None,
+    limit: int | None,
+) -> HeldLock | None:
+    if not holders:
+        return None
+    # The longest-held speaks for the row: the likeliest to be stuck.
+    holders.sort(key=lambda h: -h.held_for)
+    first = holders[0]
+    lefts = [h.lease_left for h in holders if h.lease_left is not None]
+    return HeldLock(
+        name=own,
+        kind=kind,
+        host=first.host,
+        pid=first.pid,
+        thread=first.thread,
+        label=first.label,
+        fence=fence,
+        held_for=first.held_for,
+        lease_left=min(lefts) if lefts else None,
+        waiters=int(waiting),
+        holders=tuple(holders),
+        limit=limit,
+        key=key,
+        # Holders from before templates were stored have none: the first that has one.
+        template=next((h.template for h in holders if h.template is not None), None),
+    )
