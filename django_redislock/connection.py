@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import os
 import threading
@@ -340,6 +341,23 @@ def _build_async(alias: str) -> Any:
     return redis.asyncio.Redis(connection_pool=pool)
 
 
+async def _aclose(client: Any) -> None:
+    """Close an asyncio client and the sockets of its pool.
+
+    A client built on a pool we passed in does not close that pool by
+    default, so its sockets would stay open; but a Cluster client's
+    ``aclose()`` takes no such argument (it closes every node's pool).
+    """
+    try:
+        parameters = inspect.signature(client.aclose).parameters
+    except (TypeError, ValueError):
+        parameters = {}  # type: ignore[assignment]
+    if "close_connection_pool" in parameters:
+        await client.aclose(close_connection_pool=True)
+    else:
+        await client.aclose()
+
+
 def _close_with_loop(client: Any) -> Any:
     """Close ``client`` when its event loop shuts down; returns what must be kept.
 
@@ -355,9 +373,7 @@ def _close_with_loop(client: Any) -> Any:
             yield
         finally:
             try:
-                # A client built on a pool we passed in does not close that
-                # pool by default: its sockets would stay open.
-                await client.aclose(close_connection_pool=True)
+                await _aclose(client)
             except Exception:
                 logger.debug("closing an asyncio client at loop shutdown failed", exc_info=True)
 

@@ -159,6 +159,34 @@ def test_async_client_is_per_event_loop() -> None:
             loop.close()
 
 
+class _ClusterLikeClient(redis.asyncio.Redis):
+    """A real asyncio client whose ``aclose()`` takes no argument, as an
+    asyncio ``RedisCluster``'s does."""
+
+    closed: list[bool] = []
+
+    async def aclose(self) -> None:  # type: ignore[override]
+        type(self).closed.append(True)
+        await super().aclose(close_connection_pool=True)
+
+
+def _cluster_like_factory(*, asyncio: bool) -> Any:
+    assert asyncio
+    return _ClusterLikeClient.from_url("redis://127.0.0.1:1/0")
+
+
+def test_a_user_client_without_close_arguments_is_closed_with_its_loop() -> None:
+    _ClusterLikeClient.closed.clear()
+
+    async def get() -> Any:
+        return connection.get_async_client()
+
+    with override_settings(REDISLOCK={"CLIENT": _cluster_like_factory}):
+        client = asyncio.run(get())
+    assert isinstance(client, _ClusterLikeClient)
+    assert _ClusterLikeClient.closed == [True]
+
+
 def test_async_client_in_another_thread_has_its_own_loop() -> None:
     async def get() -> Any:
         return connection.get_async_client()
