@@ -170,8 +170,11 @@ def submit(
     """Run ``call`` in the background until it succeeds or ``within`` seconds pass.
 
     ``after``: the failed call this one gives back for; if its connection
-    still waits for late replies, ``call`` runs only once they are read.
-    Returns at once.
+    still waits for late replies, they are kept being read until
+    ``deadline``, and ``call``'s first attempt comes after the first look
+    for them (not after they are all read: see below). A give-back that
+    reaches Redis before a late request of the same call leaves what that
+    request then grants to run out with its TTL. Returns at once.
     """
     deadline = time.monotonic() + within
     pending = _pending_of(after)
