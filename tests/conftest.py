@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio
 
+from tests.drive import DRIVERS, Drive
 from tests.servers import RedisServer, redis_binary, server_label
 
 # The test kit's fixtures, as an installed package would load them (entry point pytest11).
@@ -121,3 +123,30 @@ def _connection_pools_closed() -> Iterator[None]:
             if alias in getattr(connection, "_connection_pools", {}):
                 connection.close()  # this thread's, back to the pool
                 connection.close_pool()
+
+
+@pytest.fixture
+async def ar(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """An asyncio client with the bounded timeout the library expects."""
+    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=DRIVERS)
+async def drive(
+    request: pytest.FixtureRequest, r: redis.Redis, redis_server: RedisServer
+) -> AsyncIterator[Drive]:
+    """The test runs once on the sync drivers, once on the asyncio ones (tests/drive.py)."""
+    if request.param == "sync":
+        yield Drive("sync", r, r)
+        return
+    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
+    yield Drive("asyncio", client, r)
+    await client.aclose()
+
+
+@pytest.fixture
+async def adrive(ar: redis.asyncio.Redis, r: redis.Redis) -> Drive:
+    """The asyncio drivers alone, for what only tasks can do (cancellation)."""
+    return Drive("asyncio", ar, r)
