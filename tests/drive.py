@@ -118,6 +118,8 @@ class Drive:
     ) -> None:
         self.name = name
         self.is_async = name == "asyncio"
+        # What holds a handle, as the driver's messages name it.
+        self.party = "task" if self.is_async else "thread"
         self.client: Any = client
         # The test's own look at Redis, the same for both drivers.
         self.sync_client = sync_client
@@ -153,7 +155,9 @@ class Drive:
         else:
             time.sleep(seconds)
 
-    async def until(self, predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    async def until(
+        self, predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.005
+    ) -> Any:
         """Poll ``predicate`` (plain or awaitable) until truthy; fail after ``timeout``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -164,7 +168,7 @@ class Drive:
                 return value
             if time.monotonic() > deadline:
                 raise AssertionError(f"condition not met within {timeout}s: {predicate!r}")
-            await self.sleep(0.005)
+            await self.sleep(interval)
 
     def spawn(self, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         """Start the other party ``fn()``: a thread, or a task."""
@@ -198,15 +202,15 @@ class Drive:
             client.close()
 
     @contextlib.asynccontextmanager
-    async def pooled(self, max_connections: int) -> AsyncIterator[Any]:
-        """A client on a few pooled connections that callers queue for (30 s at most)."""
+    async def pooled(self, max_connections: int, timeout: float = 30) -> AsyncIterator[Any]:
+        """A client on a few pooled connections that callers queue for."""
         kind = redis.asyncio if self.is_async else redis
         path = self.sync_client.connection_pool.connection_kwargs["path"]
         pool = kind.BlockingConnectionPool(
             connection_class=kind.UnixDomainSocketConnection,
             path=path,
             max_connections=max_connections,
-            timeout=30,
+            timeout=timeout,
             socket_timeout=5,
         )
         client = kind.Redis(connection_pool=pool)
