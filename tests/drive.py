@@ -192,14 +192,12 @@ class Drive:
     @contextlib.asynccontextmanager
     async def connect(self, url: str, **options: Any) -> AsyncIterator[Any]:
         """A client of this driver's kind for another server, closed after."""
-        if self.is_async:
-            client = redis.asyncio.Redis.from_url(url, **options)
+        kind = redis.asyncio if self.is_async else redis
+        client = kind.Redis.from_url(url, **options)
+        try:
             yield client
-            await client.aclose()
-        else:
-            client = redis.Redis.from_url(url, **options)
-            yield client
-            client.close()
+        finally:
+            await self.close(client)
 
     @contextlib.asynccontextmanager
     async def pooled(self, max_connections: int, timeout: float = 30) -> AsyncIterator[Any]:
@@ -217,7 +215,17 @@ class Drive:
         try:
             yield client
         finally:
-            await self(client.aclose() if self.is_async else client.close())
+            await self.close(client)
+
+    async def close(self, client: Any) -> None:
+        """Close a client of this driver's kind."""
+        await self(client.aclose() if self.is_async else client.close())
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call the blocking ``fn``: off the loop for the asyncio driver."""
+        if self.is_async:
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
 
     @contextlib.asynccontextmanager
     async def holding(self, handle: Any) -> AsyncIterator[Any]:
