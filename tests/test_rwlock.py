@@ -263,14 +263,17 @@ async def test_clear_and_only_the_owner_releases(drive: Drive) -> None:
     assert await drive(rw(drive, "write").acquire())
 
 
-async def _contend(drive: Drive, client: Any, occ: RWOccupancy, rounds: int, seed: int) -> None:
+async def contend(
+    drive: Drive, client: Any, occ: RWOccupancy, rounds: int, seed: int, name: str = "doc"
+) -> None:
+    """``rounds`` turns on ``name``, three in ten of them as a writer, counted by ``occ``."""
     rng = random.Random(seed)
     for _ in range(rounds):
         if rng.random() < 0.3:
-            async with drive.holding(rw(drive, "write", client=client, ttl=10, wait=30)):
+            async with drive.holding(rw(drive, "write", name, client, ttl=10, wait=30)):
                 await occ.writing(drive)
         else:
-            async with drive.holding(rw(drive, "read", client=client, ttl=10, wait=30)):
+            async with drive.holding(rw(drive, "read", name, client, ttl=10, wait=30)):
                 await occ.reading(drive, linger=0.02)
 
 
@@ -278,7 +281,7 @@ async def test_oracle_threads_or_tasks(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
     occ = RWOccupancy(multiprocessing.get_context("fork"))
     parties = [
-        drive.spawn(lambda seed=seed: _contend(drive, drive.client, occ, 15, seed))
+        drive.spawn(lambda seed=seed: contend(drive, drive.client, occ, 15, seed))
         for seed in range(20)
     ]
     await drive.join(*parties, timeout=120)
@@ -292,7 +295,7 @@ def _process_worker(url: str, occ: RWOccupancy, start: float, seed: int) -> None
     client = redis.Redis.from_url(url, socket_timeout=5)
     time.sleep(max(0.0, start - time.time()))
     try:
-        run_to_end(_contend(Drive("sync", client, client), client, occ, 10, seed))
+        run_to_end(contend(Drive("sync", client, client), client, occ, 10, seed))
     except BaseException:
         os._exit(1)
     os._exit(0)
