@@ -62,9 +62,11 @@ def run_to_end(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("a scenario on the sync driver awaited something that suspends")
 
 
-class _ThreadEvent:
-    def __init__(self) -> None:
-        self._event = threading.Event()
+class _Event:
+    """``threading.Event`` or ``asyncio.Event``, waited for alike: a timeout fails."""
+
+    def __init__(self, is_async: bool) -> None:
+        self._event = asyncio.Event() if is_async else threading.Event()
 
     def set(self) -> None:
         self._event.set()
@@ -73,22 +75,10 @@ class _ThreadEvent:
         return self._event.is_set()
 
     async def wait(self, timeout: float = 20.0) -> None:
-        if not self._event.wait(timeout):
+        if isinstance(self._event, asyncio.Event):
+            await asyncio.wait_for(self._event.wait(), timeout)
+        elif not self._event.wait(timeout):
             raise TimeoutError(f"not set within {timeout}s")
-
-
-class _TaskEvent:
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    async def wait(self, timeout: float = 20.0) -> None:
-        await asyncio.wait_for(self._event.wait(), timeout)
 
 
 class _Thread:
@@ -146,8 +136,8 @@ class Drive:
         assert not inspect.isawaitable(result), f"the sync driver returned {result!r}"
         return result  # type: ignore[return-value]
 
-    def event(self) -> _ThreadEvent | _TaskEvent:
-        return _TaskEvent() if self.is_async else _ThreadEvent()
+    def event(self) -> _Event:
+        return _Event(self.is_async)
 
     async def sleep(self, seconds: float) -> None:
         if self.is_async:

@@ -47,6 +47,19 @@ def lock_keys_present(client: redis.Redis, prefix: str = "redislock") -> dict[by
     return grouped
 
 
+def exit_codes_of_forks(target: Callable[..., None], argses: list[tuple], timeout: float) -> list:
+    """Fork a process per argument tuple, started together; their exit codes once all ended."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=target, args=args) for args in argses]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    return [p.exitcode for p in procs]
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.005) -> Any:
     """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

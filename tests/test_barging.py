@@ -23,7 +23,7 @@ from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import BARGE_DEFER, BARGE_LIMIT, Acquisition, Move
 from django_redislock.core.io.wakeup import NO_CHANNEL, Handed
 from tests.drive import Drive, run_to_end
-from tests.helpers_oracles import Occupancy, audit_keyspace, plant_sentinel
+from tests.helpers_oracles import Occupancy, audit_keyspace, exit_codes_of_forks, plant_sentinel
 
 # Every wait in these tests is bounded by this; none is expected to come near it.
 BOUND = 20.0
@@ -298,15 +298,8 @@ def test_mutual_exclusion_processes(r: redis.Redis, redis_server: Any) -> None:
     ctx = multiprocessing.get_context("fork")
     occupancy = Occupancy(ctx)
     start = time.time() + 0.5
-    procs = [
-        ctx.Process(target=_child, args=(redis_server.socket_path, occupancy, start, 30))
-        for _ in range(4)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    args = (redis_server.socket_path, occupancy, start, 30)
+    assert exit_codes_of_forks(_child, [args] * 4, 60) == [0, 0, 0, 0]
     assert occupancy.entries.value == 120
     assert occupancy.violations.value == 0
     assert occupancy.unsafe.value == 120

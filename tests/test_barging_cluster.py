@@ -10,11 +10,11 @@ import multiprocessing
 import time
 
 import pytest
-from redis.cluster import RedisCluster
 
 from django_redislock.core import KeySpace
 from tests.drive import Drive
 from tests.helpers_oracles import Occupancy
+from tests.topologies import names_on_every_node
 
 pytestmark = pytest.mark.cluster
 
@@ -22,19 +22,9 @@ KS = KeySpace("redislock")
 BOUND = 30.0
 
 
-def names_on_every_node(client: RedisCluster) -> list[str]:
-    found: dict[str, str] = {}
-    i = 0
-    while len(found) < 3:
-        name = f"barge:{i}"
-        found.setdefault(client.get_node_from_key(KS.lock(name).lease).name, name)
-        i += 1
-    return list(found.values())
-
-
 async def test_mutual_exclusion_and_wakeups_on_every_node(cdrive: Drive) -> None:
     drive = cdrive
-    for name in names_on_every_node(drive.sync_client):
+    for name in names_on_every_node(drive.sync_client, "barge"):
         occupancy = Occupancy(multiprocessing.get_context("fork"))
         fences: list[int] = []
 
@@ -57,7 +47,7 @@ async def test_mutual_exclusion_and_wakeups_on_every_node(cdrive: Drive) -> None
 
 async def test_a_waiter_is_woken_through_the_slots_channel(cdrive: Drive) -> None:
     drive, rc = cdrive, cdrive.sync_client
-    name = names_on_every_node(rc)[1]
+    name = names_on_every_node(rc, "barge")[1]
     holder = drive.Lock(drive.client, name, ttl=30, wait=0, fair=False)
     assert await drive(holder.acquire())
     waiter = drive.Lock(drive.client, name, ttl=30, wait=BOUND, fair=False)

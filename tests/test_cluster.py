@@ -37,9 +37,15 @@ from django_redislock.core import (
 from django_redislock.core.io import notify_sharded
 from django_redislock.core.io.notify import get_notifier
 from tests.drive import DRIVERS, Drive, run_to_end
-from tests.helpers_oracles import Occupancy
+from tests.helpers_oracles import Occupancy, exit_codes_of_forks
 from tests.servers import has_sharded_pubsub
-from tests.topologies import ClusterTopology, cluster_client, cluster_drive, wait_until
+from tests.topologies import (
+    ClusterTopology,
+    cluster_client,
+    cluster_drive,
+    names_on_every_node,
+    wait_until,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -86,18 +92,6 @@ def replicated() -> Iterator[ClusterTopology]:
     cluster = ClusterTopology(primaries=3, replicas=1).start()
     yield cluster
     cluster.stop()
-
-
-def names_on_every_node(client: RedisCluster, count: int = 3) -> list[str]:
-    """Lock names whose slots fall on ``count`` different primaries."""
-    found: dict[str, str] = {}
-    i = 0
-    while len(found) < count:
-        name = f"job:{i}"
-        node = client.get_node_from_key(KS.lock(name).lease).name
-        found.setdefault(node, name)
-        i += 1
-    return list(found.values())
 
 
 def names_for_wakeups(client: RedisCluster) -> list[str]:
@@ -287,15 +281,8 @@ def test_mutual_exclusion_processes(rc: RedisCluster, topology: ClusterTopology)
     ctx = multiprocessing.get_context("fork")
     occupancy = Occupancy(ctx)
     start = time.time() + 0.5
-    procs = [
-        ctx.Process(target=_child, args=(topology.nodes[0].port, name, occupancy, start, 10))
-        for _ in range(4)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    args = (topology.nodes[0].port, name, occupancy, start, 10)
+    assert exit_codes_of_forks(_child, [args] * 4, 60) == [0, 0, 0, 0]
     assert occupancy.entries.value == 40
     assert occupancy.violations.value == 0
     assert occupancy.unsafe.value == 40

@@ -61,19 +61,6 @@ def _queued(r: redis.Redis, name: str) -> int:
     return int(r.llen(Lock(r, name).keys.queue))
 
 
-def _free(r: redis.Redis, name: str) -> bool:
-    """Whether ``name`` can be taken right now (taken and given back if so)."""
-    probe = Lock(r, name, ttl=5, wait=0)
-    if not probe.acquire():
-        return False
-    probe.release()
-    return True
-
-
-def _queued(r: redis.Redis, name: str) -> int:
-    return int(r.llen(Lock(r, name).keys.queue))
-
-
 # -- basics ------------------------------------------------------------------------------
 async def test_takes_every_name_with_its_own_fence(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)

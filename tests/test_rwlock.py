@@ -21,7 +21,7 @@ from django_redislock.core import AsyncReadWriteLock, KeySpace, ReadWriteLock
 from django_redislock.core.drivers.rwlock import check_mode
 from django_redislock.core.exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from tests.drive import Drive, run_to_end
-from tests.helpers_oracles import audit_keyspace, plant_sentinel
+from tests.helpers_oracles import audit_keyspace, exit_codes_of_forks, plant_sentinel
 from tests.servers import RedisServer
 
 KS = KeySpace()
@@ -305,15 +305,8 @@ def test_oracle_processes(r: redis.Redis, redis_server: RedisServer) -> None:
     ctx = multiprocessing.get_context("fork")
     occ = RWOccupancy(ctx)
     start = time.time() + 0.5
-    procs = [
-        ctx.Process(target=_process_worker, args=(redis_server.url, occ, start, seed))
-        for seed in range(6)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 6
+    argses = [(redis_server.url, occ, start, seed) for seed in range(6)]
+    assert exit_codes_of_forks(_process_worker, argses, 120) == [0] * 6
     assert occ.entries.value == 60
     assert occ.violations.value == 0
     assert occ.most_readers.value > 1

@@ -14,21 +14,12 @@ from django_redislock.core import KeySpace
 from tests.drive import Drive
 from tests.servers import has_sharded_pubsub
 from tests.test_rwlock import RWOccupancy, contend
+from tests.topologies import names_on_every_node
 
 pytestmark = pytest.mark.cluster
 
 KS = KeySpace("redislock")
 MODE = b"s" if has_sharded_pubsub() else b"p"
-
-
-def names_on_every_node(client: RedisCluster) -> list[str]:
-    found: dict[str, str] = {}
-    i = 0
-    while len(found) < 3:
-        name = f"doc:{i}"
-        found.setdefault(client.get_node_from_key(KS.rwlock(name).lease).name, name)
-        i += 1
-    return list(found.values())
 
 
 def test_every_key_of_a_name_shares_its_slot(rc: RedisCluster) -> None:
@@ -41,7 +32,7 @@ def test_every_key_of_a_name_shares_its_slot(rc: RedisCluster) -> None:
 
 async def test_writer_woken_in_the_slot_on_every_primary(cdrive: Drive) -> None:
     drive, rc = cdrive, cdrive.sync_client
-    for name in names_on_every_node(rc):
+    for name in names_on_every_node(rc, "doc", "rwlock"):
         reader = drive.ReadWriteLock(drive.client, name, "read", ttl=30, wait=0)
         assert await drive(reader.acquire())
         writer = drive.ReadWriteLock(drive.client, name, "write", ttl=30, wait=10)
@@ -68,7 +59,7 @@ async def test_writer_woken_in_the_slot_on_every_primary(cdrive: Drive) -> None:
 
 async def test_oracle_on_a_cluster(cdrive: Drive) -> None:
     drive = cdrive
-    name = names_on_every_node(drive.sync_client)[1]
+    name = names_on_every_node(drive.sync_client, "doc", "rwlock")[1]
     occ = RWOccupancy(multiprocessing.get_context("fork"))
     parties = [
         drive.spawn(lambda seed=seed: contend(drive, drive.client, occ, 10, seed, name))

@@ -23,6 +23,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
+from django_redislock.core import KeySpace
 from tests.drive import Drive
 from tests.servers import RedisServer, cli_binary, redis_binary
 
@@ -341,6 +342,21 @@ class ClusterTopology:
             with contextlib.suppress(Exception):
                 node.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def names_on_every_node(
+    client: RedisCluster, stem: str = "job", kind: str = "lock", count: int = 3
+) -> list[str]:
+    """Names ``stem:0``, ``stem:1``... whose keys of ``kind`` (``lock``, ``rwlock``)
+    fall on ``count`` different primaries."""
+    keys = getattr(KeySpace("redislock"), kind)
+    found: dict[str, str] = {}
+    i = 0
+    while len(found) < count:
+        name = f"{stem}:{i}"
+        found.setdefault(client.get_node_from_key(keys(name).lease).name, name)
+        i += 1
+    return list(found.values())
 
 
 def cluster_client(topology: ClusterTopology) -> RedisCluster:
