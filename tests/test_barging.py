@@ -5,6 +5,7 @@ asks first takes it, until the head of the queue has seen ``BARGE_LIMIT``
 others served, when the lease is handed to it as in the default order.
 
 A scenario that takes ``drive`` runs on ``Lock`` and ``AsyncLock`` (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_redislock.core import AsyncLock, Lock, ReplicationTimeout
+from django_redislock.core import AsyncLock, Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import BARGE_DEFER, BARGE_LIMIT, Acquisition, Move
 from django_redislock.core.io.wakeup import NO_CHANNEL, Handed
@@ -344,28 +345,6 @@ async def test_a_given_back_acquire_grants_nothing(drive: Drive, r: redis.Redis)
     assert r.llen(lock.keys.queue) == 0, "a given-back token joined the queue"
     await drive(holder.release())
     audit_keyspace(r)
-
-
-async def test_a_waiter_that_gives_up_leaves_the_queue(drive: Drive, r: redis.Redis) -> None:
-    holder = drive.Lock(drive.client, "gives-up", ttl=30, wait=0, fair=False)
-    assert await drive(holder.acquire())
-    waiter = drive.Lock(drive.client, "gives-up", ttl=30, fair=False)
-    assert not await drive(waiter.acquire(wait=0.3))
-    assert r.llen(holder.keys.queue) == 0
-    fields = set(r.hkeys(holder.keys.state))
-    assert fields <= {b"f", b"q", b"d", b"n", b"b", b"w", b"e", b"h", b"u"}, fields
-    await drive(holder.release())
-    assert not r.hexists(holder.keys.state, "q")
-
-
-async def test_replicas_are_waited_for(drive: Drive, r: redis.Redis) -> None:
-    lock = drive.Lock(
-        drive.client, "acked", ttl=10, wait=0, fair=False, replicas=1, replicas_timeout=0.05
-    )
-    with pytest.raises(ReplicationTimeout):
-        await drive(lock.acquire())
-    # The grant no replica acknowledged was given back.
-    assert not r.exists(lock.keys.lease)
 
 
 # -- what only tasks can do: be cancelled -------------------------------------------------------

@@ -1,6 +1,7 @@
 """``Lock`` and ``AsyncLock`` against a real Redis: basics, ownership, loss, fencing, waiting.
 
 A scenario that takes ``drive`` runs on both drivers (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 never waiting while holding, no deadlock whatever order callers list names in.
 
 A scenario that takes ``drive`` runs on both drivers (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
 """
 
 from __future__ import annotations

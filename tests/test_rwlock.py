@@ -1,6 +1,7 @@
 """ReadWriteLock and AsyncReadWriteLock: many readers or one writer, FIFO with writer preference.
 
 A scenario that takes ``drive`` runs on both drivers (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import redis
 
 from django_redislock.core import AsyncReadWriteLock, KeySpace, ReadWriteLock
 from django_redislock.core.drivers.rwlock import check_mode
-from django_redislock.core.exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
+from django_redislock.core.exceptions import LockError, LockLost, LockNotOwned
 from tests.drive import Drive, run_to_end
 from tests.helpers_oracles import audit_keyspace, exit_codes_of_forks, plant_sentinel
 from tests.servers import RedisServer
@@ -139,16 +140,6 @@ async def test_invalid_mode_says_what_to_use(drive: Drive) -> None:
             drive.ReadWriteLock(drive.client, "doc", bad)
     assert check_mode("read") == "read"
     assert drive.ReadWriteLock(drive.client, "doc").mode == "write"
-
-
-async def test_busy_context_manager_carries_retry_after(drive: Drive) -> None:
-    holder = rw(drive, "write", ttl=20)
-    assert await drive(holder.acquire())
-    with pytest.raises(LockNotAcquired) as info:
-        async with drive.holding(rw(drive, "read")):
-            pass  # pragma: no cover
-    assert info.value.retry_after is not None and 0 < info.value.retry_after <= 20
-    await drive(holder.release())
 
 
 async def _all_inside_together(drive: Drive, count: int, wait_for: Any = None) -> None:

@@ -1,6 +1,7 @@
 """Semaphore and AsyncSemaphore: counting, expiry on the server clock, fair admission.
 
 A scenario that takes ``drive`` runs on both drivers (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import redis
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
 from django_redislock.core.engine.keys import KeySpace
-from django_redislock.core.exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
+from django_redislock.core.exceptions import LockError, LockLost, LockNotOwned
 from tests.drive import Drive
 from tests.servers import RedisServer
 
@@ -387,16 +388,6 @@ async def test_only_the_acquiring_thread_or_task_releases(drive: Drive) -> None:
     await drive(sem.release())
 
 
-async def test_context_manager_raises_when_busy(drive: Drive, r: redis.Redis) -> None:
-    first = drive.Semaphore(drive.client, "ctx", 1, ttl=20, wait=0)
-    async with drive.holding(first):
-        with pytest.raises(LockNotAcquired) as info:
-            async with drive.holding(drive.Semaphore(drive.client, "ctx", 1, wait=0)):
-                pass  # pragma: no cover
-        assert info.value.retry_after is not None and 0 < info.value.retry_after <= 20
-    assert holders(r, "ctx") == []
-
-
 async def test_clear_one_and_all_wakes_waiters(drive: Drive, r: redis.Redis) -> None:
     clear = drive.clear_semaphore
     sems = [drive.Semaphore(drive.client, "clr", 2, ttl=60, wait=0) for _ in range(2)]
@@ -414,16 +405,6 @@ async def test_clear_one_and_all_wakes_waiters(drive: Drive, r: redis.Redis) -> 
     assert not any(f.startswith((b"o:", b"a:", b"r:", b"s:")) for f in r.hgetall(keys("clr").state))
     with pytest.raises(LockLost):
         await drive(sems[1].release())
-
-
-async def test_waiter_that_gives_up_leaves_the_queue(drive: Drive, r: redis.Redis) -> None:
-    holder = drive.Semaphore(drive.client, "giveup", 1, ttl=60, wait=0)
-    assert await drive(holder.acquire())
-    waiter = drive.Semaphore(drive.client, "giveup", 1, wait=0.3)
-    assert await drive(waiter.acquire()) is False
-    assert r.llen(keys("giveup").queue) == 0
-    assert not any(f.startswith(b"w:") for f in r.hgetall(keys("giveup").state))
-    await drive(holder.release())
 
 
 async def test_cancelled_acquire_leaves_nothing(adrive: Drive, r: redis.Redis) -> None:
@@ -495,16 +476,3 @@ async def test_waiter_nobody_listens_for_is_skipped(drive: Drive, r: redis.Redis
     await drive(holder.release())
     assert holders(r, "deaf") == [] and r.llen(k.queue) == 0
     assert await drive(drive.Semaphore(drive.client, "deaf", 1, wait=0).acquire())
-
-
-async def test_replicas_unacknowledged_permit_is_given_back(drive: Drive, r: redis.Redis) -> None:
-    from django_redislock.core.exceptions import ReplicationTimeout
-
-    # The test server has no replica: nobody acknowledges the permit.
-    sem = drive.Semaphore(
-        drive.client, "unreplicated", 1, ttl=30, wait=0, replicas=1, replicas_timeout=0.05
-    )
-    with pytest.raises(ReplicationTimeout):
-        await drive(sem.acquire())
-    assert not sem.held and holders(r, "unreplicated") == []
-    assert await drive(drive.Semaphore(drive.client, "unreplicated", 1, wait=0).acquire())
