@@ -46,6 +46,7 @@ from django_redislock.core.drivers.rwlock import clear_rw_lock
 from django_redislock.core.drivers.rwlock_async import clear_rw_lock_async
 from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
 from django_redislock.core.drivers.semaphore_async import AsyncSemaphore, clear_semaphore_async
+from django_redislock.core.engine import scripts
 
 T = TypeVar("T")
 
@@ -120,6 +121,7 @@ class Drive:
             self.MultiLock: Any = AsyncMultiLock
             self.clear_semaphore: Any = clear_semaphore_async
             self.clear_rw_lock: Any = clear_rw_lock_async
+            self.run_script: Any = scripts.run_async
         else:
             self.Lock = Lock
             self.Semaphore = Semaphore
@@ -127,6 +129,7 @@ class Drive:
             self.MultiLock = MultiLock
             self.clear_semaphore = clear_semaphore
             self.clear_rw_lock = clear_rw_lock
+            self.run_script = scripts.run
 
     async def __call__(self, result: T | Awaitable[T]) -> T:
         """A driver call's result, whichever driver made it."""
