@@ -80,14 +80,16 @@ KINDS = {
     ),
 }
 
-kinds = pytest.mark.parametrize("kind", list(KINDS))
+
+@pytest.fixture(params=list(KINDS))
+def k(request: pytest.FixtureRequest) -> Kind:
+    """Each kind in turn."""
+    return KINDS[request.param]
 
 
-@kinds
 async def test_a_waiter_that_gives_up_leaves_the_queue(
-    drive: Drive, r: redis.Redis, kind: str
+    drive: Drive, r: redis.Redis, k: Kind
 ) -> None:
-    k = KINDS[kind]
     holder = k.holder(drive, ttl=30, wait=0)
     assert await drive(holder.acquire())
     asker = k.asker(drive, ttl=30, wait=0.3)
@@ -99,11 +101,9 @@ async def test_a_waiter_that_gives_up_leaves_the_queue(
     assert k.held(r, k.keys) == 0
 
 
-@kinds
 async def test_a_busy_context_manager_carries_retry_after(
-    drive: Drive, r: redis.Redis, kind: str
+    drive: Drive, r: redis.Redis, k: Kind
 ) -> None:
-    k = KINDS[kind]
     holder = k.holder(drive, ttl=20, wait=0)
     async with drive.holding(holder):
         with pytest.raises(LockNotAcquired) as info:
@@ -113,12 +113,8 @@ async def test_a_busy_context_manager_carries_retry_after(
     assert k.held(r, k.keys) == 0
 
 
-@kinds
-async def test_an_unacknowledged_grant_is_given_back(
-    drive: Drive, r: redis.Redis, kind: str
-) -> None:
+async def test_an_unacknowledged_grant_is_given_back(drive: Drive, r: redis.Redis, k: Kind) -> None:
     # The test server has no replica: nobody acknowledges the grant.
-    k = KINDS[kind]
     asker = k.asker(drive, ttl=30, wait=0, replicas=1, replicas_timeout=0.05)
     with pytest.raises(ReplicationTimeout):
         await drive(asker.acquire())
