@@ -14,7 +14,18 @@ primitives do in the library:
   def`` written against ``drive`` too): in a thread for the sync driver, in a
   task for the asyncio one. The handle's owner is that thread or that task.
 * ``drive.event()``, ``drive.sleep()``, ``drive.until()``, ``drive.join()``
-  and ``drive.holding()`` are a thread's or a task's way to wait.
+  and ``drive.holding()`` are a thread's or a task's way to wait;
+  ``drive.blocking(fn)`` calls a blocking helper off the loop.
+* ``drive.connect(url)`` and ``drive.pooled(n)`` make a client of the
+  driver's kind, ``drive.close(client)`` closes one; ``drive.sync_client``
+  is the test's own look at Redis; ``drive.clear_semaphore``,
+  ``drive.clear_rw_lock`` and ``drive.run_script`` are the driver's twins of
+  those functions.
+
+``cdrive`` (conftest) is the same on a private Cluster, ``adrive`` the
+asyncio drivers alone, for what only a task can do: be cancelled. A helper
+run in a forked child takes ``Drive("sync", client, client)`` and
+``run_to_end``.
 
 With the sync driver nothing a scenario awaits ever suspends (each call
 blocks its thread instead), so a spawned coroutine runs to its end in one
