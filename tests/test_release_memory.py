@@ -36,7 +36,7 @@ from django_redislock.core.engine import scripts
 from django_redislock.core.exceptions import LockLost
 from django_redislock.core.io.wakeup import NO_CHANNEL
 from tests.drive import Drive
-from tests.faults.harness import ServerPool, bounded_async_client, bounded_client
+from tests.faults.harness import ServerPool, bounded_client_for
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 
 KS = KeySpace()
@@ -188,8 +188,7 @@ async def test_release_retried_after_many_handoffs_is_a_release(
     plant_sentinel(direct)
     proxy = pool.proxy(server)
     # A reply that never comes is waited for this long: the relay runs meanwhile.
-    bounded = bounded_async_client if drive.is_async else bounded_client
-    client = bounded(proxy.url, timeout=20)
+    client = bounded_client_for(drive, proxy.url, timeout=20)
     make_holder, make_waiter, queue = KINDS[kind]
     losses = Losses()
     try:
