@@ -1,13 +1,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
+from tests.drive import DRIVERS, Drive
 from tests.servers import RedisServer, redis_binary, server_label
+from tests.topologies import ClusterTopology, close_async_cluster, cluster_client, cluster_drive
 
 # The test kit's fixtures, as an installed package would load them (entry point pytest11).
 pytest_plugins = ["django_redislock.testing.plugin"]
@@ -121,3 +126,71 @@ def _connection_pools_closed() -> Iterator[None]:
             if alias in getattr(connection, "_connection_pools", {}):
                 connection.close()  # this thread's, back to the pool
                 connection.close_pool()
+
+
+@pytest.fixture
+async def ar(redis_server: RedisServer) -> AsyncIterator[redis.asyncio.Redis]:
+    """An asyncio client with the bounded timeout the library expects."""
+    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=DRIVERS)
+async def drive(
+    request: pytest.FixtureRequest, r: redis.Redis, redis_server: RedisServer
+) -> AsyncIterator[Drive]:
+    """The test runs once on the sync drivers, once on the asyncio ones (tests/drive.py)."""
+    if request.param == "sync":
+        yield Drive("sync", r, r)
+        return
+    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
+    yield Drive("asyncio", client, r)
+    await client.aclose()
+
+
+@pytest.fixture
+async def adrive(ar: redis.asyncio.Redis, r: redis.Redis) -> Drive:
+    """The asyncio drivers alone, for what only tasks can do (cancellation)."""
+    return Drive("asyncio", ar, r)
+
+
+# -- a private Redis Cluster, for the modules marked ``cluster`` ---------------------------
+
+
+@pytest.fixture(scope="module")
+def topology() -> Iterator[ClusterTopology]:
+    """Three primaries, no replicas: started once for the module that asks."""
+    cluster = ClusterTopology(primaries=3, replicas=0).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def rc(topology: ClusterTopology) -> Iterator[RedisCluster]:
+    """A sync client of ``topology``, every primary flushed first."""
+    client = cluster_client(topology)
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+async def arc(topology: ClusterTopology) -> AsyncIterator[AsyncRedisCluster]:
+    """An asyncio client of ``topology``, every primary flushed first."""
+    client = AsyncRedisCluster(
+        host="127.0.0.1",
+        port=topology.nodes[0].port or 0,
+        socket_timeout=5,
+        socket_connect_timeout=2,
+    )
+    await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
+    yield client
+    await close_async_cluster(client)
+
+
+@pytest.fixture(params=DRIVERS)
+async def cdrive(request: pytest.FixtureRequest, topology: ClusterTopology) -> AsyncIterator[Drive]:
+    """``drive`` on ``topology``: the test runs on the sync drivers, then the asyncio ones."""
+    async with cluster_drive(request.param, topology) as drive:
+        yield drive

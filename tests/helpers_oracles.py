@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
+
+if TYPE_CHECKING:
+    from tests.drive import Drive
 
 SENTINEL_KEY = b"foreign:sentinel"
 SENTINEL_VALUE = b"untouched"
@@ -44,6 +47,19 @@ def lock_keys_present(client: redis.Redis, prefix: str = "redislock") -> dict[by
     return grouped
 
 
+def exit_codes_of_forks(target: Callable[..., None], argses: list[tuple], timeout: float) -> list:
+    """Fork a process per argument tuple, started together; their exit codes once all ended."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=target, args=args) for args in argses]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    return [p.exitcode for p in procs]
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.005) -> Any:
     """Poll ``predicate`` until it is truthy; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -75,18 +91,34 @@ class Occupancy:
         self.entries = ctx.Value("i", 0, lock=False)
         self.unsafe = ctx.Value("q", 0, lock=False)
 
-    @contextmanager
-    def section(self, pause: float = 0.0005) -> Iterator[None]:
+    def _enter(self) -> None:
         with self._mutex:
             self.inside.value += 1
             self.entries.value += 1
             if self.inside.value != 1:
                 self.violations.value += 1
+
+    def _leave(self) -> None:
+        with self._mutex:
+            self.inside.value -= 1
+
+    @contextmanager
+    def section(self, pause: float = 0.0005) -> Iterator[None]:
+        self._enter()
         try:
             value = self.unsafe.value
             time.sleep(pause)
             self.unsafe.value = value + 1
             yield
         finally:
-            with self._mutex:
-                self.inside.value -= 1
+            self._leave()
+
+    async def visit(self, drive: Drive, pause: float = 0.0005) -> None:
+        """``section`` for a scenario on either driver: a task pauses without blocking the loop."""
+        self._enter()
+        try:
+            value = self.unsafe.value
+            await drive.sleep(pause)
+            self.unsafe.value = value + 1
+        finally:
+            self._leave()

@@ -3,6 +3,9 @@
 A release frees the lease and wakes the oldest waiter to look again; whoever
 asks first takes it, until the head of the queue has seen ``BARGE_LIMIT``
 others served, when the lease is handed to it as in the default order.
+
+A scenario that takes ``drive`` runs on ``Lock`` and ``AsyncLock`` (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
 """
 
 from __future__ import annotations
@@ -10,19 +13,18 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import threading
 import time
 from typing import Any
 
 import pytest
 import redis
-import redis.asyncio
 
-from django_redislock.core import AsyncLock, Lock, ReplicationTimeout
+from django_redislock.core import AsyncLock, Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import BARGE_DEFER, BARGE_LIMIT, Acquisition, Move
 from django_redislock.core.io.wakeup import NO_CHANNEL, Handed
-from tests.helpers_oracles import Occupancy, audit_keyspace, plant_sentinel, wait_until
+from tests.drive import Drive, run_to_end
+from tests.helpers_oracles import Occupancy, audit_keyspace, exit_codes_of_forks, plant_sentinel
 
 # Every wait in these tests is bounded by this; none is expected to come near it.
 BOUND = 20.0
@@ -57,23 +59,21 @@ def test_first_come_first_served_stays_the_default(r: redis.Redis) -> None:
 
 
 @pytest.mark.parametrize("bad", ["fifo", "barging", 0, 1, None])
-def test_fair_must_be_a_bool(r: redis.Redis, bad: Any) -> None:
+async def test_fair_must_be_a_bool(drive: Drive, bad: Any) -> None:
     with pytest.raises(TypeError, match=r"fair must be True .* or False"):
-        Lock(r, "x", fair=bad)
-    with pytest.raises(TypeError, match=r"fair must be True .* or False"):
-        AsyncLock(r, "x", fair=bad)
+        drive.Lock(drive.client, "x", fair=bad)
 
 
-def test_uncontended_acquire_release_and_fences(r: redis.Redis) -> None:
+async def test_uncontended_acquire_release_and_fences(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    lock = Lock(r, "plain", ttl=10, wait=0, fair=False)
+    lock = drive.Lock(drive.client, "plain", ttl=10, wait=0, fair=False)
     fences = []
     for _ in range(3):
-        with lock:
-            assert lock.owned()
+        async with drive.holding(lock):
+            assert await drive(lock.owned())
             fences.append(lock.fence)
             lease = r.hgetall(lock.keys.lease)
-            assert lease[b"t"] == lock.token.encode()  # type: ignore[union-attr]
+            assert lease[b"t"] == lock.token.encode()
             assert b"pid" in lease[b"o"]  # owner metadata, as in the default order
     assert fences == sorted(set(fences))
     assert not r.exists(lock.keys.lease)
@@ -81,12 +81,12 @@ def test_uncontended_acquire_release_and_fences(r: redis.Redis) -> None:
 
 
 # -- barging, and its bound ---------------------------------------------------------------
-def test_a_releaser_takes_the_lock_back_then_hands_it_over_at_the_bound(
-    r: redis.Redis,
+async def test_a_releaser_takes_the_lock_back_then_hands_it_over_at_the_bound(
+    drive: Drive, r: redis.Redis
 ) -> None:
     plant_sentinel(r)
-    holder = Lock(r, "bound", ttl=30, wait=0, fair=False)
-    assert holder.acquire()
+    holder = drive.Lock(drive.client, "bound", ttl=30, wait=0, fair=False)
+    assert await drive(holder.acquire())
     waiter_token = "0123456789abcdef"
     # Without a channel: the waiter is never woken, so every release is a
     # chance for the holder to barge, and only the bound serves the waiter.
@@ -94,8 +94,8 @@ def test_a_releaser_takes_the_lock_back_then_hands_it_over_at_the_bound(
     fences = [holder.fence]
     barges = 0
     for _ in range(BARGE_LIMIT + 2):
-        holder.release()
-        if not holder.acquire(wait=0):
+        await drive(holder.release())
+        if not await drive(holder.acquire(wait=0)):
             break
         barges += 1
         fences.append(holder.fence)
@@ -103,101 +103,104 @@ def test_a_releaser_takes_the_lock_back_then_hands_it_over_at_the_bound(
     assert fences == sorted(set(fences))  # every grant a new, larger fence
     # The bound was reached: the lease went to the waiter, as a handoff.
     assert r.hget(holder.keys.lease, "t") == waiter_token.encode()
-    assert int(r.hget(holder.keys.lease, "f")) > fences[-1]  # type: ignore[arg-type]
+    assert int(r.hget(holder.keys.lease, "f")) > fences[-1]
     assert not r.hexists(holder.keys.state, "b")  # the count starts again
     assert r.llen(holder.keys.queue) == 0
     args = (waiter_token, BARGE_LIMIT)
     assert scripts.run(r, scripts.RELEASE_BARGING, holder._key_tuple, args) == 1
     # The queue is empty again: the next acquire is the uncontended one.
-    assert holder.acquire(wait=0)
-    holder.release()
+    assert await drive(holder.acquire(wait=0))
+    await drive(holder.release())
     audit_keyspace(r)
 
 
-def test_a_waiter_is_served_within_the_bound_while_the_holder_loops(r: redis.Redis) -> None:
-    holder = Lock(r, "loop", ttl=30, wait=0, fair=False)
-    assert holder.acquire()
-    waiter = Lock(r, "loop", ttl=30, wait=BOUND, fair=False)
-    got = threading.Event()
-    done = threading.Event()
-    result: dict[str, Any] = {}
+async def test_a_waiter_is_served_within_the_bound_while_the_holder_loops(
+    drive: Drive, r: redis.Redis
+) -> None:
+    holder = drive.Lock(drive.client, "loop", ttl=30, wait=0, fair=False)
+    assert await drive(holder.acquire())
+    waiter = drive.Lock(drive.client, "loop", ttl=30, wait=BOUND, fair=False)
+    got = drive.event()
+    done = drive.event()
 
-    def wait_for_it() -> None:
+    async def wait_for_it() -> tuple[bool, int | None]:
         try:
-            result["ok"] = waiter.acquire()
-            result["fence"] = waiter.fence
+            ok, fence = await drive(waiter.acquire()), waiter.fence
+        finally:
             got.set()
-            done.wait(BOUND)
-            if result["ok"]:
-                waiter.release()
-        except BaseException as exc:
-            result["error"] = exc
-            got.set()
+        await done.wait(BOUND)
+        if ok:
+            await drive(waiter.release())
+        return ok, fence
 
-    thread = threading.Thread(target=wait_for_it)
-    thread.start()
-    wait_until(lambda: r.llen(holder.keys.queue) == 1, BOUND)
+    party = drive.spawn(wait_for_it)
+    await drive.until(lambda: r.llen(holder.keys.queue) == 1, BOUND)
     barges = 0
     last_fence = holder.fence
     try:
         # The holder takes the lock straight back after each release, as
         # fast as it can: the waiter must still get it, within the bound.
         for _ in range(BARGE_LIMIT + 1):
-            holder.release()
-            if not holder.acquire(wait=0):
+            await drive(holder.release())
+            if not await drive(holder.acquire(wait=0)):
                 break
             barges += 1
             last_fence = holder.fence
         assert barges <= BARGE_LIMIT
-        assert got.wait(BOUND)
-        assert "error" not in result, result.get("error")
-        assert result["ok"] is True
-        assert result["fence"] > last_fence
-        assert not holder.acquire(wait=0)  # the waiter holds it now
+        await got.wait(BOUND)
+        assert not await drive(holder.acquire(wait=0))  # the waiter holds it now
     finally:
         done.set()
-        thread.join(BOUND)
         if holder.token is not None:
-            holder.release()
-    assert not thread.is_alive()
+            await drive(holder.release())
+    [(ok, fence)] = await drive.join(party, timeout=BOUND)
+    assert ok is True
+    assert fence > last_fence
     assert not r.exists(holder.keys.lease)
 
 
-def test_a_release_wakes_the_head_when_nobody_barges(r: redis.Redis) -> None:
-    holder = Lock(r, "wake", ttl=30, wait=0, fair=False)
-    assert holder.acquire()
-    waiter = Lock(r, "wake", ttl=30, wait=BOUND, fair=False)
-    out: dict[str, Any] = {}
+async def test_a_release_wakes_the_head_when_nobody_barges(drive: Drive, r: redis.Redis) -> None:
+    holder = drive.Lock(drive.client, "wake", ttl=30, wait=0, fair=False)
+    assert await drive(holder.acquire())
+    first = holder.fence
+    await drive(holder.release())
+    assert await drive(holder.acquire())
+    assert holder.fence > first
+    waiter = drive.Lock(drive.client, "wake", ttl=30, wait=BOUND, fair=False)
 
-    def wait_for_it() -> None:
-        out["ok"] = waiter.acquire()
-        out["at"] = time.monotonic()
-        if out["ok"]:
-            waiter.release()
+    async def wait_for_it() -> tuple[bool, float, int | None]:
+        ok = await drive(waiter.acquire())
+        at, fence = time.monotonic(), waiter.fence
+        if ok:
+            await drive(waiter.release())
+        return ok, at, fence
 
-    thread = threading.Thread(target=wait_for_it)
-    thread.start()
-    wait_until(lambda: r.llen(holder.keys.queue) == 1, BOUND)
+    party = drive.spawn(wait_for_it)
+    await drive.until(lambda: r.llen(holder.keys.queue) == 1, BOUND)
     released_at = time.monotonic()
-    holder.release()
-    thread.join(BOUND)
-    assert out["ok"] is True
+    await drive(holder.release())
+    [(ok, at, fence)] = await drive.join(party, timeout=BOUND)
+    assert ok is True
     # The holder's lease had 30 s left: only the wake-up explains this.
-    assert out["at"] - released_at < 5
+    assert at - released_at < 5
+    assert fence > holder.fence
     assert r.llen(holder.keys.queue) == 0
     assert not r.hexists(holder.keys.state, "q")
+    assert not r.exists(holder.keys.lease)
 
 
-def test_a_woken_waiter_is_not_woken_again_before_it_looks(r: redis.Redis) -> None:
-    holder = Lock(r, "once", ttl=30, wait=0, fair=False)
-    assert holder.acquire()
+async def test_a_woken_waiter_is_not_woken_again_before_it_looks(
+    drive: Drive, r: redis.Redis
+) -> None:
+    holder = drive.Lock(drive.client, "once", ttl=30, wait=0, fair=False)
+    assert await drive(holder.acquire())
     channel = "redislock-test:once"
     pubsub = r.pubsub()
     pubsub.subscribe(channel)
     assert pubsub.get_message(timeout=BOUND)["type"] == "subscribe"  # type: ignore[index]
     token = "0123456789abcdef"
     _queue_fake_waiter(r, holder, token, b"p" + channel.encode())
-    holder.release()  # wakes the waiter
+    await drive(holder.release())  # wakes the waiter
     woken = r.hget(holder.keys.state, "w")
     assert woken is not None and woken.startswith(token.encode() + b"|1|")
     # The scripts wake a waiter again once WAKE_AGAIN (20 ms) has passed
@@ -208,16 +211,16 @@ def test_a_woken_waiter_is_not_woken_again_before_it_looks(r: redis.Redis) -> No
     ahead = seconds * 1000 + micros // 1000 + 60_000
     r.hset(holder.keys.state, "w", woken.rsplit(b"|", 1)[0] + b"|" + str(ahead).encode())
     for _ in range(3):  # the holder barges, releases: the waiter is not woken again
-        assert holder.acquire(wait=0)
-        holder.release()
+        assert await drive(holder.acquire(wait=0))
+        await drive(holder.release())
     # The waiter looks again (its attempt 2) and finds the lock taken: queued
     # again, it is woken by the next release.
-    assert holder.acquire(wait=0)
+    assert await drive(holder.acquire(wait=0))
     waiter = Lock(r, "once", ttl=30, wait=0, fair=False)
     waiter._round = 2
     again = waiter._args_acquire(token, 30_000, "fake", 10_000, b"p" + channel.encode())
     assert scripts.run(r, scripts.ACQUIRE_BARGING, waiter._key_tuple, again) > 0
-    holder.release()
+    await drive(holder.release())
     assert r.hget(holder.keys.state, "w").startswith(token.encode() + b"|2|")  # type: ignore[union-attr]
     r.publish(channel, "end")
     heard = []
@@ -233,12 +236,12 @@ def test_a_woken_waiter_is_not_woken_again_before_it_looks(r: redis.Redis) -> No
     assert r.llen(holder.keys.queue) == 0
 
 
-def test_a_dead_waiter_is_dropped_at_release(r: redis.Redis) -> None:
-    holder = Lock(r, "dead", ttl=30, wait=0, fair=False)
-    assert holder.acquire()
+async def test_a_dead_waiter_is_dropped_at_release(drive: Drive, r: redis.Redis) -> None:
+    holder = drive.Lock(drive.client, "dead", ttl=30, wait=0, fair=False)
+    assert await drive(holder.acquire())
     # A channel nobody listens on: the waiter's process is gone.
     _queue_fake_waiter(r, holder, "fedcba9876543210", b"predislock:nobody-listens")
-    holder.release()
+    await drive(holder.release())
     assert r.llen(holder.keys.queue) == 0
     assert not r.hexists(holder.keys.state, "q")
     assert not r.hexists(holder.keys.state, "fedcba9876543210")
@@ -246,33 +249,30 @@ def test_a_dead_waiter_is_dropped_at_release(r: redis.Redis) -> None:
 
 
 # -- mutual exclusion under contention ------------------------------------------------------
-def _contend(lock: Lock, occupancy: Occupancy, rounds: int, fences: list[int]) -> None:
+async def _contend(
+    drive: Drive, lock: Any, occupancy: Occupancy, rounds: int, fences: list[int]
+) -> None:
     for _ in range(rounds):
-        assert lock.acquire(wait=BOUND)
-        with occupancy.section():
-            fences.append(lock.fence)  # type: ignore[arg-type]
-        lock.release()
+        assert await drive(lock.acquire(wait=BOUND))
+        fences.append(lock.fence)
+        await occupancy.visit(drive)
+        await drive(lock.release())
 
 
-def test_mutual_exclusion_threads_barging_and_fifo_mixed(r: redis.Redis) -> None:
+async def test_mutual_exclusion_barging_and_fifo_mixed(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
     occupancy = Occupancy(multiprocessing.get_context("fork"))
     fences: list[int] = []
-    errors: list[BaseException] = []
-
-    def run(fair: bool) -> None:
-        try:
-            _contend(Lock(r, "mx", ttl=10, fair=fair), occupancy, 25, fences)
-        except BaseException as exc:
-            errors.append(exc)
-
     # Mostly barging handles, and two of the default order on the same name.
-    threads = [threading.Thread(target=run, args=(i < 2,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    parties = [
+        drive.spawn(
+            lambda i=i: _contend(
+                drive, drive.Lock(drive.client, "mx", ttl=10, fair=i < 2), occupancy, 25, fences
+            )
+        )
+        for i in range(8)
+    ]
+    await drive.join(*parties, timeout=60)
     assert occupancy.entries.value == 200
     assert occupancy.violations.value == 0
     assert occupancy.unsafe.value == 200  # no lost read-modify-write update
@@ -288,7 +288,7 @@ def _child(socket_path: str, occupancy: Occupancy, start: float, rounds: int) ->
         client = redis.Redis(unix_socket_path=socket_path, socket_timeout=5)
         lock = Lock(client, "mx-proc", ttl=10, fair=False)
         time.sleep(max(0.0, start - time.time()))
-        _contend(lock, occupancy, rounds, [])
+        run_to_end(_contend(Drive("sync", client, client), lock, occupancy, rounds, []))
         code = 0
     finally:
         os._exit(code)
@@ -299,15 +299,8 @@ def test_mutual_exclusion_processes(r: redis.Redis, redis_server: Any) -> None:
     ctx = multiprocessing.get_context("fork")
     occupancy = Occupancy(ctx)
     start = time.time() + 0.5
-    procs = [
-        ctx.Process(target=_child, args=(redis_server.socket_path, occupancy, start, 30))
-        for _ in range(4)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    args = (redis_server.socket_path, occupancy, start, 30)
+    assert exit_codes_of_forks(_child, [args] * 4, 60) == [0, 0, 0, 0]
     assert occupancy.entries.value == 120
     assert occupancy.violations.value == 0
     assert occupancy.unsafe.value == 120
@@ -315,24 +308,24 @@ def test_mutual_exclusion_processes(r: redis.Redis, redis_server: Any) -> None:
 
 
 # -- repeatable release and give-back -----------------------------------------------------------
-def test_release_is_repeatable(r: redis.Redis) -> None:
-    lock = Lock(r, "again", ttl=10, wait=0, fair=False)
-    assert lock.acquire()
+async def test_release_is_repeatable(drive: Drive, r: redis.Redis) -> None:
+    lock = drive.Lock(drive.client, "again", ttl=10, wait=0, fair=False)
+    assert await drive(lock.acquire())
     token, fence = lock.token, lock.fence
-    lock.release()
-    other = Lock(r, "again", ttl=10, wait=0, fair=False)
-    assert other.acquire()
+    await drive(lock.release())
+    other = drive.Lock(drive.client, "again", ttl=10, wait=0, fair=False)
+    assert await drive(other.acquire())
     # A retry of the first release, whose reply was lost, reports success and
     # leaves the new holder alone.
     args = (token, BARGE_LIMIT, fence)
     assert scripts.run(r, scripts.RELEASE_BARGING, lock._key_tuple, args) == 1
-    assert other.owned()
+    assert await drive(other.owned())
     assert scripts.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1, fence)) == 1
     assert scripts.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1)) == 0
-    other.release()
+    await drive(other.release())
 
 
-def test_a_given_back_acquire_grants_nothing(r: redis.Redis) -> None:
+async def test_a_given_back_acquire_grants_nothing(drive: Drive, r: redis.Redis) -> None:
     # An acquire whose reply was lost: the caller gave it back (cancel), and
     # the same acquire, arriving late or retried, must grant and queue nothing.
     plant_sentinel(r)
@@ -345,84 +338,24 @@ def test_a_given_back_acquire_grants_nothing(r: redis.Redis) -> None:
     assert not r.exists(lock.keys.lease)
     assert scripts.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, args) == 0
     assert not r.exists(lock.keys.lease)
-    holder = Lock(r, "late", ttl=30, wait=0, fair=False)
-    assert holder.acquire()
+    holder = drive.Lock(drive.client, "late", ttl=30, wait=0, fair=False)
+    assert await drive(holder.acquire())
     queued = lock._args_acquire(token, 30_000, "t", 5_000, NO_CHANNEL)
     assert scripts.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, queued) == 0
     assert r.llen(lock.keys.queue) == 0, "a given-back token joined the queue"
-    holder.release()
+    await drive(holder.release())
     audit_keyspace(r)
 
 
-def test_a_waiter_that_gives_up_leaves_the_queue(r: redis.Redis) -> None:
-    holder = Lock(r, "gives-up", ttl=30, wait=0, fair=False)
-    assert holder.acquire()
-    waiter = Lock(r, "gives-up", ttl=30, fair=False)
-    assert not waiter.acquire(wait=0.3)
-    assert r.llen(holder.keys.queue) == 0
-    fields = set(r.hkeys(holder.keys.state))
-    assert fields <= {b"f", b"q", b"d", b"n", b"b", b"w", b"e", b"h", b"u"}, fields
-    holder.release()
-    assert not r.hexists(holder.keys.state, "q")
-
-
-def test_replicas_are_waited_for(r: redis.Redis) -> None:
-    lock = Lock(r, "acked", ttl=10, wait=0, fair=False, replicas=1, replicas_timeout=0.05)
-    with pytest.raises(ReplicationTimeout):
-        lock.acquire()
-    # The grant no replica acknowledged was given back.
-    assert not r.exists(lock.keys.lease)
-
-
-# -- asyncio ------------------------------------------------------------------------------------
-@pytest.fixture
-async def ar(redis_server: Any) -> Any:
-    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
-    yield client
-    await client.aclose()
-
-
-async def _until(predicate: Any) -> None:
-    deadline = time.monotonic() + BOUND
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
-
-
-async def test_async_barging_and_wakeup(ar: Any, r: redis.Redis) -> None:
-    holder = AsyncLock(ar, "a-barge", ttl=30, wait=0, fair=False)
-    assert await holder.acquire()
-    first = holder.fence
-    await holder.release()
-    assert await holder.acquire()
-    assert holder.fence > first  # type: ignore[operator]
-    waiter = AsyncLock(ar, "a-barge", ttl=30, wait=BOUND, fair=False)
-
-    async def wait_for_it() -> tuple[bool, float, int | None]:
-        ok = await waiter.acquire()
-        at, fence = time.monotonic(), waiter.fence
-        if ok:
-            await waiter.release()
-        return ok, at, fence
-
-    task = asyncio.create_task(wait_for_it())
-    await _until(lambda: r.llen(holder.keys.queue) == 1)
-    released_at = time.monotonic()
-    await holder.release()
-    ok, at, fence = await asyncio.wait_for(task, BOUND)
-    assert ok is True
-    assert at - released_at < 5  # woken, not its 30 s timer
-    assert fence > holder.fence  # type: ignore[operator]
-    assert not r.exists(holder.keys.lease)
-
-
-async def test_async_cancelled_waiter_leaves_nothing(ar: Any, r: redis.Redis) -> None:
+# -- what only tasks can do: be cancelled -------------------------------------------------------
+async def test_a_cancelled_waiter_leaves_nothing(adrive: Drive, r: redis.Redis) -> None:
+    ar = adrive.client
     plant_sentinel(r)
     holder = AsyncLock(ar, "a-cancel", ttl=30, wait=0, fair=False)
     assert await holder.acquire()
     waiter = AsyncLock(ar, "a-cancel", ttl=30, wait=BOUND, fair=False)
     task = asyncio.create_task(waiter.acquire())
-    await _until(lambda: r.llen(holder.keys.queue) == 1)
+    await adrive.until(lambda: r.llen(holder.keys.queue) == 1)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -433,29 +366,6 @@ async def test_async_cancelled_waiter_leaves_nothing(ar: Any, r: redis.Redis) ->
     assert await waiter.acquire(wait=0)
     await waiter.release()
     audit_keyspace(r)
-
-
-async def test_async_tasks_never_overlap(ar: Any, r: redis.Redis) -> None:
-    inside = 0
-    entries = 0
-    fences: list[int] = []
-
-    async def worker() -> None:
-        nonlocal inside, entries
-        lock = AsyncLock(ar, "a-mx", ttl=10, fair=False)
-        for _ in range(15):
-            assert await lock.acquire(wait=BOUND)
-            inside += 1
-            entries += 1
-            assert inside == 1
-            fences.append(lock.fence)  # type: ignore[arg-type]
-            await asyncio.sleep(0)
-            inside -= 1
-            await lock.release()
-
-    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(6))), 60)
-    assert entries == 90
-    assert fences == sorted(set(fences))
 
 
 # -- the protocol's part, with plain numbers ------------------------------------------------------

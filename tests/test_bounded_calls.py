@@ -26,6 +26,7 @@ from redis.sentinel import Sentinel
 from django_redislock import connection
 from django_redislock.core import RedisUnavailable
 from django_redislock.core.engine import scripts
+from tests.drive import Drive, run_to_end
 from tests.servers import RedisServer
 from tests.topologies import SERVICE, SentinelTopology, wait_until
 
@@ -57,14 +58,15 @@ def _settled_runs(server: RedisServer, expected_at_least: int) -> int:
     return _runs(server)
 
 
-def _assert_bounded_sync(client: Any, server: RedisServer) -> None:
-    assert scripts.run(client, COUNT, (COUNTER,), ()) == 1  # warm: script cached, connected
+async def _assert_bounded(drive: Drive, client: Any, server: RedisServer) -> None:
+    run = drive.run_script
+    assert await drive(run(client, COUNT, (COUNTER,), ())) == 1  # warm: script cached, connected
     server.pause()
     try:
         for attempt in (1, 2):  # the second needs a new connection: bounded too
             started = time.monotonic()
             with pytest.raises(RedisUnavailable) as info:
-                scripts.run(client, COUNT, (COUNTER,), ())
+                await drive(run(client, COUNT, (COUNTER,), ()))
             took = time.monotonic() - started
             assert took < BOUND, f"attempt {attempt} took {took:.2f}s"
             if attempt == 1:
@@ -76,14 +78,14 @@ def _assert_bounded_sync(client: Any, server: RedisServer) -> None:
     assert _settled_runs(server, 2) == 2
 
 
-def test_plain_client_is_bounded_and_not_resent(frozen_server: RedisServer) -> None:
+async def test_plain_client_is_bounded_and_not_resent(
+    drive: Drive, frozen_server: RedisServer
+) -> None:
     # As the README shows: a bare client with a socket timeout and redis-py's
     # default retry policy.
-    client = redis.Redis(unix_socket_path=frozen_server.socket_path, socket_timeout=0.5)
-    try:
-        _assert_bounded_sync(client, frozen_server)
-    finally:
-        client.close()
+    url = f"unix://{frozen_server.socket_path}"
+    async with drive.connect(url, socket_timeout=0.5) as client:
+        await _assert_bounded(drive, client, frozen_server)
 
 
 def test_acked_call_is_bounded_and_not_resent(frozen_server: RedisServer) -> None:
@@ -114,30 +116,10 @@ def test_library_client_is_bounded_and_not_resent(frozen_server: RedisServer) ->
     connection.reset()
     try:
         with override_settings(CACHES=caches, REDISLOCK={"SOCKET_TIMEOUT": 0.5}):
-            _assert_bounded_sync(connection.get_client(), frozen_server)
+            client = connection.get_client()
+            run_to_end(_assert_bounded(Drive("sync", client, client), client, frozen_server))
     finally:
         connection.reset()
-
-
-async def test_async_plain_client_is_bounded_and_not_resent(frozen_server: RedisServer) -> None:
-    client = redis.asyncio.Redis(unix_socket_path=frozen_server.socket_path, socket_timeout=0.5)
-    try:
-        assert await scripts.run_async(client, COUNT, (COUNTER,), ()) == 1
-        frozen_server.pause()
-        try:
-            for attempt in (1, 2):
-                started = time.monotonic()
-                with pytest.raises(RedisUnavailable) as info:
-                    await scripts.run_async(client, COUNT, (COUNTER,), ())
-                took = time.monotonic() - started
-                assert took < BOUND, f"attempt {attempt} took {took:.2f}s"
-                if attempt == 1:
-                    assert scripts.may_have_run(info.value)
-        finally:
-            frozen_server.resume()
-        assert _settled_runs(frozen_server, 2) == 2
-    finally:
-        await client.aclose()
 
 
 def test_refused_connection_did_not_run(redis_factory: Any) -> None:

@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from io import StringIO
 from typing import Any, NamedTuple
 
@@ -29,19 +29,23 @@ from redis.cluster import RedisCluster
 from django_redislock import connection
 from django_redislock.contrib.cluster import cluster_client_factory
 from django_redislock.core import (
-    AsyncLock,
-    AsyncMultiLock,
     KeySpace,
     Lock,
-    MultiLock,
     RedisUnavailable,
     ReplicationTimeout,
 )
 from django_redislock.core.io import notify_sharded
 from django_redislock.core.io.notify import get_notifier
-from tests.helpers_oracles import Occupancy
+from tests.drive import DRIVERS, Drive, run_to_end
+from tests.helpers_oracles import Occupancy, exit_codes_of_forks
 from tests.servers import has_sharded_pubsub
-from tests.topologies import ClusterTopology, wait_until
+from tests.topologies import (
+    ClusterTopology,
+    cluster_client,
+    cluster_drive,
+    names_on_every_node,
+    wait_until,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -54,14 +58,6 @@ MODE = b"s" if has_sharded_pubsub() else b"p"
 CHANNELS, NUMSUB = (
     ("SHARDCHANNELS", "SHARDNUMSUB") if has_sharded_pubsub() else ("CHANNELS", "NUMSUB")
 )
-
-
-@pytest.fixture(scope="module")
-def topology() -> Iterator[ClusterTopology]:
-    """Three primaries, no replicas: started once for the module."""
-    cluster = ClusterTopology(primaries=3, replicas=0).start()
-    yield cluster
-    cluster.stop()
 
 
 class Unsharded(NamedTuple):
@@ -98,53 +94,6 @@ def replicated() -> Iterator[ClusterTopology]:
     cluster.stop()
 
 
-def _client(topology: ClusterTopology) -> RedisCluster:
-    return RedisCluster(
-        host="127.0.0.1",
-        port=topology.nodes[0].port or 0,
-        socket_timeout=5,
-        socket_connect_timeout=2,
-    )
-
-
-@pytest.fixture
-def rc(topology: ClusterTopology) -> Iterator[RedisCluster]:
-    client = _client(topology)
-    client.flushall(target_nodes=RedisCluster.PRIMARIES)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-async def arc(topology: ClusterTopology) -> AsyncIterator[AsyncRedisCluster]:
-    client = AsyncRedisCluster(
-        host="127.0.0.1",
-        port=topology.nodes[0].port or 0,
-        socket_timeout=5,
-        socket_connect_timeout=2,
-    )
-    await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
-    yield client
-    # Reader tasks of this loop's notifier go with the loop.
-    for task in asyncio.all_tasks():
-        if task.get_name().startswith("redislock-notify") and task is not asyncio.current_task():
-            task.cancel()
-    await asyncio.sleep(0)
-    await client.aclose()
-
-
-def names_on_every_node(client: RedisCluster, count: int = 3) -> list[str]:
-    """Lock names whose slots fall on ``count`` different primaries."""
-    found: dict[str, str] = {}
-    i = 0
-    while len(found) < count:
-        name = f"job:{i}"
-        node = client.get_node_from_key(KS.lock(name).lease).name
-        found.setdefault(node, name)
-        i += 1
-    return list(found.values())
-
-
 def names_for_wakeups(client: RedisCluster) -> list[str]:
     """One name per primary, then a second on the first primary: a node's
     listener must take a new tag while it is already reading."""
@@ -166,44 +115,46 @@ def test_every_key_of_a_lock_shares_its_slot(rc: RedisCluster) -> None:
         assert len(slots) == 1, name
 
 
-def test_acquire_release_on_every_primary(rc: RedisCluster) -> None:
+async def test_acquire_release_on_every_primary(cdrive: Drive) -> None:
+    drive, rc = cdrive, cdrive.sync_client
     names = names_on_every_node(rc)
     fences = []
     for name in names:
-        lock = Lock(rc, name, ttl=5, wait=0)
-        assert lock.acquire()
-        assert lock.owned()
-        other = Lock(rc, name, ttl=5, wait=0)
-        assert not other.acquire()
+        lock = drive.Lock(drive.client, name, ttl=5, wait=0)
+        assert await drive(lock.acquire())
+        assert await drive(lock.owned())
+        other = drive.Lock(drive.client, name, ttl=5, wait=0)
+        assert not await drive(other.acquire())
         fences.append(lock.fence)
-        lock.release()
+        await drive(lock.release())
         assert rc.exists(KS.lock(name).lease) == 0
     assert all(isinstance(f, int) for f in fences)
 
 
-def test_scripts_reloaded_after_script_flush(rc: RedisCluster) -> None:
+async def test_scripts_reloaded_after_script_flush(cdrive: Drive) -> None:
+    drive, rc = cdrive, cdrive.sync_client
     name = names_on_every_node(rc)[0]
-    Lock(rc, name, ttl=5, wait=0).acquire()
+    await drive(drive.Lock(drive.client, name, ttl=5, wait=0).acquire())
     rc.execute_command("SCRIPT", "FLUSH", target_nodes=RedisCluster.PRIMARIES)
-    second = Lock(rc, name + ":b", ttl=5, wait=0)
-    assert second.acquire()  # EVALSHA got NOSCRIPT on its node, EVAL reloaded it
-    second.release()
+    second = drive.Lock(drive.client, name + ":b", ttl=5, wait=0)
+    assert await drive(second.acquire())  # EVALSHA got NOSCRIPT on its node, EVAL reloaded it
+    await drive(second.release())
 
 
-def test_waiter_is_woken_through_a_sharded_channel(rc: RedisCluster) -> None:
-    _woken_through_the_slots_channel(rc, lambda name: MODE)
+async def test_waiter_is_woken_through_a_sharded_channel(cdrive: Drive) -> None:
+    await _woken_through_the_slots_channel(cdrive, lambda name: MODE)
 
 
-def test_waiter_is_woken_by_publish_without_sharded_pubsub(
-    unsharded: Unsharded, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_waiter_is_woken_by_publish_without_sharded_pubsub(
+    unsharded: Unsharded, caplog: pytest.LogCaptureFixture, driver: str
 ) -> None:
     # Redis before 7.0 refuses SSUBSCRIBE: the listener subscribes the same
     # channel with SUBSCRIBE on the lock's node, and the script PUBLISHes there.
     caplog.set_level(logging.INFO, logger="django_redislock.notify")
-    client = _client(unsharded.topology)
-    try:
-        client.flushall(target_nodes=RedisCluster.PRIMARIES)
-        _woken_through_the_slots_channel(client, lambda name: unsharded.mode(client, name))
+    async with cluster_drive(driver, unsharded.topology) as drive:
+        client = drive.sync_client
+        await _woken_through_the_slots_channel(drive, lambda name: unsharded.mode(client, name))
         # Every node was used; the ones without sharded pub/sub were each
         # told apart once, quietly, not retried with a warning every second.
         names = [f"127.0.0.1:{n.port}" for n in unsharded.topology.nodes]
@@ -218,61 +169,43 @@ def test_waiter_is_woken_by_publish_without_sharded_pubsub(
             for n in unsharded_nodes
         )
         name = names_on_every_node(client)[1]
-        occupancy = Occupancy(multiprocessing.get_context("fork"))
-        errors: list[BaseException] = []
-        threads = [
-            threading.Thread(
-                target=_contend, args=(Lock(client, name, ttl=10), occupancy, 10, errors)
-            )
-            for _ in range(4)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors
+        occupancy = await _exclusive(drive, name, 4, 10)
         assert occupancy.entries.value == 40
         assert occupancy.violations.value == 0
-    finally:
-        client.close()
 
 
-def _woken_through_the_slots_channel(rc: RedisCluster, mode: Callable[[str], bytes]) -> None:
+async def _woken_through_the_slots_channel(drive: Drive, mode: Callable[[str], bytes]) -> None:
     """A waiter queues with its slot's channel and ``mode(name)``, and is woken on release."""
+    rc = drive.sync_client
     for name in names_for_wakeups(rc):
-        holder = Lock(rc, name, ttl=30, wait=0)
-        assert holder.acquire()
-        result: list[bool] = []
-        waiter = Lock(rc, name, ttl=30, wait=10)
+        holder = drive.Lock(drive.client, name, ttl=30, wait=0)
+        assert await drive(holder.acquire())
+        waiter = drive.Lock(drive.client, name, ttl=30, wait=10)
 
-        def wait_then_release(w: Lock = waiter, result: list[bool] = result) -> None:
-            result.append(w.acquire())
-            w.release()
+        async def wait_then_release(w: Any = waiter) -> bool:
+            ok = await drive(w.acquire())
+            await drive(w.release())
+            return ok  # type: ignore[no-any-return]
 
-        thread = threading.Thread(target=wait_then_release)
-        thread.start()
+        party = drive.spawn(wait_then_release)
         keys = KS.lock(name)
-
-        def queued(keys=keys) -> bool:  # type: ignore[no-untyped-def]
-            return rc.llen(keys.queue) == 1
-
-        wait_until("the waiter to queue", queued, 10)
+        await drive.until(lambda keys=keys: rc.llen(keys.queue) == 1, 10)
         # The waiter's entry: its token (16 hex digits) is the field.
         entry = next(v for k, v in rc.hgetall(keys.state).items() if len(k) == 16)
         address = entry.split(b"|")[1]
         assert address.startswith(mode(name) + KS.prefix.encode() + b":N:" + keys.tag + b":")
         assert rc.keyslot(address[1:]) == rc.keyslot(keys.lease)
-        holder.release()
+        await drive(holder.release())
         # Without the wake-up the waiter would sleep until the 30 s lease ran
         # out, past its 10 s wait: acquiring at all proves it was woken.
-        thread.join(15)
-        assert result == [True]
+        assert await drive.join(party, timeout=15) == [True]
 
 
-def test_uncontended_acquire_subscribes_nothing(rc: RedisCluster) -> None:
-    lock = Lock(rc, "solo", ttl=5, wait=5)
-    assert lock.acquire()
-    lock.release()
+async def test_uncontended_acquire_subscribes_nothing(cdrive: Drive) -> None:
+    drive, rc = cdrive, cdrive.sync_client
+    lock = drive.Lock(drive.client, "solo", ttl=5, wait=5)
+    assert await drive(lock.acquire())
+    await drive(lock.release())
     node = rc.get_node_from_key(KS.lock("solo").lease)
     channels = rc.execute_command("PUBSUB", CHANNELS, target_nodes=node)
     assert not [c for c in channels if KS.lock("solo").tag in c]
@@ -300,43 +233,47 @@ def test_idle_tags_are_unsubscribed(rc: RedisCluster, monkeypatch: pytest.Monkey
     holder.release()
 
 
-def _contend(lock: Lock, occupancy: Occupancy, rounds: int, errors: list[BaseException]) -> None:
-    try:
-        for _ in range(rounds):
-            assert lock.acquire(wait=30)
-            with occupancy.section():
-                pass
-            lock.release()
-    except BaseException as exc:  # reported by the test, not lost in a thread
-        errors.append(exc)
+async def _contend(drive: Drive, lock: Any, occupancy: Occupancy, rounds: int) -> None:
+    for _ in range(rounds):
+        assert await drive(lock.acquire(wait=30))
+        await occupancy.visit(drive)
+        await drive(lock.release())
+
+
+async def _exclusive(drive: Drive, name: str, parties: int, rounds: int) -> Occupancy:
+    """``parties`` callers take ``name`` ``rounds`` times each; who was inside, counted."""
+    occupancy = Occupancy(multiprocessing.get_context("fork"))
+    await drive.join(
+        *[
+            drive.spawn(
+                lambda: _contend(drive, drive.Lock(drive.client, name, ttl=10), occupancy, rounds)
+            )
+            for _ in range(parties)
+        ],
+        timeout=60,
+    )
+    return occupancy
 
 
 @pytest.mark.parametrize("which", [0, 2])
-def test_mutual_exclusion_threads(rc: RedisCluster, which: int) -> None:
-    name = names_on_every_node(rc)[which]
-    occupancy = Occupancy(multiprocessing.get_context("fork"))
-    errors: list[BaseException] = []
-    threads = [
-        threading.Thread(target=_contend, args=(Lock(rc, name, ttl=10), occupancy, 15, errors))
-        for _ in range(6)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+async def test_mutual_exclusion(cdrive: Drive, which: int) -> None:
+    name = names_on_every_node(cdrive.sync_client)[which]
+    occupancy = await _exclusive(cdrive, name, 6, 15)
     assert occupancy.entries.value == 90
     assert occupancy.violations.value == 0
     assert occupancy.unsafe.value == 90  # no lost read-modify-write update
 
 
 def _child(port: int, name: str, occupancy: Occupancy, start: float, rounds: int) -> None:
-    client = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
-    lock = Lock(client, name, ttl=10)
-    time.sleep(max(0.0, start - time.time()))
-    errors: list[BaseException] = []
-    _contend(lock, occupancy, rounds, errors)
-    os._exit(1 if errors else 0)
+    code = 1
+    try:
+        client = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
+        lock = Lock(client, name, ttl=10)
+        time.sleep(max(0.0, start - time.time()))
+        run_to_end(_contend(Drive("sync", client, client), lock, occupancy, rounds))
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def test_mutual_exclusion_processes(rc: RedisCluster, topology: ClusterTopology) -> None:
@@ -344,91 +281,15 @@ def test_mutual_exclusion_processes(rc: RedisCluster, topology: ClusterTopology)
     ctx = multiprocessing.get_context("fork")
     occupancy = Occupancy(ctx)
     start = time.time() + 0.5
-    procs = [
-        ctx.Process(target=_child, args=(topology.nodes[0].port, name, occupancy, start, 10))
-        for _ in range(4)
-    ]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    args = (topology.nodes[0].port, name, occupancy, start, 10)
+    assert exit_codes_of_forks(_child, [args] * 4, 60) == [0, 0, 0, 0]
     assert occupancy.entries.value == 40
     assert occupancy.violations.value == 0
     assert occupancy.unsafe.value == 40
 
 
-async def test_async_waiter_woken_and_exclusive(arc: AsyncRedisCluster) -> None:
-    await _async_woken_and_exclusive(arc, lambda client, name: MODE)
-
-
-async def test_async_waiter_woken_by_publish_without_sharded_pubsub(
-    unsharded: Unsharded,
-) -> None:
-    client = AsyncRedisCluster(
-        host="127.0.0.1", port=unsharded.topology.nodes[0].port or 0, socket_timeout=5
-    )
-    await client.flushall(target_nodes=AsyncRedisCluster.PRIMARIES)
-    try:
-        await _async_woken_and_exclusive(client, unsharded.mode)
-    finally:
-        for task in asyncio.all_tasks():
-            if task.get_name().startswith("redislock-notify"):
-                task.cancel()
-        await asyncio.sleep(0)
-        await client.aclose()
-
-
-async def _async_woken_and_exclusive(
-    arc: AsyncRedisCluster, mode: Callable[[RedisCluster, str], bytes]
-) -> None:
-    sync = _client_for(arc)
-    names = names_for_wakeups(sync)
-    modes = {name: mode(sync, name) for name in names}
-    sync.close()
-    for name in names:
-        holder = AsyncLock(arc, name, ttl=30, wait=0)
-        assert await holder.acquire()
-        waiter = AsyncLock(arc, name, ttl=30, wait=10)
-
-        async def wait_then_release(w: AsyncLock = waiter) -> bool:
-            ok = await w.acquire()
-            await w.release()
-            return ok
-
-        task = asyncio.create_task(wait_then_release())
-        keys = KS.lock(name)
-        deadline = time.monotonic() + 10
-        while await arc.llen(keys.queue) != 1:
-            assert time.monotonic() < deadline, "the waiter never queued"
-            await asyncio.sleep(0.01)
-        entry = next(v for k, v in (await arc.hgetall(keys.state)).items() if len(k) == 16)
-        assert entry.split(b"|", 1)[1].startswith(modes[name])
-        await holder.release()
-        assert await asyncio.wait_for(task, 15)  # woken, not timed out
-
-    occupancy = Occupancy(multiprocessing.get_context("fork"))
-
-    async def worker() -> None:
-        lock = AsyncLock(arc, names[0], ttl=10)
-        for _ in range(10):
-            assert await lock.acquire(wait=30)
-            with occupancy.section(pause=0):
-                await asyncio.sleep(0.001)
-            await lock.release()
-
-    await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(5))), 60)
-    assert occupancy.entries.value == 50
-    assert occupancy.violations.value == 0
-
-
-def _client_for(arc: AsyncRedisCluster) -> RedisCluster:
-    node = arc.get_nodes()[0]
-    return RedisCluster(host=node.host, port=int(node.port), socket_timeout=5)
-
-
 def test_replica_ack_on_a_cluster(replicated: ClusterTopology) -> None:
-    client = _client(replicated)
+    client = cluster_client(replicated)
     try:
         name = "acked"
         lock = Lock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=2)
@@ -452,7 +313,7 @@ def test_replica_ack_on_a_cluster(replicated: ClusterTopology) -> None:
 
 
 def test_cluster_failover_keeps_the_lease_and_wakes_waiters(replicated: ClusterTopology) -> None:
-    client = _client(replicated)
+    client = cluster_client(replicated)
     try:
         name = "failover"
         holder = Lock(client, name, ttl=30, wait=0, replicas=1, replicas_timeout=2)
@@ -538,38 +399,28 @@ def test_redislocks_command_sees_every_primary(cluster_settings: None, rc: Redis
         assert rc.exists(KS.lock(name).lease) == 0
 
 
-def test_semaphore_on_a_cluster(rc: RedisCluster) -> None:
-    from django_redislock.core.drivers.semaphore import Semaphore
-
-    name = names_on_every_node(rc)[1]
+async def test_semaphore_on_a_cluster(cdrive: Drive) -> None:
+    drive = cdrive
+    name = names_on_every_node(drive.sync_client)[1]
     occupancy_limit = 2
     inside = 0
     most = 0
     mutex = threading.Lock()
-    errors: list[BaseException] = []
 
-    def worker() -> None:
+    async def worker() -> None:
         nonlocal inside, most
-        sem = Semaphore(rc, name, occupancy_limit, ttl=10, wait=30)
-        try:
-            for _ in range(5):
-                assert sem.acquire()
-                with mutex:
-                    inside += 1
-                    most = max(most, inside)
-                time.sleep(0.005)
-                with mutex:
-                    inside -= 1
-                sem.release()
-        except BaseException as exc:
-            errors.append(exc)
+        sem = drive.Semaphore(drive.client, name, occupancy_limit, ttl=10, wait=30)
+        for _ in range(5):
+            assert await drive(sem.acquire())
+            with mutex:
+                inside += 1
+                most = max(most, inside)
+            await drive.sleep(0.005)
+            with mutex:
+                inside -= 1
+            await drive(sem.release())
 
-    threads = [threading.Thread(target=worker) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors
+    await drive.join(*[drive.spawn(worker) for _ in range(5)], timeout=60)
     assert most <= occupancy_limit
 
 
@@ -606,35 +457,25 @@ def test_concurrency_middleware_on_a_cluster(
 
 
 # -- several names in different slots ---------------------------------------------------------
-def test_multi_lock_spans_slots_all_or_nothing(rc: RedisCluster) -> None:
+async def test_multi_lock_spans_slots_all_or_nothing(cdrive: Drive) -> None:
     """A cart whose names live on three primaries: one script per name, on its
     own node; a busy name on one node leaves nothing held on the others."""
+    drive, rc = cdrive, cdrive.sync_client
     names = names_on_every_node(rc)
-    holder = Lock(rc, names[1], ttl=10, wait=0)
-    assert holder.acquire()
-    cart = MultiLock(rc, list(reversed(names)), ttl=10, wait=0)
-    assert not cart.acquire()
+    holder = drive.Lock(drive.client, names[1], ttl=10, wait=0)
+    assert await drive(holder.acquire())
+    cart = drive.MultiLock(drive.client, list(reversed(names)), ttl=10, wait=0)
+    assert not await drive(cart.acquire())
     assert all(rc.exists(KS.lock(n).lease) == 0 for n in names if n != names[1])
-    holder.release()
-    assert cart.acquire()
+    await drive(holder.release())
+    assert await drive(cart.acquire())
     assert all(rc.hget(KS.lock(n).lease, "t") is not None for n in names)
     assert all(isinstance(f, int) for f in cart.fences.values())
-    cart.release()
+    await drive(cart.release())
     assert all(rc.exists(KS.lock(n).lease) == 0 for n in names)
-
-
-async def test_async_multi_lock_spans_slots(arc: AsyncRedisCluster) -> None:
-    sync = RedisCluster(
-        host=arc.get_default_node().host, port=arc.get_default_node().port, socket_timeout=5
-    )
-    try:
-        names = names_on_every_node(sync)
-        cart = AsyncMultiLock(arc, names, ttl=10, wait=0)
-        async with cart:
-            assert [await arc.exists(KS.lock(n).lease) for n in names] == [1, 1, 1]
-        assert [await arc.exists(KS.lock(n).lease) for n in names] == [0, 0, 0]
-    finally:
-        sync.close()
+    async with drive.holding(cart):
+        assert [rc.exists(KS.lock(n).lease) for n in names] == [1, 1, 1]
+    assert [rc.exists(KS.lock(n).lease) for n in names] == [0, 0, 0]
 
 
 def test_each_call_is_bounded_when_a_primary_dies(rc: RedisCluster) -> None:

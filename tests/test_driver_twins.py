@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import select
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,49 +18,26 @@ import pytest
 import redis
 import redis.asyncio
 
-from django_redislock.core import AsyncLock, KeySpace, Lock, LockNotOwned, RedisUnavailable
-from django_redislock.core.drivers.rwlock import ReadWriteLock
-from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core import AsyncLock, KeySpace, LockNotOwned, RedisUnavailable
 from django_redislock.core.io.wakeup import BACKOFF_MAX, BACKOFF_MIN, LIVENESS_INTERVAL, Reconnect
-from tests.helpers_oracles import wait_until
+from tests.drive import Drive
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-async def ar(redis_server: Any) -> AsyncIterator[redis.asyncio.Redis]:
-    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
-    yield client
-    await client.aclose()
-
-
-def test_the_renew_max_stop_is_logged_by_the_renew_logger(
-    r: redis.Redis, caplog: pytest.LogCaptureFixture
+async def test_the_renew_max_stop_is_logged_by_the_renew_logger(
+    drive: Drive, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Lock logged it to django_redislock.acquire, AsyncLock to .renew.
-    lock = Lock(r, "twins-renew-max", ttl=0.6, wait=0, renew=True, renew_max=0.3)
+    lock = drive.Lock(drive.client, "twins-renew-max", ttl=0.6, wait=0, renew=True, renew_max=0.3)
     with caplog.at_level(logging.INFO, logger="django_redislock.renew"):
-        assert lock.acquire()
+        assert await drive(lock.acquire())
         # Not released: the lease runs out by itself once renewal stops.
-        wait_until(
+        await drive.until(
             lambda: any("stopped renewing" in rec.getMessage() for rec in caplog.records),
             timeout=10,
         )
-    stops = [rec for rec in caplog.records if "stopped renewing" in rec.getMessage()]
-    assert [rec.name for rec in stops] == ["django_redislock.renew"]
-
-
-async def test_async_renew_max_stop_is_logged_by_the_renew_logger(
-    ar: redis.asyncio.Redis, caplog: pytest.LogCaptureFixture
-) -> None:
-    lock = AsyncLock(ar, "twins-arenew-max", ttl=0.6, wait=0, renew=True, renew_max=0.3)
-    with caplog.at_level(logging.INFO, logger="django_redislock.renew"):
-        assert await lock.acquire()
-        for _ in range(400):
-            if any("stopped renewing" in rec.getMessage() for rec in caplog.records):
-                break
-            await asyncio.sleep(0.025)
     stops = [rec for rec in caplog.records if "stopped renewing" in rec.getMessage()]
     assert [rec.name for rec in stops] == ["django_redislock.renew"]
 
@@ -116,35 +92,35 @@ class _Boom(Exception):
 
 
 @pytest.mark.parametrize("kind", ["semaphore", "rwlock"])
-def test_owned_reports_only_redis_errors_as_unavailable(
-    r: redis.Redis, monkeypatch: pytest.MonkeyPatch, kind: str
+async def test_owned_reports_only_redis_errors_as_unavailable(
+    drive: Drive, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     # Semaphore and ReadWriteLock caught Exception where Lock caught RedisError:
     # a bug in the caller's client came out as RedisUnavailable.
     handle: Any = (
-        Semaphore(r, "twins-owned", 2, wait=0)
+        drive.Semaphore(drive.client, "twins-owned", 2, wait=0)
         if kind == "semaphore"
-        else ReadWriteLock(r, "twins-owned", "read", wait=0)
+        else drive.ReadWriteLock(drive.client, "twins-owned", "read", wait=0)
     )
-    assert handle.acquire()
+    assert await drive(handle.acquire())
     try:
 
         def broken(*args: object) -> None:
             raise _Boom("not Redis")
 
-        monkeypatch.setattr(r, "zscore", broken)
+        monkeypatch.setattr(drive.client, "zscore", broken)
         with pytest.raises(_Boom):
-            handle.owned()
+            await drive(handle.owned())
 
         def down(*args: object) -> None:
             raise redis.ConnectionError("Redis is down")
 
-        monkeypatch.setattr(r, "zscore", down)
+        monkeypatch.setattr(drive.client, "zscore", down)
         with pytest.raises(RedisUnavailable):
-            handle.owned()
+            await drive(handle.owned())
     finally:
         monkeypatch.undo()
-        handle.release()
+        await drive(handle.release())
 
 
 # -- the notifiers' one reconnection policy -----------------------------------------------

@@ -23,62 +23,46 @@ from django_redislock.core.io import wakeup
 from django_redislock.core.io.notify import Notifier
 from django_redislock.core.io.wakeup import NO_CHANNEL
 from django_redislock.core.ops.force import clear
+from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 
 
 # -- a loss the handle knows of is a loss everywhere (invariant 11) -----------
-def test_a_lease_cleared_and_found_gone_by_renewal_is_no_longer_held(r: redis.Redis) -> None:
-    lost = threading.Event()
-    lock = Lock(r, "renewed", ttl=0.6, wait=0, renew=True, on_lost=lambda _lock: lost.set())
-    assert lock.acquire()
+async def test_a_lease_cleared_and_found_gone_by_renewal_is_no_longer_held(
+    drive: Drive, r: redis.Redis
+) -> None:
+    lost = drive.event()
+    lock = drive.Lock(
+        drive.client, "renewed", ttl=0.6, wait=0, renew=True, on_lost=lambda _lock: lost.set()
+    )
+    assert await drive(lock.acquire())
     try:
         assert clear(r, KeySpace(), names=["renewed"]).released
-        other = Lock(r, "renewed", ttl=30, wait=0)
-        assert other.acquire()
-        assert lost.wait(5), "the renewal did not notice the loss"
+        other = drive.Lock(drive.client, "renewed", ttl=30, wait=0)
+        assert await drive(other.acquire())
+        await lost.wait(5)  # else the renewal did not notice the loss
         # Until now `held` stayed True for the rest of the validity window.
         assert lock.lost
         assert not lock.held
         assert lock.remaining == 0
-        other.release()
+        await drive(other.release())
     finally:
         with pytest.raises(LockLost):
-            lock.release()
+            await drive(lock.release())
 
 
-def test_a_lease_found_gone_by_extend_is_no_longer_held(r: redis.Redis) -> None:
-    lock = Lock(r, "extended", ttl=30, wait=0)
-    assert lock.acquire()
+async def test_a_lease_found_gone_by_extend_is_no_longer_held(drive: Drive, r: redis.Redis) -> None:
+    lock = drive.Lock(drive.client, "extended", ttl=30, wait=0)
+    assert await drive(lock.acquire())
     assert clear(r, KeySpace(), names=["extended"]).released
     with pytest.raises(LockLost):
-        lock.extend()
+        await drive(lock.extend())
     assert not lock.held
     assert lock.remaining == 0
     with pytest.raises(LockLost):
-        lock.release()
+        await drive(lock.release())
 
 
-async def test_an_async_lease_found_gone_by_renewal_is_no_longer_held(
-    redis_server: Any, r: redis.Redis
-) -> None:
-    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)
-    lost = asyncio.Event()
-    lock = AsyncLock(
-        client, "renewed-a", ttl=0.6, wait=0, renew=True, on_lost=lambda _l: lost.set()
-    )
-    try:
-        assert await lock.acquire()
-        assert clear(r, KeySpace(), names=["renewed-a"]).released
-        await asyncio.wait_for(lost.wait(), 5)
-        assert not lock.held
-        assert lock.remaining == 0
-        with pytest.raises(LockLost):
-            await lock.release()
-    finally:
-        await client.aclose()
-
-
-# -- never two holders from a stale handoff (invariant 12) --------------------
 class _Pause:
     """Pauses the waiter thread or task at one point of its wait loop, once."""
 

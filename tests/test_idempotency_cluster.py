@@ -24,21 +24,12 @@ from tests.topologies import ClusterTopology
 pytestmark = [pytest.mark.cluster, pytest.mark.urls("tests.test_idempotency")]
 
 
-@pytest.fixture(scope="module")
-def topology() -> Iterator[ClusterTopology]:
-    cluster = ClusterTopology(primaries=3, replicas=0).start()
-    yield cluster
-    cluster.stop()
-
-
 @pytest.fixture
-def rc(topology: ClusterTopology) -> Iterator[RedisCluster]:
-    client = RedisCluster(host="127.0.0.1", port=topology.nodes[0].port or 0, socket_timeout=5)
-    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+def rc(rc: RedisCluster) -> Iterator[RedisCluster]:
+    """conftest's client, with the views' records cleared and their gate open after."""
     runs.clear()
-    yield client
+    yield rc
     gate.open.set()
-    client.close()
 
 
 @pytest.fixture

@@ -1,7 +1,12 @@
-"""``Lock`` against a real Redis: basics, ownership, loss, fencing, waiting."""
+"""``Lock`` and ``AsyncLock`` against a real Redis: basics, ownership, loss, fencing, waiting.
+
+A scenario that takes ``drive`` runs on both drivers (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import threading
@@ -10,8 +15,10 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from django_redislock.core import (
+    AsyncLock,
     KeySpace,
     Lock,
     LockError,
@@ -21,36 +28,18 @@ from django_redislock.core import (
     RedisUnavailable,
 )
 from django_redislock.core.engine import scripts
+from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 from tests.servers import free_port
 
 
-def _run_thread(fn: Any) -> Any:
-    """Run ``fn`` in another thread; return its result or re-raise its exception."""
-    out: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            out["value"] = fn()
-        except BaseException as exc:
-            out["error"] = exc
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join(10)
-    assert not t.is_alive()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
-
-
 # -- basics ------------------------------------------------------------------------------
-def test_acquire_release_and_state(r: redis.Redis) -> None:
+async def test_acquire_release_and_state(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    lock = Lock(r, "basic", ttl=10, wait=0)
-    assert not lock.held and lock.remaining == 0 and not lock.owned()
-    assert lock.acquire()
-    assert lock.held and lock.owned()
+    lock = drive.Lock(drive.client, "basic", ttl=10, wait=0)
+    assert not lock.held and lock.remaining == 0 and not await drive(lock.owned())
+    assert await drive(lock.acquire())
+    assert lock.held and await drive(lock.owned())
     assert 0 < lock.remaining <= 10
     assert lock.token is not None and lock.fence is not None
     lease = r.hgetall(lock.keys.lease)
@@ -59,427 +48,458 @@ def test_acquire_release_and_state(r: redis.Redis) -> None:
     assert b"n" not in lease  # the key shows a short name; only long ones are stored
     assert 0 < r.pttl(lock.keys.lease) <= 10_000
     audit_keyspace(r)
-    lock.release()
-    assert not lock.held and not lock.owned() and lock.remaining == 0
+    await drive(lock.release())
+    assert not lock.held and not await drive(lock.owned()) and lock.remaining == 0
     assert not r.exists(lock.keys.lease)
+    with pytest.raises(LockNotOwned):
+        await drive(lock.release())
     # Reusable after release.
-    assert lock.acquire()
-    lock.release()
+    assert await drive(lock.acquire())
+    await drive(lock.release())
     audit_keyspace(r)
 
 
-def test_extend_resets_ttl(r: redis.Redis) -> None:
-    lock = Lock(r, "extend", ttl=2, wait=0)
-    assert lock.acquire()
+async def test_extend_resets_ttl(drive: Drive, r: redis.Redis) -> None:
+    lock = drive.Lock(drive.client, "extend", ttl=2, wait=0)
+    assert await drive(lock.acquire())
     assert r.pttl(lock.keys.lease) <= 2000
-    lock.extend(20)
+    await drive(lock.extend(20))
     assert r.pttl(lock.keys.lease) > 2000
     assert lock.remaining > 2
-    lock.extend()
+    await drive(lock.extend())
     assert r.pttl(lock.keys.lease) <= 2000
-    lock.release()
+    await drive(lock.release())
 
 
-def test_acquire_ttl_override(r: redis.Redis) -> None:
-    lock = Lock(r, "ttl-override", ttl=1, wait=0)
-    assert lock.acquire(ttl=30)
+async def test_acquire_ttl_override(drive: Drive, r: redis.Redis) -> None:
+    lock = drive.Lock(drive.client, "ttl-override", ttl=1, wait=0)
+    assert await drive(lock.acquire(ttl=30))
     assert r.pttl(lock.keys.lease) > 1000
-    lock.release()
+    await drive(lock.release())
 
 
-def test_wait_zero_tries_once_and_does_not_queue(r: redis.Redis) -> None:
-    holder = Lock(r, "once", ttl=20, wait=0)
-    other = Lock(r, "once", ttl=20, wait=0)
-    assert holder.acquire()
+async def test_wait_zero_tries_once_and_does_not_queue(drive: Drive, r: redis.Redis) -> None:
+    holder = drive.Lock(drive.client, "once", ttl=20, wait=0)
+    other = drive.Lock(drive.client, "once", ttl=20, wait=0)
+    assert await drive(holder.acquire())
     started = time.monotonic()
-    assert not other.acquire()
-    assert not other.acquire(wait=0)
+    assert not await drive(other.acquire())
+    assert not await drive(other.acquire(wait=0))
     assert time.monotonic() - started < 2
     assert other.retry_after is not None and 10 < other.retry_after <= 20
     assert r.llen(holder.keys.queue) == 0
     assert not other.held and other.token is None
-    holder.release()
-    assert other.acquire()
-    other.release()
+    await drive(holder.release())
+    assert await drive(other.acquire())
+    await drive(other.release())
 
 
-def test_context_manager(r: redis.Redis) -> None:
+async def test_context_manager(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    with Lock(r, "ctx", ttl=10, wait=0) as lock:
-        assert lock.owned()
-        with pytest.raises(LockNotAcquired) as info, Lock(r, "ctx", ttl=10, wait=0):
-            pass  # pragma: no cover
+    async with drive.holding(drive.Lock(drive.client, "ctx", ttl=10, wait=0)) as lock:
+        assert await drive(lock.owned())
+        with pytest.raises(LockNotAcquired) as info:
+            async with drive.holding(drive.Lock(drive.client, "ctx", ttl=10, wait=0)):
+                pass  # pragma: no cover
         assert info.value.name == "ctx"
         assert info.value.retry_after is not None and 0 < info.value.retry_after <= 10
     assert not r.exists(lock.keys.lease)
     # The body's exception passes through, and the lock is released.
-    with pytest.raises(KeyError), Lock(r, "ctx", ttl=10, wait=0):
-        raise KeyError("body")
+    with pytest.raises(KeyError):
+        async with drive.holding(drive.Lock(drive.client, "ctx", ttl=10, wait=0)):
+            raise KeyError("body")
     assert not r.exists(lock.keys.lease)
     audit_keyspace(r)
 
 
-def test_wait_times_out_returns_false(r: redis.Redis) -> None:
-    holder = Lock(r, "timeout", ttl=20, wait=0)
-    assert holder.acquire()
-    waiter = Lock(r, "timeout", ttl=20)
+async def test_wait_times_out_returns_false(drive: Drive, r: redis.Redis) -> None:
+    holder = drive.Lock(drive.client, "timeout", ttl=20, wait=0)
+    assert await drive(holder.acquire())
+    waiter = drive.Lock(drive.client, "timeout", ttl=20)
     started = time.monotonic()
-    assert not waiter.acquire(wait=0.3)
+    assert not await drive(waiter.acquire(wait=0.3))
     assert 0.25 < time.monotonic() - started < 5
     # It left the queue behind it.
     assert r.llen(holder.keys.queue) == 0
     assert r.hget(holder.keys.state, waiter.token or "") is None
-    holder.release()
+    await drive(holder.release())
 
 
 @pytest.mark.parametrize("bad", [-1, -0.001, math.inf, -math.inf, math.nan])
-def test_bad_durations_are_value_errors(r: redis.Redis, bad: float) -> None:
+async def test_bad_durations_are_value_errors(drive: Drive, r: redis.Redis, bad: float) -> None:
     with pytest.raises(ValueError, match="ttl must be a finite number"):
-        Lock(r, "args", ttl=bad)
+        drive.Lock(drive.client, "args", ttl=bad)
     with pytest.raises(ValueError, match="wait must be a finite number"):
-        Lock(r, "args", wait=bad)
+        drive.Lock(drive.client, "args", wait=bad)
     with pytest.raises(ValueError, match="renew_max"):
-        Lock(r, "args", renew_max=bad)
-    lock = Lock(r, "args")
+        drive.Lock(drive.client, "args", renew_max=bad)
+    lock = drive.Lock(drive.client, "args")
     with pytest.raises(ValueError, match="wait"):
-        lock.acquire(wait=bad)
+        await drive(lock.acquire(wait=bad))
     with pytest.raises(ValueError, match="ttl"):
-        lock.acquire(ttl=bad)
+        await drive(lock.acquire(ttl=bad))
     assert not r.exists(lock.keys.lease)
 
 
 @pytest.mark.parametrize("bad", [True, False, "1", None, b"1", [1]])
-def test_non_numbers_are_type_errors(r: redis.Redis, bad: object) -> None:
+async def test_non_numbers_are_type_errors(drive: Drive, bad: object) -> None:
     with pytest.raises(TypeError, match="ttl must be a number of seconds"):
-        Lock(r, "args", ttl=bad)  # type: ignore[arg-type]
+        drive.Lock(drive.client, "args", ttl=bad)
     if bad is not None:
         with pytest.raises(TypeError, match="wait must be a number of seconds"):
-            Lock(r, "args", wait=bad)  # type: ignore[arg-type]
+            drive.Lock(drive.client, "args", wait=bad)
         with pytest.raises(TypeError, match="wait"):
-            Lock(r, "args").acquire(wait=bad)  # type: ignore[arg-type]
+            await drive(drive.Lock(drive.client, "args").acquire(wait=bad))
 
 
-def test_zero_ttl_is_rejected_zero_wait_is_not(r: redis.Redis) -> None:
+async def test_zero_ttl_is_rejected_zero_wait_is_not(drive: Drive) -> None:
     with pytest.raises(ValueError, match="more than 0"):
-        Lock(r, "args", ttl=0)
-    Lock(r, "args", wait=0)
+        drive.Lock(drive.client, "args", ttl=0)
+    drive.Lock(drive.client, "args", wait=0)
     with pytest.raises(ValueError, match="drift_factor"):
-        Lock(r, "args", drift_factor=0.7)
+        drive.Lock(drive.client, "args", drift_factor=0.7)
 
 
-def test_not_reentrant(r: redis.Redis) -> None:
-    lock = Lock(r, "reentrant", ttl=10, wait=5)
-    assert lock.acquire()
+async def test_not_reentrant(drive: Drive) -> None:
+    lock = drive.Lock(drive.client, "reentrant", ttl=10, wait=5)
+    assert await drive(lock.acquire())
     with pytest.raises(LockError, match="not reentrant"):
-        lock.acquire()
+        await drive(lock.acquire())
     with pytest.raises(LockError, match="not reentrant"):
-        lock.acquire(wait=0)
-    assert lock.owned()
-    lock.release()
+        await drive(lock.acquire(wait=0))
+    assert await drive(lock.owned())
+    await drive(lock.release())
 
 
 # -- ownership -----------------------------------------------------------------------------
-def test_other_handle_cannot_release_or_extend(r: redis.Redis) -> None:
-    a = Lock(r, "owner", ttl=10, wait=0)
-    b = Lock(r, "owner", ttl=10, wait=0)
-    assert a.acquire()
+async def test_other_handle_cannot_release_or_extend(drive: Drive, r: redis.Redis) -> None:
+    a = drive.Lock(drive.client, "owner", ttl=10, wait=0)
+    b = drive.Lock(drive.client, "owner", ttl=10, wait=0)
+    assert await drive(a.acquire())
+    assert not await drive(b.acquire())
+    assert b.retry_after is not None and 0 < b.retry_after <= 10
     with pytest.raises(LockNotOwned):
-        b.release()
+        await drive(b.release())
     with pytest.raises(LockNotOwned):
-        b.extend()
-    assert not b.owned()
-    assert a.owned()
-    assert r.hget(a.keys.lease, "t") == a.token.encode()  # type: ignore[union-attr]
-    a.release()
+        await drive(b.extend())
+    assert not await drive(b.owned())
+    assert await drive(a.owned())
+    assert r.hget(a.keys.lease, "t") == a.token.encode()
+    await drive(a.release())
 
 
-def test_other_thread_cannot_release_or_extend_same_handle(r: redis.Redis) -> None:
-    lock = Lock(r, "thread-owner", ttl=10, wait=0)
-    assert lock.acquire()
-    with pytest.raises(LockNotOwned, match="another thread"):
-        _run_thread(lock.release)
-    with pytest.raises(LockNotOwned, match="another thread"):
-        _run_thread(lock.extend)
-    assert lock.owned()
-    # A second thread on the same handle waits, like threading.Lock.
-    assert _run_thread(lambda: lock.acquire(wait=0)) is False
-    assert _run_thread(lambda: lock.acquire(wait=0.2)) is False
-    lock.release()
-    assert _run_thread(lambda: lock.acquire(wait=0)) is True
-    assert r.exists(lock.keys.lease)
+async def test_another_thread_or_task_cannot_release_or_extend_same_handle(
+    drive: Drive, r: redis.Redis
+) -> None:
+    lock = drive.Lock(drive.client, "thread-owner", ttl=10, wait=0)
+    assert await drive(lock.acquire())
+
+    async def elsewhere(call: Any) -> Any:
+        return await drive.join(drive.spawn(lambda: drive(call())), timeout=10)
+
+    with pytest.raises(LockNotOwned, match=f"another {drive.party}"):
+        await elsewhere(lock.release)
+    with pytest.raises(LockNotOwned, match=f"another {drive.party}"):
+        await elsewhere(lock.extend)
+    assert await drive(lock.owned())
+    # A second thread or task on the same handle waits, like threading.Lock.
+    assert await elsewhere(lambda: lock.acquire(wait=0)) == [False]
+    assert await elsewhere(lambda: lock.acquire(wait=0.2)) == [False]
+    # It waits until the first releases.
+    got = drive.event()
+
+    async def second() -> None:
+        assert await drive(lock.acquire(wait=5))
+        got.set()
+
+    party = drive.spawn(second)
+    with pytest.raises(TimeoutError):
+        await got.wait(0.2)
+    assert await drive(lock.owned())
+    await drive(lock.release())
+    await drive.join(party, timeout=5)
+    assert got.is_set() and r.exists(lock.keys.lease)
     with pytest.raises(LockNotOwned):
-        lock.release()
+        await drive(lock.release())
 
 
-def test_released_handle_cannot_release_or_extend(r: redis.Redis) -> None:
-    a = Lock(r, "released", ttl=10, wait=0)
-    assert a.acquire()
-    a.release()
-    b = Lock(r, "released", ttl=10, wait=0)
-    assert b.acquire()
+async def test_released_handle_cannot_release_or_extend(drive: Drive) -> None:
+    a = drive.Lock(drive.client, "released", ttl=10, wait=0)
+    assert await drive(a.acquire())
+    await drive(a.release())
+    b = drive.Lock(drive.client, "released", ttl=10, wait=0)
+    assert await drive(b.acquire())
     with pytest.raises(LockNotOwned):
-        a.release()
+        await drive(a.release())
     with pytest.raises(LockNotOwned):
-        a.extend()
-    assert b.owned()
-    b.release()
-    never = Lock(r, "released")
+        await drive(a.extend())
+    assert await drive(b.owned())
+    await drive(b.release())
+    never = drive.Lock(drive.client, "released")
     with pytest.raises(LockNotOwned):
-        never.release()
+        await drive(never.release())
 
 
 @pytest.mark.parametrize("how", ["clear", "del"])
-def test_lost_lease_is_reported(r: redis.Redis, how: str) -> None:
+async def test_lost_lease_is_reported(drive: Drive, r: redis.Redis, how: str) -> None:
     plant_sentinel(r)
-    lost: list[Lock] = []
-    a = Lock(r, "lost", ttl=10, wait=0, on_lost=lost.append)
-    b = Lock(r, "lost", ttl=10, wait=0)
-    assert a.acquire()
+    lost: list[Any] = []
+    a = drive.Lock(drive.client, "lost", ttl=10, wait=0, on_lost=lost.append)
+    b = drive.Lock(drive.client, "lost", ttl=10, wait=0)
+    assert await drive(a.acquire())
     fence_a = a.fence
     if how == "clear":
         assert scripts.run(r, scripts.CLEAR, a._key_tuple, (2000, "")) == 1
     else:
         r.delete(a.keys.lease)
-    assert not a.owned()
+    assert not await drive(a.owned())
     with pytest.raises(LockLost):
-        a.extend()
+        await drive(a.extend())
     assert lost == [a]
-    assert b.acquire()
+    assert await drive(b.acquire())
     assert b.fence is not None and fence_a is not None and b.fence > fence_a
     # The old holder's release must not touch the new holder's lease.
     with pytest.raises(LockLost):
-        a.release()
+        await drive(a.release())
     assert lost == [a]
-    assert b.owned()
-    assert r.hget(b.keys.lease, "t") == b.token.encode()  # type: ignore[union-attr]
-    b.release()
+    assert await drive(b.owned())
+    assert r.hget(b.keys.lease, "t") == b.token.encode()
+    await drive(b.release())
     audit_keyspace(r)
 
 
-def test_lost_at_release_calls_on_lost(r: redis.Redis) -> None:
-    lost: list[Lock] = []
-    a = Lock(r, "lost2", ttl=10, wait=0, on_lost=lost.append)
-    assert a.acquire()
+async def test_lost_at_release_calls_on_lost(drive: Drive, r: redis.Redis) -> None:
+    lost: list[Any] = []
+    a = drive.Lock(drive.client, "lost2", ttl=10, wait=0, on_lost=lost.append)
+    assert await drive(a.acquire())
     r.delete(a.keys.lease)
-    b = Lock(r, "lost2", ttl=10, wait=0)
-    assert b.acquire()
+    b = drive.Lock(drive.client, "lost2", ttl=10, wait=0)
+    assert await drive(b.acquire())
+    assert b.fence > a.fence
     with pytest.raises(LockLost):
-        a.release()
+        await drive(a.release())
     assert lost == [a] and a.lost
-    assert b.owned()
+    assert await drive(b.owned())
     # The handle is usable again, and the lost flag is cleared by the new lease.
-    b.release()
-    assert a.acquire()
+    await drive(b.release())
+    assert await drive(a.acquire())
     assert not a.lost
-    a.release()
+    await drive(a.release())
 
 
-def test_lost_in_context_manager_raises(r: redis.Redis) -> None:
-    with pytest.raises(LockLost), Lock(r, "lost3", ttl=10, wait=0) as lock:
-        r.delete(lock.keys.lease)
+async def test_lost_in_context_manager_raises(drive: Drive, r: redis.Redis) -> None:
+    with pytest.raises(LockLost):
+        async with drive.holding(drive.Lock(drive.client, "lost3", ttl=10, wait=0)) as lock:
+            r.delete(lock.keys.lease)
 
 
-def test_clear_with_wrong_token_does_nothing(r: redis.Redis) -> None:
-    a = Lock(r, "clear", ttl=10, wait=0)
-    assert a.acquire()
+async def test_clear_with_wrong_token_does_nothing(drive: Drive, r: redis.Redis) -> None:
+    a = drive.Lock(drive.client, "clear", ttl=10, wait=0)
+    assert await drive(a.acquire())
     assert scripts.run(r, scripts.CLEAR, a._key_tuple, (2000, "someone-else")) == 0
-    assert a.owned()
-    a.release()
+    assert await drive(a.owned())
+    await drive(a.release())
 
 
 # -- fencing ---------------------------------------------------------------------------------
-def test_fences_strictly_increase(r: redis.Redis) -> None:
-    a = Lock(r, "fence", ttl=10, wait=0)
-    b = Lock(r, "fence", ttl=10, wait=0)
-    other = Lock(r, "fence-other", ttl=10, wait=0)
+async def test_fences_strictly_increase(drive: Drive, r: redis.Redis) -> None:
+    a = drive.Lock(drive.client, "fence", ttl=10, wait=0)
+    b = drive.Lock(drive.client, "fence", ttl=10, wait=0)
+    other = drive.Lock(drive.client, "fence-other", ttl=10, wait=0)
     fences = []
     for i in range(200):
         lock = a if i % 2 else b
-        assert lock.acquire()
-        assert int(r.hget(lock.keys.lease, "f")) == lock.fence  # type: ignore[arg-type]
+        assert await drive(lock.acquire())
+        assert int(r.hget(lock.keys.lease, "f")) == lock.fence
         fences.append(lock.fence)
         if i % 10 == 0:
-            assert other.acquire()
-            other.release()
-        lock.release()
+            assert await drive(other.acquire())
+            await drive(other.release())
+        await drive(lock.release())
     assert all(x < y for x, y in itertools.pairwise(fences)), fences
 
 
-def test_fences_increase_across_expiry_and_state_loss(r: redis.Redis) -> None:
+async def test_fences_increase_across_expiry_and_state_loss(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    lock = Lock(r, "fence-expiry", ttl=0.05, wait=0)
-    assert lock.acquire()
+    lock = drive.Lock(drive.client, "fence-expiry", ttl=0.05, wait=0)
+    assert await drive(lock.acquire())
     first = lock.fence
-    wait_until(lambda: not r.exists(lock.keys.lease), timeout=5)
+    await drive.until(lambda: not r.exists(lock.keys.lease), timeout=5)
     audit_keyspace(r)
     r.delete(lock.keys.state)
     with pytest.raises(LockLost):
-        lock.release()
-    assert lock.acquire()
+        await drive(lock.release())
+    assert await drive(lock.acquire())
     assert lock.fence is not None and first is not None and lock.fence > first
     second = lock.fence
-    lock.release()
+    await drive(lock.release())
     # And with every key of the lock gone.
     r.delete(lock.keys.state, lock.keys.lease, lock.keys.queue)
-    assert lock.acquire()
+    assert await drive(lock.acquire())
     assert lock.fence > second
-    lock.release()
+    await drive(lock.release())
 
 
-def test_fences_stay_above_the_last_one_when_the_server_clock_is_behind(r: redis.Redis) -> None:
+async def test_fences_stay_above_the_last_one_when_the_server_clock_is_behind(
+    drive: Drive, r: redis.Redis
+) -> None:
     # A fence is the server clock in microseconds unless the last fence of the
     # name is not below it (a clock stepped back): then it is the last plus one.
-    lock = Lock(r, "fence-floor", ttl=10, wait=0)
-    assert lock.acquire()
+    lock = drive.Lock(drive.client, "fence-floor", ttl=10, wait=0)
+    assert await drive(lock.acquire())
     now_us = lock.fence
-    lock.release()
+    await drive(lock.release())
     assert now_us is not None
     ahead = now_us + 10**12  # the last fence, 11 days ahead of the clock
     r.hset(lock.keys.state, "f", str(ahead))
     fences = []
     for _ in range(3):
-        assert lock.acquire()
+        assert await drive(lock.acquire())
         fences.append(lock.fence)
-        lock.release()
+        await drive(lock.release())
     assert fences == [ahead + 1, ahead + 2, ahead + 3]
     # A floor with fewer digits than the clock never wins.
     r.hset(lock.keys.state, "f", "999")
-    assert lock.acquire()
+    assert await drive(lock.acquire())
     assert lock.fence is not None and now_us < lock.fence < ahead
-    lock.release()
+    await drive(lock.release())
 
 
-def test_fences_increase_across_restart_without_persistence(redis_factory: Any) -> None:
+async def test_fences_increase_across_restart_without_persistence(
+    drive: Drive, redis_factory: Any
+) -> None:
     server = redis_factory(port=free_port(), unix=False, persistence=False).start()
-    client = server.client(socket_timeout=5, socket_connect_timeout=5)
-    try:
-        lock = Lock(client, "fence-restart", ttl=30, wait=0)
+    look = server.client(socket_timeout=5, socket_connect_timeout=5)
+    async with drive.connect(server.url, socket_timeout=5, socket_connect_timeout=5) as client:
+        lock = drive.Lock(client, "fence-restart", ttl=30, wait=0)
         fences = []
         for _ in range(3):
-            assert lock.acquire()
+            assert await drive(lock.acquire())
             fences.append(lock.fence)
             server.restart()  # SIGKILL, no persistence: every key is gone
-            assert client.dbsize() == 0
+            assert look.dbsize() == 0
             with pytest.raises(LockLost):
-                lock.release()
-        assert lock.acquire()
+                await drive(lock.release())
+        assert await drive(lock.acquire())
         fences.append(lock.fence)
-        assert int(client.hget(lock.keys.lease, "f")) == lock.fence  # type: ignore[arg-type]
-        lock.release()
+        assert int(look.hget(lock.keys.lease, "f")) == lock.fence
+        await drive(lock.release())
         assert all(x < y for x, y in itertools.pairwise(fences)), fences
-    finally:
-        client.close()
+    look.close()
 
 
 # -- waiting -----------------------------------------------------------------------------------
-def test_release_hands_over_by_notification(r: redis.Redis) -> None:
+async def test_release_hands_over_by_notification(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    holder = Lock(r, "handoff", ttl=30, wait=0)
-    assert holder.acquire()
-    got = threading.Event()
-    waiter = Lock(r, "handoff", ttl=30, wait=15)
-    results: list[bool] = []
+    holder = drive.Lock(drive.client, "handoff", ttl=30, wait=0)
+    assert await drive(holder.acquire())
+    got = drive.event()
+    holder_released = drive.event()
+    waiter = drive.Lock(drive.client, "handoff", ttl=30, wait=15)
 
-    def wait_for_it() -> None:
-        results.append(waiter.acquire())
+    async def wait_for_it() -> bool:
+        ok = await drive(waiter.acquire())
         got.set()
-        holder_released.wait(10)
+        await holder_released.wait(10)
+        return ok
 
-    holder_released = threading.Event()
-    t = threading.Thread(target=wait_for_it)
-    t.start()
+    party = drive.spawn(wait_for_it)
     try:
-        wait_until(lambda: r.llen(holder.keys.queue) == 1)
+        await drive.until(lambda: r.llen(holder.keys.queue) == 1)
         released_at = time.monotonic()
-        holder.release()
+        await drive(holder.release())
         # The holder's lease had 30 s left: only the notification explains this.
-        assert got.wait(10)
+        await got.wait(10)
         assert time.monotonic() - released_at < 2
-        assert results == [True]
     finally:
         holder_released.set()
-        t.join(10)
+    assert await drive.join(party, timeout=10) == [True]
     assert r.llen(holder.keys.queue) == 0
-    assert r.hget(waiter.keys.lease, "t") == waiter.token.encode()  # type: ignore[union-attr]
-    # The waiter's thread ended without releasing: the lease stays until its TTL.
+    assert r.hget(waiter.keys.lease, "t") == waiter.token.encode()
+    # The waiter ended without releasing: the lease stays until its TTL.
     audit_keyspace(r)
 
 
-def test_waiters_are_served_in_fifo_order(r: redis.Redis) -> None:
+async def test_waiters_are_served_in_fifo_order(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
     n = 8
-    holder = Lock(r, "fifo", ttl=30, wait=0)
-    assert holder.acquire()
+    holder = drive.Lock(drive.client, "fifo", ttl=30, wait=0)
+    assert await drive(holder.acquire())
     order: list[int] = []
-    errors: list[BaseException] = []
 
-    def waiter(k: int) -> None:
-        lock = Lock(r, "fifo", ttl=30, wait=30)
-        try:
-            if lock.acquire():
-                order.append(k)
-                lock.release()
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+    async def waiter(k: int) -> None:
+        lock = drive.Lock(drive.client, "fifo", ttl=30, wait=30)
+        if await drive(lock.acquire()):
+            order.append(k)
+            await drive(lock.release())
 
-    threads = []
+    parties = []
     for k in range(n):
-        t = threading.Thread(target=waiter, args=(k,))
-        t.start()
-        threads.append(t)
+        parties.append(drive.spawn(lambda k=k: waiter(k)))
         # Start the next waiter only once this one is in the queue.
-        wait_until(lambda k=k: r.llen(holder.keys.queue) == k + 1)  # type: ignore[misc]
-    holder.release()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads)
-    assert not errors
+        await drive.until(lambda k=k: r.llen(holder.keys.queue) == k + 1)
+    await drive(holder.release())
+    await drive.join(*parties, timeout=30)
     assert order == list(range(n))
     audit_keyspace(r)
 
 
-def test_hundreds_of_waiters_do_not_exhaust_the_pool(redis_server: Any) -> None:
-    pool = redis.BlockingConnectionPool.from_url(
-        redis_server.url, max_connections=8, timeout=5, socket_timeout=5
-    )
-    client = redis.Redis(connection_pool=pool)
-    plant_sentinel(client)
+async def test_hundreds_of_waiters_do_not_exhaust_the_pool(drive: Drive, r: redis.Redis) -> None:
+    plant_sentinel(r)
     n = 200
-    holder = Lock(client, "crowd", ttl=60, wait=0)
-    assert holder.acquire()
     got: list[int] = []
-    errors: list[BaseException] = []
-    mutex = threading.Lock()
+    async with drive.pooled(8, timeout=5) as client:
+        holder = drive.Lock(client, "crowd", ttl=60, wait=0)
+        assert await drive(holder.acquire())
 
-    def waiter(k: int) -> None:
-        lock = Lock(client, "crowd", ttl=60, wait=90)
-        try:
-            if lock.acquire():
-                with mutex:
-                    got.append(k)
-                lock.release()
-        except BaseException as exc:  # reported below
-            with mutex:
-                errors.append(exc)
+        async def waiter(k: int) -> None:
+            lock = drive.Lock(client, "crowd", ttl=60, wait=90)
+            if await drive(lock.acquire()):
+                got.append(k)
+                await drive(lock.release())
 
-    threads = [threading.Thread(target=waiter, args=(k,)) for k in range(n)]
-    try:
-        for t in threads:
-            t.start()
-        wait_until(lambda: client.llen(holder.keys.queue) == n, timeout=60, interval=0.05)
+        parties = [drive.spawn(lambda k=k: waiter(k)) for k in range(n)]
+        await drive.until(lambda: r.llen(holder.keys.queue) == n, timeout=60, interval=0.05)
         started = time.monotonic()
-        holder.release()
+        await drive(holder.release())
         # Not starved of a connection by the waiters.
         assert time.monotonic() - started < 2
-        for t in threads:
-            t.join(90)
-        assert not any(t.is_alive() for t in threads)
-        assert not errors, errors[:3]
-        assert sorted(got) == list(range(n))
-        assert client.llen(holder.keys.queue) == 0
-        audit_keyspace(client)
-    finally:
-        client.close()
+        await drive.join(*parties, timeout=90)
+    assert sorted(got) == list(range(n))
+    assert r.llen(holder.keys.queue) == 0
+    audit_keyspace(r)
+
+
+async def test_many_callers_never_overlap(drive: Drive, r: redis.Redis) -> None:
+    plant_sentinel(r)
+    parties_n, rounds = 40, 5
+    inside = 0
+    violations = 0
+    unsafe = 0
+    start = drive.event()
+
+    async def contender() -> None:
+        nonlocal inside, violations, unsafe
+        lock = drive.Lock(drive.client, "a-crowd", ttl=20, wait=60)
+        await start.wait()
+        for _ in range(rounds):
+            assert await drive(lock.acquire())
+            inside += 1
+            if inside != 1:
+                violations += 1
+            value = unsafe  # read-pause-write: an overlap loses an update
+            await drive.sleep(0.001)
+            unsafe = value + 1
+            inside -= 1
+            await drive(lock.release())
+
+    parties = [drive.spawn(contender) for _ in range(parties_n)]
+    start.set()
+    await drive.join(*parties, timeout=60)
+    assert violations == 0
+    assert unsafe == parties_n * rounds
+    assert r.llen(Lock(r, "a-crowd").keys.queue) == 0
+    audit_keyspace(r)
 
 
 def test_a_waiter_that_gives_up_hands_the_channel_to_the_next(r: redis.Redis) -> None:
@@ -583,161 +603,341 @@ def test_a_short_sleeper_leaves_a_slow_subscribe_for_the_next(redis_factory: Any
 
 
 # -- invariant 6 and Redis failures ---------------------------------------------------------------
-def test_late_acquire_reply_is_not_an_acquisition(redis_factory: Any) -> None:
+async def test_late_acquire_reply_is_not_an_acquisition(drive: Drive, redis_factory: Any) -> None:
     server = redis_factory(port=free_port(), unix=False).start()
-    client = server.client(socket_timeout=10, socket_connect_timeout=5)
-    try:
-        plant_sentinel(client)
-        client.ping()  # the connection exists before the pause
-        lock = Lock(client, "late", ttl=0.05, wait=0)
+    look = server.client(socket_timeout=5)
+    plant_sentinel(look)
+    async with drive.connect(server.url, socket_timeout=10, socket_connect_timeout=5) as client:
+        await drive(client.ping())  # the connection exists before the pause
+        lock = drive.Lock(client, "late", ttl=0.05, wait=0)
         server.pause()
         timer = threading.Timer(0.3, server.resume)
         timer.start()
         try:
-            assert lock.acquire() is False
+            assert await drive(lock.acquire()) is False
         finally:
             timer.join(5)
             server.resume()
         assert not lock.held and lock.token is None
-        assert not client.exists(lock.keys.lease)
+        assert not await drive(client.exists(lock.keys.lease))
         # Nothing prevents a normal acquire afterwards.
-        assert lock.acquire(ttl=5)
-        lock.release()
-        audit_keyspace(client)
-    finally:
-        client.close()
+        assert await drive(lock.acquire(ttl=5))
+        await drive(lock.release())
+    audit_keyspace(look)
+    look.close()
 
 
 @pytest.mark.parametrize("wait", [0, 5])
-def test_redis_down_is_unavailable_not_busy(redis_factory: Any, wait: float) -> None:
+async def test_redis_down_is_unavailable_not_busy(
+    drive: Drive, redis_factory: Any, wait: float
+) -> None:
     server = redis_factory(port=free_port(), unix=False).start()
-    client = server.client(socket_timeout=1, socket_connect_timeout=1)
-    try:
-        lock = Lock(client, "down", ttl=5, wait=wait)
-        assert lock.acquire()
+    async with drive.connect(server.url, socket_timeout=1, socket_connect_timeout=1) as client:
+        lock = drive.Lock(client, "down", ttl=5, wait=wait)
+        assert await drive(lock.acquire())
         server.stop()
         started = time.monotonic()
         with pytest.raises(RedisUnavailable):
-            lock.release()
-        other = Lock(client, "down", ttl=5, wait=wait)
+            await drive(lock.release())
+        other = drive.Lock(client, "down", ttl=5, wait=wait)
         with pytest.raises(RedisUnavailable):
-            other.acquire()
-        with pytest.raises(RedisUnavailable), Lock(client, "down", ttl=5, wait=wait):
-            pass  # pragma: no cover
+            await drive(other.acquire())
+        with pytest.raises(RedisUnavailable):
+            async with drive.holding(drive.Lock(client, "down", ttl=5, wait=wait)):
+                pass  # pragma: no cover
         assert time.monotonic() - started < 5
         # Released state stays coherent: the handle no longer thinks it holds it.
         assert not lock.held
-    finally:
-        client.close()
 
 
-def test_redis_error_reply_is_unavailable(r: redis.Redis) -> None:
-    lock = Lock(r, "wrongtype", ttl=5, wait=0)
+async def test_redis_error_reply_is_unavailable(drive: Drive, r: redis.Redis) -> None:
+    lock = drive.Lock(drive.client, "wrongtype", ttl=5, wait=0)
     r.set(lock.keys.lease, "not a hash")
     with pytest.raises(RedisUnavailable, match="error"):
-        lock.acquire()
+        await drive(lock.acquire())
 
 
-def test_keyspace_prefix_is_used(r: redis.Redis) -> None:
+async def test_keyspace_prefix_is_used(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
     ks = KeySpace("other:app")
-    lock = Lock(r, "pfx", ttl=5, wait=0, keyspace=ks)
-    assert lock.acquire()
+    lock = drive.Lock(drive.client, "pfx", ttl=5, wait=0, keyspace=ks)
+    assert await drive(lock.acquire())
     assert lock.keys.lease.startswith(b"other:app:L:")
     assert r.exists(lock.keys.lease)
-    assert Lock(r, "pfx", ttl=5, wait=0).acquire()  # other namespace, other lock
+    # Other namespace, other lock.
+    assert await drive(drive.Lock(drive.client, "pfx", ttl=5, wait=0).acquire())
     audit_keyspace(r, "other:app")
-    lock.release()
+    await drive(lock.release())
 
 
-def test_lost_wakeup_is_recovered_when_the_channel_reconnects(r: redis.Redis) -> None:
-    holder = Lock(r, "lost-wakeup", ttl=30, wait=0)
-    assert holder.acquire()
-    waiter = Lock(r, "lost-wakeup", ttl=30, wait=20)
+async def test_lost_wakeup_is_recovered_when_the_channel_reconnects(
+    drive: Drive, r: redis.Redis
+) -> None:
+    holder = drive.Lock(drive.client, "lost-wakeup", ttl=30, wait=0)
+    assert await drive(holder.acquire())
+    waiter = drive.Lock(drive.client, "lost-wakeup", ttl=30, wait=20)
     result: dict[str, Any] = {}
-    done = threading.Event()
+    done = drive.event()
 
-    def wait_for_it() -> None:
-        result["ok"] = waiter.acquire()
+    async def wait_for_it() -> None:
+        result["ok"] = await drive(waiter.acquire())
         result["at"] = time.monotonic()
-        done.wait(10)
+        await done.wait(10)
         if result["ok"]:
-            waiter.release()
+            await drive(waiter.release())
 
-    t = threading.Thread(target=wait_for_it)
-    t.start()
+    party = drive.spawn(wait_for_it)
     try:
-        wait_until(lambda: r.llen(holder.keys.queue) == 1)
+        await drive.until(lambda: r.llen(holder.keys.queue) == 1)
         # Drop every wake-up channel, then release at once: the wake-up is
         # published to nobody. The listener's reconnect must make up for it,
         # long before the holder's 30 s lease would have run out.
         assert r.client_kill_filter(_type="pubsub") >= 1
         released_at = time.monotonic()
-        holder.release()
-        wait_until(lambda: "ok" in result, timeout=15)
+        await drive(holder.release())
+        await drive.until(lambda: "ok" in result, timeout=15)
         assert result["ok"] is True
         assert result["at"] - released_at < 5
     finally:
         done.set()
-        t.join(10)
+    await drive.join(party, timeout=10)
 
 
-def test_a_repeated_release_reports_success_never_a_new_holders_lease(r: redis.Redis) -> None:
+async def test_a_repeated_release_reports_success_never_a_new_holders_lease(
+    drive: Drive, r: redis.Redis
+) -> None:
     # A release whose reply was lost may be sent again (a client retry): the
     # second run must say "released" whatever happened to the lease after
     # (invariant 14), and must never free a later holder.
-    lock = Lock(r, "repeat", ttl=5, wait=0)
-    assert lock.acquire()
+    lock = drive.Lock(drive.client, "repeat", ttl=5, wait=0)
+    assert await drive(lock.acquire())
     keys, args = lock._key_tuple, lock._release_args(lock.token)
     assert scripts.run(r, scripts.RELEASE, keys, args) == 1
     assert scripts.run(r, scripts.RELEASE, keys, args) == 1
-    other = Lock(r, "repeat", ttl=5, wait=0)
-    assert other.acquire()
+    other = drive.Lock(drive.client, "repeat", ttl=5, wait=0)
+    assert await drive(other.acquire())
     assert scripts.run(r, scripts.RELEASE, keys, args) == 1
-    assert other.owned()
-    other.release()
+    assert await drive(other.owned())
+    await drive(other.release())
     assert scripts.run(r, scripts.RELEASE, keys, args) == 1
 
 
-def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
-    r: redis.Redis,
+async def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
+    drive: Drive, r: redis.Redis
 ) -> None:
     # The first release handed the lease straight to a queued waiter; the
     # retry of that release (its reply was lost) used to find another holder
     # and report a false LockLost.
-    lock = Lock(r, "repeat-handed", ttl=5, wait=0)
-    assert lock.acquire()
+    lock = drive.Lock(drive.client, "repeat-handed", ttl=5, wait=0)
+    assert await drive(lock.acquire())
     keys, args = lock._key_tuple, lock._release_args(lock.token)
-    waiter = Lock(r, "repeat-handed", ttl=5, wait=10)
-    got = threading.Event()
-    queued = threading.Event()
+    waiter = drive.Lock(drive.client, "repeat-handed", ttl=5, wait=10)
+    got = drive.event()
+    checked = drive.event()
 
-    def wait_for_it() -> None:
-        if waiter.acquire():
+    async def wait_for_it() -> None:
+        if await drive(waiter.acquire()):
             got.set()
-            queued.wait(10)
-            waiter.release()
+            await checked.wait(10)
+            await drive(waiter.release())
 
-    t = threading.Thread(target=wait_for_it)
-    t.start()
+    party = drive.spawn(wait_for_it)
     try:
-        wait_until(lambda: r.llen(lock.keys.queue) == 1, timeout=10)
+        await drive.until(lambda: r.llen(lock.keys.queue) == 1, timeout=10)
         assert scripts.run(r, scripts.RELEASE, keys, args) == 1  # handed to the waiter
-        assert got.wait(10)
+        await got.wait(10)
         assert scripts.run(r, scripts.RELEASE, keys, args) == 1  # the retry
-        assert waiter.owned()
+        assert await drive(waiter.owned())
     finally:
-        queued.set()
-        t.join(10)
+        checked.set()
+    await drive.join(party, timeout=10)
 
 
-def test_owned_works_with_a_decoding_client(redis_server: Any) -> None:
-    client = redis_server.client(decode_responses=True, socket_timeout=5)
+async def test_owned_works_with_a_decoding_client(drive: Drive, redis_server: Any) -> None:
+    async with drive.connect(redis_server.url, decode_responses=True, socket_timeout=5) as client:
+        lock = drive.Lock(client, "decoded", ttl=5, wait=0)
+        assert await drive(lock.acquire())
+        assert await drive(lock.owned())
+        await drive(lock.release())
+        assert not await drive(lock.owned())
+
+
+async def test_renewal_keeps_the_lease_and_reports_its_loss(drive: Drive, r: redis.Redis) -> None:
+    lost: list[Any] = []
+    lock = drive.Lock(drive.client, "a-renew", ttl=0.6, wait=0, renew=True, on_lost=lost.append)
+    assert await drive(lock.acquire())
+    await drive.sleep(1.5)
+    assert await drive(lock.owned())
+    r.delete(lock.keys.lease)
+    await drive.until(lambda: lost, 5)
+    with pytest.raises(LockLost):
+        await drive(lock.release())
+    assert lost == [lock]
+
+
+# -- what only tasks can do: be cancelled ----------------------------------------------------
+async def _state_clean(r: redis.Redis, lock: AsyncLock) -> None:
+    assert r.llen(lock.keys.queue) == 0
+    fields = set(r.hkeys(lock.keys.state))
+    # Only bookkeeping may remain (last fence, queue hint, name, tokens given
+    # back, the memory of losses): no waiter entries.
+    assert fields <= {b"f", b"q", b"d", b"n", b"e", b"h", b"u"}, fields
+
+
+async def test_cancel_waiting_acquire_leaves_nothing(
+    ar: redis.asyncio.Redis, r: redis.Redis, adrive: Drive
+) -> None:
+    plant_sentinel(r)
+    holder = AsyncLock(ar, "a-cancel", ttl=30, wait=0)
+    assert await holder.acquire()
+    waiter = AsyncLock(ar, "a-cancel", ttl=30, wait=20)
+    task = asyncio.create_task(waiter.acquire())
+
+    async def queued() -> bool:
+        return bool(r.llen(holder.keys.queue) == 1)
+
+    await adrive.until(queued)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _state_clean(r, holder)
+    assert waiter.token is None
+    await holder.release()
+    assert not r.exists(holder.keys.lease)
+    await _state_clean(r, holder)
+    # The gate was given back: the handle works again.
+    assert await waiter.acquire(wait=0)
+    await waiter.release()
+    audit_keyspace(r)
+
+
+@pytest.mark.parametrize("contended", [False, True])
+async def test_cancel_at_every_await_leaves_nothing(
+    ar: redis.asyncio.Redis, r: redis.Redis, contended: bool
+) -> None:
+    plant_sentinel(r)
+    holder = AsyncLock(ar, "a-cancel-early", ttl=30, wait=0)
+    if contended:
+        assert await holder.acquire()
+    outcomes = set()
+    for steps in range(12):
+        lock = AsyncLock(ar, "a-cancel-early", ttl=30, wait=5)
+        task = asyncio.create_task(lock.acquire())
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        task.cancel()
+        try:
+            result = await task
+        except asyncio.CancelledError:
+            outcomes.add("cancelled")
+            assert lock.token is None
+            if not contended:
+                assert not r.exists(lock.keys.lease)
+        else:
+            # The acquire finished before the cancellation could land (or
+            # Python 3.11's wait_for swallowed it): a real, reported lease.
+            outcomes.add(result)
+            assert result is True and not contended
+            assert r.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
+            assert scripts.run(r, scripts.CLEAR, lock._key_tuple, (2000, lock.token)) == 1
+        await _state_clean(r, holder)
+        if contended:
+            assert r.hget(holder.keys.lease, "t") == holder.token.encode()  # type: ignore[union-attr]
+    assert "cancelled" in outcomes
+    if contended:
+        await holder.release()
+    audit_keyspace(r)
+
+
+def _slow_script(monkeypatch: pytest.MonkeyPatch, which: Any, delay: float) -> None:
+    """Stretch one script's round trip, to cancel a task in the middle of it."""
+    original = scripts.run_async
+
+    async def slow(client: Any, script: Any, keys: Any, args: Any) -> Any:
+        if script is which:
+            await asyncio.sleep(delay)
+        return await original(client, script, keys, args)
+
+    monkeypatch.setattr(scripts, "run_async", slow)
+
+
+async def test_a_release_cut_by_cancellation_still_frees_the_lock(
+    ar: redis.asyncio.Redis, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = AsyncLock(ar, "cut-release", ttl=30, wait=0)
+    releasing = asyncio.Event()
+
+    async def hold() -> None:
+        async with lock:
+            releasing.set()
+
+    _slow_script(monkeypatch, scripts.RELEASE, 0.2)
+    task = asyncio.create_task(hold())
+    await releasing.wait()
+    await asyncio.sleep(0.05)  # inside __aexit__, in the stretched release
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert r.exists(lock.keys.lease) == 0  # not held for its 30 s TTL
+
+
+async def test_a_cancellation_during_the_final_cancel_is_not_swallowed(
+    ar: redis.asyncio.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = AsyncLock(ar, "cut-cancel", ttl=30, wait=0)
+    assert await holder.acquire()
+    waiter = AsyncLock(ar, "cut-cancel", ttl=30, wait=0.2)
+    _slow_script(monkeypatch, scripts.CANCEL, 0.3)
+    task = asyncio.create_task(waiter.acquire())
+    await asyncio.sleep(0.3)  # its wait is over: the stretched CANCEL runs
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await holder.release()
+
+
+async def test_a_task_queued_while_the_channel_was_down_queues_again_with_it(
+    redis_factory: Any, adrive: Drive
+) -> None:
+    # Over a slow link (1.1 s each way) a SUBSCRIBE is not confirmed within
+    # the 2 s a first contention waits for it, so the task queues without the
+    # channel. Once the channel is up it must queue again with it: otherwise a
+    # lease handed over would go unnoticed until the task's own 25 s wait ran
+    # out.
+    from tests.faults.proxy import FaultProxy
+    from tests.servers import free_port
+
+    server = redis_factory(port=free_port(), unix=False).start()
+    direct = server.client(socket_timeout=5, socket_connect_timeout=5)
+    proxy = FaultProxy(("127.0.0.1", server.port))
+    slow = redis.asyncio.Redis.from_url(proxy.url, socket_timeout=10, socket_connect_timeout=10)
+    holder = Lock(direct, "late", ttl=30, wait=0)
     try:
-        lock = Lock(client, "decoded", ttl=5, wait=0)
-        assert lock.acquire()
-        assert lock.owned()
-        lock.release()
-        assert not lock.owned()
+        assert holder.acquire()
+        waiter = AsyncLock(slow, "late", ttl=30, wait=25)
+        # Two pooled connections (commands, pub/sub) made before the link slows.
+        await asyncio.gather(slow.ping(), slow.ping())
+
+        async def queued_with_channel() -> bool:
+            return any(b"|p" in v for v in direct.hvals(holder.keys.state))  # type: ignore[union-attr]
+
+        got: list[float] = []
+
+        async def take() -> bool:
+            if not await waiter.acquire():
+                return False
+            got.append(time.monotonic())
+            await waiter.release()
+            return True
+
+        with proxy.fault(latency=1.1):
+            task = asyncio.create_task(take())
+            await adrive.until(queued_with_channel, timeout=18)
+            released_at = time.monotonic()
+            holder.release()
+            assert await asyncio.wait_for(task, 10)
+            assert got[0] - released_at < 5
     finally:
-        client.close()
+        await slow.aclose()
+        direct.close()
+        proxy.close()

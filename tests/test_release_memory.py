@@ -16,7 +16,6 @@ library sends the release again.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,22 +24,19 @@ import pytest
 import redis
 
 from django_redislock.core import (
-    AsyncLock,
-    AsyncReadWriteLock,
     KeySpace,
     Lock,
-    MultiLock,
     ReadWriteLock,
 )
 from django_redislock.core.drivers.rwlock import RELEASE as RW_RELEASE
 from django_redislock.core.drivers.rwlock import clear_rw_lock
 from django_redislock.core.drivers.semaphore import RELEASE as SEM_RELEASE
 from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
-from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
 from django_redislock.core.engine import scripts
 from django_redislock.core.exceptions import LockLost
 from django_redislock.core.io.wakeup import NO_CHANNEL
-from tests.faults.harness import ServerPool, bounded_async_client, bounded_client
+from tests.drive import Drive
+from tests.faults.harness import ServerPool, bounded_client_for
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 
 KS = KeySpace()
@@ -97,36 +93,37 @@ class Relay:
         assert self.turns >= self.count
 
 
-# kind -> (holder on the proxied client, waiter on the direct one, the name's queue key)
+# kind -> (holder on the proxied client, of the test's driver; waiter on the
+# direct one; the name's queue key)
 KINDS: dict[str, tuple[Callable[..., Any], Callable[..., Any], bytes]] = {
     "lock": (
-        lambda c, **kw: Lock(c, "n", ttl=30, wait=0, **kw),
+        lambda d, c, **kw: d.Lock(c, "n", ttl=30, wait=0, **kw),
         lambda c: Lock(c, "n", ttl=30, wait=10),
         KS.lock("n").queue,
     ),
     "barging": (
-        lambda c, **kw: Lock(c, "n", ttl=30, wait=0, fair=False, **kw),
+        lambda d, c, **kw: d.Lock(c, "n", ttl=30, wait=0, fair=False, **kw),
         lambda c: Lock(c, "n", ttl=30, wait=10, fair=False),
         KS.lock("n").queue,
     ),
     "semaphore": (
-        lambda c, **kw: Semaphore(c, "n", 1, ttl=30, wait=0, **kw),
+        lambda d, c, **kw: d.Semaphore(c, "n", 1, ttl=30, wait=0, **kw),
         lambda c: Semaphore(c, "n", 1, ttl=30, wait=10),
         KS.semaphore("n").queue,
     ),
     "rw-read": (
-        lambda c, **kw: ReadWriteLock(c, "n", "read", ttl=30, wait=0, **kw),
+        lambda d, c, **kw: d.ReadWriteLock(c, "n", "read", ttl=30, wait=0, **kw),
         lambda c: ReadWriteLock(c, "n", "write", ttl=30, wait=10),
         KS.rwlock("n").queue,
     ),
     "rw-write": (
-        lambda c, **kw: ReadWriteLock(c, "n", "write", ttl=30, wait=0, **kw),
+        lambda d, c, **kw: d.ReadWriteLock(c, "n", "write", ttl=30, wait=0, **kw),
         lambda c: ReadWriteLock(c, "n", "write", ttl=30, wait=10),
         KS.rwlock("n").queue,
     ),
     # A multi-lock gives its names back last first: "n" before "a".
     "multi": (
-        lambda c, **kw: MultiLock(c, ["a", "n"], ttl=30, wait=0, **kw),
+        lambda d, c, **kw: d.MultiLock(c, ["a", "n"], ttl=30, wait=0, **kw),
         lambda c: Lock(c, "n", ttl=30, wait=10),
         KS.lock("n").queue,
     ),
@@ -183,79 +180,33 @@ class Losses:
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_release_retried_after_many_handoffs_is_a_release(pool: ServerPool, kind: str) -> None:
-    server = pool.server()
-    direct = server.admin()
-    plant_sentinel(direct)
-    proxy = pool.proxy(server)
-    # A reply that never comes is waited for this long: the relay runs meanwhile.
-    client = bounded_client(proxy.url, timeout=20)
-    make_holder, make_waiter, queue = KINDS[kind]
-    losses = Losses()
-    try:
-        warm = make_holder(client)
-        assert warm.acquire()
-        warm.release()  # scripts cached: the release below is one EVALSHA, one reply
-        holder = make_holder(client, **losses.options(kind))
-        assert holder.acquire()
-        relay = Relay(lambda: make_waiter(direct))
-        relay.start(queue, direct)
-        breaker = Breaker(relay, proxy)
-        holder.release()  # no LockLost
-        breaker.join()
-        assert proxy.connections_seen > breaker.connections  # the retry, on a new connection
-        assert losses.reasons == []
-        audit_keyspace(direct)
-    finally:
-        client.close()
-
-
-ASYNC_KINDS: dict[str, tuple[Callable[..., Any], Callable[..., Any], bytes]] = {
-    "lock": (
-        lambda c, **kw: AsyncLock(c, "n", ttl=30, wait=0, **kw),
-        KINDS["lock"][1],
-        KINDS["lock"][2],
-    ),
-    "semaphore": (
-        lambda c, **kw: AsyncSemaphore(c, "n", 1, ttl=30, wait=0, **kw),
-        KINDS["semaphore"][1],
-        KINDS["semaphore"][2],
-    ),
-    "rw-read": (
-        lambda c, **kw: AsyncReadWriteLock(c, "n", "read", ttl=30, wait=0, **kw),
-        KINDS["rw-read"][1],
-        KINDS["rw-read"][2],
-    ),
-}
-
-
-@pytest.mark.parametrize("kind", list(ASYNC_KINDS))
-async def test_async_release_retried_after_many_handoffs_is_a_release(
-    pool: ServerPool, kind: str
+async def test_release_retried_after_many_handoffs_is_a_release(
+    drive: Drive, pool: ServerPool, kind: str
 ) -> None:
     server = pool.server()
     direct = server.admin()
     plant_sentinel(direct)
     proxy = pool.proxy(server)
-    client = bounded_async_client(proxy.url, timeout=20)
-    make_holder, make_waiter, queue = ASYNC_KINDS[kind]
+    # A reply that never comes is waited for this long: the relay runs meanwhile.
+    client = bounded_client_for(drive, proxy.url, timeout=20)
+    make_holder, make_waiter, queue = KINDS[kind]
     losses = Losses()
     try:
-        warm = make_holder(client)
-        assert await warm.acquire()
-        await warm.release()
-        holder = make_holder(client, **losses.options(kind))
-        assert await holder.acquire()
+        warm = make_holder(drive, client)
+        assert await drive(warm.acquire())
+        await drive(warm.release())  # scripts cached: the release below is one EVALSHA, one reply
+        holder = make_holder(drive, client, **losses.options(kind))
+        assert await drive(holder.acquire())
         relay = Relay(lambda: make_waiter(direct))
-        await asyncio.to_thread(relay.start, queue, direct)
+        await drive.blocking(relay.start, queue, direct)
         breaker = Breaker(relay, proxy)
-        await holder.release()  # no LockLost
-        await asyncio.to_thread(breaker.join)
-        assert proxy.connections_seen > breaker.connections
+        await drive(holder.release())  # no LockLost
+        await drive.blocking(breaker.join)
+        assert proxy.connections_seen > breaker.connections  # the retry, on a new connection
         assert losses.reasons == []
         audit_keyspace(direct)
     finally:
-        await client.aclose()
+        await drive.close(client)
 
 
 # -- what the memory answers, script by script ------------------------------------------------

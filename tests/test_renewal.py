@@ -10,71 +10,75 @@ import pytest
 import redis
 
 from django_redislock import signals
-from django_redislock.core import Lock, LockLost
-from django_redislock.locking.factories import get_lock
-from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
+from django_redislock.core import LockLost
+from django_redislock.locking.factories import get_async_lock, get_lock
+from tests.drive import Drive
+from tests.helpers_oracles import audit_keyspace, plant_sentinel
+from tests.test_decorators import close_async_clients
 
 
-def _renewals_seen(r: redis.Redis, lock: Lock, seconds: float) -> int:
+async def _renewals_seen(drive: Drive, r: redis.Redis, lock: Any, seconds: float) -> int:
     """Watch the lease for ``seconds``; count PTTL jumps up (renewals)."""
     renewals = 0
     last = r.pttl(lock.keys.lease)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        assert r.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
+        assert r.hget(lock.keys.lease, "t") == lock.token.encode()
         pttl = r.pttl(lock.keys.lease)
         assert pttl > 0
         if pttl > last:
             renewals += 1
         last = pttl
-        time.sleep(0.02)
+        await drive.sleep(0.02)
     return renewals
 
 
-def test_renewal_keeps_a_short_lease_alive(r: redis.Redis) -> None:
+async def test_renewal_keeps_a_short_lease_alive(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    lock = Lock(r, "renewed", ttl=1, wait=0, renew=True)
-    assert lock.acquire()
-    assert _renewals_seen(r, lock, 3.2) >= 3
-    assert lock.held and lock.owned()
+    lock = drive.Lock(drive.client, "renewed", ttl=1, wait=0, renew=True)
+    assert await drive(lock.acquire())
+    assert await _renewals_seen(drive, r, lock, 3.2) >= 3
+    assert lock.held and await drive(lock.owned())
     assert not lock.lost
-    lock.release()
+    await drive(lock.release())
     assert not r.exists(lock.keys.lease)
     audit_keyspace(r)
 
 
-def test_renewal_stops_after_release(r: redis.Redis) -> None:
-    lock = Lock(r, "renew-stop", ttl=1, wait=0, renew=True)
-    other = Lock(r, "renew-stop", ttl=5, wait=0)
-    assert lock.acquire()
-    lock.release()
-    assert other.acquire()
+async def test_renewal_stops_after_release(drive: Drive) -> None:
+    lock = drive.Lock(drive.client, "renew-stop", ttl=1, wait=0, renew=True)
+    other = drive.Lock(drive.client, "renew-stop", ttl=5, wait=0)
+    assert await drive(lock.acquire())
+    await drive(lock.release())
+    assert await drive(other.acquire())
     # The released handle's watchdog entry must not touch the new lease.
-    time.sleep(0.5)
-    assert other.owned()
+    await drive.sleep(0.5)
+    assert await drive(other.owned())
     assert not lock.lost
-    other.release()
+    await drive(other.release())
 
 
-def test_renew_max_stops_renewal_and_the_lease_expires(r: redis.Redis) -> None:
-    lost: list[Lock] = []
-    lock = Lock(r, "renew-max", ttl=1, wait=0, renew=True, renew_max=2, on_lost=lost.append)
+async def test_renew_max_stops_renewal_and_the_lease_expires(drive: Drive, r: redis.Redis) -> None:
+    lost: list[Any] = []
+    lock = drive.Lock(
+        drive.client, "renew-max", ttl=1, wait=0, renew=True, renew_max=2, on_lost=lost.append
+    )
     acquired = time.monotonic()
-    assert lock.acquire()
-    wait_until(lambda: not r.exists(lock.keys.lease), timeout=10, interval=0.02)
+    assert await drive(lock.acquire())
+    await drive.until(lambda: not r.exists(lock.keys.lease), timeout=10, interval=0.02)
     # It was renewed past its TTL, then left to expire.
     assert time.monotonic() - acquired > 1.5
     with pytest.raises(LockLost):
-        lock.release()
+        await drive(lock.release())
     assert lost == [lock]
 
 
-def test_deleted_key_while_renewing_is_reported(r: redis.Redis) -> None:
-    lost_event = threading.Event()
-    lost: list[Lock] = []
+async def test_deleted_key_while_renewing_is_reported(drive: Drive, r: redis.Redis) -> None:
+    lost_event = drive.event()
+    lost: list[Any] = []
     signalled: list[dict[str, Any]] = []
 
-    def on_lost(lock: Lock) -> None:
+    def on_lost(lock: Any) -> None:
         lost.append(lock)
         lost_event.set()
 
@@ -82,36 +86,39 @@ def test_deleted_key_while_renewing_is_reported(r: redis.Redis) -> None:
         signalled.append(kwargs)
 
     signals.lock_lost.connect(receiver)
+    make = get_async_lock if drive.is_async else get_lock
     try:
-        lock = get_lock("renew-lost", timeout=1, wait=0, renew=True, on_lost=on_lost)
-        assert lock.acquire()
+        lock = make("renew-lost", timeout=1, wait=0, renew=True, on_lost=on_lost)
+        assert await drive(lock.acquire())
         fence = lock.fence
-        _renewals_seen(lock.client, lock, 0.5)
+        await _renewals_seen(drive, r, lock, 0.5)
         r.delete(lock.keys.lease)
-        assert lost_event.wait(5)
+        await lost_event.wait(5)
         assert lost == [lock] and lock.lost
         assert len(signalled) == 1
         assert signalled[0]["name"] == "renew-lost"
         assert signalled[0]["fence"] == fence
         assert "renewal" in signalled[0]["reason"]
         with pytest.raises(LockLost):
-            lock.release()
+            await drive(lock.release())
         # Reported once, not again at release.
         assert len(lost) == 1 and len(signalled) == 1
     finally:
         signals.lock_lost.disconnect(receiver)
+        if drive.is_async:
+            await close_async_clients()
 
 
-def test_many_renewing_locks(r: redis.Redis) -> None:
-    locks = [Lock(r, f"many-{i}", ttl=0.6, wait=0, renew=True) for i in range(20)]
+async def test_many_renewing_locks(drive: Drive) -> None:
+    locks = [drive.Lock(drive.client, f"many-{i}", ttl=0.6, wait=0, renew=True) for i in range(20)]
     for lock in locks:
-        assert lock.acquire()
-    time.sleep(1.5)
+        assert await drive(lock.acquire())
+    await drive.sleep(1.5)
     for lock in locks:
-        assert lock.owned(), lock
+        assert await drive(lock.owned()), lock
         assert not lock.lost
     for lock in locks:
-        lock.release()
+        await drive(lock.release())
 
 
 class _Tick:

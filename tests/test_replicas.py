@@ -1,26 +1,26 @@
-"""``replicas=N``: a new lease counts only once N replicas acknowledged it (WAIT)."""
+"""``replicas=N``: a new lease counts only once N replicas acknowledged it (WAIT).
+
+A scenario that takes ``drive`` runs on both drivers (tests/drive.py), on a
+client of the primary: ``on_primary``.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import tempfile
-import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 import redis
-import redis.asyncio
 from django.test import override_settings
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
 
 from django_redislock import ReplicationTimeout
-from django_redislock.core import AsyncLock, Lock, LockError, RedisUnavailable
+from django_redislock.core import Lock, LockError, RedisUnavailable
 from django_redislock.locking.factories import get_lock
+from tests.drive import DRIVERS, Drive
 from tests.servers import RedisServer, free_port
-from tests.topologies import ClusterTopology, wait_until
+from tests.topologies import ClusterTopology, cluster_drive, wait_until
 
 
 class Pair:
@@ -88,100 +88,100 @@ def _ran_since(client: redis.Redis, before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
-def test_acknowledged_lease_is_on_the_replica(pair: Pair, primary: redis.Redis) -> None:
-    client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
-    lock = Lock(client, "acked", ttl=10, wait=0, replicas=1, replicas_timeout=2)
-    assert lock.acquire()  # the first may need EVAL after NOSCRIPT: warm up
-    lock.release()
-    before = _calls(primary)
-    assert lock.acquire()
-    # EVALSHA and WAIT, nothing sent again.
-    assert _ran_since(primary, before) == {"evalsha": 1, "wait": 1}
-    with pair.replica.client(socket_timeout=2) as c:
-        assert c.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
-    lock.release()
-    client.close()
+@contextlib.asynccontextmanager
+async def on_primary(drive: Drive, pair: Pair) -> AsyncIterator[Any]:
+    """A client of the pair's primary, of the driver's kind."""
+    async with drive.connect(pair.primary.url, socket_timeout=5) as client:
+        yield client
 
 
-def test_script_reloaded_inside_the_pipeline(pair: Pair, primary: redis.Redis) -> None:
+async def test_acknowledged_lease_is_on_the_replica(
+    drive: Drive, pair: Pair, primary: redis.Redis
+) -> None:
+    async with on_primary(drive, pair) as client:
+        lock = drive.Lock(client, "acked", ttl=10, wait=0, replicas=1, replicas_timeout=2)
+        assert await drive(lock.acquire())  # the first may need EVAL after NOSCRIPT: warm up
+        await drive(lock.release())
+        before = _calls(primary)
+        assert await drive(lock.acquire())
+        # EVALSHA and WAIT, nothing sent again.
+        assert _ran_since(primary, before) == {"evalsha": 1, "wait": 1}
+        with pair.replica.client(socket_timeout=2) as c:
+            assert c.hget(lock.keys.lease, "t") == lock.token.encode()
+        await drive(lock.release())
+
+
+async def test_script_reloaded_inside_the_pipeline(
+    drive: Drive, pair: Pair, primary: redis.Redis
+) -> None:
     primary.script_flush()
-    lock = Lock(primary, "fresh", ttl=10, wait=0, replicas=1, replicas_timeout=2)
-    assert lock.acquire()  # NOSCRIPT in the pipeline: EVAL + WAIT again
-    lock.release()
+    async with on_primary(drive, pair) as client:
+        lock = drive.Lock(client, "fresh", ttl=10, wait=0, replicas=1, replicas_timeout=2)
+        assert await drive(lock.acquire())  # NOSCRIPT in the pipeline: EVAL + WAIT again
+        await drive(lock.release())
 
 
-def test_no_acknowledgement_gives_the_lease_back(pair: Pair, primary: redis.Redis) -> None:
-    with pair.replica_cut_off():
-        lock = Lock(primary, "fragile", ttl=10, wait=5, replicas=1, replicas_timeout=0.2)
-        with pytest.raises(ReplicationTimeout) as info:
-            lock.acquire()
-        assert (info.value.acked, info.value.wanted) == (0, 1)
-        assert "0 of 1 replica(s)" in str(info.value)
-        assert isinstance(info.value, RedisUnavailable)  # the unavailable policy applies
-        assert isinstance(info.value, LockError)
-        assert not lock.held
-        assert primary.exists(lock.keys.lease) == 0
-        with pytest.raises(ReplicationTimeout), lock:
-            pytest.fail("the body must not run")
-        # Without asking for acknowledgement the lock is simply free.
-        plain = Lock(primary, "fragile", ttl=10, wait=0)
-        assert plain.acquire()
-        plain.release()
-
-
-def test_more_replicas_than_exist(pair: Pair, primary: redis.Redis) -> None:
-    lock = Lock(primary, "two", ttl=10, wait=0, replicas=2, replicas_timeout=0.1)
-    with pytest.raises(ReplicationTimeout) as info:
-        lock.acquire()
-    assert info.value.acked == 1
-    assert primary.exists(lock.keys.lease) == 0
-
-
-def test_give_back_hands_the_turn_to_the_next_waiter(pair: Pair, primary: redis.Redis) -> None:
-    holder = Lock(primary, "queue", ttl=30, wait=0)
-    assert holder.acquire()
-    outcome: dict[str, Any] = {}
-
-    def demanding() -> None:
-        try:
-            Lock(primary, "queue", ttl=30, wait=10, replicas=2, replicas_timeout=0.1).acquire()
-        except ReplicationTimeout as exc:
-            outcome["demanding"] = exc
-
-    def patient() -> None:
-        lock = Lock(primary, "queue", ttl=30, wait=10)
-        outcome["patient"] = lock.acquire()
-        lock.release()
-
-    first = threading.Thread(target=demanding)
-    first.start()
-    wait_until("the first waiter to queue", lambda: primary.llen(holder.keys.queue) == 1, 10)
-    second = threading.Thread(target=patient)
-    second.start()
-    wait_until("the second waiter to queue", lambda: primary.llen(holder.keys.queue) == 2, 10)
-    holder.release()
-    first.join(15)
-    second.join(15)
-    assert isinstance(outcome["demanding"], ReplicationTimeout)
-    assert outcome["patient"] is True
-
-
-async def test_async_acknowledgement(pair: Pair, primary: redis.Redis) -> None:
-    client = redis.asyncio.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
-    try:
-        lock = AsyncLock(client, "async-acked", ttl=10, wait=0, replicas=1, replicas_timeout=2)
-        assert await lock.acquire()
-        await lock.release()
+async def test_no_acknowledgement_gives_the_lease_back(
+    drive: Drive, pair: Pair, primary: redis.Redis
+) -> None:
+    async with on_primary(drive, pair) as client:
         with pair.replica_cut_off():
-            lock = AsyncLock(
-                client, "async-acked", ttl=10, wait=0, replicas=1, replicas_timeout=0.2
-            )
-            with pytest.raises(ReplicationTimeout):
-                await lock.acquire()
-            assert await client.exists(lock.keys.lease) == 0
+            lock = drive.Lock(client, "fragile", ttl=10, wait=5, replicas=1, replicas_timeout=0.2)
+            with pytest.raises(ReplicationTimeout) as info:
+                await drive(lock.acquire())
+            assert (info.value.acked, info.value.wanted) == (0, 1)
+            assert "0 of 1 replica(s)" in str(info.value)
+            assert isinstance(info.value, RedisUnavailable)  # the unavailable policy applies
+            assert isinstance(info.value, LockError)
             assert not lock.held
-    finally:
-        await client.aclose()
+            assert primary.exists(lock.keys.lease) == 0
+            with pytest.raises(ReplicationTimeout):
+                async with drive.holding(lock):
+                    pytest.fail("the body must not run")
+            # Without asking for acknowledgement the lock is simply free.
+            plain = drive.Lock(client, "fragile", ttl=10, wait=0)
+            assert await drive(plain.acquire())
+            await drive(plain.release())
+
+
+async def test_more_replicas_than_exist(drive: Drive, pair: Pair, primary: redis.Redis) -> None:
+    async with on_primary(drive, pair) as client:
+        lock = drive.Lock(client, "two", ttl=10, wait=0, replicas=2, replicas_timeout=0.1)
+        with pytest.raises(ReplicationTimeout) as info:
+            await drive(lock.acquire())
+        assert info.value.acked == 1
+        assert primary.exists(lock.keys.lease) == 0
+
+
+async def test_give_back_hands_the_turn_to_the_next_waiter(
+    drive: Drive, pair: Pair, primary: redis.Redis
+) -> None:
+    async with on_primary(drive, pair) as client:
+        holder = drive.Lock(client, "queue", ttl=30, wait=0)
+        assert await drive(holder.acquire())
+
+        async def demanding() -> BaseException | None:
+            lock = drive.Lock(client, "queue", ttl=30, wait=10, replicas=2, replicas_timeout=0.1)
+            try:
+                await drive(lock.acquire())
+            except ReplicationTimeout as exc:
+                return exc
+            return None
+
+        async def patient() -> bool:
+            lock = drive.Lock(client, "queue", ttl=30, wait=10)
+            ok = await drive(lock.acquire())
+            await drive(lock.release())
+            return ok  # type: ignore[no-any-return]
+
+        first = drive.spawn(demanding)
+        await drive.until(lambda: primary.llen(holder.keys.queue) == 1, 10)
+        second = drive.spawn(patient)
+        await drive.until(lambda: primary.llen(holder.keys.queue) == 2, 10)
+        await drive(holder.release())
+        outcome, patient_got = await drive.join(first, second, timeout=15)
+        assert isinstance(outcome, ReplicationTimeout)
+        assert patient_got is True
 
 
 @pytest.mark.parametrize(
@@ -193,9 +193,9 @@ async def test_async_acknowledgement(pair: Pair, primary: redis.Redis) -> None:
         ({"replicas_timeout": 0}, "replicas_timeout must be a finite number"),
     ],
 )
-def test_bad_arguments(primary: redis.Redis, options: dict[str, Any], message: str) -> None:
+async def test_bad_arguments(drive: Drive, options: dict[str, Any], message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
-        Lock(primary, "x", **options)
+        drive.Lock(drive.client, "x", **options)
 
 
 def test_settings_apply_to_get_lock() -> None:
@@ -206,16 +206,15 @@ def test_settings_apply_to_get_lock() -> None:
     assert get_lock("configured").replicas == 0  # the default: off
 
 
-def test_off_by_default_sends_no_wait(primary: redis.Redis, pair: Pair) -> None:
-    client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
-    lock = Lock(client, "plain", ttl=10, wait=0)
-    assert lock.acquire()
-    lock.release()
-    before = _calls(primary)
-    assert lock.acquire()
-    assert _ran_since(primary, before) == {"evalsha": 1}
-    lock.release()
-    client.close()
+async def test_off_by_default_sends_no_wait(drive: Drive, primary: redis.Redis, pair: Pair) -> None:
+    async with on_primary(drive, pair) as client:
+        lock = drive.Lock(client, "plain", ttl=10, wait=0)
+        assert await drive(lock.acquire())
+        await drive(lock.release())
+        before = _calls(primary)
+        assert await drive(lock.acquire())
+        assert _ran_since(primary, before) == {"evalsha": 1}
+        await drive(lock.release())
 
 
 # -- WAIT runs on the connection that carried the write ---------------------------
@@ -233,51 +232,30 @@ WORKERS = 3
 ROUNDS = 8
 
 
-def _sync_attempts(client: Any, names: list[str], patience: float = 0.2) -> list[object]:
-    outcomes: list[object] = []
-    mutex = threading.Lock()
-    start = threading.Barrier(len(names), timeout=20)
+async def _attempts(
+    drive: Drive, client: Any, names: list[str], patience: float = 0.2
+) -> list[object]:
+    """Each name's caller (a thread or a task) acquires and releases, asking for one replica."""
     rounds = ROUNDS if patience < 1 else 1
-
-    def worker(name: str) -> None:
-        start.wait()
-        for _ in range(rounds):
-            lock = Lock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=patience)
-            try:
-                outcome: object = lock.acquire()
-                if lock.held:
-                    lock.release()
-            except Exception as exc:  # reported below
-                outcome = exc
-            with mutex:
-                outcomes.append(outcome)
-
-    threads = [threading.Thread(target=worker, args=(n,)) for n in names]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
-    return outcomes
-
-
-async def _async_attempts(client: Any, names: list[str], patience: float = 0.2) -> list[object]:
-    rounds = ROUNDS if patience < 1 else 1
+    start = drive.event()
 
     async def worker(name: str) -> list[object]:
+        await start.wait(20)
         outcomes: list[object] = []
         for _ in range(rounds):
-            lock = AsyncLock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=patience)
+            lock = drive.Lock(client, name, ttl=10, wait=0, replicas=1, replicas_timeout=patience)
             try:
-                outcome: object = await lock.acquire()
+                outcome: object = await drive(lock.acquire())
                 if lock.held:
-                    await lock.release()
+                    await drive(lock.release())
             except Exception as exc:  # reported below
                 outcome = exc
             outcomes.append(outcome)
         return outcomes
 
-    results = await asyncio.wait_for(asyncio.gather(*(worker(n) for n in names)), 60)
+    parties = [drive.spawn(lambda n=n: worker(n)) for n in names]
+    start.set()
+    results = await drive.join(*parties, timeout=60)
     return [o for per_worker in results for o in per_worker]
 
 
@@ -288,11 +266,11 @@ def _all_timed_out(outcomes: list[object]) -> None:
     assert all(o.acked == 0 for o in outcomes)  # type: ignore[attr-defined]
 
 
-def _warm_sync(client: Any, names: list[str]) -> None:
+async def _warm(drive: Drive, client: Any, names: list[str]) -> None:
     # Several pooled connections, scripts cached: the conditions of the bug.
     # A new replica can take a while to acknowledge its first writes.
-    _sync_ok = _sync_attempts(client, names, patience=5)
-    assert all(o is True for o in _sync_ok), _sync_ok[:3]
+    warm = await _attempts(drive, client, names, patience=5)
+    assert all(o is True for o in warm), warm[:3]
 
 
 def _acknowledged_all(port: int) -> None:
@@ -310,42 +288,20 @@ def _acknowledged_all(port: int) -> None:
     wait_until("the replica to acknowledge every write", caught_up, 20)
 
 
-async def _warm_async(client: Any, names: list[str]) -> None:
-    warm = await _async_attempts(client, names, patience=5)
-    assert all(o is True for o in warm), warm[:3]
-
-
-def test_paused_replica_never_acknowledges_threads(pair: Pair, primary: redis.Redis) -> None:
-    client = redis.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
+async def test_paused_replica_never_acknowledges(
+    drive: Drive, pair: Pair, primary: redis.Redis
+) -> None:
     names = [f"paused-{i}" for i in range(WARM)]
-    try:
-        _warm_sync(client, names)
+    async with on_primary(drive, pair) as client:
+        await _warm(drive, client, names)
         _acknowledged_all(pair.primary.port or 0)
         pair.replica.pause()
         try:
-            _all_timed_out(_sync_attempts(client, names[:WORKERS]))
+            _all_timed_out(await _attempts(drive, client, names[:WORKERS]))
         finally:
             pair.replica.resume()
-        wait_until("the replica to catch up", pair.linked, 20)
-        assert all(primary.exists(Lock(client, n).keys.lease) == 0 for n in names)
-    finally:
-        client.close()
-
-
-async def test_paused_replica_never_acknowledges_tasks(pair: Pair, primary: redis.Redis) -> None:
-    client = redis.asyncio.Redis(host="127.0.0.1", port=pair.primary.port, socket_timeout=5)
-    names = [f"paused-async-{i}" for i in range(WARM)]
-    try:
-        await _warm_async(client, names)
-        _acknowledged_all(pair.primary.port or 0)
-        pair.replica.pause()
-        try:
-            _all_timed_out(await _async_attempts(client, names[:WORKERS]))
-        finally:
-            pair.replica.resume()
-    finally:
-        await client.aclose()
     wait_until("the replica to catch up", pair.linked, 20)
+    assert all(primary.exists(Lock(primary, n).keys.lease) == 0 for n in names)
 
 
 @pytest.fixture(scope="module")
@@ -368,46 +324,20 @@ def _names_on(client: Any, node_port: int, count: int, prefix: str) -> list[str]
 
 
 @pytest.mark.cluster
-def test_paused_replica_never_acknowledges_on_a_cluster_threads(
-    replicated_cluster: ClusterTopology,
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_paused_replica_never_acknowledges_on_a_cluster(
+    replicated_cluster: ClusterTopology, driver: str
 ) -> None:
-    port = replicated_cluster.nodes[0].port or 0
-    client = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
-    try:
-        primary = int(client.get_primaries()[0].port)
-        names = _names_on(client, primary, WARM, "cl-paused")
-        _warm_sync(client, names)
-        _acknowledged_all(primary)
-        replica = replicated_cluster.replica_of(primary)
-        replica.pause()
-        try:
-            _all_timed_out(_sync_attempts(client, names[:WORKERS]))
-        finally:
-            replica.resume()
-        assert all(client.exists(Lock(client, n).keys.lease) == 0 for n in names)
-    finally:
-        client.close()
-
-
-@pytest.mark.cluster
-async def test_paused_replica_never_acknowledges_on_a_cluster_tasks(
-    replicated_cluster: ClusterTopology,
-) -> None:
-    port = replicated_cluster.nodes[0].port or 0
-    sync = RedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
-    client = AsyncRedisCluster(host="127.0.0.1", port=port, socket_timeout=5)
-    try:
+    async with cluster_drive(driver, replicated_cluster) as drive:
+        sync = drive.sync_client
         primary = int(sync.get_primaries()[0].port)
-        names = _names_on(sync, primary, WARM, "acl-paused")
-        await _warm_async(client, names)
+        names = _names_on(sync, primary, WARM, "cl-paused")
+        await _warm(drive, drive.client, names)
         _acknowledged_all(primary)
         replica = replicated_cluster.replica_of(primary)
         replica.pause()
         try:
-            _all_timed_out(await _async_attempts(client, names[:WORKERS]))
+            _all_timed_out(await _attempts(drive, drive.client, names[:WORKERS]))
         finally:
             replica.resume()
         assert all(sync.exists(Lock(sync, n).keys.lease) == 0 for n in names)
-    finally:
-        await client.aclose()
-        sync.close()

@@ -1,55 +1,25 @@
-"""Read-write locks on a private Redis Cluster: one slot per name, wake-ups in that slot."""
+"""Read-write locks on a private Redis Cluster: one slot per name, wake-ups in that slot.
+
+A scenario that takes ``cdrive`` runs on both drivers (tests/drive.py).
+"""
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
-import threading
-from collections.abc import Iterator
 
 import pytest
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from django_redislock.core import AsyncReadWriteLock, KeySpace, ReadWriteLock
+from django_redislock.core import KeySpace
+from tests.drive import Drive
 from tests.servers import has_sharded_pubsub
-from tests.test_rwlock import RWOccupancy
-from tests.topologies import ClusterTopology, wait_until
+from tests.test_rwlock import RWOccupancy, contend
+from tests.topologies import names_on_every_node
 
 pytestmark = pytest.mark.cluster
 
 KS = KeySpace("redislock")
 MODE = b"s" if has_sharded_pubsub() else b"p"
-
-
-@pytest.fixture(scope="module")
-def topology() -> Iterator[ClusterTopology]:
-    cluster = ClusterTopology(primaries=3, replicas=0).start()
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def rc(topology: ClusterTopology) -> Iterator[RedisCluster]:
-    client = RedisCluster(
-        host="127.0.0.1",
-        port=topology.nodes[0].port or 0,
-        socket_timeout=5,
-        socket_connect_timeout=2,
-    )
-    client.flushall(target_nodes=RedisCluster.PRIMARIES)
-    yield client
-    client.close()
-
-
-def names_on_every_node(client: RedisCluster) -> list[str]:
-    found: dict[str, str] = {}
-    i = 0
-    while len(found) < 3:
-        name = f"doc:{i}"
-        found.setdefault(client.get_node_from_key(KS.rwlock(name).lease).name, name)
-        i += 1
-    return list(found.values())
 
 
 def test_every_key_of_a_name_shares_its_slot(rc: RedisCluster) -> None:
@@ -60,88 +30,41 @@ def test_every_key_of_a_name_shares_its_slot(rc: RedisCluster) -> None:
         assert len(slots) == 1, name
 
 
-def test_writer_woken_in_the_slot_on_every_primary(rc: RedisCluster) -> None:
-    for name in names_on_every_node(rc):
-        reader = ReadWriteLock(rc, name, "read", ttl=30, wait=0)
-        assert reader.acquire()
-        result: list[bool] = []
-        writer = ReadWriteLock(rc, name, "write", ttl=30, wait=10)
+async def test_writer_woken_in_the_slot_on_every_primary(cdrive: Drive) -> None:
+    drive, rc = cdrive, cdrive.sync_client
+    for name in names_on_every_node(rc, "doc", "rwlock"):
+        reader = drive.ReadWriteLock(drive.client, name, "read", ttl=30, wait=0)
+        assert await drive(reader.acquire())
+        writer = drive.ReadWriteLock(drive.client, name, "write", ttl=30, wait=10)
 
-        def take(w: ReadWriteLock = writer, result: list[bool] = result) -> None:
-            result.append(w.acquire())
-            w.release()
+        async def take(w: object = writer) -> int | None:
+            async with drive.holding(w) as held:
+                return held.fence  # type: ignore[no-any-return]
 
-        thread = threading.Thread(target=take)
-        thread.start()
+        party = drive.spawn(take)
         keys = KS.rwlock(name)
-        wait_until("the writer to queue", lambda keys=keys: rc.llen(keys.queue) == 1, 10)
+        await drive.until(lambda keys=keys: rc.llen(keys.queue) == 1, 10)
         token = rc.lindex(keys.queue, 0)
         entry = rc.hget(keys.state, b"w:" + token)
         address = entry.split(b"|", 1)[1][2:]  # after the mode and the channel mode
         assert entry.split(b"|", 1)[1][1:2] == MODE
         assert rc.keyslot(address) == rc.keyslot(keys.lease)
-        assert not ReadWriteLock(rc, name, "read", wait=0).acquire()  # writer preference
-        reader.release()
+        # Writer preference: a reader that could share waits behind the writer.
+        assert not await drive(drive.ReadWriteLock(drive.client, name, "read", wait=0).acquire())
+        await drive(reader.release())
         # Without the wake-up the writer would sleep past its 10 s wait.
-        thread.join(15)
-        assert result == [True]
+        [fence] = await drive.join(party, timeout=15)
+        assert fence
 
 
-def _contend(
-    client: RedisCluster, name: str, occ: RWOccupancy, errors: list[BaseException]
-) -> None:
-    try:
-        for i in range(10):
-            if i % 3 == 0:
-                with ReadWriteLock(client, name, "write", ttl=10, wait=30), occ.writing():
-                    pass
-            else:
-                with ReadWriteLock(client, name, "read", ttl=10, wait=30), occ.reading(0.02):
-                    pass
-    except BaseException as exc:
-        errors.append(exc)
-
-
-def test_oracle_threads_on_a_cluster(rc: RedisCluster) -> None:
-    name = names_on_every_node(rc)[1]
+async def test_oracle_on_a_cluster(cdrive: Drive) -> None:
+    drive = cdrive
+    name = names_on_every_node(drive.sync_client, "doc", "rwlock")[1]
     occ = RWOccupancy(multiprocessing.get_context("fork"))
-    errors: list[BaseException] = []
-    threads = [threading.Thread(target=_contend, args=(rc, name, occ, errors)) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors
+    parties = [
+        drive.spawn(lambda seed=seed: contend(drive, drive.client, occ, 10, seed, name))
+        for seed in range(6)
+    ]
+    await drive.join(*parties, timeout=120)
     assert occ.entries.value == 60
     assert occ.violations.value == 0 and occ.most_readers.value > 1
-
-
-async def test_async_on_a_cluster(topology: ClusterTopology) -> None:
-    client = AsyncRedisCluster(host="127.0.0.1", port=topology.nodes[0].port or 0, socket_timeout=5)
-    try:
-        name = "doc:async"
-        reader = AsyncReadWriteLock(client, name, "read", ttl=30, wait=0)
-        assert await reader.acquire()
-        writer = AsyncReadWriteLock(client, name, "write", ttl=30, wait=10)
-
-        async def write() -> int | None:
-            async with writer:
-                return writer.fence
-
-        task = asyncio.create_task(write())
-        keys = KS.rwlock(name)
-        for _ in range(1000):
-            if await client.llen(keys.queue) == 1:
-                break
-            await asyncio.sleep(0.01)
-        await reader.release()
-        assert await asyncio.wait_for(task, 15)
-    finally:
-        for task in asyncio.all_tasks():
-            if (
-                task.get_name().startswith("redislock-notify")
-                and task is not asyncio.current_task()
-            ):
-                task.cancel()
-        await asyncio.sleep(0)
-        await client.aclose()

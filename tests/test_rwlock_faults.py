@@ -1,7 +1,8 @@
 """Read-write locks under faults: late and lost replies, broken connections, a frozen Redis.
 
 The same faults as the lock's scenarios (``tests/faults``), through the same
-proxy and the library's own client settings. Whatever happens, an acquire
+proxy and the library's own client settings, on both drivers (``drive``,
+tests/drive.py). Whatever happens, an acquire
 either holds or leaves nothing behind, a release whose reply was lost never
 reports a false loss, and every call ends within its bound.
 """
@@ -18,8 +19,9 @@ import redis
 
 from django_redislock.core import KeySpace, ReadWriteLock
 from django_redislock.core.exceptions import LockLost, RedisUnavailable
-from tests.faults.harness import ServerPool, bounded_client, freeze_bound
-from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
+from tests.drive import Drive
+from tests.faults.harness import ServerPool, bounded_client_for, freeze_bound
+from tests.helpers_oracles import audit_keyspace, plant_sentinel
 
 KS = KeySpace()
 MODES = ("read", "write")
@@ -31,113 +33,140 @@ def pool() -> Iterator[ServerPool]:
         yield servers
 
 
+def asyncio_falls_short(request: pytest.FixtureRequest, drive: Drive, why: str) -> None:
+    """Where the asyncio driver does not yet do what the sync one does: an
+    expected failure, strict, so that the fix shows (and this mark goes)."""
+    if drive.is_async:
+        request.applymarker(pytest.mark.xfail(reason=why, strict=True))
+
+
 def turns(admin: redis.Redis, name: str) -> int:
     """Holders and reservations of ``name`` still in Redis."""
     return int(admin.zcard(KS.rwlock(name).lease))
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_reply_later_than_the_ttl_is_not_an_acquisition(pool: ServerPool, mode: str) -> None:
+async def test_reply_later_than_the_ttl_is_not_an_acquisition(
+    drive: Drive, pool: ServerPool, mode: str
+) -> None:
     server = pool.server()
     admin = server.admin()
     plant_sentinel(admin)
     proxy = pool.proxy(server)
-    client = bounded_client(proxy.url, timeout=3.0)
+    client = bounded_client_for(drive, proxy.url, timeout=3.0)
     rng = random.Random(7)
     for n in range(3):
         name = f"late:{n}"
         ttl = rng.uniform(0.15, 0.3)
-        lock = ReadWriteLock(client, name, mode, ttl=ttl, wait=0)  # type: ignore[arg-type]
-        client.ping()
+        lock = drive.ReadWriteLock(client, name, mode, ttl=ttl, wait=0)
+        await drive(client.ping())
         with proxy.fault(latency=ttl + 0.1, direction="reply"):
-            assert not lock.acquire()
+            assert not await drive(lock.acquire())
         # The late grant is given back (after its reply, off the caller's path).
-        wait_until(lambda name=name: turns(admin, name) == 0, 2.0)
+        await drive.until(lambda name=name: turns(admin, name) == 0, 2.0)
         other = ReadWriteLock(admin, name, "write", ttl=1, wait=0)
         assert other.acquire()
         other.release()
-    client.close()
+    await drive.close(client)
     audit_keyspace(admin)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_lost_replies_leave_nothing_and_report_no_false_loss(pool: ServerPool, mode: str) -> None:
+async def test_lost_replies_leave_nothing_and_report_no_false_loss(
+    drive: Drive, pool: ServerPool, mode: str, request: pytest.FixtureRequest
+) -> None:
+    asyncio_falls_short(
+        request,
+        drive,
+        "AsyncReadWriteLock and AsyncSemaphore (not AsyncLock): a release (then an"
+        " acquire) whose reply is lost, the connection kept, is not given back: the"
+        " turn stays held until its TTL",
+    )
     server = pool.server()
     admin = server.admin()
     plant_sentinel(admin)
     proxy = pool.proxy(server)
-    client = bounded_client(proxy.url, timeout=0.5)
+    client = bounded_client_for(drive, proxy.url, timeout=0.5)
     for n in range(3):
         # The acquire ran, its reply was lost: held, or nothing left granted.
         name = f"drop-acquire:{n}"
-        lock = ReadWriteLock(client, name, mode, ttl=5, wait=0)  # type: ignore[arg-type]
+        lock = drive.ReadWriteLock(client, name, mode, ttl=5, wait=0)
         proxy.drop_replies = 1
         try:
-            acquired = lock.acquire()
+            acquired = await drive(lock.acquire())
         except RedisUnavailable:
             acquired = False
         proxy.heal()
         if acquired:
-            assert lock.owned()
-            lock.release()
-        wait_until(lambda name=name: turns(admin, name) == 0, 2.0)
+            assert await drive(lock.owned())
+            await drive(lock.release())
+        await drive.until(lambda name=name: turns(admin, name) == 0, 2.0)
         # The release ran, its reply was lost: the retry reports success.
         name = f"drop-release:{n}"
-        lock = ReadWriteLock(client, name, mode, ttl=5, wait=0)  # type: ignore[arg-type]
-        assert lock.acquire()
+        lock = drive.ReadWriteLock(client, name, mode, ttl=5, wait=0)
+        assert await drive(lock.acquire())
         proxy.drop_replies = 1
         # Told the truth: released, or unknown (the give-back goes on); never LockLost.
         with contextlib.suppress(RedisUnavailable):
-            lock.release()
+            await drive(lock.release())
         proxy.heal()
-        wait_until(lambda name=name: turns(admin, name) == 0, 2.0)
+        await drive.until(lambda name=name: turns(admin, name) == 0, 2.0)
         # Frames cut into pieces, and a connection reset under a holder.
         with proxy.fault(split=3):
-            lock = ReadWriteLock(client, f"split:{n}", mode, ttl=5)  # type: ignore[arg-type]
-            assert lock.acquire() and lock.owned()
-            lock.extend()
-            lock.release()
-        lock = ReadWriteLock(client, f"reset:{n}", mode, ttl=5)  # type: ignore[arg-type]
-        assert lock.acquire()
+            lock = drive.ReadWriteLock(client, f"split:{n}", mode, ttl=5)
+            assert await drive(lock.acquire()) and await drive(lock.owned())
+            await drive(lock.extend())
+            await drive(lock.release())
+        lock = drive.ReadWriteLock(client, f"reset:{n}", mode, ttl=5)
+        assert await drive(lock.acquire())
         proxy.reset()
-        lock.extend()
-        lock.release()
-    client.close()
+        await drive(lock.extend())
+        await drive(lock.release())
+    await drive.close(client)
     audit_keyspace(admin)
 
 
-def test_frozen_redis_every_call_bounded(pool: ServerPool) -> None:
+async def test_frozen_redis_every_call_bounded(drive: Drive, pool: ServerPool) -> None:
     server = pool.server()
     timeout = 0.3
-    client = bounded_client(server.url, timeout=timeout)
-    holder = ReadWriteLock(client, "frozen", "read", ttl=5, wait=0)
-    assert holder.acquire()
+    client = bounded_client_for(drive, server.url, timeout=timeout)
+    holder = drive.ReadWriteLock(client, "frozen", "read", ttl=5, wait=0)
+    assert await drive(holder.acquire())
     with server.paused():
         for mode in MODES:
-            lock = ReadWriteLock(client, "frozen", mode, ttl=5, wait=0)  # type: ignore[arg-type]
+            lock = drive.ReadWriteLock(client, "frozen", mode, ttl=5, wait=0)
             started = time.monotonic()
             with pytest.raises(RedisUnavailable):
-                lock.acquire()
+                await drive(lock.acquire())
             assert time.monotonic() - started < freeze_bound(timeout) + 0.5
-    client.close()
+    await drive.close(client)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_redis_restarted_empty_the_holder_learns_its_loss(pool: ServerPool, mode: str) -> None:
+async def test_redis_restarted_empty_the_holder_learns_its_loss(
+    drive: Drive, pool: ServerPool, mode: str, request: pytest.FixtureRequest
+) -> None:
+    asyncio_falls_short(
+        request,
+        drive,
+        "every asyncio driver, on the client the library builds: the first acquire after"
+        " Redis restarted fails on the pooled connection Redis closed (RedisUnavailable)"
+        " instead of connecting again",
+    )
     server = pool.server(persistence=False)
-    client = bounded_client(server.url, timeout=1.0)
-    first = ReadWriteLock(client, "restart", mode, ttl=30, wait=0)  # type: ignore[arg-type]
-    assert first.acquire()
+    client = bounded_client_for(drive, server.url, timeout=1.0)
+    first = drive.ReadWriteLock(client, "restart", mode, ttl=30, wait=0)
+    assert await drive(first.acquire())
     server.restart(kill=True)
-    writer = ReadWriteLock(client, "restart", "write", ttl=30, wait=0)
-    assert writer.acquire()  # the documented limit: Redis forgot the holder
+    writer = drive.ReadWriteLock(client, "restart", "write", ttl=30, wait=0)
+    assert await drive(writer.acquire())  # the documented limit: Redis forgot the holder
     if mode == "write":
         assert writer.fence is not None and first.fence is not None
         assert writer.fence > first.fence  # the fence still guards the writes
     with pytest.raises(LockLost):
-        first.extend()
+        await drive(first.extend())
     with pytest.raises(LockLost):
-        first.release()
-    assert writer.owned()
-    writer.release()
-    client.close()
+        await drive(first.release())
+    assert await drive(writer.owned())
+    await drive(writer.release())
+    await drive.close(client)

@@ -16,6 +16,7 @@ from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable
 from django_redislock.core.drivers import rwlock, semaphore
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
+from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.topologies import ClusterTopology, wait_until
 
@@ -143,40 +144,23 @@ def test_commands_of_an_uncontended_acquire_and_release(
     )
 
 
-def test_sync_after_script_flush(r: redis.Redis) -> None:
+async def test_scripts_reloaded_after_script_flush(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    lock = Lock(r, "noscript", ttl=5, wait=0)
+    lock = drive.Lock(drive.client, "noscript", ttl=5, wait=0)
     r.script_flush()
     assert r.script_exists(scripts.ACQUIRE.sha) == [False]
-    assert lock.acquire()
+    assert await drive(lock.acquire())
     assert r.script_exists(scripts.ACQUIRE.sha) == [True]
     r.script_flush()
-    lock.extend()
+    await drive(lock.extend())
     r.script_flush()
-    lock.release()
+    await drive(lock.release())
     assert not r.exists(lock.keys.lease)
+    assert r.script_exists(scripts.RELEASE.sha) == [True]
     r.script_flush()
-    assert lock.acquire()
-    lock.release()
+    assert await drive(lock.acquire())
+    await drive(lock.release())
     audit_keyspace(r)
-
-
-async def test_async_after_script_flush(redis_server: object, r: redis.Redis) -> None:
-    plant_sentinel(r)
-    client = redis.asyncio.Redis.from_url(redis_server.url, socket_timeout=5)  # type: ignore[attr-defined]
-    try:
-        lock = AsyncLock(client, "noscript-async", ttl=5, wait=0)
-        await client.script_flush()
-        assert await lock.acquire()
-        await client.script_flush()
-        await lock.extend()
-        await client.script_flush()
-        await lock.release()
-        assert not r.exists(lock.keys.lease)
-        assert await client.script_exists(scripts.RELEASE.sha) == [True]
-        audit_keyspace(r)
-    finally:
-        await client.aclose()
 
 
 def test_error_reply_becomes_unavailable(r: redis.Redis) -> None:

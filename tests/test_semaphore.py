@@ -1,7 +1,12 @@
-"""Semaphore (sync core): counting, expiry on the server clock, fair admission."""
+"""Semaphore and AsyncSemaphore: counting, expiry on the server clock, fair admission.
+
+A scenario that takes ``drive`` runs on both drivers (tests/drive.py).
+What every kind of lock does alike is in tests/test_kinds.py.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing
 import os
@@ -11,9 +16,11 @@ import time
 import pytest
 import redis
 
-from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
+from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
 from django_redislock.core.engine.keys import KeySpace
-from django_redislock.core.exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
+from django_redislock.core.exceptions import LockError, LockLost, LockNotOwned
+from tests.drive import Drive
 from tests.servers import RedisServer
 
 KS = KeySpace()
@@ -25,15 +32,6 @@ def keys(name: str):  # noqa: ANN201
 
 def holders(r: redis.Redis, name: str) -> list[bytes]:
     return list(r.zrange(keys(name).lease, 0, -1))
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 class Oracle:
@@ -54,9 +52,9 @@ class Oracle:
             self.inside -= 1
 
 
-def test_acquire_release_and_key_layout(r: redis.Redis) -> None:
-    sem = Semaphore(r, "reports", 2, ttl=30, wait=0, label="nightly")
-    assert sem.acquire()
+async def test_acquire_release_and_key_layout(drive: Drive, r: redis.Redis) -> None:
+    sem = drive.Semaphore(drive.client, "reports", 2, ttl=30, wait=0, label="nightly")
+    assert await drive(sem.acquire())
     k = keys("reports")
     assert k.lease.startswith(b"redislock:S:{") and k.state.startswith(b"redislock:SH:{")
     assert holders(r, "reports") == [sem.token.encode()]
@@ -71,208 +69,181 @@ def test_acquire_release_and_key_layout(r: redis.Redis) -> None:
     assert int(state[b"a:" + sem.token.encode()]) <= server_ms + 1000
     for key in (k.lease, k.state):
         assert r.pttl(key) > 0
-    assert sem.held and sem.owned() and sem.fence is None
-    sem.release()
+    assert sem.held and await drive(sem.owned()) and sem.fence is None
+    await drive(sem.release())
     assert holders(r, "reports") == []
     assert not any(f.startswith((b"o:", b"a:", b"s:")) for f in r.hgetall(k.state))
     assert not sem.held
 
 
-def test_limit_is_enforced(r: redis.Redis) -> None:
-    sems = [Semaphore(r, "s", 3, wait=0) for _ in range(4)]
-    assert [s.acquire() for s in sems] == [True, True, True, False]
+async def test_limit_is_enforced(drive: Drive, r: redis.Redis) -> None:
+    sems = [drive.Semaphore(drive.client, "s", 3, wait=0) for _ in range(4)]
+    assert [await drive(s.acquire()) for s in sems] == [True, True, True, False]
     assert sems[3].retry_after is not None and sems[3].retry_after > 0
-    sems[0].release()
-    assert sems[3].acquire()
+    await drive(sems[0].release())
+    assert await drive(sems[3].acquire())
     assert len(holders(r, "s")) == 3
 
 
-def test_one_round_trip_each_when_uncontended(r: redis.Redis) -> None:
-    warm = Semaphore(r, "warm", 1, wait=5)
-    assert warm.acquire()
-    warm.release()  # scripts are cached now
-    sem = Semaphore(r, "rt", 1, wait=5)
+async def test_one_round_trip_each_when_uncontended(drive: Drive, r: redis.Redis) -> None:
+    warm = drive.Semaphore(drive.client, "warm", 1, wait=5)
+    assert await drive(warm.acquire())
+    await drive(warm.release())  # scripts are cached now
+    sem = drive.Semaphore(drive.client, "rt", 1, wait=5)
     r.config_resetstat()
-    assert sem.acquire()
+    assert await drive(sem.acquire())
     stats = r.info("commandstats")
     # The INFO call itself is not counted until it finishes.
     assert stats["cmdstat_evalsha"]["calls"] == 1
     assert "cmdstat_eval" not in stats
     r.config_resetstat()
-    sem.release()
+    await drive(sem.release())
     stats = r.info("commandstats")
     assert stats["cmdstat_evalsha"]["calls"] == 1
 
 
-def test_crashed_holder_permit_expires_on_server_clock(r: redis.Redis) -> None:
-    crashed = Semaphore(r, "c", 1, ttl=0.3, wait=0)
-    assert crashed.acquire()
-    other = Semaphore(r, "c", 1, wait=10)
-    assert other.acquire(wait=0) is False
+async def test_crashed_holder_permit_expires_on_server_clock(drive: Drive, r: redis.Redis) -> None:
+    crashed = drive.Semaphore(drive.client, "c", 1, ttl=0.3, wait=0)
+    assert await drive(crashed.acquire())
+    other = drive.Semaphore(drive.client, "c", 1, wait=10)
+    assert await drive(other.acquire(wait=0)) is False
     # The waiter's fallback timer is the permit's expiry: no release needed.
-    assert other.acquire()
+    assert await drive(other.acquire())
     assert holders(r, "c") == [other.token.encode()]
     with pytest.raises(LockLost):
-        crashed.release()
-    other.release()
+        await drive(crashed.release())
+    await drive(other.release())
 
 
-def test_release_wakes_waiter_by_notification(r: redis.Redis) -> None:
-    # The holder's permit lasts 60 s and the waiter waits 10 s: only the
+async def test_release_wakes_waiter_by_notification(drive: Drive, r: redis.Redis) -> None:
+    # The holders' permits last 60 s and the waiter waits 10 s: only the
     # wake-up published at release can get the waiter in.
-    holder = Semaphore(r, "n", 1, ttl=60, wait=0)
-    assert holder.acquire()
-    waiter = Semaphore(r, "n", 1, wait=10)
-    result: list[bool] = []
-    t = threading.Thread(target=lambda: result.append(waiter.acquire()))
-    t.start()
-    assert wait_until(lambda: r.llen(keys("n").queue) == 1)
-    holder.release()
-    t.join(15)
-    assert result == [True]
-    assert holders(r, "n") == [waiter.token.encode()]
+    held = [drive.Semaphore(drive.client, "n", 2, ttl=60, wait=0) for _ in range(2)]
+    assert [await drive(s.acquire()) for s in held] == [True, True]
+    assert await drive(drive.Semaphore(drive.client, "n", 2, wait=0).acquire()) is False
+    waiter = drive.Semaphore(drive.client, "n", 2, wait=10)
+    party = drive.spawn(lambda: drive(waiter.acquire()))
+    await drive.until(lambda: r.llen(keys("n").queue) == 1)
+    await drive(held[0].release())
+    assert await drive.join(party, timeout=15) == [True]
+    assert sorted(holders(r, "n")) == sorted([held[1].token.encode(), waiter.token.encode()])
 
 
-def test_waiters_are_admitted_in_arrival_order(r: redis.Redis) -> None:
-    holder = Semaphore(r, "fifo", 1, ttl=60, wait=0)
-    assert holder.acquire()
+async def test_waiters_are_admitted_in_arrival_order(drive: Drive, r: redis.Redis) -> None:
+    holder = drive.Semaphore(drive.client, "fifo", 1, ttl=60, wait=0)
+    assert await drive(holder.acquire())
     order: list[int] = []
-    threads = []
+    parties = []
     for i in range(5):
-        sem = Semaphore(r, "fifo", 1, wait=20)
+        sem = drive.Semaphore(drive.client, "fifo", 1, wait=20)
 
-        def run(sem: Semaphore = sem, i: int = i) -> None:
-            assert sem.acquire()
+        async def run(sem: AsyncSemaphore = sem, i: int = i) -> None:
+            assert await drive(sem.acquire())
             order.append(i)
-            sem.release()
+            await drive(sem.release())
 
-        t = threading.Thread(target=run)
-        t.start()
-        threads.append(t)
+        parties.append(drive.spawn(run))
         # Each waiter is in the queue before the next one arrives.
-        assert wait_until(lambda i=i: r.llen(keys("fifo").queue) == i + 1)
-    holder.release()
-    for t in threads:
-        t.join(20)
+        await drive.until(lambda i=i: r.llen(keys("fifo").queue) == i + 1)
+    await drive(holder.release())
+    await drive.join(*parties)
     assert order == [0, 1, 2, 3, 4]
 
 
-def test_several_waiters_woken_when_several_permits_free(r: redis.Redis) -> None:
-    held = [Semaphore(r, "multi", 3, ttl=60, wait=0) for _ in range(3)]
-    assert all(s.acquire() for s in held)
-    got = threading.Barrier(3, timeout=15)
-    done = threading.Event()
-    waiters = [Semaphore(r, "multi", 3, wait=15) for _ in range(2)]
+async def test_several_waiters_woken_when_several_permits_free(
+    drive: Drive, r: redis.Redis
+) -> None:
+    held = [drive.Semaphore(drive.client, "multi", 3, ttl=60, wait=0) for _ in range(3)]
+    assert [await drive(s.acquire()) for s in held] == [True] * 3
+    inside = [drive.event(), drive.event()]
+    done = drive.event()
+    waiters = [drive.Semaphore(drive.client, "multi", 3, wait=15) for _ in range(2)]
 
-    def run(sem: Semaphore) -> None:
-        assert sem.acquire()
-        got.wait()  # both inside together
-        done.wait(15)
-        sem.release()
+    async def run(i: int) -> None:
+        assert await drive(waiters[i].acquire())
+        inside[i].set()
+        await inside[1 - i].wait(15)  # both inside together
+        await done.wait(15)
+        await drive(waiters[i].release())
 
-    threads = [threading.Thread(target=run, args=(s,)) for s in waiters]
-    for t in threads:
-        t.start()
-    assert wait_until(lambda: r.llen(keys("multi").queue) == 2)
-    held[0].release()
-    held[1].release()
-    got.wait()
+    parties = [drive.spawn(lambda i=i: run(i)) for i in range(2)]
+    await drive.until(lambda: r.llen(keys("multi").queue) == 2)
+    await drive(held[0].release())
+    await drive(held[1].release())
+    for event in inside:
+        await event.wait(15)
     assert len(holders(r, "multi")) == 3
     done.set()
-    for t in threads:
-        t.join(15)
-    held[2].release()
+    await drive.join(*parties, timeout=15)
+    await drive(held[2].release())
 
 
-def test_newcomer_cannot_barge_past_queue(r: redis.Redis) -> None:
+async def test_newcomer_cannot_barge_past_queue(drive: Drive, r: redis.Redis) -> None:
     k = keys("barge")
-    holder = Semaphore(r, "barge", 1, ttl=60, wait=0)
-    assert holder.acquire()
+    holder = drive.Semaphore(drive.client, "barge", 1, ttl=60, wait=0)
+    assert await drive(holder.acquire())
     # A queued waiter with no channel: its wake-up goes nowhere, so the permit
     # freed below stays reserved for it for the grace period.
     r.rpush(k.queue, "w1")
     r.hset(k.state, "w:w1", f"{int(r.time()[0]) * 1000 + 30_000}|-")
-    holder.release()
+    await drive(holder.release())
     assert holders(r, "barge") == [b"w1"] and r.hget(k.state, "r:w1") == b"1"
-    newcomer = Semaphore(r, "barge", 1, wait=0)
-    assert newcomer.acquire() is False
+    newcomer = drive.Semaphore(drive.client, "barge", 1, wait=0)
+    assert await drive(newcomer.acquire()) is False
     # Once the reservation runs out unclaimed, the permit is free again.
-    late = Semaphore(r, "barge", 1, wait=10)
-    assert late.acquire()
+    late = drive.Semaphore(drive.client, "barge", 1, wait=10)
+    assert await drive(late.acquire())
     assert holders(r, "barge") == [late.token.encode()]
 
 
-def test_threads_never_exceed_limit(r: redis.Redis) -> None:
+async def test_callers_never_exceed_limit(drive: Drive, r: redis.Redis) -> None:
+    # 20 threads or tasks on 6 pooled connections, 5 rounds each, limit 3.
     oracle = Oracle()
-    limit, workers, rounds = 3, 12, 5
-    start = threading.Barrier(workers, timeout=15)
-    errors: list[BaseException] = []
-    client = redis.Redis(
-        connection_pool=redis.BlockingConnectionPool.from_url(
-            f"unix://{r.connection_pool.connection_kwargs['path']}",
-            max_connections=6,
-            timeout=20,
-            socket_timeout=5,
-        )
-    )
+    limit, workers, rounds = 3, 20, 5
+    start = drive.event()
+    async with drive.pooled(6) as client:
 
-    def run() -> None:
-        try:
-            sem = Semaphore(client, "threads", limit, ttl=30, wait=30)
-            start.wait()
+        async def run() -> None:
+            sem = drive.Semaphore(client, "threads", limit, ttl=30, wait=30)
+            await start.wait(15)
             for _ in range(rounds):
-                with sem:
+                async with drive.holding(sem):
                     oracle.enter()
-                    time.sleep(0.005)
+                    await drive.sleep(0.005)
                     oracle.leave()
-        except BaseException as exc:
-            errors.append(exc)
 
-    threads = [threading.Thread(target=run) for _ in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    client.close()
-    assert errors == []
+        parties = [drive.spawn(run) for _ in range(workers)]
+        start.set()
+        await drive.join(*parties, timeout=60)
     assert 1 <= oracle.max <= limit
     assert holders(r, "threads") == []
 
 
-def test_hundreds_of_waiters_share_few_connections(r: redis.Redis) -> None:
-    # 150 waiting threads, 4 pooled connections: waiters must not sit on a
-    # connection, or the holder could never release.
-    path = r.connection_pool.connection_kwargs["path"]
-    client = redis.Redis(
-        connection_pool=redis.BlockingConnectionPool.from_url(
-            f"unix://{path}", max_connections=4, timeout=30, socket_timeout=5
-        )
-    )
-    holder = Semaphore(client, "many", 2, ttl=60, wait=0)
-    assert holder.acquire()
+async def test_hundreds_of_waiters_share_few_connections(drive: Drive, r: redis.Redis) -> None:
+    # 200 waiting threads or tasks, 4 pooled connections: waiters must not sit
+    # on a connection, or the holder could never release.
+    count = 200
     oracle = Oracle()
     finished: list[bool] = []
-    lock = threading.Lock()
+    async with drive.pooled(4) as client:
+        holder = drive.Semaphore(client, "many", 2, ttl=60, wait=0)
+        assert await drive(holder.acquire())
 
-    def run() -> None:
-        sem = Semaphore(client, "many", 2, ttl=30, wait=60)
-        ok = sem.acquire()
-        if ok:
-            oracle.enter()
-            oracle.leave()
-            sem.release()
-        with lock:
+        async def run() -> None:
+            sem = drive.Semaphore(client, "many", 2, ttl=30, wait=60)
+            ok = await drive(sem.acquire())
+            if ok:
+                oracle.enter()
+                await drive.sleep(0)
+                oracle.leave()
+                await drive(sem.release())
             finished.append(ok)
 
-    threads = [threading.Thread(target=run) for _ in range(150)]
-    for t in threads:
-        t.start()
-    assert wait_until(lambda: r.llen(keys("many").queue) + len(finished) >= 140, 30)
-    holder.release()
-    for t in threads:
-        t.join(60)
-    client.close()
-    assert len(finished) == 150 and all(finished)
+        parties = [drive.spawn(run) for _ in range(count)]
+        await drive.until(lambda: r.llen(keys("many").queue) + len(finished) >= count - 10, 30)
+        await drive(holder.release())
+        await drive.join(*parties, timeout=60)
+    assert len(finished) == count and all(finished)
     assert oracle.max <= 2
 
 
@@ -313,37 +284,38 @@ def test_processes_never_exceed_limit(r: redis.Redis) -> None:
     assert holders(r, "procs") == []
 
 
-def test_lower_limit_admits_nobody_until_holders_drop_below_it(r: redis.Redis) -> None:
-    old = [Semaphore(r, "shrink", 3, ttl=60, wait=0) for _ in range(3)]
-    assert all(s.acquire() for s in old)
-    new = Semaphore(r, "shrink", 1, wait=0)
-    assert new.acquire() is False
+async def test_lower_limit_admits_nobody_until_holders_drop_below_it(
+    drive: Drive, r: redis.Redis
+) -> None:
+    old = [drive.Semaphore(drive.client, "shrink", 3, ttl=60, wait=0) for _ in range(3)]
+    assert [await drive(s.acquire()) for s in old] == [True] * 3
+    new = drive.Semaphore(drive.client, "shrink", 1, wait=0)
+    assert await drive(new.acquire()) is False
     assert r.hget(keys("shrink").state, "l") == b"1"
-    old[0].release()
-    assert new.acquire() is False  # 2 holders, limit 1
-    old[1].release()
-    assert new.acquire() is False  # 1 holder, limit 1
-    old[2].release()
-    assert new.acquire() is True
+    await drive(old[0].release())
+    assert await drive(new.acquire()) is False  # 2 holders, limit 1
+    await drive(old[1].release())
+    assert await drive(new.acquire()) is False  # 1 holder, limit 1
+    await drive(old[2].release())
+    assert await drive(new.acquire()) is True
     assert len(holders(r, "shrink")) == 1
 
 
-def test_lowered_limit_does_not_wake_waiters_into_overfill(r: redis.Redis) -> None:
-    old = [Semaphore(r, "shrink2", 3, ttl=60, wait=0) for _ in range(3)]
-    assert all(s.acquire() for s in old)
-    waiter = Semaphore(r, "shrink2", 1, wait=15)
-    result: list[bool] = []
-    t = threading.Thread(target=lambda: result.append(waiter.acquire()))
-    t.start()
-    assert wait_until(lambda: r.llen(keys("shrink2").queue) == 1)
-    old[0].release()
-    old[1].release()
+async def test_lowered_limit_does_not_wake_waiters_into_overfill(
+    drive: Drive, r: redis.Redis
+) -> None:
+    old = [drive.Semaphore(drive.client, "shrink2", 3, ttl=60, wait=0) for _ in range(3)]
+    assert [await drive(s.acquire()) for s in old] == [True] * 3
+    waiter = drive.Semaphore(drive.client, "shrink2", 1, wait=15)
+    party = drive.spawn(lambda: drive(waiter.acquire()))
+    await drive.until(lambda: r.llen(keys("shrink2").queue) == 1)
+    await drive(old[0].release())
+    await drive(old[1].release())
     # Still one holder, limit 1: nobody admitted.
-    assert r.llen(keys("shrink2").queue) == 1 and result == []
+    assert r.llen(keys("shrink2").queue) == 1 and not party.done()
     assert len(holders(r, "shrink2")) == 1
-    old[2].release()
-    t.join(15)
-    assert result == [True]
+    await drive(old[2].release())
+    assert await drive.join(party, timeout=15) == [True]
     assert holders(r, "shrink2") == [waiter.token.encode()]
 
 
@@ -390,145 +362,117 @@ def test_reservation_given_back_when_limit_drops_before_claim(r: redis.Redis) ->
     assert r.lindex(k.queue, 0) == b"w2"
 
 
-def test_refresh_extends_only_own_live_permit(r: redis.Redis) -> None:
-    sem = Semaphore(r, "ref", 1, ttl=5, wait=0)
-    assert sem.acquire()
+async def test_refresh_extends_only_own_live_permit(drive: Drive, r: redis.Redis) -> None:
+    sem = drive.Semaphore(drive.client, "ref", 1, ttl=5, wait=0)
+    assert await drive(sem.acquire())
     before = r.zscore(keys("ref").lease, sem.token)
-    sem.refresh(ttl=50)
+    await drive(sem.refresh(ttl=50))
     assert r.zscore(keys("ref").lease, sem.token) > before + 40_000
     assert sem.remaining > 40
-    clear_semaphore(r, KS, "ref")
+    assert await drive(drive.clear_semaphore(drive.client, KS, "ref")) == 1
     with pytest.raises(LockLost):
-        sem.refresh()
+        await drive(sem.refresh())
     with pytest.raises(LockLost):
-        sem.release()
+        await drive(sem.release())
 
 
-def test_only_acquiring_thread_releases(r: redis.Redis) -> None:
-    sem = Semaphore(r, "own", 1, wait=0)
+async def test_only_the_acquiring_thread_or_task_releases(drive: Drive) -> None:
+    sem = drive.Semaphore(drive.client, "own", 1, wait=0)
     with pytest.raises(LockNotOwned):
-        sem.release()
-    assert sem.acquire()
-    errors: list[BaseException] = []
-
-    def other() -> None:
-        try:
-            sem.release()
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=other)
-    t.start()
-    t.join(5)
-    assert len(errors) == 1 and isinstance(errors[0], LockNotOwned)
+        await drive(sem.release())
+    assert await drive(sem.acquire())
+    with pytest.raises(LockNotOwned):
+        await drive.join(drive.spawn(lambda: drive(sem.release())), timeout=5)
     with pytest.raises(LockError):
-        sem.acquire()  # already held by this thread
-    sem.release()
+        await drive(sem.acquire())  # already held by this thread or task
+    await drive(sem.release())
 
 
-def test_context_manager_raises_when_busy(r: redis.Redis) -> None:
-    first = Semaphore(r, "ctx", 1, ttl=20, wait=0)
-    with first:
-        with pytest.raises(LockNotAcquired) as info, Semaphore(r, "ctx", 1, wait=0):
-            pass  # pragma: no cover
-        assert info.value.retry_after is not None and 0 < info.value.retry_after <= 20
-    assert holders(r, "ctx") == []
-
-
-def test_clear_one_and_all_wakes_waiters(r: redis.Redis) -> None:
-    sems = [Semaphore(r, "clr", 2, ttl=60, wait=0) for _ in range(2)]
-    assert all(s.acquire() for s in sems)
-    waiter = Semaphore(r, "clr", 2, wait=10)
-    result: list[bool] = []
-    t = threading.Thread(target=lambda: result.append(waiter.acquire()))
-    t.start()
-    assert wait_until(lambda: r.llen(keys("clr").queue) == 1)
-    assert clear_semaphore(r, KS, "clr", sems[0].token) == 1
-    t.join(10)
-    assert result == [True]
+async def test_clear_one_and_all_wakes_waiters(drive: Drive, r: redis.Redis) -> None:
+    clear = drive.clear_semaphore
+    sems = [drive.Semaphore(drive.client, "clr", 2, ttl=60, wait=0) for _ in range(2)]
+    assert [await drive(s.acquire()) for s in sems] == [True, True]
+    waiter = drive.Semaphore(drive.client, "clr", 2, wait=10)
+    party = drive.spawn(lambda: drive(waiter.acquire()))
+    await drive.until(lambda: r.llen(keys("clr").queue) == 1)
+    assert await drive(clear(drive.client, KS, "clr", sems[0].token)) == 1
+    assert await drive.join(party, timeout=10) == [True]
     state = r.hgetall(keys("clr").state)
     assert b"o:" + sems[0].token.encode() not in state
-    assert clear_semaphore(r, KS, "clr", "no-such-token") == 0
-    assert clear_semaphore(r, KS, "clr") == 2
+    assert await drive(clear(drive.client, KS, "clr", "no-such-token")) == 0
+    assert await drive(clear(drive.client, KS, "clr")) == 2
     assert holders(r, "clr") == []
     assert not any(f.startswith((b"o:", b"a:", b"r:", b"s:")) for f in r.hgetall(keys("clr").state))
     with pytest.raises(LockLost):
-        sems[1].release()
+        await drive(sems[1].release())
 
 
-def test_waiter_that_gives_up_leaves_the_queue(r: redis.Redis) -> None:
-    holder = Semaphore(r, "giveup", 1, ttl=60, wait=0)
-    assert holder.acquire()
-    waiter = Semaphore(r, "giveup", 1, wait=0.3)
-    assert waiter.acquire() is False
-    assert r.llen(keys("giveup").queue) == 0
-    assert not any(f.startswith(b"w:") for f in r.hgetall(keys("giveup").state))
-    holder.release()
+async def test_cancelled_acquire_leaves_nothing(adrive: Drive, r: redis.Redis) -> None:
+    holder = AsyncSemaphore(adrive.client, "cancel", 1, ttl=60, wait=0)
+    assert await holder.acquire()
+    waiter = AsyncSemaphore(adrive.client, "cancel", 1, wait=30)
+    task = asyncio.create_task(waiter.acquire())
+    await adrive.until(lambda: r.llen(keys("cancel").queue))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    k = keys("cancel")
+    assert r.llen(k.queue) == 0
+    assert not any(f.startswith(b"w:") for f in r.hgetall(k.state))
+    await holder.release()
+    assert r.zcard(k.lease) == 0
 
 
 @pytest.mark.parametrize(
     ("limit", "error"),
     [(0, ValueError), (-1, ValueError), ("3", TypeError), (True, TypeError), (2.5, TypeError)],
 )
-def test_bad_limit(r: redis.Redis, limit: object, error: type[Exception]) -> None:
+async def test_bad_limit(drive: Drive, limit: object, error: type[Exception]) -> None:
     with pytest.raises(error, match="limit"):
-        Semaphore(r, "bad", limit)  # type: ignore[arg-type]
+        drive.Semaphore(drive.client, "bad", limit)
 
 
-def test_bad_ttl_and_wait(r: redis.Redis) -> None:
+async def test_bad_ttl_and_wait(drive: Drive) -> None:
     with pytest.raises(ValueError, match="ttl"):
-        Semaphore(r, "bad", 1, ttl=0)
+        drive.Semaphore(drive.client, "bad", 1, ttl=0)
     with pytest.raises(ValueError, match="wait"):
-        Semaphore(r, "bad", 1, wait=-1)
+        drive.Semaphore(drive.client, "bad", 1, wait=-1)
 
 
-def test_redis_down_is_not_busy(redis_factory: type[RedisServer]) -> None:
+async def test_redis_down_is_not_busy(drive: Drive, redis_factory: type[RedisServer]) -> None:
     from django_redislock.core.exceptions import RedisUnavailable
     from tests.servers import free_port
 
     server = redis_factory(port=free_port(), unix=False).start()
-    client = server.client(socket_timeout=1, socket_connect_timeout=1)
-    sem = Semaphore(client, "down", 1, wait=0)
-    server.stop()
-    with pytest.raises(RedisUnavailable):
-        sem.acquire()
-    client.close()
+    async with drive.connect(server.url, socket_timeout=1, socket_connect_timeout=1) as client:
+        sem = drive.Semaphore(client, "down", 1, wait=0)
+        server.stop()
+        with pytest.raises(RedisUnavailable):
+            await drive(sem.acquire())
 
 
-def test_every_key_has_a_ttl(r: redis.Redis) -> None:
-    holder = Semaphore(r, "ttl", 1, ttl=5, wait=0)
-    assert holder.acquire()
-    waiter = Semaphore(r, "ttl", 1, wait=10)
-    t = threading.Thread(target=waiter.acquire)
-    t.start()
-    assert wait_until(lambda: r.llen(keys("ttl").queue) == 1)
+async def test_every_key_has_a_ttl(drive: Drive, r: redis.Redis) -> None:
+    holder = drive.Semaphore(drive.client, "ttl", 1, ttl=5, wait=0)
+    assert await drive(holder.acquire())
+    waiter = drive.Semaphore(drive.client, "ttl", 1, wait=10)
+    party = drive.spawn(lambda: drive(waiter.acquire()))
+    await drive.until(lambda: r.llen(keys("ttl").queue) == 1)
     for key in r.scan_iter(match=b"redislock:S*"):
         assert r.pttl(key) > 0, key
-    holder.release()
-    t.join(10)
+    await drive(holder.release())
+    await drive.join(party, timeout=10)
     assert len(holders(r, "ttl")) == 1
     for key in r.scan_iter(match=b"redislock:S*"):
         assert r.pttl(key) > 0, key
 
 
-def test_waiter_nobody_listens_for_is_skipped(r: redis.Redis) -> None:
+async def test_waiter_nobody_listens_for_is_skipped(drive: Drive, r: redis.Redis) -> None:
     k = keys("deaf")
-    holder = Semaphore(r, "deaf", 1, ttl=60, wait=0)
-    assert holder.acquire()
+    holder = drive.Semaphore(drive.client, "deaf", 1, ttl=60, wait=0)
+    assert await drive(holder.acquire())
     # A waiter of a process that died: its channel has no subscriber.
     r.rpush(k.queue, "gone")
     r.hset(k.state, "w:gone", f"{int(r.time()[0]) * 1000 + 30_000}|predislock:N:dead")
-    holder.release()
+    await drive(holder.release())
     assert holders(r, "deaf") == [] and r.llen(k.queue) == 0
-    assert Semaphore(r, "deaf", 1, wait=0).acquire()
-
-
-def test_replicas_unacknowledged_permit_is_given_back(r: redis.Redis) -> None:
-    from django_redislock.core.exceptions import ReplicationTimeout
-
-    # The test server has no replica: nobody acknowledges the permit.
-    sem = Semaphore(r, "unreplicated", 1, ttl=30, wait=0, replicas=1, replicas_timeout=0.05)
-    with pytest.raises(ReplicationTimeout):
-        sem.acquire()
-    assert not sem.held and holders(r, "unreplicated") == []
-    assert Semaphore(r, "unreplicated", 1, wait=0).acquire()
+    assert await drive(drive.Semaphore(drive.client, "deaf", 1, wait=0).acquire())

@@ -9,17 +9,22 @@ touches the machine's own Redis.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
 
+from django_redislock.core import KeySpace
+from tests.drive import Drive
 from tests.servers import RedisServer, cli_binary, redis_binary
 
 SERVICE = "mymaster"
@@ -337,3 +342,60 @@ class ClusterTopology:
             with contextlib.suppress(Exception):
                 node.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def names_on_every_node(
+    client: RedisCluster, stem: str = "job", kind: str = "lock", count: int = 3
+) -> list[str]:
+    """Names ``stem:0``, ``stem:1``... whose keys of ``kind`` (``lock``, ``rwlock``)
+    fall on ``count`` different primaries."""
+    keys = getattr(KeySpace("redislock"), kind)
+    found: dict[str, str] = {}
+    i = 0
+    while len(found) < count:
+        name = f"{stem}:{i}"
+        found.setdefault(client.get_node_from_key(keys(name).lease).name, name)
+        i += 1
+    return list(found.values())
+
+
+def cluster_client(topology: ClusterTopology) -> RedisCluster:
+    """A client of ``topology`` with the bounded timeouts the library expects."""
+    return RedisCluster(
+        host="127.0.0.1",
+        port=topology.nodes[0].port or 0,
+        socket_timeout=5,
+        socket_connect_timeout=2,
+    )
+
+
+async def close_async_cluster(client: AsyncRedisCluster) -> None:
+    """Close an asyncio Cluster client; the reader tasks of this loop's notifier go with it."""
+    for task in asyncio.all_tasks():
+        if task.get_name().startswith("redislock-notify") and task is not asyncio.current_task():
+            task.cancel()
+    await asyncio.sleep(0)
+    await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def cluster_drive(driver: str, topology: ClusterTopology) -> AsyncIterator[Drive]:
+    """``drive`` (tests/drive.py) on ``topology``, every primary flushed first."""
+    look = cluster_client(topology)
+    look.flushall(target_nodes=RedisCluster.PRIMARIES)
+    try:
+        if driver == "sync":
+            yield Drive("sync", look, look)
+            return
+        client = AsyncRedisCluster(
+            host="127.0.0.1",
+            port=topology.nodes[0].port or 0,
+            socket_timeout=5,
+            socket_connect_timeout=2,
+        )
+        try:
+            yield Drive("asyncio", client, look)
+        finally:
+            await close_async_cluster(client)
+    finally:
+        look.close()

@@ -18,6 +18,7 @@ import redis.asyncio
 import redis.asyncio.retry
 
 from django_redislock import connection as library_connection
+from tests.drive import Drive
 from tests.servers import RedisServer, free_port
 
 __all__ = [
@@ -84,6 +85,12 @@ def bounded_async_client(
     client = redis.asyncio.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True
     return client
+
+
+def bounded_client_for(drive: Drive, url: str, *, timeout: float = 0.5) -> Any:
+    """``bounded_client`` or ``bounded_async_client``, as ``drive``'s driver wants."""
+    make = bounded_async_client if drive.is_async else bounded_client
+    return make(url, timeout=timeout)
 
 
 def call_bound(timeout: float, connect_timeout: float | None = None) -> float:
