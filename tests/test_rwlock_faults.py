@@ -146,13 +146,6 @@ async def test_frozen_redis_every_call_bounded(drive: Drive, pool: ServerPool) -
 async def test_redis_restarted_empty_the_holder_learns_its_loss(
     drive: Drive, pool: ServerPool, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    asyncio_falls_short(
-        request,
-        drive,
-        "every asyncio driver, on the client the library builds: the first acquire after"
-        " Redis restarted fails on the pooled connection Redis closed (RedisUnavailable)"
-        " instead of connecting again",
-    )
     server = pool.server(persistence=False)
     client = bounded_client_for(drive, server.url, timeout=1.0)
     first = drive.ReadWriteLock(client, "restart", mode, ttl=30, wait=0)

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback
-from .checkout import checkout, checkout_async, connect_bound, connected, disconnect_async
+from .checkout import checkout, checkout_async, connect_bound, disconnect_async, fresh
 from .giveback import Pending
 
 __all__ = ["CallFailed", "Command", "call_on_node_async", "call_on_pool", "call_on_pool_async"]
@@ -169,7 +169,7 @@ async def call_on_node_async(node: Any, commands: Sequence[Command]) -> list[Any
         raise CallFailed(exc, may_have_run=False) from exc
     try:
         try:
-            await connected(conn, connect_bound(node.connection_kwargs))
+            await fresh(conn, connect_bound(node.connection_kwargs))
         except RedisError as exc:
             raise CallFailed(exc, may_have_run=False) from exc
         return await _exchange_async(conn, commands)

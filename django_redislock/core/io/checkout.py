@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import select
 import socket
 from typing import Any
 
@@ -270,6 +271,29 @@ async def connected(conn: Any, bound: float | None) -> None:
         conn.retry = saved
 
 
+def _socket_readable(conn: Any) -> bool:
+    """Whether the socket of an idle asyncio connection has data or EOF waiting.
+
+    ``can_read`` sees only what the event loop already read, and a server
+    that closed the connection (restarted, say) is seen only once the loop
+    has polled the socket since: until then the first call would be written
+    on a dead connection and fail. One poll of the socket, as the sync path
+    does it, sees it at once.
+    """
+    writer = getattr(conn, "_writer", None)
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if sock is None:
+        return False
+    try:
+        if not hasattr(select, "poll"):  # Windows
+            return bool(select.select([sock.fileno()], [], [], 0)[0])
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True  # a socket that cannot be polled is no good either
+
+
 async def checkout_async(pool: Any) -> Any:
     from redis.asyncio.connection import BlockingConnectionPool
 
@@ -286,14 +310,19 @@ async def checkout_async(pool: Any) -> Any:
             raise RedisTimeoutError("Timeout getting a connection") from exc
     conn = pool.get_available_connection()
     try:
-        await connected(conn, bound)
-        # ``can_read`` from redis-py 8 on; 5.x names it ``can_read_destructive``.
-        stale = getattr(conn, "can_read", None) or conn.can_read_destructive
-        if await stale():
-            # Data or EOF on an idle connection: it is stale, start afresh.
-            await disconnect_async(conn)
-            await connected(conn, bound)
+        await fresh(conn, bound)
     except BaseException:
         await pool.release(conn)
         raise
     return conn
+
+
+async def fresh(conn: Any, bound: float | None) -> None:
+    """Connect ``conn`` (ours for now), afresh if data or EOF waits on it."""
+    await connected(conn, bound)
+    # ``can_read`` from redis-py 8 on; 5.x names it ``can_read_destructive``.
+    stale = getattr(conn, "can_read", None) or conn.can_read_destructive
+    if await stale() or _socket_readable(conn):
+        # Data or EOF on an idle connection: it is stale, start afresh.
+        await disconnect_async(conn)
+        await connected(conn, bound)
