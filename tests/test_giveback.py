@@ -85,9 +85,9 @@ def test_give_back_lands_after_the_late_acquire(server: RedisServer) -> None:
         assert time.monotonic() - started < 0.1  # the caller only enqueues
         time.sleep(1.2)  # frozen past a few attempts' timeouts
         assert _free_soon_after_resume(server, lock, before) < LANDS_WITHIN
-        # Nothing ran twice: the late acquire once, the cancel once.
-        time.sleep(0.5)
-        assert _scripts_run(server) == before + 2
+        # The late acquire ran, and a cancel after it (the give-back is sent
+        # again once the late reply is read: cancels are safe to repeat).
+        assert not client.exists(lock.keys.lease)
         # And the name is free for the next caller.
         assert Lock(client, "late", ttl=5, wait=0).acquire()
     finally:
@@ -140,7 +140,6 @@ async def test_async_give_back_lands_after_the_late_acquire(server: RedisServer)
         await asyncio.wait_for(task, 10)
         assert time.monotonic() - resumed < LANDS_WITHIN
         assert _given_back(server, lock, before)
-        assert _scripts_run(server) == before + 2
     finally:
         server.resume()
         await asyncio.sleep(0)  # let the drained connection go back to the pool

@@ -9,9 +9,12 @@ with a short back-off, until Redis answers or the lease it guards is over.
 Ordering matters: the late acquire is still in Redis's buffer on its own
 connection. A cancel sent on another connection could run first and the late
 acquire after it. So that connection is kept (``drain``) until its replies are
-read, and a give-back that follows such a call (``after=``) starts after them:
-under asyncio once they are read (or given up on), in sync code after the
-drain's first look for them, so that a reply lost on the way does not hold it.
+read, and a give-back that follows such a call (``after=``) is sent twice:
+once after the drain's first look for the late replies (not after all of
+them, so that a reply lost on the way does not hold it until the drain gives
+up), and again once they have been read, so that a late request that ran
+after the first gives back nothing it granted. The cancel scripts are safe
+to repeat. Sync and asyncio code follow this one policy (``Pending``).
 
 Sync code runs them on the process's one background thread (``scheduler.py``:
 started on first use, started anew in a forked child); asyncio code runs each
@@ -46,7 +49,8 @@ DRAIN_DEFAULT = 30.0
 # already waits a socket timeout, so this does not hammer it.
 _FIRST_DELAY = 0.02
 _MAX_DELAY = 0.25
-# How long a sync drain polls its connection per turn before the next job's turn.
+# How long a sync drain polls its connection per turn before the next job's
+# turn; a give-back that follows the drained call waits as long under asyncio.
 _DRAIN_POLL = 0.05
 
 
@@ -62,10 +66,34 @@ class Pending:
     done: threading.Event = field(default_factory=threading.Event)
     # True once the late replies were read: whatever the batch did is done.
     answered: bool = False
+    # What to run once they are read (the give-backs to send again), and
+    # whether the drain has ended.
+    _again: list[Callable[[], Any]] = field(default_factory=list)
+    _settled: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def keep_until(self, deadline: float) -> None:
         """Wait for the late replies at least until ``deadline`` (monotonic)."""
         self.deadline = max(self.deadline, deadline)
+
+    def once_answered(self, action: Callable[[], Any]) -> None:
+        """Run ``action`` when the drain has read every late reply.
+
+        Nothing if the drain has ended already: a give-back queued now runs
+        after whatever it read.
+        """
+        with self._lock:
+            if not self._settled:
+                self._again.append(action)
+
+    def settle(self) -> None:
+        """The drain has ended: run what waited for the late replies, if read."""
+        with self._lock:
+            self._settled = True
+            actions, self._again = self._again, []
+        if self.answered:
+            for action in actions:
+                action()
 
 
 def _pending_of(after: BaseException | None) -> Pending | None:
@@ -120,6 +148,7 @@ class _Drain:
             pending.release()
         finally:
             pending.done.set()
+            pending.settle()
 
 
 def drain(pending: Pending) -> None:
@@ -171,19 +200,19 @@ def submit(
 
     ``after``: the failed call this one gives back for; if its connection
     still waits for late replies, they are kept being read until
-    ``deadline``, and ``call``'s first attempt comes after the first look
-    for them (not after they are all read: see below). A give-back that
-    reaches Redis before a late request of the same call leaves what that
-    request then grants to run out with its TTL. Returns at once.
+    ``deadline``, ``call``'s first attempt comes after the drain's first
+    look for them, and ``call`` runs again once they are read (the module's
+    docstring says why). Returns at once.
     """
     deadline = time.monotonic() + within
     pending = _pending_of(after)
     if pending is not None:
         pending.keep_until(deadline)
+        pending.once_answered(
+            lambda: scheduler.current().add(_GiveBack(call, deadline, what + " (again)"))
+        )
     # The drain of ``after`` was queued before this, due sooner: its first
     # turn (a short poll for the late replies) comes before the first attempt.
-    # It does not wait for the drain to end: a reply lost on the way would
-    # hold the give-back until the drain gives up (tests/test_rwlock_faults.py).
     scheduler.current().add(_GiveBack(call, deadline, what))
 
 
@@ -236,6 +265,7 @@ async def _read_late_replies_async(pending: Pending) -> None:
                 await released
         finally:
             pending.done.set()
+            pending.settle()
 
 
 async def _retry_until_async(
@@ -244,8 +274,10 @@ async def _retry_until_async(
     what: str,
     pending: Pending | None,
 ) -> None:
+    # The drain's first look for the late replies (see submit).
+    look_until = min(deadline, time.monotonic() + _DRAIN_POLL)
     while pending is not None and not pending.done.is_set():
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= look_until:
             break
         await asyncio.sleep(0.01)
     delay = _FIRST_DELAY
@@ -284,4 +316,10 @@ def submit_async(
     pending = _pending_of(after)
     if pending is not None:
         pending.keep_until(deadline)
+        pending.once_answered(
+            lambda: _spawn(
+                _retry_until_async(make_call, deadline, what + " (again)", None),
+                "redislock-giveback",
+            )
+        )
     return _spawn(_retry_until_async(make_call, deadline, what, pending), "redislock-giveback")
