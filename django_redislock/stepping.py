@@ -9,11 +9,16 @@ decisions between the calls are written once, and only the waiting differs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from typing import Any, TypeVar
+import functools
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, ParamSpec, TypeVar
 
-__all__ = ["Steps", "run_steps", "run_steps_async"]
+from asgiref.sync import sync_to_async
+from django.core.exceptions import SynchronousOnlyOperation
 
+__all__ = ["Steps", "run_steps", "run_steps_async", "sync_from_loop"]
+
+P = ParamSpec("P")
 T = TypeVar("T")
 
 # Yields calls of no arguments; receives their results (or their exceptions,
@@ -49,3 +54,22 @@ async def run_steps_async(steps: Steps[T]) -> T:
             value, resume = await call(), steps.send
         except BaseException as exc:  # thrown in: what the body does not catch goes on up
             value, resume = exc, steps.throw
+
+
+def sync_from_loop(func: Callable[P, T]) -> Callable[P, Awaitable[T]]:
+    """``func`` for the event loop: run there, unless it needs the database.
+
+    What reads the request (a lock name template, an idempotency scope) is
+    cheap and runs on the loop, until it touches the ORM (``request.user``
+    loads the session and the user): then Django refuses, and the call is
+    made again in a thread, where sync database access is allowed.
+    """
+
+    @functools.wraps(func)
+    async def on_loop(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return func(*args, **kwargs)
+        except SynchronousOnlyOperation:
+            return await sync_to_async(func)(*args, **kwargs)
+
+    return on_loop

@@ -26,14 +26,14 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.core.exceptions import SynchronousOnlyOperation
+from asgiref.sync import iscoroutinefunction
 
 from ..conf import conf
 from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockLost, RedisUnavailable
 from ..http import request_in
+from ..stepping import sync_from_loop
 from .blocks import redis_lock
 from .context import Key, current_fence, current_lock, pop, push, reenter, task_owner
 from .deferred import Deferred, adopt
@@ -156,17 +156,6 @@ def _call(
     return result
 
 
-async def _name_async(
-    namer: Namer, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> str | tuple[str, ...]:
-    try:
-        return namer(args, kwargs)
-    except SynchronousOnlyOperation:
-        # The template touched the database ({request.user.pk} loads the
-        # user): compute it where sync ORM access is allowed.
-        return await sync_to_async(namer)(args, kwargs)
-
-
 async def _call_async(
     func: Callable[..., Any],
     namer: Namer,
@@ -178,7 +167,9 @@ async def _call_async(
     request = request_in(args)
     if not conf.ENABLED:
         return await func(*args, **kwargs)
-    names = await _name_async(namer, args, kwargs)
+    # A template that touches the database ({request.user.pk} loads the user)
+    # is filled in a thread, where sync ORM access is allowed.
+    names = await sync_from_loop(namer)(args, kwargs)
     name = _shown(names)
     key: Key = (opts.held_key_alias, names)
     owner = task_owner()
