@@ -28,7 +28,7 @@ from ..connection import get_client
 from ..core.drivers.semaphore import Semaphore, SemaphoreBase, release_permit
 from ..core.drivers.semaphore_async import AsyncSemaphore
 from ..core.exceptions import LockError, RedisUnavailable
-from ..http import client_ip, error_response
+from ..http import client_ip, error_response, unavailable_response
 from ..locking.factories import get_async_semaphore, get_semaphore
 from ..signals import request_throttled, send_unavailable
 from .rules import Rule, current_rules, make_rule, matching_rules
@@ -140,14 +140,7 @@ def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpRe
         )
         return None
     logger.error("Redis unavailable, refusing %s (rule %r): %s", _label(request), rule.name, exc)
-    return error_response(
-        request,
-        status=503,
-        retry_after=1,
-        reason="unavailable",
-        name=rule.name,
-        handler=conf.UNAVAILABLE_RESPONSE,
-    )
+    return unavailable_response(request, rule.name, retry_after=1)
 
 
 def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
