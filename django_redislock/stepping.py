@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import SynchronousOnlyOperation
@@ -26,34 +26,57 @@ T = TypeVar("T")
 Steps = Generator[Callable[[], Any], Any, T]
 
 
+class _Stepper(Generic[T]):
+    """Where a body is: the call it waits on, or, once ``done``, what it returned."""
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self.steps = steps
+        self.done = False
+        self.result: Any = None
+        self.call: Callable[[], Any] = _no_call
+        self.resume(True, None)
+
+    def resume(self, ok: bool, value: Any) -> None:
+        """Give the body the last call's result (``ok``) or exception. What
+        the body raises goes on up from here."""
+        try:
+            self.call = self.steps.send(value) if ok else self.steps.throw(value)
+        except StopIteration as stop:
+            self.done, self.result, self.call = True, stop.value, _no_call
+
+
+def _no_call() -> None:
+    raise AssertionError("a finished body has no call to make")
+
+
+def _made(call: Callable[[], Any]) -> tuple[bool, Any]:
+    try:
+        return True, call()
+    except BaseException as exc:  # thrown into the body, which decides
+        return False, exc
+
+
+async def _made_async(call: Callable[[], Any]) -> tuple[bool, Any]:
+    try:
+        return True, await call()
+    except BaseException as exc:  # thrown into the body, which decides
+        return False, exc
+
+
 def run_steps(steps: Steps[T]) -> T:
     """Run ``steps`` to its end, making each call it yields in this thread."""
-    resume: Callable[[Any], Callable[[], Any]] = steps.send
-    value: Any = None
-    while True:
-        try:
-            call = resume(value)
-        except StopIteration as done:
-            return done.value
-        try:
-            value, resume = call(), steps.send
-        except BaseException as exc:  # thrown in: what the body does not catch goes on up
-            value, resume = exc, steps.throw
+    stepper = _Stepper(steps)
+    while not stepper.done:
+        stepper.resume(*_made(stepper.call))
+    return stepper.result
 
 
 async def run_steps_async(steps: Steps[T]) -> T:
     """``run_steps`` on the event loop: what each call returns is awaited."""
-    resume: Callable[[Any], Callable[[], Any]] = steps.send
-    value: Any = None
-    while True:
-        try:
-            call = resume(value)
-        except StopIteration as done:
-            return done.value
-        try:
-            value, resume = await call(), steps.send
-        except BaseException as exc:  # thrown in: what the body does not catch goes on up
-            value, resume = exc, steps.throw
+    stepper = _Stepper(steps)
+    while not stepper.done:
+        stepper.resume(*await _made_async(stepper.call))
+    return stepper.result
 
 
 def sync_from_loop(func: Callable[P, T]) -> Callable[P, Awaitable[T]]:
