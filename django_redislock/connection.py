@@ -280,6 +280,13 @@ def _warn_eviction(client: RedisClient) -> None:
         )
 
 
+def _new_client(alias: str, *, asyncio_client: bool) -> Any:
+    """The project's own (``REDISLOCK['CLIENT']``), else one built from ``CACHES[alias]``."""
+    if conf.CLIENT is not None:
+        return _user_client(conf.CLIENT, asyncio_client=asyncio_client)
+    return _build_async(alias) if asyncio_client else _build_sync(alias)
+
+
 def get_client(alias: str | None = None) -> RedisClient:
     """The library's sync client for ``alias`` (default ``REDISLOCK['CACHE']``)."""
     alias = alias or conf.CACHE
@@ -289,11 +296,7 @@ def get_client(alias: str | None = None) -> RedisClient:
         with _lock:
             client = _clients.get(key)
             if client is None:
-                if conf.CLIENT is not None:
-                    client = _user_client(conf.CLIENT, asyncio_client=False)
-                else:
-                    client = _build_sync(alias)
-                _clients[key] = client
+                client = _clients[key] = _new_client(alias, asyncio_client=False)
     return client
 
 
@@ -392,11 +395,7 @@ def get_async_client(alias: str | None = None) -> AsyncRedisClient:
     key = (alias, conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
     client = per_loop.get(key)
     if client is None:
-        if conf.CLIENT is not None:
-            client = _user_client(conf.CLIENT, asyncio_client=True)
-        else:
-            client = _build_async(alias)
-        per_loop[key] = client
+        client = per_loop[key] = _new_client(alias, asyncio_client=True)
         per_loop[(key, "closer")] = _close_with_loop(client)
     return client
 
