@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .core.drivers.lock import Lock
-from .core.drivers.lock_async import AsyncLock
-from .core.drivers.multi import MultiLock
-from .core.drivers.multi_async import AsyncMultiLock
-from .core.exceptions import (
+# The core's own public names, through its seam (django_redislock.core).
+from .core import (
+    AsyncLock,
+    AsyncMultiLock,
+    Lock,
     LockError,
     LockLost,
     LockNotAcquired,
     LockNotOwned,
+    MultiLock,
     RedisUnavailable,
     ReplicationTimeout,
 )

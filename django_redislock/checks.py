@@ -32,6 +32,7 @@ __all__ = [
     "middleware_entries",
     "middleware_index",
     "register_problems",
+    "unknown_keys",
 ]
 
 AUTH_MIDDLEWARE_PATH = "django.contrib.auth.middleware.AuthenticationMiddleware"
@@ -72,6 +73,20 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     return [_message(p) for p in found]
 
 
+def unknown_keys(check_id: str, what: str, raw: dict[Any, Any], known: Any) -> list[Problem]:
+    """A problem naming the keys of ``raw`` not in ``known``, if it has any."""
+    unknown = sorted(set(raw) - set(known), key=repr)  # repr: a key need not be a str
+    if not unknown:
+        return []
+    return [
+        Problem(
+            check_id,
+            f"Unknown {what}: {', '.join(map(repr, unknown))}.",
+            "Remove them or fix the spelling; valid keys: " + ", ".join(sorted(known)) + ".",
+        )
+    ]
+
+
 # -- REDISLOCK itself ------------------------------------------------------------------
 def _is_callable_or_path(value: object) -> bool:
     return value is None or callable(value) or (isinstance(value, str) and "." in value)
@@ -88,16 +103,7 @@ def settings_problems() -> list[Problem]:
                 "Set REDISLOCK = {...} in your settings, or remove it to use the defaults.",
             )
         ]
-    found: list[Problem] = []
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        found.append(
-            Problem(
-                "django_redislock.E002",
-                f"Unknown REDISLOCK setting(s): {', '.join(map(repr, unknown))}.",
-                "Remove them or fix the spelling; valid keys: " + ", ".join(sorted(DEFAULTS)) + ".",
-            )
-        )
+    found = unknown_keys("django_redislock.E002", "REDISLOCK setting(s)", raw, DEFAULTS)
 
     def value(key: str) -> Any:
         return raw.get(key, DEFAULTS[key])

@@ -1,6 +1,6 @@
 """The ``REDISLOCK`` settings dict, read lazily so ``override_settings`` works.
 
-Each setting is a typed property with its default beside it; nothing is ever
+Each setting is a typed attribute (its default in ``DEFAULTS``); nothing is ever
 written onto ``django.conf.settings``. ``checks.py`` validates the dict for
 the system checks without touching the network.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
@@ -21,6 +21,8 @@ __all__ = [
     "cache_locations",
     "conf",
 ]
+
+T = TypeVar("T")
 
 DEFAULTS: dict[str, Any] = {
     # Master switch: when False, decorators and middleware run the code unlocked.
@@ -74,8 +76,50 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+class _Setting(Generic[T]):
+    """One ``REDISLOCK`` key, read on each access and converted by ``cast``."""
+
+    def __init__(self, cast: Callable[[Any], T]) -> None:
+        self.cast = cast
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = name
+
+    @overload
+    def __get__(self, settings: None, owner: type) -> _Setting[T]: ...
+
+    @overload
+    def __get__(self, settings: Settings, owner: type) -> T: ...
+
+    def __get__(self, settings: Settings | None, owner: type) -> _Setting[T] | T:
+        return self if settings is None else self.cast(settings.get(self.key))
+
+    def __set__(self, settings: Settings, value: Any) -> None:
+        raise AttributeError(f"{self.key} is read from settings.REDISLOCK")
+
+
+def _optional_seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _databases(value: Any) -> bool | tuple[str, ...]:
+    return value if isinstance(value, bool) else tuple(value)
+
+
+def _listed(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _handler(value: Any) -> str | Callable[..., Any] | None:
+    return value  # a dotted path, a callable, or None
+
+
 class Settings:
-    """Typed, lazy view of ``settings.REDISLOCK``.
+    """Typed, lazy view of ``settings.REDISLOCK``: each key, cast as it is read.
 
     The dict is looked up once and kept until Django announces a change of
     ``REDISLOCK`` (``setting_changed``: ``override_settings``, pytest-django's
@@ -103,109 +147,31 @@ class Settings:
     def get(self, key: str) -> Any:
         return self.raw.get(key, DEFAULTS[key])
 
-    @property
-    def ENABLED(self) -> bool:
-        return bool(self.get("ENABLED"))
-
-    @property
-    def CACHE(self) -> str:
-        return str(self.get("CACHE"))
-
-    @property
-    def CLIENT(self) -> str | Callable[..., Any] | None:
-        return self.get("CLIENT")
-
-    @property
-    def PREFIX(self) -> str:
-        return str(self.get("PREFIX"))
-
-    @property
-    def TIMEOUT(self) -> float:
-        return float(self.get("TIMEOUT"))
-
-    @property
-    def WAIT(self) -> float:
-        return float(self.get("WAIT"))
-
-    @property
-    def RENEW(self) -> bool:
-        return bool(self.get("RENEW"))
-
-    @property
-    def RENEW_MAX(self) -> float | None:
-        value = self.get("RENEW_MAX")
-        return None if value is None else float(value)
-
-    @property
-    def FAIL_OPEN(self) -> bool:
-        return bool(self.get("FAIL_OPEN"))
-
-    @property
-    def CONNECT_EARLY(self) -> bool | tuple[str, ...]:
-        value = self.get("CONNECT_EARLY")
-        return value if isinstance(value, bool) else tuple(value)
-
-    @property
-    def SOCKET_TIMEOUT(self) -> float:
-        return float(self.get("SOCKET_TIMEOUT"))
-
-    @property
-    def CONNECT_TIMEOUT(self) -> float:
-        return float(self.get("CONNECT_TIMEOUT"))
-
-    @property
-    def BUSY_STATUS(self) -> int:
-        return int(self.get("BUSY_STATUS"))
-
-    @property
-    def BUSY_RESPONSE(self) -> str | Callable[..., Any] | None:
-        return self.get("BUSY_RESPONSE")
-
-    @property
-    def UNAVAILABLE_RESPONSE(self) -> str | Callable[..., Any] | None:
-        return self.get("UNAVAILABLE_RESPONSE")
-
-    @property
-    def REPLICAS(self) -> int:
-        return int(self.get("REPLICAS"))
-
-    @property
-    def REPLICAS_TIMEOUT(self) -> float:
-        return float(self.get("REPLICAS_TIMEOUT"))
-
-    @property
-    def THROTTLE(self) -> list[dict[str, Any]]:
-        return list(self.get("THROTTLE"))
-
-    @property
-    def THROTTLE_FAIL_OPEN(self) -> bool:
-        return bool(self.get("THROTTLE_FAIL_OPEN"))
-
-    @property
-    def THROTTLE_RESPONSE(self) -> str | Callable[..., Any] | None:
-        return self.get("THROTTLE_RESPONSE")
-
-    @property
-    def PERMIT_TIMEOUT(self) -> float:
-        return float(self.get("PERMIT_TIMEOUT"))
-
-    @property
-    def ADMIN_PERMISSION(self) -> str | Callable[..., Any] | None:
-        return self.get("ADMIN_PERMISSION")
-
-    @property
-    def METRICS(self) -> list[str]:
-        value = self.get("METRICS")
-        return list(value) if isinstance(value, (list, tuple)) else []
-
-    @property
-    def IDEMPOTENCY(self) -> dict[str, Any]:
-        value = self.get("IDEMPOTENCY")
-        return dict(value) if isinstance(value, dict) else {}
-
-    @property
-    def UNIQUE_TTL(self) -> float:
-        return float(self.get("UNIQUE_TTL"))
+    ENABLED = _Setting(bool)
+    CACHE = _Setting(str)
+    CLIENT = _Setting(_handler)
+    PREFIX = _Setting(str)
+    TIMEOUT = _Setting(float)
+    WAIT = _Setting(float)
+    RENEW = _Setting(bool)
+    RENEW_MAX = _Setting(_optional_seconds)
+    FAIL_OPEN = _Setting(bool)
+    CONNECT_EARLY = _Setting(_databases)
+    SOCKET_TIMEOUT = _Setting(float)
+    CONNECT_TIMEOUT = _Setting(float)
+    BUSY_STATUS = _Setting(int)
+    BUSY_RESPONSE = _Setting(_handler)
+    UNAVAILABLE_RESPONSE = _Setting(_handler)
+    REPLICAS = _Setting(int)
+    REPLICAS_TIMEOUT = _Setting(float)
+    THROTTLE: _Setting[list[dict[str, Any]]] = _Setting(list)
+    THROTTLE_FAIL_OPEN = _Setting(bool)
+    THROTTLE_RESPONSE = _Setting(_handler)
+    PERMIT_TIMEOUT = _Setting(float)
+    ADMIN_PERMISSION = _Setting(_handler)
+    METRICS: _Setting[list[str]] = _Setting(_listed)
+    IDEMPOTENCY = _Setting(_mapping)
+    UNIQUE_TTL = _Setting(float)
 
 
 conf = Settings()

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import redis
 import redis.asyncio
@@ -90,12 +90,12 @@ _RETRIED = (redis.exceptions.ConnectionError,)
 _TIMEOUTS = (redis.exceptions.TimeoutError, TimeoutError)
 
 
-def _as_timeout(exc: redis.exceptions.ConnectionError) -> BaseException:
+def _reraise(exc: redis.exceptions.ConnectionError) -> NoReturn:
     # redis-py's asyncio connect reports a handshake that timed out as a
     # ConnectionError: say what it is, so that it is not retried.
     if isinstance(exc.__cause__, _TIMEOUTS):
-        return redis.exceptions.TimeoutError(str(exc))
-    return exc
+        raise redis.exceptions.TimeoutError(str(exc)) from exc
+    raise exc
 
 
 class _BoundedRetry(Retry):
@@ -106,10 +106,7 @@ class _BoundedRetry(Retry):
             try:
                 return do()
             except redis.exceptions.ConnectionError as exc:
-                error = _as_timeout(exc)
-                if error is exc:
-                    raise
-                raise error from exc
+                _reraise(exc)
 
         return super().call_with_retry(once, fail, *args, **kwargs)
 
@@ -122,21 +119,18 @@ class _BoundedAsyncRetry(redis.asyncio.retry.Retry):
             try:
                 return await do()
             except redis.exceptions.ConnectionError as exc:
-                error = _as_timeout(exc)
-                if error is exc:
-                    raise
-                raise error from exc
+                _reraise(exc)
 
         return await super().call_with_retry(once, fail, *args, **kwargs)
 
 
-def _retry() -> Retry:
+def _retry(kind: Any = _BoundedRetry) -> Any:
     # One quick retry covers a pooled connection that died with a restarted
     # Redis; more would stretch the caller's bound for little gain. Timeouts
     # are not retried: the command may have run, and the caller is better
     # told "unavailable" than handed the result of running it twice. (Lock
     # scripts do not use this policy at all: see core/io/transport.py.)
-    return _BoundedRetry(ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED)
+    return kind(ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED)
 
 
 def _cache_client(alias: str) -> Any:
@@ -193,8 +187,8 @@ def _bounded_kwargs(pool: Any) -> dict[str, Any]:
     return kwargs
 
 
-def _sentinel_setup(manager: Any) -> tuple[list[tuple[str, int]], dict[str, Any]]:
-    """Addresses of a Sentinel manager's sentinels, and bounded kwargs to query them.
+def _sentinel(manager: Any, kind: Any) -> Any:
+    """A Sentinel manager (of ``kind``) for ``manager``'s sentinels, asking them with bounds.
 
     The cache's own manager asks the sentinels with whatever timeouts the
     cache had (none, by default): a blackholed sentinel would hang a lock call.
@@ -209,7 +203,19 @@ def _sentinel_setup(manager: Any) -> tuple[list[tuple[str, int]], dict[str, Any]
     kwargs = dict(manager.sentinel_kwargs or {})
     kwargs["socket_timeout"] = conf.SOCKET_TIMEOUT
     kwargs["socket_connect_timeout"] = conf.CONNECT_TIMEOUT
-    return addresses, kwargs
+    return kind(addresses, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=kwargs)
+
+
+def _pool_like(pool: Any, blocking: Any, plain: Any, connection_class: Any, **kwargs: Any) -> Any:
+    """A pool of ``pool``'s kind (blocking or not) and size: of its own, never larger."""
+    if isinstance(pool, redis.BlockingConnectionPool):
+        return blocking(
+            connection_class=connection_class,
+            max_connections=pool.max_connections,
+            timeout=pool.timeout,
+            **kwargs,
+        )
+    return plain(connection_class=connection_class, max_connections=pool.max_connections, **kwargs)
 
 
 def _build_sync(alias: str) -> Any:
@@ -222,25 +228,17 @@ def _build_sync(alias: str) -> Any:
         from redis.sentinel import Sentinel as SyncSentinel
 
         kwargs.pop("connection_pool", None)
-        addresses, sentinel_kwargs = _sentinel_setup(pool.sentinel_manager)
-        manager = SyncSentinel(
-            addresses,
-            min_other_sentinels=pool.sentinel_manager.min_other_sentinels,
-            sentinel_kwargs=sentinel_kwargs,
-        )
+        manager = _sentinel(pool.sentinel_manager, SyncSentinel)
         new_pool: Any = SentinelConnectionPool(
             pool.service_name, manager, max_connections=pool.max_connections, **kwargs
         )
-    elif isinstance(pool, redis.BlockingConnectionPool):
-        new_pool = redis.BlockingConnectionPool(
-            connection_class=pool.connection_class,
-            max_connections=pool.max_connections,
-            timeout=pool.timeout,
-            **kwargs,
-        )
     else:
-        new_pool = redis.ConnectionPool(
-            connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs
+        new_pool = _pool_like(
+            pool,
+            redis.BlockingConnectionPool,
+            redis.ConnectionPool,
+            pool.connection_class,
+            **kwargs,
         )
     return redis.Redis(connection_pool=new_pool)
 
@@ -280,6 +278,13 @@ def _warn_eviction(client: RedisClient) -> None:
         )
 
 
+def _new_client(alias: str, *, asyncio_client: bool) -> Any:
+    """The project's own (``REDISLOCK['CLIENT']``), else one built from ``CACHES[alias]``."""
+    if conf.CLIENT is not None:
+        return _user_client(conf.CLIENT, asyncio_client=asyncio_client)
+    return _build_async(alias) if asyncio_client else _build_sync(alias)
+
+
 def get_client(alias: str | None = None) -> RedisClient:
     """The library's sync client for ``alias`` (default ``REDISLOCK['CACHE']``)."""
     alias = alias or conf.CACHE
@@ -289,11 +294,7 @@ def get_client(alias: str | None = None) -> RedisClient:
         with _lock:
             client = _clients.get(key)
             if client is None:
-                if conf.CLIENT is not None:
-                    client = _user_client(conf.CLIENT, asyncio_client=False)
-                else:
-                    client = _build_sync(alias)
-                _clients[key] = client
+                client = _clients[key] = _new_client(alias, asyncio_client=False)
     return client
 
 
@@ -303,20 +304,12 @@ def _build_async(alias: str) -> Any:
     from redis.sentinel import SentinelConnectionPool
 
     kwargs = {k: v for k, v in sync_pool.connection_kwargs.items() if k in _ASYNC_KEEP}
-    kwargs["retry"] = _BoundedAsyncRetry(
-        ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED
-    )
+    kwargs["retry"] = _retry(_BoundedAsyncRetry)
     kwargs["retry_on_error"] = list(_RETRIED)
     if isinstance(sync_pool, SentinelConnectionPool):
         from redis.asyncio.sentinel import Sentinel
 
-        manager = sync_pool.sentinel_manager
-        addresses, sentinel_kwargs = _sentinel_setup(manager)
-        sentinel = Sentinel(
-            addresses,
-            min_other_sentinels=manager.min_other_sentinels,
-            sentinel_kwargs=sentinel_kwargs,
-        )
+        sentinel = _sentinel(sync_pool.sentinel_manager, Sentinel)
         return sentinel.master_for(
             sync_pool.service_name, max_connections=sync_pool.max_connections, **kwargs
         )
@@ -326,18 +319,13 @@ def _build_async(alias: str) -> Any:
             f"no asyncio counterpart for {sync_pool.connection_class!r}: set "
             "REDISLOCK['CLIENT'] to a factory that accepts asyncio=True"
         )
-    pool: Any
-    if isinstance(sync_pool, redis.BlockingConnectionPool):
-        pool = redis.asyncio.BlockingConnectionPool(
-            connection_class=connection_class,
-            max_connections=sync_pool.max_connections,
-            timeout=sync_pool.timeout,
-            **kwargs,
-        )
-    else:
-        pool = redis.asyncio.ConnectionPool(
-            connection_class=connection_class, max_connections=sync_pool.max_connections, **kwargs
-        )
+    pool = _pool_like(
+        sync_pool,
+        redis.asyncio.BlockingConnectionPool,
+        redis.asyncio.ConnectionPool,
+        connection_class,
+        **kwargs,
+    )
     return redis.asyncio.Redis(connection_pool=pool)
 
 
@@ -392,11 +380,7 @@ def get_async_client(alias: str | None = None) -> AsyncRedisClient:
     key = (alias, conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
     client = per_loop.get(key)
     if client is None:
-        if conf.CLIENT is not None:
-            client = _user_client(conf.CLIENT, asyncio_client=True)
-        else:
-            client = _build_async(alias)
-        per_loop[key] = client
+        client = per_loop[key] = _new_client(alias, asyncio_client=True)
         per_loop[(key, "closer")] = _close_with_loop(client)
     return client
 

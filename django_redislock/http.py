@@ -18,7 +18,21 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
 
-__all__ = ["client_ip", "error_response", "request_in", "retry_after_header", "wants_json"]
+from .conf import conf
+
+__all__ = [
+    "UNAVAILABLE_RETRY_AFTER",
+    "client_ip",
+    "error_response",
+    "request_in",
+    "retry_after_header",
+    "unavailable_response",
+    "wants_json",
+]
+
+# Redis down says nothing about when it will be back: ask clients to pause a
+# little rather than retry at once and pile onto a recovering server.
+UNAVAILABLE_RETRY_AFTER = 5.0
 
 _MESSAGES = {
     "busy": "This resource is busy; try again shortly.",
@@ -101,3 +115,17 @@ def error_response(
     # A busy or throttled answer is about this moment: never cache it.
     response["Cache-Control"] = "no-store"
     return response
+
+
+def unavailable_response(
+    request: HttpRequest, name: str, *, retry_after: float = UNAVAILABLE_RETRY_AFTER
+) -> HttpResponse:
+    """The 503 for a request that Redis could not serve (``UNAVAILABLE_RESPONSE``)."""
+    return error_response(
+        request,
+        status=503,
+        retry_after=retry_after,
+        reason="unavailable",
+        name=name,
+        handler=conf.UNAVAILABLE_RESPONSE,
+    )

@@ -96,27 +96,26 @@ class SignalObserver(Observer):
 
     def acquired(self, lock: LockBase, waited: float) -> None:
         super().acquired(lock, waited)
-        if _sinks:
-            _tell("acquired", lock, waited)
-        _send(lock_acquired, type(lock), name=lock.name, fence=lock.fence, waited=waited, lock=lock)
+        _report("acquired", lock_acquired, lock, waited, fence=lock.fence, waited=waited)
 
     def busy(self, lock: LockBase, waited: float) -> None:
         super().busy(lock, waited)
-        if _sinks:
-            _tell("busy", lock, waited)
-        _send(lock_busy, type(lock), name=lock.name, waited=waited, lock=lock)
+        _report("busy", lock_busy, lock, waited, waited=waited)
 
     def released(self, lock: LockBase, held: float) -> None:
         super().released(lock, held)
-        if _sinks:
-            _tell("released", lock, held)
-        _send(lock_released, type(lock), name=lock.name, fence=lock.fence, held=held, lock=lock)
+        _report("released", lock_released, lock, held, fence=lock.fence, held=held)
 
     def lost(self, lock: LockBase, reason: str) -> None:
         super().lost(lock, reason)
-        if _sinks:
-            _tell("lost", lock, reason)
-        _send(lock_lost, type(lock), name=lock.name, fence=lock.fence, reason=reason, lock=lock)
+        _report("lost", lock_lost, lock, reason, fence=lock.fence, reason=reason)
+
+
+def _report(event: str, signal: Signal, lock: LockBase, detail: Any, **fields: Any) -> None:
+    """An event of ``lock`` to the metrics sinks, then as ``signal`` to its receivers."""
+    if _sinks:
+        _tell(event, lock, detail)
+    _send(signal, type(lock), name=lock.name, lock=lock, **fields)
 
 
 observer = SignalObserver()

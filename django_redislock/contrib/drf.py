@@ -24,12 +24,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..conf import conf
 from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
-from ..http import retry_after_header
+from ..http import UNAVAILABLE_RETRY_AFTER, retry_after_header
 
 __all__ = ["LockBusy", "LockErrorsMixin", "LockUnavailable", "api_exception", "exception_handler"]
-
-# As for plain views: nothing says when Redis will answer again.
-_UNAVAILABLE_RETRY_AFTER = 5.0
 
 
 class LockBusy(exceptions.APIException):
@@ -63,7 +60,7 @@ def api_exception(exc: BaseException) -> exceptions.APIException | None:
     if isinstance(exc, LockNotAcquired):
         return LockBusy(wait=int(retry_after_header(exc.retry_after)))
     if isinstance(exc, RedisUnavailable):
-        return LockUnavailable(wait=int(retry_after_header(_UNAVAILABLE_RETRY_AFTER)))
+        return LockUnavailable(wait=int(retry_after_header(UNAVAILABLE_RETRY_AFTER)))
     if isinstance(exc, LockLost):
         return LockUnavailable(wait=1)
     return None

@@ -7,7 +7,7 @@ dropped connection, without the work being done twice (the IETF httpapi
 says what each request gets and what is guaranteed.
 
 ``@idempotent`` and ``IdempotencyMiddleware`` are two ways into one guarded
-path (``guard.serve`` / ``guard.aserve``): the same claim, lease check before
+path (``guard.serve`` / ``guard.serve_async``): the same claim, lease check before
 the commit, renewal, store after the commit and release. The modules:
 
 ``settings``     the ``REDISLOCK["IDEMPOTENCY"]`` keys, their checks, a call's ``Policy``

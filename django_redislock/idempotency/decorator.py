@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from ..conf import conf
 from ..http import request_in
 from ..locking.transactions import EVERY_ALIAS
-from .guard import Call, aprepare, aserve, opted_out, prepare, serve
+from .guard import Call, opted_out, prepare, prepare_async, serve, serve_async
 from .settings import check_arguments, policy
 
 __all__ = ["SERVED", "idempotent"]
@@ -72,12 +72,12 @@ def _wrap(view: Callable[..., Any], overrides: dict[str, Any]) -> Any:
             request = _need_request(view, args)
             if not conf.ENABLED or _served_by_middleware(request):
                 return await view(*args, **kwargs)
-            prepared = await aprepare(
+            prepared = await prepare_async(
                 request, policy(overrides), view=view, args=args[1:], kwargs=kwargs, label=label
             )
             if not isinstance(prepared, Call):
                 return await view(*args, **kwargs) if prepared is None else prepared
-            return await aserve(prepared, lambda: view(*args, **kwargs))
+            return await serve_async(prepared, lambda: view(*args, **kwargs))
 
         # Django refuses ATOMIC_REQUESTS for async views: nothing to open.
         return async_wrapper

@@ -1,4 +1,4 @@
-"""The one guarded path: ``serve`` and ``aserve``, which ``@idempotent`` and the middleware call.
+"""The one guarded path, ``serve`` (``serve_async``), which ``@idempotent`` and the middleware call.
 
 For a request with a key (a ``Call``), in this order:
 
@@ -37,8 +37,6 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections, transaction
 from django.http import HttpResponse, HttpResponseBase
 
@@ -49,13 +47,14 @@ from ..locking.context import current_lock
 from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace
 from ..locking.transactions import EVERY_ALIAS, in_user_transaction
+from ..stepping import sync_from_loop
 from . import records
 from .fingerprint import BadKey, fingerprint, key_of
 from .responses import answer, in_progress, problem, running, snapshot, unavailable
 from .scope import NotAuthenticated, ScopeUnknown, scope_of
 from .settings import Policy
 
-__all__ = ["Call", "aprepare", "aserve", "opted_out", "prepare", "serve"]
+__all__ = ["Call", "opted_out", "prepare", "prepare_async", "serve", "serve_async"]
 
 logger = logging.getLogger("django_redislock.idempotency")
 
@@ -147,23 +146,8 @@ def prepare(
     return _call(request, policy, scope, key, view, label)
 
 
-async def aprepare(
-    request: Any,
-    policy: Policy,
-    *,
-    view: Any,
-    args: tuple[Any, ...] = (),
-    kwargs: dict[str, Any] | None = None,
-    label: str,
-) -> Call | HttpResponse | None:
-    """``prepare`` in an event loop: a scope that needs the database is computed in a thread."""
-    try:
-        return prepare(request, policy, view=view, args=args, kwargs=kwargs, label=label)
-    except SynchronousOnlyOperation:
-        # request.user loads the session and the user from the database.
-        return await sync_to_async(prepare)(
-            request, policy, view=view, args=args, kwargs=kwargs, label=label
-        )
+# ``prepare`` in an event loop: a scope that needs the database is computed in a thread.
+prepare_async = sync_from_loop(prepare)
 
 
 # -- one attempt --------------------------------------------------------------------------
@@ -264,23 +248,23 @@ def _busy(request: Any, attempt: _Attempt) -> HttpResponseBase:
     return early or in_progress(call.request, call.policy, record, pttl)
 
 
-async def _aunder_lock(request: Any, attempt: _Attempt) -> Any:
+async def _under_lock_async(request: Any, attempt: _Attempt) -> Any:
     call = attempt.call
     client = attempt.client
     try:
-        record, _ = await records.aread(client, call.keys)
+        record, _ = await records.read_async(client, call.keys)
         early = answer(call.request, call.policy, call.fingerprint, record, None)
         if early is not None:
             return early
         marker = running(call.fingerprint, attempt.id)
-        await records.awrite(client, call.keys, marker, call.policy.ttl)
+        await records.write_async(client, call.keys, marker, call.policy.ttl)
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     try:
         response = await attempt.run()
         done = snapshot(response, call.request, call.policy, call.fingerprint)
     except BaseException:
-        await records.aforget(client, call.keys, attempt.id)
+        await records.forget_async(client, call.keys, attempt.id)
         raise
     lock = current_lock()
     if done is not None and lock is not None and (lock.lost or not lock.held):
@@ -288,20 +272,20 @@ async def _aunder_lock(request: Any, attempt: _Attempt) -> Any:
         # a duplicate may have run meanwhile, and its record is the one kept.
         done = None
     if done is None:
-        await records.aforget(client, call.keys, attempt.id)
+        await records.forget_async(client, call.keys, attempt.id)
         return response
     try:
         # Its own atomic blocks (in sync_to_async) have committed by now.
-        await records.awrite(client, call.keys, done, call.policy.ttl)
+        await records.write_async(client, call.keys, done, call.policy.ttl)
     except RedisUnavailable as exc:
         _not_stored(call, exc)
     return response
 
 
-async def _abusy(request: Any, attempt: _Attempt) -> HttpResponseBase:
+async def _busy_async(request: Any, attempt: _Attempt) -> HttpResponseBase:
     call = attempt.call
     try:
-        record, pttl = await records.aread(attempt.client, call.keys)
+        record, pttl = await records.read_async(attempt.client, call.keys)
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     early = answer(call.request, call.policy, call.fingerprint, record, pttl)
@@ -333,9 +317,9 @@ def _cached_runner(
     if is_async:
 
         async def run(request: Any, attempt: _Attempt) -> Any:
-            return await _aunder_lock(request, attempt)
+            return await _under_lock_async(request, attempt)
 
-        busy: Callable[..., Any] = _abusy
+        busy: Callable[..., Any] = _busy_async
     else:
 
         def run(request: Any, attempt: _Attempt) -> Any:  # type: ignore[misc]
@@ -374,11 +358,11 @@ def serve(call: Call, run: Callable[[], Any]) -> Any:
     return response
 
 
-async def aserve(call: Call, run: Callable[[], Awaitable[Any]]) -> Any:
+async def serve_async(call: Call, run: Callable[[], Awaitable[Any]]) -> Any:
     """``serve`` for an async view."""
     client = get_async_client(call.policy.alias)
     try:
-        early = _look_answer(call, await records.aread(client, call.keys))
+        early = _look_answer(call, await records.read_async(client, call.keys))
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     if early is not None:

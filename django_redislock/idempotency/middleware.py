@@ -12,6 +12,7 @@ that request, so it must come after every middleware that has one
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,9 @@ from django.http import HttpRequest
 
 from ..checks import middleware_entries, middleware_index
 from ..conf import conf
+from ..stepping import Steps, run_steps, run_steps_async
 from .decorator import SERVED
-from .guard import Call, aprepare, aserve, prepare, serve
+from .guard import Call, prepare, prepare_async, serve, serve_async
 from .settings import MIDDLEWARE_PATH, Policy, middleware_hooks_after, policy
 
 __all__ = ["IdempotencyMiddleware"]
@@ -78,7 +80,10 @@ class IdempotencyMiddleware:
         return await self.get_response(request)
 
     @staticmethod
-    def _policy_for(request: HttpRequest) -> Policy | None:
+    def _served(
+        request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Steps[Any] | None:
+        """The guarded path for this request, as steps; None: not ours to serve."""
         if not conf.ENABLED:
             return None
         found = policy({})
@@ -86,56 +91,45 @@ class IdempotencyMiddleware:
             return None
         if not any(pattern.search(request.path_info) for pattern in found.paths):
             return None
-        return found
+        return _serving(request, found, view, args, kwargs, iscoroutinefunction(view))
 
     def _process_view(
         self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        found = self._policy_for(request)
-        if found is None:
+        served = self._served(request, view, args, kwargs)
+        if served is None:
             return None
         if iscoroutinefunction(view):
-            return async_to_sync(self._serve_async)(request, found, view, args, kwargs)
-        return self._serve(request, found, view, args, kwargs)
+            return async_to_sync(run_steps_async)(served)
+        return run_steps(served)
 
     async def _process_view_async(
         self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        found = self._policy_for(request)
-        if found is None:
+        served = self._served(request, view, args, kwargs)
+        if served is None:
             return None
         if iscoroutinefunction(view):
-            return await self._serve_async(request, found, view, args, kwargs)
+            return await run_steps_async(served)
         # A sync view, its transaction and its lock, in the thread Django
         # would have run it in.
-        return await sync_to_async(self._serve, thread_sensitive=True)(
-            request, found, view, args, kwargs
-        )
+        return await sync_to_async(run_steps, thread_sensitive=True)(served)
 
-    @staticmethod
-    def _serve(
-        request: HttpRequest,
-        found: Policy,
-        view: View,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        prepared = prepare(request, found, view=view, args=args, kwargs=kwargs, label=LABEL)
-        if not isinstance(prepared, Call):
-            return prepared  # None: Django runs the view, as without this middleware
-        setattr(request, SERVED, True)
-        return serve(prepared, lambda: view(request, *args, **kwargs))
 
-    @staticmethod
-    async def _serve_async(
-        request: HttpRequest,
-        found: Policy,
-        view: View,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        prepared = await aprepare(request, found, view=view, args=args, kwargs=kwargs, label=LABEL)
-        if not isinstance(prepared, Call):
-            return prepared
-        setattr(request, SERVED, True)
-        return await aserve(prepared, lambda: view(request, *args, **kwargs))
+def _serving(
+    request: HttpRequest,
+    found: Policy,
+    view: View,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    asynchronous: bool,
+) -> Steps[Any]:
+    """The view through the guarded path, for either kind of view."""
+    prepare_call, serve_call = (prepare_async, serve_async) if asynchronous else (prepare, serve)
+    prepared = yield functools.partial(
+        prepare_call, request, found, view=view, args=args, kwargs=kwargs, label=LABEL
+    )
+    if not isinstance(prepared, Call):
+        return prepared  # None: Django runs the view, as without this middleware
+    setattr(request, SERVED, True)
+    return (yield functools.partial(serve_call, prepared, lambda: view(request, *args, **kwargs)))

@@ -28,7 +28,7 @@ from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
 from ..core.io import transport
 
-__all__ = ["Record", "aforget", "aread", "awrite", "forget", "read", "write"]
+__all__ = ["Record", "forget", "forget_async", "read", "read_async", "write", "write_async"]
 
 logger = logging.getLogger("django_redislock.idempotency")
 
@@ -79,7 +79,7 @@ def read(client: RedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
     return _parsed(client, replies)
 
 
-async def aread(client: AsyncRedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
+async def read_async(client: AsyncRedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
     """``read`` for a ``redis.asyncio`` client."""
     try:
         replies = await transport.call_async(client, _commands(keys), keys.record)
@@ -98,7 +98,7 @@ def write(client: RedisClient, keys: IdempotencyKeys, record: Record, ttl: float
     scripts.run(client, _REPLACE, (keys.record,), _replace_args(record, ttl))
 
 
-async def awrite(
+async def write_async(
     client: AsyncRedisClient, keys: IdempotencyKeys, record: Record, ttl: float
 ) -> None:
     """``write`` for a ``redis.asyncio`` client."""
@@ -113,7 +113,7 @@ def forget(client: RedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
         logger.debug("could not remove the in-progress marker %r: %s", keys.record, exc)
 
 
-async def aforget(client: AsyncRedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
+async def forget_async(client: AsyncRedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
     """``forget`` for a ``redis.asyncio`` client."""
     try:
         await scripts.run_async(client, _FORGET, (keys.record,), (attempt,))

@@ -14,9 +14,7 @@ from typing import Any
 
 from django.http import HttpResponse, HttpResponseBase, JsonResponse
 
-from ..conf import conf
-from ..http import error_response, retry_after_header, wants_json
-from ..locking.outcomes import UNAVAILABLE_RETRY_AFTER
+from ..http import retry_after_header, unavailable_response, wants_json
 from .records import Record
 from .settings import Policy
 
@@ -121,14 +119,7 @@ def answer(
 
 def unavailable(request: Any, policy: Policy, name: str, exc: Exception) -> HttpResponseBase:
     logger.warning("Redis unavailable for %s, not running the view: %s", policy.header, exc)
-    return error_response(
-        request,
-        status=503,
-        retry_after=UNAVAILABLE_RETRY_AFTER,
-        reason="unavailable",
-        name=name,
-        handler=conf.UNAVAILABLE_RESPONSE,
-    )
+    return unavailable_response(request, name)
 
 
 def _rendered(response: HttpResponseBase, request: Any) -> HttpResponseBase:

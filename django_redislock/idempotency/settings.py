@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.utils.module_loading import import_string
@@ -22,6 +22,7 @@ from ..checks import (
     middleware_entries,
     middleware_index,
     register_problems,
+    unknown_keys,
 )
 from ..conf import conf
 from ..core.drivers.base import is_seconds
@@ -78,17 +79,35 @@ _TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
 
 
 # -- validators: each returns what is wrong, or None ----------------------------------
+def _list_error(
+    value: object,
+    expected: str,
+    item_error: Callable[[Any], str | None],
+    *,
+    kinds: tuple[type[Iterable[Any]], ...] = (list, tuple),
+    empty: bool = True,
+) -> str | None:
+    """What is wrong with a list setting: not a list (of ``kinds``), empty when
+    it must not be, or the first item that ``item_error`` refuses."""
+    if isinstance(value, str) or not isinstance(value, kinds) or not (value or empty):
+        return f"must be {expected}; got {value!r}"
+    return next((error for error in map(item_error, value) if error is not None), None)
+
+
+def _method_item_error(method: object) -> str | None:
+    if isinstance(method, str) and _TOKEN_RE.fullmatch(method) and method.upper() == method:
+        return None
+    return f"must hold upper-case method names such as 'POST'; got {method!r}"
+
+
 def _method_error(value: object) -> str | None:
-    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)) or not value:
-        return f"must be a non-empty list of HTTP methods such as ['POST', 'PATCH']; got {value!r}"
-    for method in value:
-        if (
-            not isinstance(method, str)
-            or not _TOKEN_RE.fullmatch(method)
-            or method.upper() != method
-        ):
-            return f"must hold upper-case method names such as 'POST'; got {method!r}"
-    return None
+    return _list_error(
+        value,
+        "a non-empty list of HTTP methods such as ['POST', 'PATCH']",
+        _method_item_error,
+        kinds=(list, tuple, set, frozenset),
+        empty=False,
+    )
 
 
 def _seconds_error(
@@ -121,17 +140,19 @@ def _bool_error(value: object, *, allow_none: bool = False) -> str | None:
     return f"must be True or False; got {value!r}"
 
 
-def _paths_error(value: object) -> str | None:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        return f"must be a list of regular expressions such as [r'^/api/payments/']; got {value!r}"
-    for pattern in value:
-        if not isinstance(pattern, str):
-            return f"must hold regular expression strings; got {pattern!r}"
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            return f"has {pattern!r}, which is not a regular expression ({exc})"
+def _pattern_error(pattern: object) -> str | None:
+    if not isinstance(pattern, str):
+        return f"must hold regular expression strings; got {pattern!r}"
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"has {pattern!r}, which is not a regular expression ({exc})"
     return None
+
+
+def _paths_error(value: object) -> str | None:
+    expected = "a list of regular expressions such as [r'^/api/payments/']"
+    return _list_error(value, expected, _pattern_error)
 
 
 def _header_error(value: object) -> str | None:
@@ -140,15 +161,16 @@ def _header_error(value: object) -> str | None:
     return f"must be an HTTP header name such as 'Idempotency-Key'; got {value!r}"
 
 
-def _headers_error(value: object) -> str | None:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        return f"must be a list of header names such as ['Location']; got {value!r}"
-    for name in value:
-        if not isinstance(name, str) or not _TOKEN_RE.fullmatch(name):
-            return f"must hold header names such as 'Location'; got {name!r}"
-        if name.lower() in ("set-cookie", "content-length"):
-            return f"must not name {name!r}: a replay never hands out cookies, and sets its length"
+def _replayed_error(name: object) -> str | None:
+    if not isinstance(name, str) or not _TOKEN_RE.fullmatch(name):
+        return f"must hold header names such as 'Location'; got {name!r}"
+    if name.lower() in ("set-cookie", "content-length"):
+        return f"must not name {name!r}: a replay never hands out cookies, and sets its length"
     return None
+
+
+def _headers_error(value: object) -> str | None:
+    return _list_error(value, "a list of header names such as ['Location']", _replayed_error)
 
 
 # key -> (check ID, validator, hint). The IDs are stable: docs/checks.rst lists them.
@@ -209,16 +231,7 @@ def idempotency_problems() -> list[Problem]:
                 "Write REDISLOCK['IDEMPOTENCY'] = {'TTL': 86400, ...}, or remove it.",
             )
         ]
-    found: list[Problem] = []
-    unknown = sorted(set(raw) - set(SETTINGS), key=repr)
-    if unknown:
-        found.append(
-            Problem(
-                "django_redislock.E060",
-                f"Unknown REDISLOCK['IDEMPOTENCY'] key(s): {', '.join(map(repr, unknown))}.",
-                "Remove them or fix the spelling; valid keys: " + ", ".join(sorted(SETTINGS)) + ".",
-            )
-        )
+    found = unknown_keys("django_redislock.E060", "REDISLOCK['IDEMPOTENCY'] key(s)", raw, SETTINGS)
     for key, (check_id, validate, hint) in VALIDATORS.items():
         if key in raw:
             error = validate(raw[key])

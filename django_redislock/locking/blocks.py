@@ -10,21 +10,11 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from ..conf import conf
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.drivers.multi import MultiLock, lock_names
-from ..core.drivers.multi_async import AsyncMultiLock
-from ..core.drivers.rwlock import check_mode
+from ..core.drivers.multi import lock_names
 from ..core.exceptions import LockError, LockNotAcquired
+from ..stepping import Steps, run_steps, run_steps_async
 from .context import Held, pop, push, reenter, task_owner
-from .factories import (
-    get_async_lock,
-    get_async_multi_lock,
-    get_async_rw_lock,
-    get_lock,
-    get_multi_lock,
-    get_rw_lock,
-)
+from .factories import lock_for
 from .options import (
     check_fair,
     check_fair_mode,
@@ -133,42 +123,51 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
                 del self._entries[owner]
         return entry
 
-    def __enter__(self) -> Any:
-        owner = threading.get_ident()
+    def _entering(self, owner: object, asynchronous: bool) -> Steps[Any]:
+        """``__enter__`` and ``__aenter__``: what the block holds, as steps."""
         if not conf.ENABLED:
             self._enter(owner, (None, None, False))
             return None
         key = (self._opts.held_key_alias, self.name)
         entered = reenter(self._opts, self.name, owner)
         if entered is not None:
-            # This thread holds it already (an enclosing block or decorated
-            # call): run under it; the enclosing one releases.
+            # This thread (or task) holds it already (an enclosing block or
+            # decorated call): run under it; the enclosing one releases.
             self._enter(owner, (entered, push(entered, key, owner), False))
             return entered
-        lock: Lock | MultiLock
-        if self._opts.mode is not None and isinstance(self.name, str):
-            lock = get_rw_lock(
-                self.name,
-                check_mode(self._opts.mode),
-                metric_name=self.metric_name,
-                **self._opts.lock_kwargs(self._label),
-            )
-        elif isinstance(self.name, str):
-            lock = get_lock(
-                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
-            )
-        else:
-            lock = get_multi_lock(
-                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
-            )
+        lock = lock_for(
+            self.name,
+            self._opts.mode,
+            asynchronous=asynchronous,
+            metric_name=self.metric_name,
+            **self._opts.lock_kwargs(self._label),
+        )
         early = conf.CONNECT_EARLY
-        if not isinstance(early, bool):
+        if not asynchronous and not isinstance(early, bool):
             # Named databases: open them before waiting, as the decorator does.
             connect_early(early)
-        if not lock.acquire():
+        if not (yield lock.acquire):
             raise LockNotAcquired(lock.name, retry_after=lock.retry_after)
         self._enter(owner, (lock, push(lock, key, owner), True))
         return lock
+
+    def _leaving(self, owner: object, exc_type: type[BaseException] | None) -> Steps[None]:
+        """``__exit__`` and ``__aexit__``: the lock goes back if this block took it."""
+        lock, token, acquired = self._exit(owner)
+        if lock is None:
+            return
+        pop(token)
+        if not acquired:
+            return
+        taken: Any = lock  # a Lock or MultiLock (sync or asyncio): both release
+        try:
+            yield taken.release
+        except LockError:
+            if exc_type is None:
+                raise
+
+    def __enter__(self) -> Any:
+        return run_steps(self._entering(threading.get_ident(), asynchronous=False))
 
     def __exit__(
         self,
@@ -176,49 +175,10 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock, token, acquired = self._exit(threading.get_ident())
-        if lock is None:
-            return
-        pop(token)
-        if not acquired:
-            return
-        assert isinstance(lock, (Lock, MultiLock))
-        try:
-            lock.release()
-        except LockError:
-            if exc_type is None:
-                raise
+        run_steps(self._leaving(threading.get_ident(), exc_type))
 
     async def __aenter__(self) -> Any:
-        owner = task_owner()
-        if not conf.ENABLED:
-            self._enter(owner, (None, None, False))
-            return None
-        key = (self._opts.held_key_alias, self.name)
-        entered = reenter(self._opts, self.name, owner)
-        if entered is not None:
-            self._enter(owner, (entered, push(entered, key, owner), False))
-            return entered
-        lock: AsyncLock | AsyncMultiLock
-        if self._opts.mode is not None and isinstance(self.name, str):
-            lock = get_async_rw_lock(
-                self.name,
-                check_mode(self._opts.mode),
-                metric_name=self.metric_name,
-                **self._opts.lock_kwargs(self._label),
-            )
-        elif isinstance(self.name, str):
-            lock = get_async_lock(
-                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
-            )
-        else:
-            lock = get_async_multi_lock(
-                self.name, metric_name=self.metric_name, **self._opts.lock_kwargs(self._label)
-            )
-        if not await lock.acquire():
-            raise LockNotAcquired(lock.name, retry_after=lock.retry_after)
-        self._enter(owner, (lock, push(lock, key, owner), True))
-        return lock
+        return await run_steps_async(self._entering(task_owner(), asynchronous=True))
 
     async def __aexit__(
         self,
@@ -226,15 +186,4 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lock, token, acquired = self._exit(task_owner())
-        if lock is None:
-            return
-        pop(token)
-        if not acquired:
-            return
-        assert isinstance(lock, (AsyncLock, AsyncMultiLock))
-        try:
-            await lock.release()
-        except LockError:
-            if exc_type is None:
-                raise
+        await run_steps_async(self._leaving(task_owner(), exc_type))

@@ -26,26 +26,18 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
-from django.core.exceptions import SynchronousOnlyOperation
+from asgiref.sync import iscoroutinefunction
 
 from ..conf import conf
 from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
-from ..core.drivers.rwlock import check_mode
 from ..core.exceptions import LockLost, RedisUnavailable
 from ..http import request_in
+from ..stepping import sync_from_loop
 from .blocks import redis_lock
 from .context import Key, current_fence, current_lock, pop, push, reenter, task_owner
 from .deferred import Deferred, adopt
-from .factories import (
-    get_async_lock,
-    get_async_multi_lock,
-    get_async_rw_lock,
-    get_lock,
-    get_multi_lock,
-    get_rw_lock,
-)
+from .factories import lock_for
 from .naming import Namer, describe, namer_for
 from .options import (
     LockOptions,
@@ -78,25 +70,12 @@ def _shown(names: str | tuple[str, ...]) -> str:
 
 
 def _new_lock(
-    names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
+    names: str | tuple[str, ...], namer: Namer, opts: LockOptions, label: str, asynchronous: bool
 ) -> Any:
+    kwargs = opts.lock_kwargs(label)
     check_fair_names(kwargs, names)
-    if mode is not None and isinstance(names, str):
-        return get_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
-    if isinstance(names, str):
-        return get_lock(names, metric_name=metric, **kwargs)
-    return get_multi_lock(names, metric_name=metric, **kwargs)
-
-
-def _new_async_lock(
-    names: str | tuple[str, ...], metric: str, kwargs: dict[str, Any], mode: str | None = None
-) -> Any:
-    check_fair_names(kwargs, names)
-    if mode is not None and isinstance(names, str):
-        return get_async_rw_lock(names, check_mode(mode), metric_name=metric, **kwargs)
-    if isinstance(names, str):
-        return get_async_lock(names, metric_name=metric, **kwargs)
-    return get_async_multi_lock(names, metric_name=metric, **kwargs)
+    metric = _metric_name(namer, label)
+    return lock_for(names, opts.mode, asynchronous=asynchronous, metric_name=metric, **kwargs)
 
 
 # -- the sync and async paths ---------------------------------------------------------
@@ -134,7 +113,7 @@ def _call(
     if deferred is not None:
         lock = deferred.lock
     else:
-        lock = _new_lock(names, _metric_name(namer, label), opts.lock_kwargs(label), opts.mode)
+        lock = _new_lock(names, namer, opts, label, asynchronous=False)
         txn.connect_early()
         try:
             acquired = lock.acquire()
@@ -177,17 +156,6 @@ def _call(
     return result
 
 
-async def _name_async(
-    namer: Namer, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> str | tuple[str, ...]:
-    try:
-        return namer(args, kwargs)
-    except SynchronousOnlyOperation:
-        # The template touched the database ({request.user.pk} loads the
-        # user): compute it where sync ORM access is allowed.
-        return await sync_to_async(namer)(args, kwargs)
-
-
 async def _call_async(
     func: Callable[..., Any],
     namer: Namer,
@@ -199,7 +167,9 @@ async def _call_async(
     request = request_in(args)
     if not conf.ENABLED:
         return await func(*args, **kwargs)
-    names = await _name_async(namer, args, kwargs)
+    # A template that touches the database ({request.user.pk} loads the user)
+    # is filled in a thread, where sync ORM access is allowed.
+    names = await sync_from_loop(namer)(args, kwargs)
     name = _shown(names)
     key: Key = (opts.held_key_alias, names)
     owner = task_owner()
@@ -210,7 +180,7 @@ async def _call_async(
             return await func(*args, **kwargs)
         finally:
             pop(token)
-    lock = _new_async_lock(names, _metric_name(namer, label), opts.lock_kwargs(label), opts.mode)
+    lock = _new_lock(names, namer, opts, label, asynchronous=True)
     try:
         acquired = await lock.acquire()
     except RedisUnavailable as exc:

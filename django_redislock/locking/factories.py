@@ -1,9 +1,15 @@
-"""Lock and semaphore handles configured from ``REDISLOCK``: the Django face of the core."""
+"""Lock and semaphore handles configured from ``REDISLOCK``: the Django face of the core.
+
+What a factory takes besides the name is written once, in ``SemaphoreKwargs``
+and ``LockKwargs``, and turned into the core's arguments once, by
+``_semaphore_settings`` and ``_lock_settings``: a sync factory and its asyncio
+twin differ only in the class they build and the client they give it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..conf import conf
 from ..connection import check_eviction, get_async_client, get_client
@@ -11,14 +17,19 @@ from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.drivers.multi import MultiLock, lock_names
 from ..core.drivers.multi_async import AsyncMultiLock
-from ..core.drivers.rwlock import Mode, ReadWriteLock
+from ..core.drivers.rwlock import Mode, ReadWriteLock, check_mode
 from ..core.drivers.rwlock_async import AsyncReadWriteLock
 from ..core.drivers.semaphore import Semaphore
 from ..core.drivers.semaphore_async import AsyncSemaphore
 from ..core.engine.keys import KeySpace
 from ..signals import observer
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = [
+    "LockKwargs",
+    "SemaphoreKwargs",
     "cap_wait",
     "get_async_lock",
     "get_async_multi_lock",
@@ -29,7 +40,41 @@ __all__ = [
     "get_rw_lock",
     "get_semaphore",
     "keyspace",
+    "lock_for",
 ]
+
+
+class SemaphoreKwargs(TypedDict, total=False):
+    """What every factory takes after the name; each one left out (or None) comes from
+    ``REDISLOCK``."""
+
+    #: Lease seconds: ``REDISLOCK['TIMEOUT']`` for a lock, ``['PERMIT_TIMEOUT']`` for a permit.
+    timeout: float | None
+    #: Seconds to wait while busy (0 tries once): ``REDISLOCK['WAIT']``.
+    wait: float | None
+    #: Shown beside the lock by ``manage.py redislocks list`` and the admin page.
+    label: str
+    #: The ``CACHES`` entry: ``REDISLOCK['CACHE']``.
+    alias: str | None
+    #: Labels it in metrics (``docs/metrics.rst``): a name shared by every lock
+    #: of one kind, such as ``"purchase"``; without it, "other".
+    metric_name: str | None
+
+
+class LockKwargs(SemaphoreKwargs, total=False):
+    """What the lock factories take besides ``SemaphoreKwargs``."""
+
+    #: Renew the lease from a watchdog: ``REDISLOCK['RENEW']``.
+    renew: bool | None
+    #: Renew for at most this many seconds: ``REDISLOCK['RENEW_MAX']``.
+    renew_max: float | None
+    #: Called with the handle when its lease is lost.
+    on_lost: Callable[[Any], None] | None
+    #: Replicas that must acknowledge a new lease: ``REDISLOCK['REPLICAS']``.
+    replicas: int | None
+    #: Seconds to wait for them: ``REDISLOCK['REPLICAS_TIMEOUT']``.
+    replicas_timeout: float | None
+
 
 # ("lock" or "semaphore", name) -> longest wait (seconds) for calls on that
 # name. Set only by django_redislock.testing while a test holds the name, so
@@ -49,10 +94,11 @@ def cap_wait(kind: str, name: str, seconds: float | None) -> None:
         _wait_caps[(kind, name)] = seconds
 
 
-def _wait(kind: str, name: str, wait: float | None) -> float:
+def _wait(kind: str, names: tuple[str, ...], wait: float | None) -> float:
     chosen = conf.WAIT if wait is None else wait
-    cap = _wait_caps.get((kind, name))
-    return chosen if cap is None else min(chosen, cap)
+    # A name a test holds caps the wait of every handle that includes it.
+    caps = [cap for cap in (_wait_caps.get((kind, name)) for name in names) if cap is not None]
+    return min([chosen, *caps])
 
 
 def keyspace() -> KeySpace:
@@ -60,183 +106,24 @@ def keyspace() -> KeySpace:
     return KeySpace.default(conf.PREFIX)
 
 
-def _options(
-    name: str,
-    timeout: float | None,
-    wait: float | None,
-    renew: bool | None,
-    renew_max: float | None,
-    label: str,
-    on_lost: Callable[[Any], None] | None,
-    replicas: int | None,
-    replicas_timeout: float | None,
-) -> dict[str, Any]:
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _refuse_unknown(factory: str, given: dict[str, Any], known: type) -> None:
+    unknown = sorted(given.keys() - known.__annotations__.keys())
+    if unknown:
+        # What Python says of a keyword that a signature does not name.
+        raise TypeError(f"{factory}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def _semaphore_settings(factory: str, name: str, given: SemaphoreKwargs) -> dict[str, Any]:
+    """The core's arguments for a permit of ``name``: the caller's, then ``REDISLOCK``'s."""
+    _refuse_unknown(factory, dict(given), SemaphoreKwargs)
     return {
-        "ttl": conf.TIMEOUT if timeout is None else timeout,
-        "wait": _wait("lock", name, wait),
-        "renew": conf.RENEW if renew is None else renew,
-        "renew_max": conf.RENEW_MAX if renew_max is None else renew_max,
-        "label": label,
-        "on_lost": on_lost,
-        "keyspace": keyspace(),
-        "observer": observer,
-        "replicas": conf.REPLICAS if replicas is None else replicas,
-        "replicas_timeout": (
-            conf.REPLICAS_TIMEOUT if replicas_timeout is None else replicas_timeout
-        ),
-    }
-
-
-def get_lock(
-    name: str,
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    renew: bool | None = None,
-    renew_max: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    on_lost: Callable[[Any], None] | None = None,
-    replicas: int | None = None,
-    replicas_timeout: float | None = None,
-    metric_name: str | None = None,
-    fair: bool = True,
-) -> Lock:
-    """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals.
-
-    ``metric_name`` labels it in metrics (``docs/metrics.rst``): a name shared
-    by every lock of one kind, such as ``"purchase"``; without it, "other".
-    ``fair=False``: the barging order (``docs/locks.rst``).
-    """
-    client = get_client(alias)
-    check_eviction(client)
-    lock = Lock(
-        client,
-        name,
-        fair=fair,
-        **_options(
-            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
-        ),
-    )
-    lock.metric_name = metric_name
-    return lock
-
-
-def get_async_lock(
-    name: str,
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    renew: bool | None = None,
-    renew_max: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    on_lost: Callable[[Any], None] | None = None,
-    replicas: int | None = None,
-    replicas_timeout: float | None = None,
-    metric_name: str | None = None,
-    fair: bool = True,
-) -> AsyncLock:
-    """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
-    check_eviction(get_client(alias))  # on the sync twin, as get_async_semaphore does
-    client = get_async_client(alias)
-    lock = AsyncLock(
-        client,
-        name,
-        fair=fair,
-        **_options(
-            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
-        ),
-    )
-    lock.metric_name = metric_name
-    return lock
-
-
-def _multi_options(names: tuple[str, ...], wait: float | None, **rest: Any) -> dict[str, Any]:
-    options = _options(names[0], wait=wait, **rest)
-    # A name a test holds caps the wait of every lock that includes it.
-    options["wait"] = min(_wait("lock", name, wait) for name in names)
-    return options
-
-
-def get_multi_lock(
-    names: Iterable[str],
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    renew: bool | None = None,
-    renew_max: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    on_lost: Callable[[Any], None] | None = None,
-    replicas: int | None = None,
-    replicas_timeout: float | None = None,
-    metric_name: str | None = None,
-) -> MultiLock:
-    """A ``MultiLock`` on ``names`` (all held or none), configured as ``get_lock``."""
-    ordered = lock_names(names)
-    client = get_client(alias)
-    check_eviction(client)
-    return MultiLock(
-        client,
-        ordered,
-        metric_name=metric_name,
-        **_multi_options(
-            ordered,
-            wait,
-            timeout=timeout,
-            renew=renew,
-            renew_max=renew_max,
-            label=label,
-            on_lost=on_lost,
-            replicas=replicas,
-            replicas_timeout=replicas_timeout,
-        ),
-    )
-
-
-def get_async_multi_lock(
-    names: Iterable[str],
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    renew: bool | None = None,
-    renew_max: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    on_lost: Callable[[Any], None] | None = None,
-    replicas: int | None = None,
-    replicas_timeout: float | None = None,
-    metric_name: str | None = None,
-) -> AsyncMultiLock:
-    """An ``AsyncMultiLock`` for the running event loop, configured as ``get_lock``."""
-    check_eviction(get_client(alias))
-    ordered = lock_names(names)
-    return AsyncMultiLock(
-        get_async_client(alias),
-        ordered,
-        metric_name=metric_name,
-        **_multi_options(
-            ordered,
-            wait,
-            timeout=timeout,
-            renew=renew,
-            renew_max=renew_max,
-            label=label,
-            on_lost=on_lost,
-            replicas=replicas,
-            replicas_timeout=replicas_timeout,
-        ),
-    )
-
-
-def _semaphore_options(
-    name: str, timeout: float | None, wait: float | None, label: str
-) -> dict[str, Any]:
-    return {
-        "ttl": conf.PERMIT_TIMEOUT if timeout is None else timeout,
-        "wait": _wait("semaphore", name, wait),
-        "label": label,
+        "ttl": _or(given.get("timeout"), conf.PERMIT_TIMEOUT),
+        "wait": _wait("semaphore", (name,), given.get("wait")),
+        "label": given.get("label", ""),
         "keyspace": keyspace(),
         "observer": observer,
         "replicas": conf.REPLICAS,
@@ -244,102 +131,104 @@ def _semaphore_options(
     }
 
 
-def get_semaphore(
-    name: str,
-    limit: int,
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    metric_name: str | None = None,
-) -> Semaphore:
-    """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``
-    (``metric_name`` included); a permit lasts ``timeout`` seconds (default
-    ``REDISLOCK['PERMIT_TIMEOUT']``)."""
-    client = get_client(alias)
+def _lock_settings(factory: str, names: tuple[str, ...], given: LockKwargs) -> dict[str, Any]:
+    """The core's arguments for a lock on ``names``: the caller's, then ``REDISLOCK``'s."""
+    _refuse_unknown(factory, dict(given), LockKwargs)
+    return {
+        "ttl": _or(given.get("timeout"), conf.TIMEOUT),
+        "wait": _wait("lock", names, given.get("wait")),
+        "renew": _or(given.get("renew"), conf.RENEW),
+        "renew_max": _or(given.get("renew_max"), conf.RENEW_MAX),
+        "label": given.get("label", ""),
+        "on_lost": given.get("on_lost"),
+        "keyspace": keyspace(),
+        "observer": observer,
+        "replicas": _or(given.get("replicas"), conf.REPLICAS),
+        "replicas_timeout": _or(given.get("replicas_timeout"), conf.REPLICAS_TIMEOUT),
+    }
+
+
+def _client(given: SemaphoreKwargs, asynchronous: bool) -> Any:
+    client = get_client(given.get("alias"))
+    # On the sync client even for an asyncio handle (the check runs in a
+    # thread of its own): an ASGI site that only throttles would otherwise
+    # never be warned.
     check_eviction(client)
-    sem = Semaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
-    sem.metric_name = metric_name
-    return sem
+    return get_async_client(given.get("alias")) if asynchronous else client
 
 
-def get_async_semaphore(
-    name: str,
-    limit: int,
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    metric_name: str | None = None,
-) -> AsyncSemaphore:
+def _labelled(handle: Any, given: SemaphoreKwargs) -> Any:
+    handle.metric_name = given.get("metric_name")
+    return handle
+
+
+def get_lock(name: str, *, fair: bool = True, **kwargs: Unpack[LockKwargs]) -> Lock:
+    """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals.
+
+    ``kwargs``: ``LockKwargs``. ``fair=False``: the barging order (``docs/locks.rst``).
+    """
+    settings = _lock_settings("get_lock", (name,), kwargs)
+    return _labelled(Lock(_client(kwargs, False), name, fair=fair, **settings), kwargs)
+
+
+def get_async_lock(name: str, *, fair: bool = True, **kwargs: Unpack[LockKwargs]) -> AsyncLock:
+    """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
+    settings = _lock_settings("get_async_lock", (name,), kwargs)
+    return _labelled(AsyncLock(_client(kwargs, True), name, fair=fair, **settings), kwargs)
+
+
+def get_multi_lock(names: Iterable[str], **kwargs: Unpack[LockKwargs]) -> MultiLock:
+    """A ``MultiLock`` on ``names`` (all held or none), configured as ``get_lock``."""
+    ordered = lock_names(names)
+    settings = _lock_settings("get_multi_lock", ordered, kwargs)
+    client = _client(kwargs, False)
+    return MultiLock(client, ordered, metric_name=kwargs.get("metric_name"), **settings)
+
+
+def get_async_multi_lock(names: Iterable[str], **kwargs: Unpack[LockKwargs]) -> AsyncMultiLock:
+    """An ``AsyncMultiLock`` for the running event loop, configured as ``get_lock``."""
+    ordered = lock_names(names)
+    settings = _lock_settings("get_async_multi_lock", ordered, kwargs)
+    client = _client(kwargs, True)
+    return AsyncMultiLock(client, ordered, metric_name=kwargs.get("metric_name"), **settings)
+
+
+def get_semaphore(name: str, limit: int, **kwargs: Unpack[SemaphoreKwargs]) -> Semaphore:
+    """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``
+    (``kwargs``: ``SemaphoreKwargs``); a permit lasts ``timeout`` seconds (default
+    ``REDISLOCK['PERMIT_TIMEOUT']``)."""
+    settings = _semaphore_settings("get_semaphore", name, kwargs)
+    return _labelled(Semaphore(_client(kwargs, False), name, limit, **settings), kwargs)
+
+
+def get_async_semaphore(name: str, limit: int, **kwargs: Unpack[SemaphoreKwargs]) -> AsyncSemaphore:
     """An ``AsyncSemaphore`` for the running event loop, configured as ``get_semaphore``."""
-    # The check runs on the sync twin of the client, in a thread of its own:
-    # an ASGI site that only throttles would otherwise never be warned.
-    check_eviction(get_client(alias))
-    client = get_async_client(alias)
-    sem = AsyncSemaphore(client, name, limit, **_semaphore_options(name, timeout, wait, label))
-    sem.metric_name = metric_name
-    return sem
+    settings = _semaphore_settings("get_async_semaphore", name, kwargs)
+    return _labelled(AsyncSemaphore(_client(kwargs, True), name, limit, **settings), kwargs)
 
 
-def get_rw_lock(
-    name: str,
-    mode: Mode,
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    renew: bool | None = None,
-    renew_max: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    on_lost: Callable[[Any], None] | None = None,
-    replicas: int | None = None,
-    replicas_timeout: float | None = None,
-    metric_name: str | None = None,
-) -> ReadWriteLock:
+def get_rw_lock(name: str, mode: Mode, **kwargs: Unpack[LockKwargs]) -> ReadWriteLock:
     """A ``ReadWriteLock`` on ``name`` in ``mode`` (``"read"`` or ``"write"``),
     configured as ``get_lock``. Its keys are not the lock's: a read-write lock
     and a ``Lock`` of the same name do not exclude each other."""
-    client = get_client(alias)
-    check_eviction(client)
-    lock = ReadWriteLock(
-        client,
-        name,
-        mode,
-        **_options(
-            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
-        ),
-    )
-    lock.metric_name = metric_name
-    return lock
+    settings = _lock_settings("get_rw_lock", (name,), kwargs)
+    return _labelled(ReadWriteLock(_client(kwargs, False), name, mode, **settings), kwargs)
 
 
-def get_async_rw_lock(
-    name: str,
-    mode: Mode,
-    *,
-    timeout: float | None = None,
-    wait: float | None = None,
-    renew: bool | None = None,
-    renew_max: float | None = None,
-    label: str = "",
-    alias: str | None = None,
-    on_lost: Callable[[Any], None] | None = None,
-    replicas: int | None = None,
-    replicas_timeout: float | None = None,
-    metric_name: str | None = None,
-) -> AsyncReadWriteLock:
+def get_async_rw_lock(name: str, mode: Mode, **kwargs: Unpack[LockKwargs]) -> AsyncReadWriteLock:
     """An ``AsyncReadWriteLock`` for the running event loop, configured as ``get_rw_lock``."""
-    check_eviction(get_client(alias))
-    lock = AsyncReadWriteLock(
-        get_async_client(alias),
-        name,
-        mode,
-        **_options(
-            name, timeout, wait, renew, renew_max, label, on_lost, replicas, replicas_timeout
-        ),
-    )
-    lock.metric_name = metric_name
-    return lock
+    settings = _lock_settings("get_async_rw_lock", (name,), kwargs)
+    return _labelled(AsyncReadWriteLock(_client(kwargs, True), name, mode, **settings), kwargs)
+
+
+def lock_for(
+    names: str | tuple[str, ...], mode: str | None, *, asynchronous: bool, **kwargs: Any
+) -> Any:
+    """The handle ``redis_lock`` and ``redis_locked`` take on ``names``: a
+    read-write lock in ``mode``, else a lock on one name or all of several."""
+    if mode is not None and isinstance(names, str):
+        rw_factory = get_async_rw_lock if asynchronous else get_rw_lock
+        return rw_factory(names, check_mode(mode), **kwargs)
+    if isinstance(names, str):
+        return (get_async_lock if asynchronous else get_lock)(names, **kwargs)
+    return (get_async_multi_lock if asynchronous else get_multi_lock)(names, **kwargs)

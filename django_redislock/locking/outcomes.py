@@ -9,17 +9,13 @@ from ..conf import conf
 from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
-from ..http import error_response
+from ..http import error_response, unavailable_response
 from ..signals import send_unavailable
 from .options import LockOptions
 
 log_unavailable = logging.getLogger("django_redislock.unavailable")
 log_release = logging.getLogger("django_redislock.release")
 log_busy = logging.getLogger("django_redislock.busy")
-
-# Redis down says nothing about when it will be back: ask clients to pause a
-# little rather than retry at once and pile onto a recovering server.
-UNAVAILABLE_RETRY_AFTER = 5.0
 
 
 def busy(
@@ -59,14 +55,7 @@ def unavailable(
     log_unavailable.warning("Redis unavailable for lock %r, not running the call: %s", name, exc)
     send_unavailable(sender, name=name, error=exc, fail_open=False, lock=lock)
     if request is not None and opts.on_busy != "raise":
-        return error_response(
-            request,
-            status=503,
-            retry_after=UNAVAILABLE_RETRY_AFTER,
-            reason="unavailable",
-            name=name,
-            handler=conf.UNAVAILABLE_RESPONSE,
-        )
+        return unavailable_response(request, name)
     raise exc
 
 
@@ -78,14 +67,7 @@ def failed_open(
 
 
 def lost_response(request: Any, name: str) -> Any:
-    return error_response(
-        request,
-        status=503,
-        retry_after=1,
-        reason="unavailable",
-        name=name,
-        handler=conf.UNAVAILABLE_RESPONSE,
-    )
+    return unavailable_response(request, name, retry_after=1)
 
 
 def release(lock: Lock, *, quiet: bool) -> None:

@@ -154,21 +154,26 @@ def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
                 "",
             )
         )
-        for h in row.holders:
-            cells.append(
-                (
-                    "",
-                    "",
-                    "",
-                    "",
-                    duration(h.held_for),
-                    duration(h.lease_left),
-                    "",
-                    owner_text(h),
-                    printable(h.label),
-                )
-            )
+        cells.extend(_holder_rows(row))
     return cells
+
+
+def _holder_rows(row: HeldLock) -> list[tuple[str, ...]]:
+    """One line per permit of a semaphore, or per reader of a read-write lock."""
+    return [
+        (
+            "",
+            "",
+            "",
+            "",
+            duration(h.held_for),
+            duration(h.lease_left),
+            "",
+            owner_text(h),
+            printable(h.label),
+        )
+        for h in row.holders
+    ]
 
 
 def _readers(count: int) -> str:
@@ -191,23 +196,7 @@ def _rwlock_rows(row: HeldLock) -> list[tuple[str, ...]]:
     )
     if writing:
         return [head]
-    return [
-        head,
-        *(
-            (
-                "",
-                "",
-                "",
-                "",
-                duration(h.held_for),
-                duration(h.lease_left),
-                "",
-                owner_text(h),
-                printable(h.label),
-            )
-            for h in row.holders
-        ),
-    ]
+    return [head, *_holder_rows(row)]
 
 
 def _aligned(columns: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:

@@ -6,6 +6,7 @@ See ``unique.py`` for the whole protocol.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from typing import Any
@@ -14,6 +15,7 @@ from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockError, RedisUnavailable
 from ..locking.factories import get_async_lock, get_lock
+from ..stepping import Steps, run_steps, run_steps_async
 from .claims import note, note_async
 from .options import Claim, UniqueOptions
 
@@ -25,8 +27,9 @@ logger = logging.getLogger("django_redislock.unique")
 class Run:
     """One run of a unique task in a worker: adopt the key, then let it go.
 
-    The decisions and messages live here; ``start``/``finish`` are the sync
-    driver, ``start_async``/``finish_async`` the asyncio one (an ``async def`` task).
+    The decisions and messages are one body each (``_starting``,
+    ``_finishing``); ``start``/``finish`` step it with blocking calls,
+    ``start_async``/``finish_async`` on the event loop (an ``async def`` task).
     """
 
     def __init__(self, claim: Claim, opts: UniqueOptions | None, label: str) -> None:
@@ -34,8 +37,8 @@ class Run:
         self.alias = opts.alias if opts is not None else None
         self.metric_name = opts.metric_name if opts is not None else None
         self.label = label
-        self.lock: Lock | None = None
-        self.alock: AsyncLock | None = None
+        # The adopted lease, while the run holds it (an AsyncLock for an async task).
+        self.lock: Lock | AsyncLock | None = None
         # Seconds until the retry this run sent may run; None: none was sent.
         self.retry_in: float | None = None
 
@@ -98,14 +101,13 @@ class Run:
             "could not release unique key %r of %s: %s", self.claim.name, self.label, exc
         )
 
-    # -- sync ---------------------------------------------------------------------------
-    def start(self, task_id: str | None = None) -> bool:
-        """Adopt the key; False when this task no longer holds it (the run
-        goes on without it: unique is a guard, not exactly-once)."""
+    # -- one body for both drivers -----------------------------------------------------
+    def _starting(
+        self, lock: Lock | AsyncLock, task_id: str | None, who: str, note_call: Any
+    ) -> Steps[bool]:
         claim = self.claim
-        lock = get_lock(claim.name, **self._lock_kwargs())
         try:
-            adopted = lock.adopt(claim.token, claim.fence, ttl=claim.lease)
+            adopted = yield functools.partial(lock.adopt, claim.token, claim.fence, ttl=claim.lease)
         except RedisUnavailable as exc:
             self._unreachable(exc)
             return False
@@ -113,72 +115,54 @@ class Run:
             self._not_adopted()
             return False
         if claim.until == "enqueue":
-            self._release(lock)
+            yield from self._releasing(lock)
             return True
         # From now on operators see this worker, not the enqueuer, as the holder.
-        note(lock, claim.token, task_id, lock.owner_metadata(threading.current_thread().name))
+        owner = lock.owner_metadata(who)
+        yield functools.partial(note_call, lock, claim.token, task_id, owner)
         self.lock = lock
         return True
 
-    def finish(self, retry_in: float | None = None) -> None:
-        """The run ended; ``retry_in``: it asked for a retry in that many seconds."""
+    def _finishing(self, retry_in: float | None) -> Steps[None]:
         lock, self.lock = self.lock, None
         if lock is None:
             return
         handed = self._hands_on(retry_in)
         if handed is None:
-            self._release(lock)
+            yield from self._releasing(lock)
             return
         # The retry carries the same claim and adopts the key in turn.
         try:
-            lock.detach(ttl=handed)
+            yield functools.partial(lock.detach, ttl=handed)
         except (LockError, RedisUnavailable) as exc:
             self._not_handed(exc)
 
-    def _release(self, lock: Lock) -> None:
+    def _releasing(self, lock: Lock | AsyncLock) -> Steps[None]:
         try:
-            lock.release()
+            yield lock.release
         except (LockError, RedisUnavailable) as exc:
             self._not_released(exc)
+
+    # -- sync ---------------------------------------------------------------------------
+    def start(self, task_id: str | None = None) -> bool:
+        """Adopt the key; False when this task no longer holds it (the run
+        goes on without it: unique is a guard, not exactly-once)."""
+        lock = get_lock(self.claim.name, **self._lock_kwargs())
+        who = threading.current_thread().name
+        return run_steps(self._starting(lock, task_id, who, note))
+
+    def finish(self, retry_in: float | None = None) -> None:
+        """The run ended; ``retry_in``: it asked for a retry in that many seconds."""
+        run_steps(self._finishing(retry_in))
 
     # -- asyncio ------------------------------------------------------------------------
     async def start_async(self, task_id: str | None = None) -> bool:
         """``start`` for a coroutine task, on its event loop."""
-        claim = self.claim
-        lock = get_async_lock(claim.name, **self._lock_kwargs())
-        try:
-            adopted = await lock.adopt(claim.token, claim.fence, ttl=claim.lease)
-        except RedisUnavailable as exc:
-            self._unreachable(exc)
-            return False
-        if not adopted:
-            self._not_adopted()
-            return False
-        if claim.until == "enqueue":
-            await self._release_async(lock)
-            return True
+        lock = get_async_lock(self.claim.name, **self._lock_kwargs())
         current = asyncio.current_task()
         who = current.get_name() if current is not None else "?"
-        await note_async(lock, claim.token, task_id, lock.owner_metadata(who))
-        self.alock = lock
-        return True
+        return await run_steps_async(self._starting(lock, task_id, who, note_async))
 
     async def finish_async(self, retry_in: float | None = None) -> None:
         """``finish`` for a coroutine task."""
-        lock, self.alock = self.alock, None
-        if lock is None:
-            return
-        handed = self._hands_on(retry_in)
-        if handed is None:
-            await self._release_async(lock)
-            return
-        try:
-            await lock.detach(ttl=handed)
-        except (LockError, RedisUnavailable) as exc:
-            self._not_handed(exc)
-
-    async def _release_async(self, lock: AsyncLock) -> None:
-        try:
-            await lock.release()
-        except (LockError, RedisUnavailable) as exc:
-            self._not_released(exc)
+        await run_steps_async(self._finishing(retry_in))

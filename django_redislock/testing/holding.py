@@ -6,9 +6,10 @@ tokens, so that ``leftovers`` knows them for the test's own.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ..core.drivers.lock import Lock
@@ -98,34 +99,18 @@ def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
     )
 
 
-class _Hold(Generic[H]):
+class _Hold(contextlib.AbstractContextManager[H]):
     """``async with`` for a hold: the same blocking enter and exit, on the loop.
 
     One round trip each, harmless in a test; and a handle is released only by
     the thread that acquired it, which a worker thread might not be.
     """
 
-    def __enter__(self) -> H:
-        raise NotImplementedError
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        raise NotImplementedError
-
     async def __aenter__(self) -> H:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.__exit__(*exc_info)
 
 
 class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hold_lock("x")``

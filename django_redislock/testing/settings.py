@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import secrets
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 __all__ = ["isolated_prefix", "locks_disabled", "redislock_settings", "unique_prefix"]
@@ -15,21 +15,10 @@ __all__ = ["isolated_prefix", "locks_disabled", "redislock_settings", "unique_pr
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _Block:
+class _Block(contextlib.AbstractContextManager[Any]):
     """A context manager that also decorates functions and coroutine functions
     (``contextlib.ContextDecorator`` would leave a coroutine's block before the
     coroutine runs)."""
-
-    def __enter__(self) -> Any:
-        raise NotImplementedError
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        raise NotImplementedError
 
     def __call__(self, func: F) -> F:
         if inspect.isclass(func):
@@ -90,12 +79,7 @@ class redislock_settings(_Block):  # noqa: N801 - used like override_settings
         override.enable()
         self._active.append(override)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._active.pop().disable()
 
 
@@ -154,10 +138,5 @@ class isolated_prefix(_Block):  # noqa: N801 - used like a function
         self._active.append(block)
         return chosen
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._active.pop().__exit__(exc_type, exc, tb)
+    def __exit__(self, *exc_info: Any) -> None:
+        self._active.pop().__exit__(*exc_info)

@@ -25,12 +25,12 @@ from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_client
-from ..core.drivers.semaphore import Semaphore, SemaphoreBase, release_permit
-from ..core.drivers.semaphore_async import AsyncSemaphore
+from ..core.drivers.semaphore import SemaphoreBase, release_permit
 from ..core.exceptions import LockError, RedisUnavailable
-from ..http import client_ip, error_response
+from ..http import client_ip, error_response, unavailable_response
 from ..locking.factories import get_async_semaphore, get_semaphore
 from ..signals import request_throttled, send_unavailable
+from ..stepping import Steps, run_steps, run_steps_async
 from .rules import Rule, current_rules, make_rule, matching_rules
 
 __all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited"]
@@ -140,14 +140,7 @@ def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpRe
         )
         return None
     logger.error("Redis unavailable, refusing %s (rule %r): %s", _label(request), rule.name, exc)
-    return error_response(
-        request,
-        status=503,
-        retry_after=1,
-        reason="unavailable",
-        name=rule.name,
-        handler=conf.UNAVAILABLE_RESPONSE,
-    )
+    return unavailable_response(request, rule.name, retry_after=1)
 
 
 def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
@@ -179,114 +172,60 @@ def _on_close(response: HttpResponseBase, permits: list[Any]) -> None:
     closers.append(_closer(list(permits)))
 
 
-def _release(permits: list[Semaphore]) -> None:
+def _releasing(permits: list[Any]) -> Steps[None]:
     for sem in reversed(permits):
         try:
-            sem.release()
+            yield sem.release
         except LockError as exc:  # lost (expired, cleared) or Redis down
             logger.warning("releasing permit of %r: %s", sem.name, exc)
 
 
-async def _release_async(permits: list[AsyncSemaphore]) -> None:
-    for sem in reversed(permits):
-        try:
-            await sem.release()
-        except LockError as exc:
-            logger.warning("releasing permit of %r: %s", sem.name, exc)
-
-
 # -- the request path -----------------------------------------------------------------------
-def _run(
-    request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], HttpResponseBase]
-) -> HttpResponseBase:
-    permits: list[Semaphore] = []
+def _limited(
+    request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], Any], asynchronous: bool
+) -> Steps[HttpResponseBase]:
+    """A permit of each rule, then the response: one body for both kinds of request."""
+    key_of = _key_async if asynchronous else _key
+    semaphore = get_async_semaphore if asynchronous else get_semaphore
+    permits: list[Any] = []
     for rule in rules:
         try:
-            key = _key(rule, request)
+            key = yield functools.partial(key_of, rule, request)
             if key is _ANONYMOUS:
                 continue  # the key callable exempted this request
-            sem = get_semaphore(
-                semaphore_name(rule, key),  # type: ignore[arg-type]
+            sem = semaphore(
+                semaphore_name(rule, key),
                 rule.limit,
                 timeout=_timeout(rule),
                 wait=rule.wait,
                 label=_label(request),
                 metric_name=rule.name,
             )
-            acquired = sem.acquire()
+            acquired = yield sem.acquire
         except (RedisUnavailable, RedisError) as exc:
             refusal = _unavailable(request, rule, exc)
             if refusal is not None:
-                _release(permits)
+                yield from _releasing(permits)
                 return refusal
             continue
         except BaseException:
-            _release(permits)
+            yield from _releasing(permits)
             raise
         if not acquired:
-            _release(permits)
+            yield from _releasing(permits)
             return _throttled(request, rule)
         permits.append(sem)
     if not permits:
-        return call(request)
+        return (yield functools.partial(call, request))
     try:
-        response = call(request)
+        response = yield functools.partial(call, request)
     except BaseException:
-        _release(permits)
-        raise
-    return _finish(response, permits)
-
-
-def _finish(response: HttpResponseBase, permits: list[Semaphore]) -> HttpResponseBase:
-    if response.streaming:
-        _on_close(response, permits)
-    else:
-        _release(permits)
-    return response
-
-
-async def _run_async(
-    request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], Any]
-) -> HttpResponseBase:
-    permits: list[AsyncSemaphore] = []
-    for rule in rules:
-        try:
-            key = await _key_async(rule, request)
-            if key is _ANONYMOUS:
-                continue
-            sem = get_async_semaphore(
-                semaphore_name(rule, key),  # type: ignore[arg-type]
-                rule.limit,
-                timeout=_timeout(rule),
-                wait=rule.wait,
-                label=_label(request),
-                metric_name=rule.name,
-            )
-            acquired = await sem.acquire()
-        except (RedisUnavailable, RedisError) as exc:
-            refusal = _unavailable(request, rule, exc)
-            if refusal is not None:
-                await _release_async(permits)
-                return refusal
-            continue
-        except BaseException:
-            await _release_async(permits)
-            raise
-        if not acquired:
-            await _release_async(permits)
-            return _throttled(request, rule)
-        permits.append(sem)
-    if not permits:
-        return await call(request)
-    try:
-        response = await call(request)
-    except BaseException:
-        await _release_async(permits)
+        yield from _releasing(permits)
         raise
     if response.streaming:
         _on_close(response, permits)
     else:
-        await _release_async(permits)
+        yield from _releasing(permits)
     return response
 
 
@@ -314,13 +253,13 @@ class ConcurrencyLimitMiddleware:
         rules = self._rules(request)
         if not rules:
             return self.get_response(request)
-        return _run(request, rules, self.get_response)
+        return run_steps(_limited(request, rules, self.get_response, False))
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         rules = self._rules(request)
         if not rules:
             return await self.get_response(request)
-        return await _run_async(request, rules, self.get_response)
+        return await run_steps_async(_limited(request, rules, self.get_response, True))
 
     @staticmethod
     def _rules(request: HttpRequest) -> list[Rule]:
@@ -362,7 +301,8 @@ def concurrency_limited(
             async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
                 if not conf.ENABLED:
                     return await view(request, *args, **kwargs)
-                return await _run_async(request, [rule], lambda req: view(req, *args, **kwargs))
+                served = _limited(request, [rule], lambda r: view(r, *args, **kwargs), True)
+                return await run_steps_async(served)
 
             return async_wrapper
 
@@ -370,7 +310,8 @@ def concurrency_limited(
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
             if not conf.ENABLED:
                 return view(request, *args, **kwargs)
-            return _run(request, [rule], lambda req: view(req, *args, **kwargs))
+            served = _limited(request, [rule], lambda r: view(r, *args, **kwargs), False)
+            return run_steps(served)
 
         return wrapper
 
