@@ -24,17 +24,20 @@
 -- waiter's fallback timer.
 
 local token, limit = ARGV[1], ARGV[9]
+-- q f d e h x, then the caller's own waiter entry (whether it is queued),
+-- and, barging, b.
 local st
 if limit then
-  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', 'b')
+  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', 'x', token, 'b')
 else
-  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h')
+  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', 'x', token)
 end
 if st[3] and string.find(st[3], token, 1, true) then
   -- Its caller gave this acquisition up already (a reply that never came,
   -- then a give-back that ran first): grant and queue nothing.
   return 0
 end
+known_x = st[6]
 local holder = redis.call('HGET', lease, 't')
 if not holder and not st[1] then
   -- Free, nobody queued: the common case.
@@ -46,13 +49,15 @@ contended()
 local function enqueue()
   local wait = tonumber(ARGV[5])
   if wait > 0 then
-    if redis.call('HEXISTS', state, token) == 0 then
-      redis.call('RPUSH', queue, token)
-    end
+    -- Queued already (the entry read above) unless hand_off dropped it since.
+    local made = (not st[7] or lib.dropped) and redis.call('RPUSH', queue, token) == 1
     redis.call('HSET', state, token,
       (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|' .. ARGV[4],
       'q', '1', 'n', ARGV[3])
-    outlive(wait + KEEP, queue, state)
+    if not lib.cover(now_ms + wait + KEEP) and made then
+      -- A queue made anew has no TTL; `x` covers this waiter already.
+      redis.call('PEXPIREAT', queue, known_x)
+    end
   end
   return redis.call('PTTL', lease)
 end
@@ -71,12 +76,13 @@ if holder then
 end
 
 -- Free, and someone may be queued.
-if limit and not (st[6] and tonumber(st[6]) >= tonumber(limit)) then
+local more
+if limit and not (st[8] and tonumber(st[8]) >= tonumber(limit)) then
   -- Barging, and the head has not yet seen `limit` others served: whoever
   -- asks takes it.
-  if redis.call('HEXISTS', state, token) == 0 then
-    -- Not queued: a barge.
-    redis.call('HINCRBY', state, 'b', 1)
+  if not st[7] then
+    -- Not queued: a barge, counted in the state with the grant.
+    more = { 'b', (tonumber(st[8]) or 0) + 1 }
   else
     if redis.call('LINDEX', queue, 0) == token then
       -- The head itself, woken to look again: served, the count starts again.
@@ -93,7 +99,7 @@ if limit and not (st[6] and tonumber(st[6]) >= tonumber(limit)) then
 else
   -- The oldest live waiter goes first (in the barging order: the head has
   -- seen enough others served, and its count starts again).
-  local head = lib.hand_off(token)
+  local head = lib.hand_off(token, st[2], st[4], st[5], ARGV[3])
   if limit then
     redis.call('HDEL', state, 'b')
   end
@@ -102,4 +108,4 @@ else
     return enqueue()
   end
 end
-return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], true)
+return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], true, more)

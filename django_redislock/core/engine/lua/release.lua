@@ -7,14 +7,29 @@
 -- times since: the state remembers the leases that ended in a loss, not the
 -- ones released (see the memory of losses in the prelude). Without the
 -- fence, only a lease still held is released.
-local held = redis.call('HMGET', lease, 't', 'f')
+local held = redis.call('HMGET', lease, 't', 'f', 'j')
 if held[1] ~= ARGV[1] then
   return contended().released_before(ARGV[2])
 end
-redis.call('DEL', lease)
--- The lease existed, so the state does, with a TTL (see _lock.lua).
-redis.call('HSET', state, 'e', held[2])
-if redis.call('HGET', state, 'q') then
-  contended().hand_off(false)
+-- The lease existed, so the state does, with a TTL (see _lock.lua); it is
+-- read once, for the hand-off too.
+local st = redis.call('HMGET', state, 'q', 'f', 'h', 'n', 'x')
+if st[1] then
+  known_x = st[5]
+  -- A lease that carries more than give() writes (a unique task's id) is
+  -- deleted; any other is written over for the next waiter.
+  if held[3] then
+    redis.call('DEL', lease)
+    redis.call('HSET', state, 'e', held[2])
+    contended().hand_off(false, st[2], held[2], st[3], st[4])
+    return 1
+  end
+  if contended().hand_off(false, st[2], held[2], st[3], st[4], held[2]) or issued then
+    -- Handed on, or handed to waiters nobody heard, each taken back (and
+    -- `e` written with it).
+    return 1
+  end
 end
+redis.call('DEL', lease)
+redis.call('HSET', state, 'e', held[2])
 return 1
