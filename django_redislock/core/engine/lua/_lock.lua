@@ -69,8 +69,8 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   else
     redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
   end
-  redis.call('PEXPIRE', lease, ttl)
   if not waiters then
+    redis.call('PEXPIRE', lease, ttl)
     if not last or not horizon then
       -- A new state (or one from before the memory of losses): it answers
       -- for the fences it issues from here on.
@@ -93,7 +93,12 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
     end
     return f
   end
-  -- Only reached after contended(), which made lib.
+  -- Only reached after contended(), which made lib. The lease ends on the
+  -- clock that cover() below reads (TIME, when this run first read it), so
+  -- the state outlives it by KEEP exactly, not by KEEP less however long
+  -- the run has taken since.
+  local now = lib.now()
+  redis.call('PEXPIREAT', lease, now + tonumber(ttl))
   local fields = { 'f', f }
   if not last or not horizon then
     fields[3], fields[4] = 'h', f
@@ -109,7 +114,7 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
     end
   end
   redis.call('HSET', state, unpack(fields))
-  lib.cover(lib.now() + state_ttl)
+  lib.cover(now + state_ttl)
   return f
 end
 
