@@ -198,8 +198,11 @@ end
 for i = 1, #KEYS, 3 do
   local lease, queue, state = KEYS[i], KEYS[i + 1], KEYS[i + 2]
   local s, q = left(state), left(queue)
+  -- 0: the lease ends within the millisecond, or ended already (PTTL says
+  -- 0 for a key past its end that Redis has not yet dropped): nothing to
+  -- compare.
   local l = redis.call('PTTL', lease)
-  if l >= 0 and s < l + keep then
+  if l > 0 and s < l + keep then
     short[#short + 1] = state .. ' ' .. s .. ' ms, its lease ' .. l .. ' ms'
   end
   local t = redis.call('TIME')
