@@ -134,7 +134,7 @@ async def _state_clean(r: redis.Redis, lock: AsyncLock) -> None:
     fields = set(r.hkeys(lock.keys.state))
     # Only bookkeeping may remain (last fence, queue hint, name, tokens given
     # back, the memory of losses): no waiter entries.
-    assert fields <= {b"f", b"q", b"d", b"n", b"e", b"h", b"u", b"x"}, fields
+    assert fields <= {b"f", b"q", b"d", b"n", b"e", b"h", b"u"}, fields
 
 
 async def test_cancel_waiting_acquire_leaves_nothing(

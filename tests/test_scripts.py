@@ -320,7 +320,7 @@ def test_commands_of_a_contended_hand_off(r: redis.Redis) -> None:
     # HMGET state, HGET lease, TIME, RPUSH, HSET state, PTTL lease.
     assert _script_commands(r, lambda: _queue_up(r, name, c, 5_000)) == 6
     release = lambda: _lock_call(r, scripts.RELEASE, name, a, fence)  # noqa: E731
-    # HMGET lease, HMGET state, LPOP, HGET and HDEL of the waiter entry,
+    # HMGET lease, HGET state, LPOP, HMGET and HDEL of the waiter entry,
     # TIME, HSET lease, HSET state (and PEXPIREAT of the lease, uncounted).
     assert _script_commands(r, release) == 8
     assert r.hget(keys.lease, "t") == b.encode()
@@ -342,22 +342,24 @@ def test_a_hand_off_leaves_nothing_of_the_former_lease(r: redis.Redis) -> None:
     assert r.hget(keys.lease, "j") is None
 
 
-def test_a_ttl_set_outright_forgets_what_x_said(r: redis.Redis) -> None:
-    """An uncontended grant sets the state's TTL outright, maybe below the
-    state's `x`: it forgets `x`, and the next waiter raises the TTLs again."""
-    name = "x-forgotten"
+def test_a_ttl_set_outright_is_set_with_no_mark(r: redis.Redis) -> None:
+    """The state's `q` says, while anyone is queued, until when the state and
+    the queue last; an uncontended grant, which sets the state's TTL outright
+    (maybe below that mark), runs only while `q` is unset, and the next
+    waiter raises the TTLs again."""
+    name = "mark-gone"
     a, b, c = "a" * 16, "b" * 16, "c" * 16
     keys = KeySpace().lock(name)
     fence = _queue_up(r, name, a, 0)
     assert isinstance(_queue_up(r, name, b, 120_000), int)
-    assert r.hexists(keys.state, "x")
+    assert int(r.hget(keys.state, "q") or 0) > 120_000
     assert _lock_call(r, scripts.CANCEL, name, b) == 0
     assert _lock_call(r, scripts.RELEASE, name, a, fence) == 1
+    assert not r.hexists(keys.state, "q")
     # Nobody queued now: the next grant is the uncontended one, with a short lease.
     args = ("", "{}", 0, "-", 1_000 + STATE_KEEP_MS, 1)
-    fence = _lock_call(r, scripts.ACQUIRE, name, c, 1_000, *args)
+    assert _lock_call(r, scripts.ACQUIRE, name, c, 1_000, *args)
     assert r.pttl(keys.state) <= 1_000 + STATE_KEEP_MS
-    assert not r.hexists(keys.state, "x")
     assert isinstance(_queue_up(r, name, a, 60_000), int)
     assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
     assert r.pttl(keys.queue) > 60_000 + STATE_KEEP_MS - 5_000

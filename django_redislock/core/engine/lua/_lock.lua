@@ -5,6 +5,9 @@
 --                server's microsecond clock when it was granted
 -- KEYS[2] queue  list  (see the prelude)
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
+--                        to the mark: a time (server ms) before which
+--                        neither the state nor the queue expires (cover()),
+--                        or 0 (1 from earlier versions): none known,
 --                      n=lock name,
 --                      e=the fence of the last lease that ended without a
 --                        loss (released, or given back unused),
@@ -22,8 +25,6 @@
 --                        the queue while it waited (barges) since it was
 --                        last served (acquire.lua),
 --                      w=the waiter woken last (release_barging.lua)
---                      x=a time (server ms) before which neither the state
---                        nor the queue, while it exists, expires (cover())
 -- The state's TTL is never shorter than the lease's: every path that sets the
 -- lease's TTL raises the state's to at least the same plus KEEP, so a lease
 -- never outlives its state and no write to the state finds it gone. The
@@ -41,9 +42,10 @@ local RECENT = 3
 -- `d` keeps at most this much of its former value when a token is added.
 local RECENT_KEPT = (RECENT - 1) * 17 - 1
 
--- The state's `x` as this run read it (text; false or nil: unknown). A
--- script that reads the state sets it before anything may call give().
-local known_x
+-- The state's `q` as this run knows it: its text (or number), false or nil
+-- when unset. A script that reads the state sets it before anything may call
+-- give() with waiters.
+local mark
 
 -- Write a lease for `token` and return its fence, as text: its serial
 -- (issue()), the server clock in microseconds above the last fence issued
@@ -85,12 +87,8 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
         redis.call('HSET', state, 'f', f)
       end
     end
+    -- Set outright: `q` is unset (nobody queued), so no mark says more.
     redis.call('PEXPIRE', state, state_ttl)
-    if known_x then
-      -- The TTL just set may end before `x`: it says nothing any more.
-      redis.call('HDEL', state, 'x')
-      known_x = nil
-    end
     return f
   end
   -- Only reached after contended(), which made lib. The lease ends on the
@@ -148,23 +146,27 @@ local function contended()
   local SPARE = 1000
 
   -- Make sure the state and the queue (while it exists) last until at least
-  -- `until_ms` (server ms, a number), never shortening either: the state's
-  -- `x` says until when they last already, so most runs of a busy name
-  -- touch neither TTL. Otherwise both are raised to `until_ms` + SPARE
-  -- (where shorter; a key without a TTL gets one) and `x` says so. Whatever
-  -- would make `x` claim too much must forget it: a TTL set outright (an
-  -- uncontended grant, give()), and a queue made anew (enqueue, acquire.lua)
-  -- must be given `x` as its expiry. Whether it raised them.
+  -- `until_ms` (server ms, a number), never shortening either. While anyone
+  -- is queued, the state's `q` (the mark) says until when they last
+  -- already, so most runs of a busy name touch neither TTL. Otherwise both
+  -- are raised to `until_ms` + SPARE (where shorter; a key without a TTL
+  -- gets one), and the mark says so when `q` is set. The mark never claims
+  -- more than Redis holds: it is written only here, after both TTLs were
+  -- raised to it; the one TTL set outright (an uncontended grant, give())
+  -- is set while `q` is unset, and `q` is written anew as 0 (enqueue); and
+  -- a queue made anew is given the mark as its expiry (enqueue, acquire.lua).
+  -- Whether it raised them.
   function lib.cover(until_ms)
-    local x = known_x and tonumber(known_x)
+    local x = mark and tonumber(mark)
     if x and x >= until_ms then
       return false
     end
     local target = until_ms + SPARE
     local left = target - lib.now()
-    -- Written first: the state exists, and so has a TTL to compare, after it.
-    redis.call('HSET', state, 'x', target)
-    known_x = target
+    if mark then
+      redis.call('HSET', state, 'q', target)
+      mark = target
+    end
     if redis.call('PTTL', state) < left then
       redis.call('PEXPIREAT', state, target)
     end
@@ -184,28 +186,27 @@ local function contended()
   -- on (their process died), are dropped on the way. Returns the new
   -- holder's token, or false when nobody was left. When the oldest live
   -- waiter is `self` (the caller of this very script), it is popped and
-  -- returned without a lease: the caller takes it itself; when `self` is
-  -- dropped on the way (its deadline passed), lib.dropped says so.
-  -- `last`, `ended`, `horizon` and `name` are the state's f, e, h and n as
-  -- give() takes them. `released`: the fence of the lease the caller has
-  -- just released, when it is the key's (still there, to be written over)
-  -- and `e` is yet to name it: written with the next lease's fence. A waiter
-  -- nobody heard gets its lease deleted and `e` names it: nobody will
-  -- release it, no loss to remember.
-  function lib.hand_off(self, last, ended, horizon, name, released)
+  -- returned without a lease: the caller takes it itself.
+  -- `last`, `ended` and `name` are the state's f, e and n as give() takes
+  -- them (h is read with the waiter's entry, only when someone waits).
+  -- `released`: the fence of the lease the caller has just released, when
+  -- it is the key's (still there, to be written over) and `e` is yet to
+  -- name it: written with the next lease's fence. A waiter nobody heard
+  -- gets its lease deleted and `e` names it: nobody will release it, no
+  -- loss to remember.
+  function lib.hand_off(self, last, ended, name, released)
     local more = released and { 'e', released }
     while true do
       local head = redis.call('LPOP', queue)
       if not head then
         redis.call('HDEL', state, 'q')
+        mark = false
         return false
       end
-      local info = redis.call('HGET', state, head)
+      local got = redis.call('HMGET', state, head, 'h')
+      local info = got[1]
       redis.call('HDEL', state, head)
       local s1 = info and lib.alive(info)
-      if head == self and not s1 then
-        lib.dropped = true
-      end
       if s1 then
         if head == self then
           return head
@@ -226,7 +227,7 @@ local function contended()
           owner = string.sub(info, s3 + 1)
         end
         local fence = give(head, ttl, tonumber(ttl) + KEEP, name or '', owner, last, ended,
-          horizon, true, more)
+          got[2], true, more)
         more = nil
         local message = head .. ':' .. fence
         if round then

@@ -24,20 +24,20 @@
 -- waiter's fallback timer.
 
 local token, limit = ARGV[1], ARGV[9]
--- q f d e h x, then the caller's own waiter entry (whether it is queued),
--- and, barging, b.
+-- q f d e h and, barging, the caller's own waiter entry (whether it is
+-- queued) and b.
 local st
 if limit then
-  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', 'x', token, 'b')
+  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', token, 'b')
 else
-  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', 'x', token)
+  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h')
 end
 if st[3] and string.find(st[3], token, 1, true) then
   -- Its caller gave this acquisition up already (a reply that never came,
   -- then a give-back that ran first): grant and queue nothing.
   return 0
 end
-known_x = st[6]
+mark = st[1]
 local holder = redis.call('HGET', lease, 't')
 if not holder and not st[1] then
   -- Free, nobody queued: the common case.
@@ -49,14 +49,23 @@ contended()
 local function enqueue()
   local wait = tonumber(ARGV[5])
   if wait > 0 then
-    -- Queued already (the entry read above) unless hand_off dropped it since.
-    local made = (not st[7] or lib.dropped) and redis.call('RPUSH', queue, token) == 1
-    redis.call('HSET', state, token,
-      (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|' .. ARGV[4],
-      'q', '1', 'n', ARGV[3])
+    local entry = (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'
+      .. ARGV[4]
+    -- The caller joins the queue when its entry is new: HSET counts the
+    -- fields it made. With `q` set, `n` is (they are written together), and
+    -- `q` still is (a hand_off before this kept it: it handed the lease on);
+    -- without, nobody is queued, nor is the caller.
+    local new
+    if mark then
+      new = redis.call('HSET', state, token, entry) == 1
+    else
+      redis.call('HSET', state, token, entry, 'q', '0', 'n', ARGV[3])
+      mark, new = '0', true
+    end
+    local made = new and redis.call('RPUSH', queue, token) == 1
     if not lib.cover(now_ms + wait + KEEP) and made then
-      -- A queue made anew has no TTL; `x` covers this waiter already.
-      redis.call('PEXPIREAT', queue, known_x)
+      -- A queue made anew has no TTL; the mark covers this waiter already.
+      redis.call('PEXPIREAT', queue, mark)
     end
   end
   return redis.call('PTTL', lease)
@@ -77,12 +86,13 @@ end
 
 -- Free, and someone may be queued.
 local more
-if limit and not (st[8] and tonumber(st[8]) >= tonumber(limit)) then
+if limit and not (st[7] and tonumber(st[7]) >= tonumber(limit)) then
   -- Barging, and the head has not yet seen `limit` others served: whoever
   -- asks takes it.
-  if not st[7] then
-    -- Not queued: a barge, counted in the state with the grant.
-    more = { 'b', (tonumber(st[8]) or 0) + 1 }
+  if not st[6] then
+    -- Not queued (its entry, read above): a barge, counted in the state with
+    -- the grant.
+    more = { 'b', (tonumber(st[7]) or 0) + 1 }
   else
     if redis.call('LINDEX', queue, 0) == token then
       -- The head itself, woken to look again: served, the count starts again.
@@ -94,12 +104,13 @@ if limit and not (st[8] and tonumber(st[8]) >= tonumber(limit)) then
     redis.call('LREM', queue, 1, token)
     if redis.call('LLEN', queue) == 0 then
       redis.call('HDEL', state, 'q', 'b', 'w')
+      mark = false
     end
   end
 else
   -- The oldest live waiter goes first (in the barging order: the head has
   -- seen enough others served, and its count starts again).
-  local head = lib.hand_off(token, st[2], st[4], st[5], ARGV[3])
+  local head = lib.hand_off(token, st[2], st[4], ARGV[3])
   if limit then
     redis.call('HDEL', state, 'b')
   end

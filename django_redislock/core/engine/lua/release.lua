@@ -7,24 +7,25 @@
 -- times since: the state remembers the leases that ended in a loss, not the
 -- ones released (see the memory of losses in the prelude). Without the
 -- fence, only a lease still held is released.
-local held = redis.call('HMGET', lease, 't', 'f', 'j')
+local held = redis.call('HMGET', lease, 't', 'f', 'j', 'n')
 if held[1] ~= ARGV[1] then
   return contended().released_before(ARGV[2])
 end
--- The lease existed, so the state does, with a TTL (see _lock.lua); it is
--- read once, for the hand-off too.
-local st = redis.call('HMGET', state, 'q', 'f', 'h', 'n', 'x')
-if st[1] then
-  known_x = st[5]
-  -- A lease that carries more than give() writes (a unique task's id) is
-  -- deleted; any other is written over for the next waiter.
+-- The lease existed, so the state does, with a TTL (see _lock.lua). Its
+-- last fence is the lease's (a lease is granted only when free), and the
+-- name the lease holds is the state's: the hand-off needs no more of it.
+mark = redis.call('HGET', state, 'q')
+if mark then
   if held[3] then
+    -- A lease that carries more than give() writes (a unique task's id) is
+    -- deleted and made anew.
     redis.call('DEL', lease)
     redis.call('HSET', state, 'e', held[2])
-    contended().hand_off(false, st[2], held[2], st[3], st[4])
+    contended().hand_off(false, held[2], held[2], held[4])
     return 1
   end
-  if contended().hand_off(false, st[2], held[2], st[3], st[4], held[2]) or issued then
+  -- Any other is written over for the next waiter.
+  if contended().hand_off(false, held[2], held[2], held[4], held[2]) or issued then
     -- Handed on, or handed to waiters nobody heard, each taken back (and
     -- `e` written with it).
     return 1

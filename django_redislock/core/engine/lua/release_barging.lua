@@ -13,14 +13,15 @@ if held[1] ~= ARGV[1] then
 end
 redis.call('DEL', lease)
 redis.call('HSET', state, 'e', held[2])
-local st = redis.call('HMGET', state, 'q', 'b', 'w', 'f', 'h', 'n', 'x')
+local st = redis.call('HMGET', state, 'q', 'b', 'w')
 if not st[1] then
   return 1
 end
 contended()
 if st[2] and tonumber(st[2]) >= tonumber(ARGV[2]) then
-  known_x = st[7]
-  lib.hand_off(false, st[4], held[2], st[5], st[6])
+  mark = st[1]
+  local more = redis.call('HMGET', state, 'f', 'n')
+  lib.hand_off(false, more[1], held[2], more[2])
   redis.call('HDEL', state, 'b', 'w')
   return 1
 end
