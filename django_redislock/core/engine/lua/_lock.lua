@@ -112,7 +112,7 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
     end
   end
   redis.call('HSET', state, unpack(fields))
-  lib.cover(now + state_ttl)
+  lib.cover(now + tonumber(state_ttl))
   return f
 end
 
