@@ -87,6 +87,7 @@ import django_redislock.core
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
+from django_redislock.core.engine.protocol import STATE_KEEP_MS
 from django_redislock.core.exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
 from django_redislock.core.ops import force
 from tests.faults.harness import FaultServer, bounded_client, call_bound
@@ -179,6 +180,49 @@ end
 out[#out + 1] = eternal
 return out
 """
+
+# Invariant 3's other half, per lock (KEYS: lease, queue, state of each;
+# ARGV[1] KEEP): the state outlives the lease by KEEP, and the state and the
+# queue outlive every waiter's deadline by KEEP. Read in one script, so
+# nothing changes between the reads. Returns what falls short.
+OUTLIVED = """
+local keep, short = tonumber(ARGV[1]), {}
+-- No TTL is the other check's; a key that is gone lasts no time at all.
+local function left(key)
+  local ms = redis.call('PTTL', key)
+  return ms == -1 and math.huge or ms
+end
+-- The server's clock may move between two calls: what must outlive is read
+-- first, what it must outlive after, so a tick between them errs towards
+-- passing (by a millisecond), never towards a false alarm.
+for i = 1, #KEYS, 3 do
+  local lease, queue, state = KEYS[i], KEYS[i + 1], KEYS[i + 2]
+  local s, q = left(state), left(queue)
+  -- 0: the lease ends within the millisecond, or ended already (PTTL says
+  -- 0 for a key past its end that Redis has not yet dropped): nothing to
+  -- compare.
+  local l = redis.call('PTTL', lease)
+  if l > 0 and s < l + keep then
+    short[#short + 1] = state .. ' ' .. s .. ' ms, its lease ' .. l .. ' ms'
+  end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  for _, token in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    local info = redis.call('HGET', state, token)
+    local deadline = info and tonumber(string.match(info, '^(%d+)|'))
+    if deadline and math.min(q, s) < deadline - now + keep then
+      short[#short + 1] = queue .. ' ' .. q .. ' ms, state ' .. s .. ' ms, waiter ' ..
+        token .. ' until ' .. (deadline - now) .. ' ms'
+    end
+  end
+end
+return short
+"""
+
+
+def _lock_key_triple(keyspace: KeySpace, name: str) -> tuple[bytes, bytes, bytes]:
+    keys = keyspace.lock(name)
+    return keys.lease, keys.queue, keys.state
 
 
 # -- a thread per handle, which the model can pause ------------------------------------
@@ -845,6 +889,9 @@ class LockModel(RuleBasedStateMachine):
 
         # Invariant 3.
         assert _off("ttl") or not eternal, f"keys without a TTL: {eternal}"
+        lock_keys = [k for n in NAMES for k in _lock_key_triple(w.keyspace, n)]
+        short = w.admin.eval(OUTLIVED, len(lock_keys), *lock_keys, STATE_KEEP_MS)
+        assert _off("ttl") or not short, f"outlived by what they speak of: {short}"
 
     # -- the end of a run: quiet down, then nothing may leak ---------------------------------
     def teardown(self) -> None:

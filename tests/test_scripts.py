@@ -275,3 +275,75 @@ async def test_async_cluster_script_follows_moved(cluster: ClusterTopology) -> N
     finally:
         await client.aclose()
         sync.close()
+
+
+def _lock_call(r: redis.Redis, script: scripts.Script, name: str, *args: Any) -> Any:
+    keys = KeySpace().lock(name)
+    return scripts.run(r, script, (keys.lease, keys.queue, keys.state), args)
+
+
+def _queue_up(r: redis.Redis, name: str, token: str, wait_ms: int) -> Any:
+    # A waiter without a wake-up channel ('-'): a hand-off to it is heard.
+    return _lock_call(
+        r, scripts.ACQUIRE, name, token, 30_000, "", "{}", wait_ms, "-", 30_000 + STATE_KEEP_MS, 1
+    )
+
+
+def test_commands_of_a_contended_hand_off(r: redis.Redis) -> None:
+    """A queued acquire and a release that hands the lease on read the state
+    once, write the lease over in place, and leave the TTLs of the state and
+    the queue alone while its `x` covers what they must outlive
+    (docs/internals.rst, Scripts): what every contended critical section pays."""
+    name = "count-hand-off"
+    a, b, c = "a" * 16, "b" * 16, "c" * 16
+    fence = _queue_up(r, name, a, 0)
+    # The first waiter raises the TTLs (and sets `x`) with room for the next.
+    assert isinstance(_queue_up(r, name, b, 60_000), int)
+    keys = KeySpace().lock(name)
+    assert r.pttl(keys.queue) > 60_000 + STATE_KEEP_MS - 5_000
+    # HMGET state, HGET lease, TIME, RPUSH, HSET state, PTTL lease.
+    assert _script_commands(r, lambda: _queue_up(r, name, c, 5_000)) == 6
+    release = lambda: _lock_call(r, scripts.RELEASE, name, a, fence)  # noqa: E731
+    # HMGET lease, HGET state, LPOP, HMGET and HDEL of the waiter entry,
+    # TIME, HSET lease, HSET state (and PEXPIREAT of the lease, uncounted).
+    assert _script_commands(r, release) == 8
+    assert r.hget(keys.lease, "t") == b.encode()
+    assert set(r.hkeys(keys.lease)) == {b"t", b"f", b"o"}
+    assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
+
+
+def test_a_hand_off_leaves_nothing_of_the_former_lease(r: redis.Redis) -> None:
+    """A lease written over for the next waiter carries only what its grant
+    wrote: a unique task's id (``j``) on the former lease goes with it."""
+    name = "hand-off-fresh"
+    a, b = "a" * 16, "b" * 16
+    fence = _queue_up(r, name, a, 0)
+    keys = KeySpace().lock(name)
+    r.hset(keys.lease, "j", "task-1")
+    assert isinstance(_queue_up(r, name, b, 60_000), int)
+    assert _lock_call(r, scripts.RELEASE, name, a, fence) == 1
+    assert r.hget(keys.lease, "t") == b.encode()
+    assert r.hget(keys.lease, "j") is None
+
+
+def test_a_ttl_set_outright_is_set_with_no_mark(r: redis.Redis) -> None:
+    """The state's `q` says, while anyone is queued, until when the state and
+    the queue last; an uncontended grant, which sets the state's TTL outright
+    (maybe below that mark), runs only while `q` is unset, and the next
+    waiter raises the TTLs again."""
+    name = "mark-gone"
+    a, b, c = "a" * 16, "b" * 16, "c" * 16
+    keys = KeySpace().lock(name)
+    fence = _queue_up(r, name, a, 0)
+    assert isinstance(_queue_up(r, name, b, 120_000), int)
+    assert int(r.hget(keys.state, "q") or 0) > 120_000
+    assert _lock_call(r, scripts.CANCEL, name, b) == 0
+    assert _lock_call(r, scripts.RELEASE, name, a, fence) == 1
+    assert not r.hexists(keys.state, "q")
+    # Nobody queued now: the next grant is the uncontended one, with a short lease.
+    args = ("", "{}", 0, "-", 1_000 + STATE_KEEP_MS, 1)
+    assert _lock_call(r, scripts.ACQUIRE, name, c, 1_000, *args)
+    assert r.pttl(keys.state) <= 1_000 + STATE_KEEP_MS
+    assert isinstance(_queue_up(r, name, a, 60_000), int)
+    assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
+    assert r.pttl(keys.queue) > 60_000 + STATE_KEEP_MS - 5_000

@@ -5,6 +5,9 @@
 --                server's microsecond clock when it was granted
 -- KEYS[2] queue  list  (see the prelude)
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
+--                        to the mark: a time (server ms) before which
+--                        neither the state nor the queue expires (cover()),
+--                        or 0 (1 from earlier versions): none known,
 --                      n=lock name,
 --                      e=the fence of the last lease that ended without a
 --                        loss (released, or given back unused),
@@ -39,6 +42,11 @@ local RECENT = 3
 -- `d` keeps at most this much of its former value when a token is added.
 local RECENT_KEPT = (RECENT - 1) * 17 - 1
 
+-- The state's `q` as this run knows it: its text (or number), false or nil
+-- when unset. A script that reads the state sets it before anything may call
+-- give() with waiters.
+local mark
+
 -- Write a lease for `token` and return its fence, as text: its serial
 -- (issue()), the server clock in microseconds above the last fence issued
 -- (`last`). `ended` is the state's `e`: when it does not name `last`, that
@@ -46,8 +54,11 @@ local RECENT_KEPT = (RECENT - 1) * 17 - 1
 -- in a state that has none yet: it starts here). `ttl` is text; `state_ttl`
 -- (the state's TTL: ttl + KEEP) is text, or a number when `waiters`; `name`
 -- is '' when the key holds it. `waiters`: whether anyone may be queued (then
--- the state's TTL may only grow, it covers their deadlines).
-local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, waiters)
+-- the state's TTL may only grow, it covers their deadlines). `more`: fields
+-- and values to write into the state along with the fence (waiters only).
+-- The lease is written over in place: a caller that hands on a lease it
+-- found (rather than one it deleted) makes sure it has no other fields.
+local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, waiters, more)
   clock = clock or redis.call('TIME')
   if issued then
     -- This run gave a lease already and took it back (a waiter nobody
@@ -60,27 +71,48 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   else
     redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
   end
-  redis.call('PEXPIRE', lease, ttl)
-  if not last or not horizon then
-    -- A new state (or one from before the memory of losses): it answers for
-    -- the fences it issues from here on.
-    redis.call('HSET', state, 'f', f, 'h', f)
-  elseif ended == last then
-    redis.call('HSET', state, 'f', f)
-  else
-    local u, h = common().losses().record(redis.call('HGET', state, 'u'), horizon, last)
-    if u then
-      redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
-    else
+  if not waiters then
+    redis.call('PEXPIRE', lease, ttl)
+    if not last or not horizon then
+      -- A new state (or one from before the memory of losses): it answers
+      -- for the fences it issues from here on.
+      redis.call('HSET', state, 'f', f, 'h', f)
+    elseif ended == last then
       redis.call('HSET', state, 'f', f)
+    else
+      local u, h = common().losses().record(redis.call('HGET', state, 'u'), horizon, last)
+      if u then
+        redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
+      else
+        redis.call('HSET', state, 'f', f)
+      end
+    end
+    -- Set outright: `q` is unset (nobody queued), so no mark says more.
+    redis.call('PEXPIRE', state, state_ttl)
+    return f
+  end
+  -- Only reached after contended(), which made lib. The lease ends on the
+  -- clock that cover() below reads (TIME, when this run first read it), so
+  -- the state outlives it by KEEP exactly, not by KEEP less however long
+  -- the run has taken since.
+  local now = lib.now()
+  redis.call('PEXPIREAT', lease, now + tonumber(ttl))
+  local fields = { 'f', f }
+  if not last or not horizon then
+    fields[3], fields[4] = 'h', f
+  elseif ended ~= last then
+    local u, h = lib.losses().record(redis.call('HGET', state, 'u'), horizon, last)
+    if u then
+      fields[3], fields[4], fields[5], fields[6] = 'h', h, 'u', u
     end
   end
-  if waiters then
-    -- Only reached after contended(), which made lib.
-    outlive(tonumber(state_ttl), state)
-  else
-    redis.call('PEXPIRE', state, state_ttl)
+  if more then
+    for i = 1, #more do
+      fields[#fields + 1] = more[i]
+    end
   end
+  redis.call('HSET', state, unpack(fields))
+  lib.cover(now + tonumber(state_ttl))
   return f
 end
 
@@ -108,6 +140,43 @@ local function contended()
     return lib.losses().released(fence, st[1], st[3], st[4]) and 1 or 0
   end
 
+  -- How far past its mark cover() sets the state's and the queue's expiry,
+  -- ms: a busy name raises them once in this long, not in every run. It is
+  -- what the state may outlive its last waiter or lease beyond KEEP.
+  local SPARE = 1000
+
+  -- Make sure the state and the queue (while it exists) last until at least
+  -- `until_ms` (server ms, a number), never shortening either. While anyone
+  -- is queued, the state's `q` (the mark) says until when they last
+  -- already, so most runs of a busy name touch neither TTL. Otherwise both
+  -- are raised to `until_ms` + SPARE (where shorter; a key without a TTL
+  -- gets one), and the mark says so when `q` is set. The mark never claims
+  -- more than Redis holds: it is written only here, after both TTLs were
+  -- raised to it; the one TTL set outright (an uncontended grant, give())
+  -- is set while `q` is unset, and `q` is written anew as 0 (enqueue); and
+  -- a queue made anew is given the mark as its expiry (enqueue, acquire.lua).
+  -- Whether it raised them.
+  function lib.cover(until_ms)
+    local x = mark and tonumber(mark)
+    if x and x >= until_ms then
+      return false
+    end
+    local target = until_ms + SPARE
+    local left = target - lib.now()
+    if mark then
+      redis.call('HSET', state, 'q', target)
+      mark = target
+    end
+    if redis.call('PTTL', state) < left then
+      redis.call('PEXPIREAT', state, target)
+    end
+    local q = redis.call('PTTL', queue)
+    if q ~= -2 and q < left then
+      redis.call('PEXPIREAT', queue, target)
+    end
+    return true
+  end
+
   -- The lock is free and someone may be queued: hand the lease straight to
   -- the oldest live waiter and wake it with "<token>:<fence>:<round>", so it
   -- holds the lock the moment it wakes, with no second round trip. The
@@ -118,14 +187,24 @@ local function contended()
   -- holder's token, or false when nobody was left. When the oldest live
   -- waiter is `self` (the caller of this very script), it is popped and
   -- returned without a lease: the caller takes it itself.
-  function lib.hand_off(self)
+  -- `last`, `ended` and `name` are the state's f, e and n as give() takes
+  -- them (h is read with the waiter's entry, only when someone waits).
+  -- `released`: the fence of the lease the caller has just released, when
+  -- it is the key's (still there, to be written over) and `e` is yet to
+  -- name it: written with the next lease's fence. A waiter nobody heard
+  -- gets its lease deleted and `e` names it: nobody will release it, no
+  -- loss to remember.
+  function lib.hand_off(self, last, ended, name, released)
+    local more = released and { 'e', released }
     while true do
       local head = redis.call('LPOP', queue)
       if not head then
         redis.call('HDEL', state, 'q')
+        mark = false
         return false
       end
-      local info = redis.call('HGET', state, head)
+      local got = redis.call('HMGET', state, head, 'h')
+      local info = got[1]
       redis.call('HDEL', state, head)
       local s1 = info and lib.alive(info)
       if s1 then
@@ -147,9 +226,9 @@ local function contended()
           round = nil
           owner = string.sub(info, s3 + 1)
         end
-        local st = redis.call('HMGET', state, 'f', 'n', 'e', 'h')
-        local fence = give(head, ttl, tonumber(ttl) + KEEP, st[2] or '', owner, st[1], st[3],
-          st[4], true)
+        local fence = give(head, ttl, tonumber(ttl) + KEEP, name or '', owner, last, ended,
+          got[2], true, more)
+        more = nil
         local message = head .. ':' .. fence
         if round then
           message = message .. ':' .. round

@@ -16,9 +16,11 @@
 -- exactly when the state has its waiter entry.
 --
 -- Every key has a TTL. Each script that writes a key raises its TTL to cover
--- what it wrote, plus KEEP for the state (outlive; it never lowers a TTL),
--- so no path leaves a key without one, and the state outlives every lease,
--- holder, reservation and waiter it speaks of by KEEP.
+-- what it wrote, plus KEEP for the state (outlive; it never lowers a TTL;
+-- a lock's contended paths skip it while the mark in its state's `q` says
+-- the TTLs cover enough: cover() in _lock.lua), so no path leaves a key
+-- without one, and the state outlives every lease, holder, reservation and
+-- waiter it speaks of by KEEP.
 --
 -- Every run of a script pays for what it does (Redis compiles a script once;
 -- each run makes the closures its chunk defines), and the uncontended paths

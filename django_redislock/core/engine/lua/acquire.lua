@@ -24,9 +24,11 @@
 -- waiter's fallback timer.
 
 local token, limit = ARGV[1], ARGV[9]
+-- q f d e h and, barging, the caller's own waiter entry (whether it is
+-- queued) and b.
 local st
 if limit then
-  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', 'b')
+  st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h', token, 'b')
 else
   st = redis.call('HMGET', state, 'q', 'f', 'd', 'e', 'h')
 end
@@ -35,6 +37,7 @@ if st[3] and string.find(st[3], token, 1, true) then
   -- then a give-back that ran first): grant and queue nothing.
   return 0
 end
+mark = st[1]
 local holder = redis.call('HGET', lease, 't')
 if not holder and not st[1] then
   -- Free, nobody queued: the common case.
@@ -46,13 +49,24 @@ contended()
 local function enqueue()
   local wait = tonumber(ARGV[5])
   if wait > 0 then
-    if redis.call('HEXISTS', state, token) == 0 then
-      redis.call('RPUSH', queue, token)
+    local entry = (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'
+      .. ARGV[4]
+    -- The caller joins the queue when its entry is new: HSET counts the
+    -- fields it made. With `q` set, `n` is (they are written together), and
+    -- `q` still is (a hand_off before this kept it: it handed the lease on);
+    -- without, nobody is queued, nor is the caller.
+    local new
+    if mark then
+      new = redis.call('HSET', state, token, entry) == 1
+    else
+      redis.call('HSET', state, token, entry, 'q', '0', 'n', ARGV[3])
+      mark, new = '0', true
     end
-    redis.call('HSET', state, token,
-      (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|' .. ARGV[4],
-      'q', '1', 'n', ARGV[3])
-    outlive(wait + KEEP, queue, state)
+    local made = new and redis.call('RPUSH', queue, token) == 1
+    if not lib.cover(now_ms + wait + KEEP) and made then
+      -- A queue made anew has no TTL; the mark covers this waiter already.
+      redis.call('PEXPIREAT', queue, mark)
+    end
   end
   return redis.call('PTTL', lease)
 end
@@ -71,12 +85,14 @@ if holder then
 end
 
 -- Free, and someone may be queued.
-if limit and not (st[6] and tonumber(st[6]) >= tonumber(limit)) then
+local more
+if limit and not (st[7] and tonumber(st[7]) >= tonumber(limit)) then
   -- Barging, and the head has not yet seen `limit` others served: whoever
   -- asks takes it.
-  if redis.call('HEXISTS', state, token) == 0 then
-    -- Not queued: a barge.
-    redis.call('HINCRBY', state, 'b', 1)
+  if not st[6] then
+    -- Not queued (its entry, read above): a barge, counted in the state with
+    -- the grant.
+    more = { 'b', (tonumber(st[7]) or 0) + 1 }
   else
     if redis.call('LINDEX', queue, 0) == token then
       -- The head itself, woken to look again: served, the count starts again.
@@ -88,12 +104,13 @@ if limit and not (st[6] and tonumber(st[6]) >= tonumber(limit)) then
     redis.call('LREM', queue, 1, token)
     if redis.call('LLEN', queue) == 0 then
       redis.call('HDEL', state, 'q', 'b', 'w')
+      mark = false
     end
   end
 else
   -- The oldest live waiter goes first (in the barging order: the head has
   -- seen enough others served, and its count starts again).
-  local head = lib.hand_off(token)
+  local head = lib.hand_off(token, st[2], st[4], ARGV[3])
   if limit then
     redis.call('HDEL', state, 'b')
   end
@@ -102,4 +119,4 @@ else
     return enqueue()
   end
 end
-return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], true)
+return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], true, more)

@@ -5,7 +5,7 @@
 -- KEYS: lease, queue, state (see _lock.lua). ARGV[1] token.
 -- Returns 1 when a lease was passed on, 0 otherwise.
 local token = ARGV[1]
-local st = redis.call('HMGET', state, 'd', 'q')
+local st = redis.call('HMGET', state, 'd', 'q', 'f', 'n')
 local given = st[1] and token .. ' ' .. string.sub(st[1], 1, RECENT_KEPT) or token
 local held = redis.call('HMGET', lease, 't', 'f')
 if held[1] == token then
@@ -19,7 +19,8 @@ end
 outlive(KEEP, state)
 if held[1] == token then
   if st[2] then
-    contended().hand_off(false)
+    mark = st[2]
+    contended().hand_off(false, st[3], held[2], st[4])
   end
   return 1
 end

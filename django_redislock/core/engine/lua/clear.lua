@@ -7,7 +7,10 @@ if not holder or (ARGV[2] ~= '' and holder ~= ARGV[2]) then
   return 0
 end
 redis.call('DEL', lease)
-if redis.call('HGET', state, 'q') then
-  contended().hand_off(false)
+local st = redis.call('HMGET', state, 'q', 'f', 'e', 'n')
+if st[1] then
+  mark = st[1]
+  -- The lease ended in a loss (`e` does not name it): the grant records it.
+  contended().hand_off(false, st[2], st[3], st[4])
 end
 return 1

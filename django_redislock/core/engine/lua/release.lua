@@ -7,14 +7,30 @@
 -- times since: the state remembers the leases that ended in a loss, not the
 -- ones released (see the memory of losses in the prelude). Without the
 -- fence, only a lease still held is released.
-local held = redis.call('HMGET', lease, 't', 'f')
+local held = redis.call('HMGET', lease, 't', 'f', 'j', 'n')
 if held[1] ~= ARGV[1] then
   return contended().released_before(ARGV[2])
 end
-redis.call('DEL', lease)
--- The lease existed, so the state does, with a TTL (see _lock.lua).
-redis.call('HSET', state, 'e', held[2])
-if redis.call('HGET', state, 'q') then
-  contended().hand_off(false)
+-- The lease existed, so the state does, with a TTL (see _lock.lua). Its
+-- last fence is the lease's (a lease is granted only when free), and the
+-- name the lease holds is the state's: the hand-off needs no more of it.
+mark = redis.call('HGET', state, 'q')
+if mark then
+  if held[3] then
+    -- A lease that carries more than give() writes (a unique task's id) is
+    -- deleted and made anew.
+    redis.call('DEL', lease)
+    redis.call('HSET', state, 'e', held[2])
+    contended().hand_off(false, held[2], held[2], held[4])
+    return 1
+  end
+  -- Any other is written over for the next waiter.
+  if contended().hand_off(false, held[2], held[2], held[4], held[2]) or issued then
+    -- Handed on, or handed to waiters nobody heard, each taken back (and
+    -- `e` written with it).
+    return 1
+  end
 end
+redis.call('DEL', lease)
+redis.call('HSET', state, 'e', held[2])
 return 1

@@ -19,7 +19,9 @@ if not st[1] then
 end
 contended()
 if st[2] and tonumber(st[2]) >= tonumber(ARGV[2]) then
-  lib.hand_off(false)
+  mark = st[1]
+  local more = redis.call('HMGET', state, 'f', 'n')
+  lib.hand_off(false, more[1], held[2], more[2])
   redis.call('HDEL', state, 'b', 'w')
   return 1
 end
