@@ -80,7 +80,7 @@ def release(lock: Lock, *, quiet: bool) -> None:
         if not quiet:
             raise
     except RedisUnavailable as exc:
-        log_release.warning("could not release %r (%s); its lease will expire", lock.name, exc)
+        release_failed(lock, exc)
 
 
 async def release_async(lock: AsyncLock, *, quiet: bool) -> None:
@@ -92,4 +92,12 @@ async def release_async(lock: AsyncLock, *, quiet: bool) -> None:
         if not quiet:
             raise
     except RedisUnavailable as exc:
-        log_release.warning("could not release %r (%s); its lease will expire", lock.name, exc)
+        release_failed(lock, exc)
+
+
+def release_failed(lock: Lock | AsyncLock, exc: RedisUnavailable) -> None:
+    """A decorated call's release could not reach Redis: its result stands, the
+    give-back goes on off its path, and operators hear of it (the log and
+    ``redis_unavailable``, the call having run under the lock)."""
+    log_release.warning("could not release %r (%s); its lease will expire", lock.name, exc)
+    send_unavailable(type(lock), lock.name, exc, fail_open=False, lock=lock)
