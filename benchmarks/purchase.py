@@ -131,13 +131,14 @@ class BenchDatabase:
         every backend is its child."""
         with pg_connect(self.cfg, self.name) as conn:
             backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        try:
-            with open(f"/proc/{backend}/status") as f:
-                for line in f:
-                    if line.startswith("PPid:"):
-                        return int(line.split()[1])
-        except OSError:
-            pass
+            # Read while the backend lives: it exits with the connection.
+            try:
+                with open(f"/proc/{backend}/status") as f:
+                    for line in f:
+                        if line.startswith("PPid:"):
+                            return int(line.split()[1])
+            except OSError:
+                pass
         return None
 
     def server_facts(self) -> dict[str, Any]:
