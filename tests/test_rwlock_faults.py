@@ -13,6 +13,7 @@ import contextlib
 import random
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -45,15 +46,23 @@ def turns(admin: redis.Redis, name: str) -> int:
     return int(admin.zcard(KS.rwlock(name).lease))
 
 
-@pytest.mark.parametrize("mode", MODES)
-async def test_reply_later_than_the_ttl_is_not_an_acquisition(
-    drive: Drive, pool: ServerPool, mode: str
-) -> None:
+def behind_a_proxy(
+    drive: Drive, pool: ServerPool, *, timeout: float
+) -> tuple[redis.Redis, Any, Any]:
+    """A private server's admin client (sentinel planted), a fault proxy in
+    front of it, and the driver's bounded client through the proxy."""
     server = pool.server()
     admin = server.admin()
     plant_sentinel(admin)
     proxy = pool.proxy(server)
-    client = bounded_client_for(drive, proxy.url, timeout=3.0)
+    return admin, proxy, bounded_client_for(drive, proxy.url, timeout=timeout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_reply_later_than_the_ttl_is_not_an_acquisition(
+    drive: Drive, pool: ServerPool, mode: str
+) -> None:
+    admin, proxy, client = behind_a_proxy(drive, pool, timeout=3.0)
     rng = random.Random(7)
     for n in range(3):
         name = f"late:{n}"
@@ -75,11 +84,7 @@ async def test_reply_later_than_the_ttl_is_not_an_acquisition(
 async def test_lost_replies_leave_nothing_and_report_no_false_loss(
     drive: Drive, pool: ServerPool, mode: str, request: pytest.FixtureRequest
 ) -> None:
-    server = pool.server()
-    admin = server.admin()
-    plant_sentinel(admin)
-    proxy = pool.proxy(server)
-    client = bounded_client_for(drive, proxy.url, timeout=0.5)
+    admin, proxy, client = behind_a_proxy(drive, pool, timeout=0.5)
     for n in range(3):
         # The acquire ran, its reply was lost: held, or nothing left granted.
         name = f"drop-acquire:{n}"
@@ -162,11 +167,7 @@ async def test_redis_restarted_empty_the_holder_learns_its_loss(
 async def test_a_give_back_that_overtook_the_late_acquire_is_sent_again(
     drive: Drive, pool: ServerPool, mode: str
 ) -> None:
-    server = pool.server()
-    admin = server.admin()
-    plant_sentinel(admin)
-    proxy = pool.proxy(server)
-    client = bounded_client_for(drive, proxy.url, timeout=0.3)
+    admin, proxy, client = behind_a_proxy(drive, pool, timeout=0.3)
     warm = drive.ReadWriteLock(client, f"warm:{mode}", mode, ttl=30, wait=0)
     assert await drive(warm.acquire())  # the scripts are loaded, a connection idle
     await drive(warm.release())
