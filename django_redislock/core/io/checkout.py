@@ -318,11 +318,16 @@ async def checkout_async(pool: Any) -> Any:
 
 
 async def fresh(conn: Any, bound: float | None) -> None:
-    """Connect ``conn`` (ours for now), afresh if data or EOF waits on it."""
+    """Connect ``conn`` (ours for now), afresh if data or EOF waits on it.
+
+    Only a connection that was already open is looked at: one connected just
+    now may have bytes of its own handshake waiting (a TLS 1.3 server sends
+    its session tickets after it), which the event loop reads in due course.
+    """
+    if getattr(conn, "is_connected", False):
+        # ``can_read`` from redis-py 8 on; 5.x names it ``can_read_destructive``.
+        stale = getattr(conn, "can_read", None) or conn.can_read_destructive
+        if await stale() or _socket_readable(conn):
+            # Data or EOF on an idle connection: it is stale, start afresh.
+            await disconnect_async(conn)
     await connected(conn, bound)
-    # ``can_read`` from redis-py 8 on; 5.x names it ``can_read_destructive``.
-    stale = getattr(conn, "can_read", None) or conn.can_read_destructive
-    if await stale() or _socket_readable(conn):
-        # Data or EOF on an idle connection: it is stale, start afresh.
-        await disconnect_async(conn)
-        await connected(conn, bound)
