@@ -88,7 +88,12 @@ class _Event:
 
     async def wait(self, timeout: float = 20.0) -> None:
         if isinstance(self._event, asyncio.Event):
-            await asyncio.wait_for(self._event.wait(), timeout)
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except asyncio.TimeoutError:
+                # The built-in TimeoutError on both drivers (on Python 3.10,
+                # asyncio's is a class of its own).
+                raise TimeoutError(f"not set within {timeout}s") from None
         elif not self._event.wait(timeout):
             raise TimeoutError(f"not set within {timeout}s")
 
