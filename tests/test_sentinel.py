@@ -274,28 +274,39 @@ def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
                 acked.acquire()
             on_new = Lock(fresh, "window", ttl=60, wait=0, keyspace=keyspace())
             assert on_new.acquire()
+            new = topology.primary_address()
+            # The window lasts until the sentinels see the old primary again
+            # and make it a replica, about a second after it resumes: sooner
+            # than a loaded host may run the steps below. The sentinels are
+            # held still for them, so the window is there to be shown.
+            for sentinel in topology.sentinels:
+                sentinel.pause()
         finally:
             frozen.resume()
-        # The old primary answers as a primary: the pooled connection is
-        # granted the lock the new primary also granted.
-        on_old = get_lock("window", timeout=60, wait=0)
-        assert on_old.keys.lease == on_new.keys.lease
-        # Not with replicas=1: its replica follows nobody now, so the resumed
-        # primary cannot have a grant acknowledged, and gives it back.
-        with pytest.raises(ReplicationTimeout):
-            get_lock("window", timeout=60, wait=0, replicas=1, replicas_timeout=0.2).acquire()
-        assert on_old.acquire(), "the resumed primary refused: no window to show"
-        assert role_of(frozen) == "master"  # it never answered READONLY
-        with frozen.client(socket_timeout=1) as c:
-            assert c.exists(on_old.keys.lease) == 1
-        assert topology.primary_address() != old  # while the sentinels name the other
-        with topology.primary().client(socket_timeout=1) as c:
-            assert c.exists(on_new.keys.lease) == 1
-        assert on_old.held and on_new.held  # two holders of one lock
-        # Fences are the servers' clock: the later grant has the larger one.
-        assert on_old.fence > on_new.fence
-        for alias in FENCE_ALIASES:
-            _both_holders_buy(alias, earlier=on_new.fence, later=on_old.fence)
+        try:
+            # The old primary answers as a primary: the pooled connection is
+            # granted the lock the new primary also granted.
+            on_old = get_lock("window", timeout=60, wait=0)
+            assert on_old.keys.lease == on_new.keys.lease
+            # Not with replicas=1: its replica follows nobody now, so the resumed
+            # primary cannot have a grant acknowledged, and gives it back.
+            with pytest.raises(ReplicationTimeout):
+                get_lock("window", timeout=60, wait=0, replicas=1, replicas_timeout=0.2).acquire()
+            assert on_old.acquire(), "the resumed primary refused: no window to show"
+            assert role_of(frozen) == "master"  # it never answered READONLY
+            with frozen.client(socket_timeout=1) as c:
+                assert c.exists(on_old.keys.lease) == 1
+            assert new != old  # while the sentinels name the other
+            with topology.server_at(new[1]).client(socket_timeout=1) as c:
+                assert c.exists(on_new.keys.lease) == 1
+            assert on_old.held and on_new.held  # two holders of one lock
+            # Fences are the servers' clock: the later grant has the larger one.
+            assert on_old.fence > on_new.fence
+            for alias in FENCE_ALIASES:
+                _both_holders_buy(alias, earlier=on_new.fence, later=on_old.fence)
+        finally:
+            for sentinel in topology.sentinels:
+                sentinel.resume()
         # The sentinels turn the old primary into a replica of the new one,
         # which wipes its lease (a full resync); its holder learns at its next extend.
         wait_until(
