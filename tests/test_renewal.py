@@ -152,7 +152,10 @@ def test_a_later_renewal_does_not_wake_the_watchdog() -> None:
     on._cond = _CountingCondition()
     dog = Watchdog(on)
     first, later, middle, sooner, after = _Tick(), _Tick(), _Tick(), _Tick(), _Tick()
-    dog.add(first, 0.3)
+    # ``first`` is due late enough that the thread still sleeps until it
+    # while the next lines run, even on a loaded host (were it popped, the
+    # next entry added would be the earliest and rightly wake the thread).
+    dog.add(first, 2.0)
     assert on._cond.notified == 1  # the thread has nothing earlier to sleep until
     dog.add(later, 60)
     dog.discard(first)  # a released lock: its entry stays in the heap, inactive
@@ -161,7 +164,7 @@ def test_a_later_renewal_does_not_wake_the_watchdog() -> None:
     dog.add(sooner, 0.05)
     assert on._cond.notified == 2
     assert sooner.renewed.wait(10)
-    dog.add(after, 0.4)  # past the discarded entry's time
+    dog.add(after, 2.1)  # past the discarded entry's time
     assert after.renewed.wait(10)
     assert not first.renewed.is_set()  # discarded: never renewed
     assert not later.renewed.is_set() and not middle.renewed.is_set()
