@@ -122,3 +122,18 @@ class Occupancy:
             self.unsafe.value = value + 1
         finally:
             self._leave()
+
+
+@contextmanager
+def signal_sent(signal: Any) -> Iterator[list[dict[str, Any]]]:
+    """The keyword arguments ``signal`` is sent with while the block runs."""
+    sent: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    signal.connect(receiver)
+    try:
+        yield sent
+    finally:
+        signal.disconnect(receiver)

@@ -36,6 +36,7 @@ from django_redislock.signals import (
     lock_released,
     redis_unavailable,
 )
+from tests.helpers_oracles import signal_sent
 from tests.servers import free_port
 from tests.testapp import views_locked
 from tests.testapp.models import Product
@@ -198,17 +199,11 @@ def test_view_exception_passes_through_and_releases(get: Get, view: str) -> None
 def test_redis_down_fails_closed_with_503(
     get: Get, view: str, dead_redis: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    seen: list[dict[str, Any]] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        seen.append(kwargs)
-
-    redis_unavailable.connect(receiver)
-    try:
-        with caplog.at_level(logging.WARNING, logger="django_redislock.unavailable"):
-            response = get(f"/{view}/apple/", headers={"accept": "application/json"})
-    finally:
-        redis_unavailable.disconnect(receiver)
+    with (
+        signal_sent(redis_unavailable) as seen,
+        caplog.at_level(logging.WARNING, logger="django_redislock.unavailable"),
+    ):
+        response = get(f"/{view}/apple/", headers={"accept": "application/json"})
     assert response.status_code == 503
     assert int(response["Retry-After"]) >= 1
     assert response.json()["error"] == "unavailable"
@@ -220,20 +215,14 @@ def test_redis_down_fails_closed_with_503(
 def test_redis_down_fail_open_argument_runs_unlocked(
     get: Get, view: str, dead_redis: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    seen: list[bool] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        seen.append(kwargs["fail_open"])
-
-    redis_unavailable.connect(receiver)
-    try:
-        with caplog.at_level(logging.WARNING, logger="django_redislock.unavailable"):
-            response = get(f"/{view}/apple/")
-    finally:
-        redis_unavailable.disconnect(receiver)
+    with (
+        signal_sent(redis_unavailable) as sent,
+        caplog.at_level(logging.WARNING, logger="django_redislock.unavailable"),
+    ):
+        response = get(f"/{view}/apple/")
     assert response.status_code == 200
     assert response.json() == {"name": None, "fence": None}
-    assert seen == [True]
+    assert [fields["fail_open"] for fields in sent] == [True]
     assert "running unlocked" in caplog.text
 
 

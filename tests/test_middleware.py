@@ -20,6 +20,7 @@ from django_redislock.checks import check_settings
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.middleware import concurrency_limited
+from tests.helpers_oracles import signal_sent
 from tests.servers import free_port
 
 pytestmark = pytest.mark.urls("tests.urls_throttle")
@@ -319,17 +320,11 @@ def test_redis_down_fails_open_by_default(
     get: Any, throttle: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     rules(throttle, REPORTS, CLIENT="tests.test_middleware.dead_client")
-    seen: list[dict[str, Any]] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        seen.append(kwargs)
-
-    signals.redis_unavailable.connect(receiver)
-    try:
-        with caplog.at_level(logging.WARNING, logger="django_redislock.throttle"):
-            response = get("/reports/slow/")
-    finally:
-        signals.redis_unavailable.disconnect(receiver)
+    with (
+        signal_sent(signals.redis_unavailable) as seen,
+        caplog.at_level(logging.WARNING, logger="django_redislock.throttle"),
+    ):
+        response = get("/reports/slow/")
     assert response.status_code == 200
     assert len(seen) == 1 and seen[0]["fail_open"] is True and seen[0]["name"] == "reports"
     assert any("without its 'reports' permit" in rec.getMessage() for rec in caplog.records)
@@ -497,16 +492,8 @@ def test_replicas_apply_to_throttling(get: Any, throttle: Any, r: redis.Redis) -
     from django_redislock import ReplicationTimeout
 
     rules(throttle, REPORTS, REPLICAS=1, REPLICAS_TIMEOUT=0.05, THROTTLE_FAIL_OPEN=False)
-    seen: list[dict[str, Any]] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        seen.append(kwargs)
-
-    signals.redis_unavailable.connect(receiver)
-    try:
+    with signal_sent(signals.redis_unavailable) as seen:
         response = get("/reports/slow/")
-    finally:
-        signals.redis_unavailable.disconnect(receiver)
     assert response.status_code == 503
     assert len(seen) == 1 and isinstance(seen[0]["error"], ReplicationTimeout), seen
     assert holders(r, "throttle:reports") == 0

@@ -9,7 +9,6 @@ path once Redis answers (or runs out). A ``redis_lock`` block and
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +22,7 @@ from django_redislock import RedisUnavailable, connection, current_lock, redis_l
 from django_redislock.core.engine.keys import LockKeys
 from django_redislock.locking.factories import get_async_lock, get_lock
 from django_redislock.signals import redis_unavailable
+from tests.helpers_oracles import signal_sent
 from tests.servers import RedisServer
 from tests.test_decorators import close_async_clients
 from tests.topologies import wait_until
@@ -57,21 +57,6 @@ def release_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord
     return [r for r in caplog.records if r.name == "django_redislock.release"]
 
 
-@contextlib.contextmanager
-def unavailable() -> Iterator[list[dict[str, Any]]]:
-    """What ``redis_unavailable`` was sent with, while the block runs."""
-    sent: list[dict[str, Any]] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        sent.append(kwargs)
-
-    redis_unavailable.connect(receiver)
-    try:
-        yield sent
-    finally:
-        redis_unavailable.disconnect(receiver)
-
-
 def assert_release_reported(sent: list[dict[str, Any]]) -> None:
     # The call ran under its lock: nothing ran unlocked, so fail_open is False.
     [fields] = sent
@@ -102,7 +87,10 @@ def test_a_release_that_cannot_reach_redis_logs_and_returns(
 
     request = RequestFactory().get("/reports/7/") if as_view else None
     try:
-        with caplog.at_level(logging.WARNING, logger="django_redislock"), unavailable() as sent:
+        with (
+            caplog.at_level(logging.WARNING, logger="django_redislock"),
+            signal_sent(redis_unavailable) as sent,
+        ):
             response = report(request, pk=7)  # no exception
     finally:
         server.resume()
@@ -135,7 +123,10 @@ async def test_an_async_release_that_cannot_reach_redis_logs_and_returns(
 
     request = AsyncRequestFactory().get("/reports/7/") if as_view else None
     try:
-        with caplog.at_level(logging.WARNING, logger="django_redislock"), unavailable() as sent:
+        with (
+            caplog.at_level(logging.WARNING, logger="django_redislock"),
+            signal_sent(redis_unavailable) as sent,
+        ):
             response = await report(request, pk=7)
     finally:
         server.resume()
