@@ -19,23 +19,39 @@ by its PID) and measures, on it alone:
   each time (the decorator's path), divided by ``--pairs``: one Redis core
   serves one over that many pairs per second when nothing else runs on it.
 
+* memory of an idempotency record: ``--n`` stored responses (status,
+  Content-Type, fingerprint) with an empty body and with a 1 KiB body, as
+  ``@idempotent`` writes them; the difference is what each byte of a stored
+  body adds;
+* with ``--cluster 3,6``: a private Redis Cluster of 3, then 6 primaries (no
+  replicas, loopback), ``--workers`` processes doing the same pairs on names
+  spread over every slot for ``--seconds``: pairs per second, and the server
+  CPU per pair summed over the nodes. On a host whose cores the clients
+  already use up, adding primaries cannot add throughput; the CPU per pair
+  says how many pairs each core given to a primary serves.
+
 A contended critical section's server CPU is in ``python -m benchmarks.locks``
-(``server CPU us/CS``). The numbers are this machine's; the ratios between
-them hold on others.
+(``server CPU us/CS``), server instructions per uncontended pair in
+``python -m benchmarks.server_cost``. The numbers are this machine's; the
+ratios between them hold on others.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import multiprocessing
+import os
 import threading
 import time
 from typing import Any
 
 from django_redislock.core import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine.keys import KeySpace
+from django_redislock.idempotency import records
 
-from .common import PrivateRedis, fmt, machine_facts, table
+from .common import PrivateCluster, PrivateRedis, fmt, machine_facts, table
 
 
 def used_memory(client: Any) -> int:
@@ -116,6 +132,72 @@ def connections(server: PrivateRedis, n: int) -> float:
     return per
 
 
+def idempotency_records(client: Any, n: int, body: int) -> float:
+    """A stored response as ``@idempotent`` keeps it: fields as the guard writes them."""
+    space = KeySpace("redislock")
+    before = used_memory(client)
+    for i in range(n):
+        keys = space.idempotency("user:42", f"key-{i:08d}")
+        record = {
+            b"fp": os.urandom(32).hex().encode(),
+            b"state": b"done",
+            b"status": b"201",
+            b"headers": b'[["Content-Type", "application/json"]]',
+            b"body": b"x" * body,
+        }
+        records.write(client, keys, record, ttl=600)
+    return (used_memory(client) - before) / n
+
+
+def _spread_pairs(url_port: int, seconds: float, start: Any, results: Any) -> None:
+    from redis import RedisCluster
+
+    client = RedisCluster(host="127.0.0.1", port=url_port, socket_timeout=5.0)
+    me = os.getpid()
+    for i in range(50):  # warm: slot map, scripts, a connection per node
+        lock = Lock(client, f"cap:warm:{me}:{i}", ttl=30, wait=0)
+        lock.acquire()
+        lock.release()
+    start.wait(60)
+    done = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        lock = Lock(client, f"cap:spread:{me}:{done}", ttl=30, wait=0)
+        lock.acquire()
+        lock.release()
+        done += 1
+    results.put(done)
+    client.close()
+
+
+def cluster_scaling(primaries: int, workers: int, seconds: float) -> tuple[float, float]:
+    """Pairs per second, and server CPU per pair summed over the primaries."""
+    cluster = PrivateCluster(primaries).start()
+    try:
+        ctx = multiprocessing.get_context("fork")
+        start = ctx.Barrier(workers + 1)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_spread_pairs, args=(cluster.nodes[0].port, seconds, start, results))
+            for _ in range(workers)
+        ]
+        for proc in procs:
+            proc.start()
+        admins = [node.client() for node in cluster.nodes]
+        start.wait(60)
+        before = sum(server_cpu(a) for a in admins)
+        counts = [results.get(timeout=seconds + 60) for _ in procs]
+        cpu = sum(server_cpu(a) for a in admins) - before
+        for proc in procs:
+            proc.join(30)
+        for a in admins:
+            a.close()
+    finally:
+        cluster.stop()
+    pairs = sum(counts)
+    return pairs / seconds, cpu / pairs if pairs else float("nan")
+
+
 def cpu_per_pair(client: Any, pairs: int) -> float:
     for i in range(200):  # warm: scripts loaded, connection open
         lock = Lock(client, f"cap:warm:{i}", ttl=30, wait=0)
@@ -133,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.capacity", description=__doc__)
     parser.add_argument("--n", type=int, default=2000, help="locks, waiters and permits")
     parser.add_argument("--pairs", type=int, default=10000, help="acquire+release pairs")
+    parser.add_argument(
+        "--cluster", default="", help="primaries of the Cluster runs, e.g. 3,6 (default: none)"
+    )
+    parser.add_argument("--workers", type=int, default=4, help="client processes (Cluster runs)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of a Cluster run")
     cfg = parser.parse_args(argv)
     server = PrivateRedis().start()
     try:
@@ -145,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
             ["permit of a semaphore", fmt(permits(client, cfg.n), 0)],
             ["idle client connection", fmt(connections(server, min(cfg.n, 500)), 0)],
         ]
+        empty = idempotency_records(client, cfg.n, 0)
+        kib = idempotency_records(client, cfg.n, 1024)
+        rows.append(["idempotency record, empty body", fmt(empty, 0)])
+        rows.append(["idempotency record, 1 KiB body", fmt(kib, 0)])
         cpu = cpu_per_pair(client, cfg.pairs)
         # Last: the waiters stay queued (their threads blocked) until the server stops.
         rows.append(["waiter (its queue entry and state entry)", fmt(waiters(client, cfg.n), 0)])
@@ -164,6 +255,14 @@ def main(argv: list[str] | None = None) -> int:
             ],
         )
     )
+    if cfg.cluster:
+        rows = []
+        for primaries in (int(p) for p in cfg.cluster.split(",")):
+            rate, per = cluster_scaling(primaries, cfg.workers, cfg.seconds)
+            rows.append([str(primaries), fmt(rate, 0), fmt(per * 1e6, 1)])
+        print()
+        print(f"Cluster: {cfg.workers} client processes, {cfg.seconds:g} s a run, no replicas")
+        print(table(["primaries", "pairs/s", "server CPU per pair, us"], rows))
     return 0
 
 

@@ -50,6 +50,8 @@ class PrivateRedis:
         self.proc: subprocess.Popen[bytes] | None = None
         # A command the server runs under (valgrind, say): prepended as is.
         self.wrapper: list[str] = []
+        # More command-line options (a Cluster node's, say): appended as is.
+        self.extra: list[str] = []
 
     @property
     def url(self) -> str:
@@ -84,6 +86,7 @@ class PrivateRedis:
             str(self.dir / "redis.log"),
             "--maxclients",
             "2000",
+            *self.extra,
         ]
         if self.socket_path:
             args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
@@ -131,6 +134,78 @@ def private_redis(*, tcp: bool = False) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.stop()
+
+
+def _bus_free_port(taken: set[int]) -> int:
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 > 65535 or {port, port + 10000} & taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise SystemExit("no free port pair for a Cluster node")
+
+
+def _cluster_ok(node: PrivateRedis) -> bool:
+    with node.client() as c:
+        info = c.execute_command("CLUSTER INFO")
+    # Parsed into a dict by redis-py's callback; raw text without one.
+    state = info.get("cluster_state") if isinstance(info, dict) else info
+    return state in ("ok", b"ok") or (isinstance(state, bytes) and b"cluster_state:ok" in state)
+
+
+class PrivateCluster:
+    """A Redis Cluster of ``primaries`` private nodes on loopback, no replicas.
+
+    Each node is a ``PrivateRedis`` (stopped by its PID); ``redis-cli --cluster
+    create`` spreads the slots evenly.
+    """
+
+    def __init__(self, primaries: int) -> None:
+        self.nodes = [PrivateRedis(tcp=True) for _ in range(primaries)]
+        taken: set[int] = set()
+        for node in self.nodes:
+            # The bus listens 10000 above: both must be free, and below 65536.
+            node.port = _bus_free_port(taken)
+            taken |= {node.port, node.port + 10000}
+            node.extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+
+    def start(self, timeout: float = 30.0) -> PrivateCluster:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise SystemExit("redis-cli is not on PATH; it creates the Cluster")
+        try:
+            for node in self.nodes:
+                node.start()
+            subprocess.run(
+                [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes)]
+                + ["--cluster-replicas", "0", "--cluster-yes"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout,
+            )
+            deadline = time.monotonic() + timeout
+            while not all(_cluster_ok(n) for n in self.nodes):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the Cluster was not ready within {timeout}s")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def client(self, **kwargs: Any) -> redis.RedisCluster:
+        kwargs.setdefault("socket_timeout", 5.0)
+        return redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port, **kwargs)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
 
 
 # -- CPU ----------------------------------------------------------------------
