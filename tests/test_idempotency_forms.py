@@ -242,6 +242,29 @@ def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twic
 
 
 @pytest.mark.django_db(transaction=True)
+def test_without_a_transaction_a_request_that_outlived_its_lease_keeps_the_retrys_record(
+    form: Any, send: Any, r: redis.Redis
+) -> None:
+    """No transaction to roll back: the first request's work stands, but the retry
+    ran meanwhile and its response is the one stored. Fails before this change for
+    sync views, whose late store overwrote the retry's record (async views kept it)."""
+    with form(TIMEOUT=1, RENEW=False):
+        gate.hold()
+        first, out = in_thread(lambda: send("pay"))
+        assert gate.entered.wait(WAIT)
+        lease = lease_of(r)
+        wait_until(lambda: not r.exists(lease), WAIT)
+        retry = send("pay")
+        gate.open.set()
+        first.join(WAIT)
+        later = send("pay")
+    assert retry.status_code == out[0].status_code == 201
+    assert later[REPLAYED_HEADER] == "true"
+    assert later.content == retry.content != out[0].content
+    assert runs == ["pay", "pay"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_renewal_keeps_the_key_past_its_timeout(form: Any, send: Any, r: redis.Redis) -> None:
     """RENEW applies to both forms (fails before this change with the middleware,
     which had no lock options: the lease ran out and the duplicate ran)."""

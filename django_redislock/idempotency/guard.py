@@ -47,7 +47,7 @@ from ..locking.context import current_lock
 from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace
 from ..locking.transactions import EVERY_ALIAS, in_user_transaction
-from ..stepping import sync_from_loop
+from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
 from .fingerprint import BadKey, fingerprint, key_of
 from .responses import answer, in_progress, problem, running, snapshot, unavailable
@@ -151,38 +151,54 @@ prepare_async = sync_from_loop(prepare)
 
 
 # -- one attempt --------------------------------------------------------------------------
+class _Record:
+    """The record's calls for one request, each of no arguments: what a body yields.
+
+    The same body runs sync (``run_steps``) and on the event loop
+    (``run_steps_async``); only the client and the functions differ.
+    """
+
+    def __init__(self, keys: IdempotencyKeys, alias: str | None, asynchronous: bool) -> None:
+        read: Callable[..., Any]
+        self._write: Callable[..., Any]
+        self._forget: Callable[..., Any]
+        if asynchronous:
+            client: Any = get_async_client(alias)
+            read, self._write, self._forget = (
+                records.read_async,
+                records.write_async,
+                records.forget_async,
+            )
+        else:
+            client = get_client(alias)
+            read, self._write, self._forget = records.read, records.write, records.forget
+        self.read = functools.partial(read, client, keys)
+        self._bound = (client, keys)
+
+    def write(self, record: records.Record, ttl: float) -> Callable[[], Any]:
+        return functools.partial(self._write, *self._bound, record, ttl)
+
+    def forget(self, attempt: bytes) -> Callable[[], Any]:
+        return functools.partial(self._forget, *self._bound, attempt)
+
+
 class _Attempt:
     """What one request did with the key: its marker, its store, and what is left to undo."""
 
-    def __init__(self, call: Call, client: Any, run: Callable[[], Any]) -> None:
+    def __init__(self, call: Call, record: _Record, run: Callable[[], Any]) -> None:
         self.call = call
-        self.client = client
+        self.record = record
         self.run = run
         self.id = secrets.token_hex(8).encode()
         self.waiting_on: list[str] = []  # aliases whose commit will store the response
 
-    def answer_or_mark(self) -> HttpResponse | None:
-        """Under the lock: the answer if the first finished meanwhile, else mark the key."""
-        call = self.call
-        record, _ = records.read(self.client, call.keys)
-        early = answer(call.request, call.policy, call.fingerprint, record, None)
-        if early is None:
-            marker = running(call.fingerprint, self.id)
-            records.write(self.client, call.keys, marker, call.policy.ttl)
-        return early
-
-    def store(self, done: records.Record) -> None:
+    def store_at_commit(self, done: records.Record) -> None:
+        """The ``on_commit`` hook's store (sync: only a sync view has a transaction here)."""
         self.waiting_on = []
         try:
-            records.write(self.client, self.call.keys, done, self.call.policy.ttl)
+            self.record.write(done, self.call.policy.ttl)()
         except RedisUnavailable as exc:
             _not_stored(self.call, exc)
-
-    def settle(self) -> None:
-        """After the lock's transaction ended: a store still waiting on it was rolled back."""
-        if self.waiting_on and not any(in_user_transaction(a) for a in self.waiting_on):
-            self.waiting_on = []
-            records.forget(self.client, self.call.keys, self.id)
 
 
 def _not_stored(call: Call, exc: Exception) -> None:
@@ -193,16 +209,17 @@ def _not_stored(call: Call, exc: Exception) -> None:
     )
 
 
-def _after_commit(action: Callable[[], None]) -> list[str]:
-    """``action`` once every transaction open here has committed; now if none is.
+def _open_transactions() -> list[str]:
+    """The aliases with a transaction open here (none on an event loop)."""
+    return [alias for alias in connections if in_user_transaction(alias)]
 
-    Returns the aliases it waits for. A rollback of any of them drops its hook,
-    so ``action`` never runs: a response whose writes were undone is never stored.
+
+def _at_commit(aliases: list[str], action: Callable[[], None]) -> None:
+    """``action`` once every transaction of ``aliases`` has committed.
+
+    A rollback of any of them drops its hook, so ``action`` never runs: a
+    response whose writes were undone is never stored.
     """
-    aliases = [alias for alias in connections if in_user_transaction(alias)]
-    if not aliases:
-        action()
-        return []
     waiting = set(aliases)
 
     def committed(alias: str) -> None:
@@ -212,84 +229,56 @@ def _after_commit(action: Callable[[], None]) -> list[str]:
 
     for alias in aliases:
         transaction.on_commit(functools.partial(committed, alias), using=alias)
-    return aliases
 
 
-def _under_lock(request: Any, attempt: _Attempt) -> Any:
-    call = attempt.call
+def _under_lock(attempt: _Attempt) -> Steps[Any]:
+    """Steps 3, 5 and the undoing: the body both ``redis_locked`` runners step."""
+    call, record = attempt.call, attempt.record
     try:
-        early = attempt.answer_or_mark()
+        stored, _ = yield record.read
+        early = answer(call.request, call.policy, call.fingerprint, stored, None)
+        if early is not None:
+            return early
+        yield record.write(running(call.fingerprint, attempt.id), call.policy.ttl)
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
-    if early is not None:
-        return early
     try:
-        response = attempt.run()
+        response = yield attempt.run
         # Rendered here, inside the transaction: a render that fails rolls back.
         done = snapshot(response, call.request, call.policy, call.fingerprint)
     except BaseException:
-        records.forget(attempt.client, call.keys, attempt.id)
-        raise
-    if done is None:
-        records.forget(attempt.client, call.keys, attempt.id)
-    else:
-        attempt.waiting_on = _after_commit(functools.partial(attempt.store, done))
-    return response
-
-
-def _busy(request: Any, attempt: _Attempt) -> HttpResponseBase:
-    """The key's lock is held: by the first request with this key (or it just finished)."""
-    call = attempt.call
-    try:
-        record, pttl = records.read(attempt.client, call.keys)
-    except RedisUnavailable as exc:
-        return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = answer(call.request, call.policy, call.fingerprint, record, pttl)
-    return early or in_progress(call.request, call.policy, record, pttl)
-
-
-async def _under_lock_async(request: Any, attempt: _Attempt) -> Any:
-    call = attempt.call
-    client = attempt.client
-    try:
-        record, _ = await records.read_async(client, call.keys)
-        early = answer(call.request, call.policy, call.fingerprint, record, None)
-        if early is not None:
-            return early
-        marker = running(call.fingerprint, attempt.id)
-        await records.write_async(client, call.keys, marker, call.policy.ttl)
-    except RedisUnavailable as exc:
-        return unavailable(call.request, call.policy, call.keys.name, exc)
-    try:
-        response = await attempt.run()
-        done = snapshot(response, call.request, call.policy, call.fingerprint)
-    except BaseException:
-        await records.forget_async(client, call.keys, attempt.id)
+        yield record.forget(attempt.id)
         raise
     lock = current_lock()
     if done is not None and lock is not None and (lock.lost or not lock.held):
-        # An async view has no transaction to roll back: its work stands, but
-        # a duplicate may have run meanwhile, and its record is the one kept.
+        # The lease ran out while the view ran: a duplicate may have run
+        # meanwhile, and its record is the one kept. (A transaction open
+        # around the view is rolled back by redis_locked before its commit.)
         done = None
     if done is None:
-        await records.forget_async(client, call.keys, attempt.id)
+        yield record.forget(attempt.id)
+        return response
+    aliases = _open_transactions()
+    if aliases:
+        attempt.waiting_on = aliases
+        _at_commit(aliases, functools.partial(attempt.store_at_commit, done))
         return response
     try:
-        # Its own atomic blocks (in sync_to_async) have committed by now.
-        await records.write_async(client, call.keys, done, call.policy.ttl)
+        yield record.write(done, call.policy.ttl)
     except RedisUnavailable as exc:
         _not_stored(call, exc)
     return response
 
 
-async def _busy_async(request: Any, attempt: _Attempt) -> HttpResponseBase:
+def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
+    """The key's lock is held: by the first request with this key (or it just finished)."""
     call = attempt.call
     try:
-        record, pttl = await records.read_async(attempt.client, call.keys)
+        stored, pttl = yield attempt.record.read
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = answer(call.request, call.policy, call.fingerprint, record, pttl)
-    return early or in_progress(call.request, call.policy, record, pttl)
+    early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
+    return early or in_progress(call.request, call.policy, stored, pttl)
 
 
 def _name(request: Any, attempt: _Attempt) -> str:
@@ -317,15 +306,19 @@ def _cached_runner(
     if is_async:
 
         async def run(request: Any, attempt: _Attempt) -> Any:
-            return await _under_lock_async(request, attempt)
+            return await run_steps_async(_under_lock(attempt))
 
-        busy: Callable[..., Any] = _busy_async
+        async def busy(request: Any, attempt: _Attempt) -> Any:
+            return await run_steps_async(_busy(attempt))
+
     else:
 
         def run(request: Any, attempt: _Attempt) -> Any:  # type: ignore[misc]
-            return _under_lock(request, attempt)
+            return run_steps(_under_lock(attempt))
 
-        busy = _busy
+        def busy(request: Any, attempt: _Attempt) -> Any:  # type: ignore[misc]
+            return run_steps(_busy(attempt))
+
         # The view's own opt-outs; redis_locked opens the other ATOMIC_REQUESTS.
         run._non_atomic_requests = set(non_atomic)  # type: ignore[attr-defined]
     return redis_locked(
@@ -338,34 +331,30 @@ def _cached_runner(
     )(run)
 
 
-def _look_answer(call: Call, looked: tuple[records.Record, int]) -> HttpResponse | None:
-    record, pttl = looked
-    return answer(call.request, call.policy, call.fingerprint, record, pttl)
+def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]:
+    record = _Record(call.keys, call.policy.alias, asynchronous)
+    try:
+        stored, pttl = yield record.read
+    except RedisUnavailable as exc:
+        return unavailable(call.request, call.policy, call.keys.name, exc)
+    early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
+    if early is not None:
+        return early
+    attempt = _Attempt(call, record, run)
+    runner = _runner(asynchronous, call.non_atomic, call.label, call.policy)
+    response = yield functools.partial(runner, call.request, attempt)
+    if attempt.waiting_on and not any(in_user_transaction(a) for a in attempt.waiting_on):
+        # The transaction the store waited on ended without it: rolled back.
+        attempt.waiting_on = []
+        yield record.forget(attempt.id)
+    return response
 
 
 def serve(call: Call, run: Callable[[], Any]) -> Any:
     """Serve ``call``, running ``run()`` (the view) at most once per key and scope."""
-    client = get_client(call.policy.alias)
-    try:
-        early = _look_answer(call, records.read(client, call.keys))
-    except RedisUnavailable as exc:
-        return unavailable(call.request, call.policy, call.keys.name, exc)
-    if early is not None:
-        return early
-    attempt = _Attempt(call, client, run)
-    response = _runner(False, call.non_atomic, call.label, call.policy)(call.request, attempt)
-    attempt.settle()
-    return response
+    return run_steps(_serve(call, run, asynchronous=False))
 
 
 async def serve_async(call: Call, run: Callable[[], Awaitable[Any]]) -> Any:
     """``serve`` for an async view."""
-    client = get_async_client(call.policy.alias)
-    try:
-        early = _look_answer(call, await records.read_async(client, call.keys))
-    except RedisUnavailable as exc:
-        return unavailable(call.request, call.policy, call.keys.name, exc)
-    if early is not None:
-        return early
-    attempt = _Attempt(call, client, run)
-    return await _runner(True, frozenset(), call.label, call.policy)(call.request, attempt)
+    return await run_steps_async(_serve(call, run, asynchronous=True))
