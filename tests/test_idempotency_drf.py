@@ -199,3 +199,26 @@ def test_a_scope_callable_names_the_client(send: Any) -> None:
         assert REPLAYED_HEADER not in send("/mw/plain/", "Bearer b")
         assert send("/mw/plain/", "Bearer a")[REPLAYED_HEADER] == "true"
     assert runs == ["plain", "plain"]
+
+
+def test_every_credential_header_is_refused_not_scoped_by_address(r: redis.Redis) -> None:
+    """Not only Authorization: an API key header (a default), and a header the project
+    names, on a plain view that authenticates by itself (fails before this change:
+    both were scoped by the shared address)."""
+
+    def post(header: str, value: str) -> Any:
+        return Client(raise_request_exception=False).post(
+            "/mw/plain/",
+            '{"amount": 5}',
+            content_type="application/json",
+            headers={"Idempotency-Key": "same-key", header: value},
+        )
+
+    refused = post("X-Api-Key", "someone-elses-key")
+    assert refused.status_code == 500
+    assert "X-Api-Key header" in refused.json()["detail"]
+    assert post("X-Shop-Token", "t").status_code == 201  # not a credential header yet
+    named = {"PATHS": ["^/mw/"], "CREDENTIAL_HEADERS": ["X-Shop-Token"]}
+    with override_settings(REDISLOCK={**settings.REDISLOCK, "IDEMPOTENCY": named}):
+        assert post("X-Shop-Token", "t").status_code == 500
+    assert runs == ["plain"]

@@ -12,8 +12,9 @@ the user *as the view will see it*:
   middleware or decorator sits in front of the whole view (the view's
   authenticators are run here, and again by the view);
 * a request that carries no credentials: the client's address;
-* a request that looks anonymous to Django yet carries an ``Authorization``
-  header, for a view that is not DRF's: the user cannot be known here, and
+* a request that looks anonymous to Django yet carries credentials (a header
+  of ``CREDENTIAL_HEADERS``: ``Authorization``, ``X-Api-Key``), for a view that
+  is not DRF's: the user cannot be known here, and
   falling back to the address would put every API client behind one NAT or
   proxy in one scope. The request is refused (``ScopeUnknown``); set
   ``SCOPE`` to a callable that names the client.
@@ -119,11 +120,12 @@ def _scope(
         user = getattr(subject, "user", None)
         if user is not None and getattr(user, "is_authenticated", False):
             return f"u:{user.pk}"
-        if not _is_drf_request(subject) and "Authorization" in request.headers:
+        sent = [name for name in policy.credential_headers if name in request.headers]
+        if sent and not _is_drf_request(subject):
             raise ScopeUnknown(
-                "This request sends an Authorization header, but no user is authenticated "
-                "when the idempotency key is looked up (the view authenticates it by "
-                "itself): keys cannot be scoped per user. Set "
+                f"This request sends credentials ({sent[0]} header), but no user is "
+                "authenticated when the idempotency key is looked up (the view "
+                "authenticates it by itself): keys cannot be scoped per user. Set "
                 "REDISLOCK['IDEMPOTENCY']['SCOPE'] to a callable naming the client."
             )
         return f"ip:{client_ip(request)}"

@@ -51,6 +51,10 @@ SETTINGS: dict[str, Any] = {
     # Whose keys are whose: "user" (anonymous: per IP), "ip", or a callable
     # (or dotted path) of the request returning a non-empty str.
     "SCOPE": "user",
+    # With SCOPE "user": headers that carry credentials Django may not read.
+    # A request that sends one yet looks anonymous is refused, never scoped
+    # by its address (which many users may share).
+    "CREDENTIAL_HEADERS": ["Authorization", "X-Api-Key"],
     # How long a completed response is replayed (seconds; the draft and Stripe: 24 h).
     "TTL": 86400,
     "MAX_KEY_LENGTH": 255,
@@ -173,6 +177,10 @@ def _headers_error(value: object) -> str | None:
     return _list_error(value, "a list of header names such as ['Location']", _replayed_error)
 
 
+def _credentials_error(value: object) -> str | None:
+    return _list_error(value, "a list of header names such as ['Authorization']", _header_error)
+
+
 # key -> (check ID, validator, hint). The IDs are stable: docs/checks.rst lists them.
 VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None], str]] = {
     "METHODS": ("django_redislock.E061", _method_error, "Use e.g. ['POST', 'PATCH']."),
@@ -211,6 +219,11 @@ VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None], str]] = {
     ),
     "HEADER": ("django_redislock.E065", _header_error, "Use 'Idempotency-Key'."),
     "REPLAY_HEADERS": ("django_redislock.E065", _headers_error, "Use e.g. ['Location']."),
+    "CREDENTIAL_HEADERS": (
+        "django_redislock.E065",
+        _credentials_error,
+        "Use e.g. ['Authorization', 'X-Api-Key'].",
+    ),
     "PATHS": (
         "django_redislock.E066",
         _paths_error,
@@ -311,6 +324,7 @@ class Policy:
     header: str
     required: bool
     scope: Any
+    credential_headers: tuple[str, ...]
     ttl: float
     max_key_length: int
     max_body: int
@@ -350,6 +364,7 @@ def policy(overrides: dict[str, Any]) -> Policy:
         header=value["HEADER"],
         required=value["REQUIRED"],
         scope=value["SCOPE"],
+        credential_headers=tuple(value["CREDENTIAL_HEADERS"]),
         ttl=float(value["TTL"]),
         max_key_length=value["MAX_KEY_LENGTH"],
         max_body=value["MAX_BODY"],
