@@ -29,7 +29,14 @@ from ..http import UNAVAILABLE_RETRY_AFTER, retry_after_header
 __all__ = ["LockBusy", "LockErrorsMixin", "LockUnavailable", "api_exception", "exception_handler"]
 
 
-class LockBusy(exceptions.APIException):
+class _Retryable(exceptions.APIException):
+    def __init__(self, detail: Any = None, code: Any = None, *, wait: int = 1) -> None:
+        super().__init__(detail, code)
+        # DRF's exception handler turns ``wait`` into Retry-After.
+        self.wait = wait
+
+
+class LockBusy(_Retryable):
     """The lock stayed busy past its wait (status ``REDISLOCK['BUSY_STATUS']``)."""
 
     status_code = 409
@@ -37,22 +44,16 @@ class LockBusy(exceptions.APIException):
     default_code = "lock_busy"
 
     def __init__(self, detail: Any = None, code: Any = None, *, wait: int = 1) -> None:
-        super().__init__(detail, code)
-        # DRF's exception handler turns ``wait`` into Retry-After.
-        self.wait = wait
+        super().__init__(detail, code, wait=wait)
         self.status_code = conf.BUSY_STATUS
 
 
-class LockUnavailable(exceptions.APIException):
+class LockUnavailable(_Retryable):
     """Redis could not be reached, or the lease ran out before the work committed."""
 
     status_code = 503
     default_detail = "The lock service is unavailable; try again shortly."
     default_code = "lock_unavailable"
-
-    def __init__(self, detail: Any = None, code: Any = None, *, wait: int = 1) -> None:
-        super().__init__(detail, code)
-        self.wait = wait
 
 
 def api_exception(exc: BaseException) -> exceptions.APIException | None:

@@ -99,9 +99,8 @@ class IdempotencyMiddleware:
         served = self._served(request, view, args, kwargs)
         if served is None:
             return None
-        if iscoroutinefunction(view):
-            return async_to_sync(run_steps_async)(served)
-        return run_steps(served)
+        run = async_to_sync(run_steps_async) if iscoroutinefunction(view) else run_steps
+        return run(served)
 
     async def _process_view_async(
         self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -125,7 +125,7 @@ def _seconds_error(
     return None
 
 
-def _count_error(value: object, *, allow_zero: bool) -> str | None:
+def _count_error(value: object, *, allow_zero: bool = False) -> str | None:
     low = 0 if allow_zero else 1
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         return f"must be a whole number, {low} or more; got {value!r}"
@@ -185,11 +185,7 @@ def _credentials_error(value: object) -> str | None:
 VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None], str]] = {
     "METHODS": ("django_redislock.E061", _method_error, "Use e.g. ['POST', 'PATCH']."),
     "TTL": ("django_redislock.E062", _seconds_error, "Use seconds, e.g. 86400 for a day."),
-    "MAX_KEY_LENGTH": (
-        "django_redislock.E062",
-        lambda v: _count_error(v, allow_zero=False),
-        "Use 255 (the default).",
-    ),
+    "MAX_KEY_LENGTH": ("django_redislock.E062", _count_error, "Use 255 (the default)."),
     "MAX_BODY": (
         "django_redislock.E062",
         lambda v: _count_error(v, allow_zero=True),

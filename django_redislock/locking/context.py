@@ -15,7 +15,7 @@ from ..conf import conf
 from ..core.drivers.base import LockBase
 from ..core.drivers.multi import MultiBase
 from ..core.exceptions import LockError
-from .options import LockOptions, check_mode_names
+from .options import LockOptions
 
 # What a running call or block holds: one name, or several all together.
 Held: TypeAlias = LockBase | MultiBase[Any]
@@ -146,7 +146,6 @@ def reenter(opts: LockOptions, names: str | tuple[str, ...], owner: object) -> H
     """``reentered`` for the key of ``opts``' mode: a reader inside a writer of
     the same name runs under the writer; a writer inside a reader of the same
     name cannot be served (it would wait for itself), and says so."""
-    check_mode_names(opts.mode, names)
     if opts.mode == "read":
         writer = reentered((opts.key_alias("write"), names), owner)
         if writer is not None:

@@ -45,12 +45,21 @@ from .options import (
     check_fair_mode,
     check_fair_names,
     check_key,
+    check_mode_names,
     check_target,
     django_task,
     lock_options,
 )
-from .outcomes import busy, failed_open, lost_response, release, release_async, unavailable
-from .transactions import EVERY_ALIAS, Transactions, lost_before_commit
+from .outcomes import (
+    busy,
+    failed_open,
+    lost_before_commit,
+    lost_response,
+    release,
+    release_async,
+    unavailable,
+)
+from .transactions import EVERY_ALIAS, Transactions
 
 __all__ = ["current_fence", "current_lock", "redis_lock", "redis_locked"]
 
@@ -69,34 +78,34 @@ def _shown(names: str | tuple[str, ...]) -> str:
     return names if isinstance(names, str) else ", ".join(names)
 
 
-def _new_lock(
-    names: str | tuple[str, ...], namer: Namer, opts: LockOptions, label: str, asynchronous: bool
-) -> Any:
-    kwargs = opts.lock_kwargs(label)
-    check_fair_names(kwargs, names)
-    metric = _metric_name(namer, label)
-    return lock_for(names, opts.mode, asynchronous=asynchronous, metric_name=metric, **kwargs)
+@dataclasses.dataclass(frozen=True)
+class _Locked:
+    """A decorated callable and the lock it runs under, as decided at decoration."""
+
+    func: Callable[..., Any]
+    namer: Namer
+    opts: LockOptions
+    # The factory's arguments, built once: only the names change from call to call.
+    lock_kwargs: dict[str, Any]
+
+    def new_lock(self, names: str | tuple[str, ...], asynchronous: bool) -> Any:
+        check_fair_names(self.lock_kwargs, names)
+        return lock_for(names, self.opts.mode, asynchronous=asynchronous, **self.lock_kwargs)
 
 
 # -- the sync and async paths ---------------------------------------------------------
-def _call(
-    wrapper: Any,
-    func: Callable[..., Any],
-    namer: Namer,
-    opts: LockOptions,
-    label: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
+def _call(wrapper: Any, locked: _Locked, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    func, opts = locked.func, locked.opts
     request = request_in(args)
     txn = Transactions.for_call(wrapper, func, request is not None)
     if not conf.ENABLED:
         with txn.atomic():
             return func(*args, **kwargs)
-    names = namer(args, kwargs)
+    names = locked.namer(args, kwargs)
     name = _shown(names)
     key: Key = (opts.held_key_alias, names)
     owner = threading.get_ident()
+    check_mode_names(opts.mode, names)
     entered = reenter(opts, names, owner)
     if entered is not None:
         # Nested call on a lock this thread holds: run under it; the outer
@@ -113,18 +122,18 @@ def _call(
     if deferred is not None:
         lock = deferred.lock
     else:
-        lock = _new_lock(names, namer, opts, label, asynchronous=False)
+        lock = locked.new_lock(names, asynchronous=False)
         txn.connect_early()
         try:
             acquired = lock.acquire()
         except RedisUnavailable as exc:
             if not opts.failing_open:
-                return unavailable(opts, request, name, exc, Lock, lock)
+                return unavailable(opts.on_busy, request, name, exc, Lock, lock)
             failed_open(name, exc, Lock, lock)
             with txn.atomic():
                 return func(*args, **kwargs)
         if not acquired:
-            return busy(opts, request, name, lock.retry_after, args, kwargs)
+            return busy(opts.on_busy, request, name, lock.retry_after, args, kwargs)
     token = push(lock, key, owner)
     try:
         if deferred is not None:
@@ -156,23 +165,18 @@ def _call(
     return result
 
 
-async def _call_async(
-    func: Callable[..., Any],
-    namer: Namer,
-    opts: LockOptions,
-    label: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
+async def _call_async(locked: _Locked, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    func, opts = locked.func, locked.opts
     request = request_in(args)
     if not conf.ENABLED:
         return await func(*args, **kwargs)
     # A template that touches the database ({request.user.pk} loads the user)
     # is filled in a thread, where sync ORM access is allowed.
-    names = await sync_from_loop(namer)(args, kwargs)
+    names = await sync_from_loop(locked.namer)(args, kwargs)
     name = _shown(names)
     key: Key = (opts.held_key_alias, names)
     owner = task_owner()
+    check_mode_names(opts.mode, names)
     entered = reenter(opts, names, owner)
     if entered is not None:
         token = push(entered, key, owner)
@@ -180,16 +184,16 @@ async def _call_async(
             return await func(*args, **kwargs)
         finally:
             pop(token)
-    lock = _new_lock(names, namer, opts, label, asynchronous=True)
+    lock = locked.new_lock(names, asynchronous=True)
     try:
         acquired = await lock.acquire()
     except RedisUnavailable as exc:
         if not opts.failing_open:
-            return unavailable(opts, request, name, exc, AsyncLock, lock)
+            return unavailable(opts.on_busy, request, name, exc, AsyncLock, lock)
         failed_open(name, exc, AsyncLock, lock)
         return await func(*args, **kwargs)
     if not acquired:
-        outcome = busy(opts, request, name, lock.retry_after, args, kwargs)
+        outcome = busy(opts.on_busy, request, name, lock.retry_after, args, kwargs)
         return await outcome if inspect.isawaitable(outcome) else outcome
     token = push(lock, key, owner)
     try:
@@ -208,11 +212,13 @@ async def _call_async(
 def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: LockOptions) -> Any:
     namer = namer_for(key, func)
     label = f"{getattr(func, '__module__', '')}.{describe(func)}"
+    lock_kwargs = {**opts.lock_kwargs(label), "metric_name": _metric_name(namer, label)}
+    locked = _Locked(func, namer, opts, lock_kwargs)
     if iscoroutinefunction(func):
 
         @functools.wraps(func)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await _call_async(func, namer, opts, label, args, kwargs)
+            return await _call_async(locked, args, kwargs)
 
         # Django refuses ATOMIC_REQUESTS for async views; the inner view's own
         # _non_atomic_requests (copied by wraps) keeps that behaviour intact.
@@ -220,7 +226,7 @@ def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: LockOpt
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return _call(wrapper, func, namer, opts, label, args, kwargs)
+        return _call(wrapper, locked, args, kwargs)
 
     wrapper._non_atomic_requests = EVERY_ALIAS  # type: ignore[attr-defined]
     return wrapper

@@ -27,22 +27,6 @@ from ..signals import observer
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = [
-    "LockKwargs",
-    "SemaphoreKwargs",
-    "cap_wait",
-    "get_async_lock",
-    "get_async_multi_lock",
-    "get_async_rw_lock",
-    "get_async_semaphore",
-    "get_lock",
-    "get_multi_lock",
-    "get_rw_lock",
-    "get_semaphore",
-    "keyspace",
-    "lock_for",
-]
-
 
 class SemaphoreKwargs(TypedDict, total=False):
     """What every factory takes after the name; each one left out (or None) comes from

@@ -6,12 +6,12 @@ import logging
 from typing import Any
 
 from ..conf import conf
+from ..core.drivers.base import LockBase
 from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
 from ..http import error_response, unavailable_response
 from ..signals import send_unavailable
-from .options import LockOptions
 
 log_unavailable = logging.getLogger("django_redislock.unavailable")
 log_release = logging.getLogger("django_redislock.release")
@@ -19,19 +19,19 @@ log_busy = logging.getLogger("django_redislock.busy")
 
 
 def busy(
-    opts: LockOptions,
+    on_busy: Any,
     request: Any,
     name: str,
     retry_after: float | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    if opts.on_busy == "skip":
+    if on_busy == "skip":
         log_busy.info("skipped %r: lock busy", name)
         return None
-    if callable(opts.on_busy):
-        return opts.on_busy(*args, **kwargs)
-    if request is not None and opts.on_busy is None:
+    if callable(on_busy):
+        return on_busy(*args, **kwargs)
+    if request is not None and on_busy is None:
         return error_response(
             request,
             status=conf.BUSY_STATUS,
@@ -44,7 +44,7 @@ def busy(
 
 
 def unavailable(
-    opts: LockOptions,
+    on_busy: Any,
     request: Any,
     name: str,
     exc: RedisUnavailable,
@@ -54,7 +54,7 @@ def unavailable(
     """Fail closed: a response for a view, else the exception."""
     log_unavailable.warning("Redis unavailable for lock %r, not running the call: %s", name, exc)
     send_unavailable(sender, name=name, error=exc, fail_open=False, lock=lock)
-    if request is not None and opts.on_busy != "raise":
+    if request is not None and on_busy != "raise":
         return unavailable_response(request, name)
     raise exc
 
@@ -68,6 +68,13 @@ def failed_open(
 
 def lost_response(request: Any, name: str) -> Any:
     return unavailable_response(request, name, retry_after=1)
+
+
+def lost_before_commit(lock: LockBase) -> LockLost:
+    return LockLost(
+        f"lock {lock.name!r} ran out before its transaction could commit; the work was "
+        "rolled back (raise the timeout or pass renew=True)"
+    )
 
 
 def release(lock: Lock, *, quiet: bool) -> None:

@@ -29,8 +29,6 @@ from django.db import connections, transaction
 from django.db.backends.signals import connection_created
 
 from ..conf import conf
-from ..core.drivers.base import LockBase
-from ..core.exceptions import LockLost
 
 log_connect = logging.getLogger("django_redislock.connect")
 
@@ -133,13 +131,6 @@ class Transactions:
                 self.learned.update(connected)
                 if stack:  # an enclosing call's lock covered this work too
                     stack[-1].update(connected)
-
-
-def lost_before_commit(lock: LockBase) -> LockLost:
-    return LockLost(
-        f"lock {lock.name!r} ran out before its transaction could commit; the work was "
-        "rolled back (raise the timeout or pass renew=True)"
-    )
 
 
 def connect_early(aliases: Iterable[str]) -> None:

@@ -112,6 +112,13 @@ class Row:
     lease_left: str
     holders: list[dict[str, str]]
 
+    @property
+    def holder_kind(self) -> str:
+        """What each holder gets a row of its own as: "permit", "reader", or "" (none)."""
+        if self.lock.kind == "semaphore":
+            return "permit"
+        return "reader" if self.lock.kind == "rwlock" and self.lock.fence is None else ""
+
 
 def _row(lock: HeldLock) -> Row:
     return Row(
