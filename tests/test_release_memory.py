@@ -426,3 +426,34 @@ def test_a_state_without_a_horizon_gets_one_at_the_next_grant(r: redis.Redis, ki
     first, args = name.released()
     name.released()
     assert name.retry(first, args) == 1
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "rw-read"])
+def test_a_holder_outlasting_more_losses_than_the_memory_holds_is_still_released(
+    r: redis.Redis, kind: str
+) -> None:
+    """Many holders at once: grants issued after this holder's can be lost while it
+    still holds, and raise the horizon past it. Its release's retry must still be a
+    release (fails before this change: reported lost, a false LockLost)."""
+    make = {
+        "semaphore": lambda: Semaphore(r, "m", LOST + 3, ttl=30, wait=0),
+        "rw-read": lambda: ReadWriteLock(r, "m", "read", ttl=30, wait=0),
+    }[kind]
+    clear = SCRIPT_KINDS[kind][2]
+    script = SCRIPT_KINDS[kind][1]
+    holder = make()
+    assert holder.acquire()
+    for _ in range(LOST + 2):  # each lost while the holder holds
+        later = make()
+        assert later.acquire()
+        clear(r, later)
+    args = holder._release_args(holder.token)
+    holder.release()
+    assert int(scripts.run(r, script, holder._key_tuple, args)) == 1
+    # Still only what a lost grant's retry must hear: lost.
+    victim = make()
+    assert victim.acquire()
+    victim_args = victim._release_args(victim.token)
+    clear(r, victim)
+    assert int(scripts.run(r, script, victim._key_tuple, victim_args)) == 0
+    audit_keyspace(r)

@@ -8,8 +8,8 @@
 --                       reservation expiry, so one ZCARD counts both and a
 --                       reservation keeps newcomers out.
 -- KEYS[2] queue   list  (see the prelude)
--- KEYS[3] state   hash  n=name, i=the last serial issued, h, u=the memory of
---                       losses (the prelude), the kind's own fields, and per
+-- KEYS[3] state   hash  n=name, i=the last serial issued, h, u, g=the memory
+--                       of losses (the prelude), the kind's own fields, and per
 --                       token:
 --                       o:<token>=owner JSON, a:<token>=acquired ms,
 --                       s:<token>=serial (holders),
@@ -42,6 +42,15 @@ local function purge(all)
     redis.call('ZREMRANGEBYSCORE', holders, '-inf', upto)
   end
   return #gone
+end
+
+-- A holder with `serial` was released; `h`: the state's horizon. Below it
+-- (more losses after its grant than the memory holds while it held), the
+-- memory of losses must remember the release (the prelude).
+local function released(serial, h)
+  if serial and h and (#h > #serial or (#h == #serial and h > serial)) then
+    common().losses().released_below(serial, h)
+  end
 end
 
 -- `token` holds for ttl ms from now, with `serial` (issue()); `fields`: the

@@ -54,7 +54,8 @@ local clock, now_ms -- TIME's reply, and it in ms: read once, when first needed
 -- drops its smallest entry and raises h past it. So a loss is never reported
 -- as a release, memory stays constant however hot the name, and a release is
 -- reported lost only when more than LOST grants issued after it were lost
--- before its retry ran (or the state was gone).
+-- between its first run and its retry (or the state was gone). Losses while
+-- it still held (many holders) are covered by `g` (memory.released_below).
 
 local issued -- the last serial this run issued
 
@@ -215,11 +216,38 @@ local function common()
       end
     end
 
+    -- Many holders at once: grants issued after a holder's own can be lost
+    -- while it still holds, and raise h past its serial. Such a holder's
+    -- release (`serial` below `h`, rare) is remembered as released in `g`
+    -- ('serial:until ...', until in server ms) for KEEP ms, the time a state
+    -- outlives its last use, so that a retry of it hears "released". Only
+    -- releases are put there: a loss is never reported as a release.
+    function memory.released_below(serial, h)
+      if not (serial and h and above(h, serial)) then
+        return
+      end
+      local kept = { serial .. ':' .. (now() + KEEP) }
+      for s, t in string.gmatch(redis.call('HGET', state, 'g') or '', '(%d+):(%d+)') do
+        if tonumber(t) > now() then
+          kept[#kept + 1] = s .. ':' .. t
+        end
+      end
+      redis.call('HSET', state, 'g', table.concat(kept, ' '))
+    end
+
     -- The same kinds' answer to a release of `serial` (as memory.released)
     -- that found its holder gone: 1 if it was released all the same, else 0.
     function memory.holder_released(serial)
-      local mem = redis.call('HMGET', state, 'i', 'h', 'u')
-      return memory.released(serial, mem[1], mem[2], mem[3]) and 1 or 0
+      local mem = redis.call('HMGET', state, 'i', 'h', 'u', 'g')
+      if memory.released(serial, mem[1], mem[2], mem[3]) then
+        return 1
+      end
+      for s, t in string.gmatch(mem[4] or '', '(%d+):(%d+)') do
+        if s == serial and tonumber(t) > now() then
+          return 1
+        end
+      end
+      return 0
     end
 
     return memory

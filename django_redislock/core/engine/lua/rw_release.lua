@@ -11,7 +11,7 @@
 local token = ARGV[1]
 local score = redis.call('ZSCORE', holders, token)
 local live = score and tonumber(score) > now_ms
-local st = live and redis.call('HMGET', state, 'r:' .. token, 'm:' .. token)
+local st = live and redis.call('HMGET', state, 'r:' .. token, 'm:' .. token, 's:' .. token, 'h')
 if live then
   -- Ours, or a reservation (never ours to release). One that ran out is
   -- left to purge, which remembers it lost.
@@ -21,6 +21,7 @@ end
 purge()
 promote(tonumber(ARGV[2]), false, nil)
 if live and not st[1] then
+  released(st[3], st[4])
   return 1
 end
 return score and 0 or common().losses().holder_released(ARGV[4])

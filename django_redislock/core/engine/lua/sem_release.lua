@@ -13,7 +13,7 @@
 local token = ARGV[1]
 local score = redis.call('ZSCORE', holders, token)
 local live = score and tonumber(score) > now_ms
-local held = live and redis.call('HEXISTS', state, 'r:' .. token) == 0
+local st = live and redis.call('HMGET', state, 'r:' .. token, 's:' .. token, 'h')
 if live then
   -- Ours, or a reservation (never ours to release). One that ran out is
   -- left to purge, which remembers it lost.
@@ -22,7 +22,8 @@ if live then
 end
 purge()
 promote(tonumber(ARGV[2]), false)
-if held then
+if live and not st[1] then
+  released(st[2], st[3])
   return 1
 end
 return score and 0 or common().losses().holder_released(ARGV[5])
