@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from redis.exceptions import ResponseError
 
 from ..engine.keys import KeySpace
-from .wakeup import NO_CHANNEL, Reconnect, parse_wakeup
+from .wakeup import IDLE_TIMEOUT, NO_CHANNEL, Reconnect, parse_wakeup
 
 if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -178,12 +178,32 @@ class NodeListenerBase:
         self.name = name
         self.wanted: set[bytes] = set()
         self.pubsub: Any = None
-        self.empty_since = time.monotonic()
+        self.empty_since = self.checked_at = time.monotonic()
         self._unsharded = unsharded  # the notifier's: nodes that refused SSUBSCRIBE
 
     @property
     def sharded(self) -> bool:
         return self.name not in self._unsharded
+
+    def command(self, pubsub: Any, verb: str) -> Any:
+        """``pubsub``'s method to ``verb`` ("subscribe", "unsubscribe") a channel
+        here: the sharded one, or the plain one on a node without sharded pub/sub."""
+        return getattr(pubsub, "s" + verb if self.sharded else verb)
+
+    def upkeep_due(self, now: float) -> bool:
+        """Once a second: time to look after this node's tags (the owner's ``_maintain``)."""
+        if now - self.checked_at < 1.0:
+            return False
+        self.checked_at = now
+        return True
+
+    def idle(self, now: float) -> bool:
+        return not self.wanted and now - self.empty_since > IDLE_TIMEOUT
+
+    def forget(self, channel: bytes) -> None:
+        self.wanted.discard(channel)
+        if not self.wanted:
+            self.empty_since = time.monotonic()
 
     def lost(self, exc: BaseException, reconnect: Reconnect) -> float:
         """Tell of a lost (or refused) subscription; seconds until the next try."""
