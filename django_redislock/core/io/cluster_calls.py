@@ -99,10 +99,6 @@ def _next_hop(
     return _node_at(client, error), () if isinstance(error, MovedError) else (("ASKING",),)
 
 
-def _too_many() -> CallFailed:
-    return CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
-
-
 def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) -> list[Any]:
     with _looked_up_again_if_gone(client):
         if _refresh.pop(client, False):
@@ -118,7 +114,7 @@ def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) 
             return replies
         _redirect_target(client, replies[0])
         node, prefix = _next_hop(client, replies[0])
-    raise _too_many()
+    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
 
 
 async def cluster_call_async(
@@ -141,7 +137,7 @@ async def cluster_call_async(
         if moved is not None:
             await moved
         node, prefix = _next_hop(client, replies[0])
-    raise _too_many()
+    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
 
 
 def _node_release(node: Any, conn: Any) -> Any:

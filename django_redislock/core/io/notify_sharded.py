@@ -229,17 +229,11 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
 
     def _listener_down(self, listener: _NodeListener) -> None:
         with self._mutex:
-            for tag, state in self._tags.items():
-                if state.node == listener.name:
-                    state.ready.clear()
-                    state.node = None
-                    # Waiters must not sleep on a channel nobody is reading.
-                    self._wake_tag(tag)
+            self._listener_lost(listener.name)
             with listener.lock:
                 listener.wanted.clear()
-            for state in self._tags.values():
-                if state.node is None and state.users > 0:
-                    self._route(state)
+            for state in self._unrouted():
+                self._route(state)
 
     def _retire(self, listener: _NodeListener) -> bool:
         with self._mutex, listener.lock:

@@ -237,17 +237,12 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
                         self._wake_tag(tag)
 
     async def _listener_down(self, listener: _AsyncNodeListener) -> None:
-        for tag, state in self._tags.items():
-            if state.node == listener.name:
-                state.ready.clear()
-                state.node = None
-                self._wake_tag(tag)
+        self._listener_lost(listener.name)
         listener.wanted.clear()
         if self._listeners.get(listener.name) is listener:
             del self._listeners[listener.name]
-        for state in list(self._tags.values()):
-            if state.node is None and state.users > 0:
-                await self._route(state)
+        for state in self._unrouted():
+            await self._route(state)
 
     def _retire(self, listener: _AsyncNodeListener) -> bool:
         if self._listeners.get(listener.name) is not listener:

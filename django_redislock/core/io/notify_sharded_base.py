@@ -136,6 +136,19 @@ class ShardedBase(Generic[_K]):
             state.node = None
             self._wake_tag(tag)  # type: ignore[arg-type]
 
+    def _listener_lost(self, name: str) -> None:
+        """The listener of node ``name`` is down: its tags are not subscribed,
+        and their waiters must not sleep on a channel nobody is reading."""
+        for tag, state in self._tags.items():
+            if state.node == name:
+                state.ready.clear()
+                state.node = None
+                self._wake_tag(tag)
+
+    def _unrouted(self) -> list[SubscribedTag]:
+        """Tags someone waits on that no node's listener serves."""
+        return [s for s in self._tags.values() if s.node is None and s.users > 0]
+
     def is_ready(self, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         return state is not None and state.ready.is_set()

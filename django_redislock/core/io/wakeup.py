@@ -147,8 +147,7 @@ class Liveness:
 
     def next_check(self) -> float:
         """When ``ping_due`` may next say something new."""
-        since = self.last_heard if self.ping_sent is None else self.ping_sent
-        return since + LIVENESS_INTERVAL
+        return (self.last_heard if self.ping_sent is None else self.ping_sent) + LIVENESS_INTERVAL
 
 
 class Wakeup(threading.Event):
