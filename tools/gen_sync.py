@@ -38,6 +38,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = Path("django_redislock/core/drivers")
+IO = Path("django_redislock/core/io")
 
 # asyncio source -> generated sync driver, relative to the repository root.
 PAIRS = [
@@ -46,6 +47,7 @@ PAIRS = [
     (CORE / "semaphore_async.py", CORE / "semaphore.py"),
     (CORE / "rwlock_async.py", CORE / "rwlock.py"),
     (CORE / "multi_async.py", CORE / "multi.py"),
+    (IO / "pool_calls_async.py", IO / "pool_calls.py"),
 ]
 
 RENAMES = {
@@ -79,6 +81,13 @@ RENAMES = {
     "__aiter__": "__iter__",
     "__anext__": "__next__",
     "StopAsyncIteration": "StopIteration",
+    # The bounded calls (core/io): a batch on a pool's connection.
+    "pool_calls_async": "pool_calls",
+    "call_on_pool_async": "call_on_pool",
+    "exchange_async": "exchange",
+    "checkout_async": "checkout",
+    "disconnect_async": "disconnect",
+    "drain_async": "drain",
 }
 
 _WORD = re.compile(r"\b(" + "|".join(sorted(RENAMES, key=len, reverse=True)) + r")\b")

@@ -118,15 +118,14 @@ class KeySpace:
             return tag, tag + b":=" + raw
         return tag, tag + b":#" + digest
 
-    def _build_lock_keys(self, name: str) -> LockKeys:
+    def _keys(self, name: str, lease: bytes, queue: bytes, state: bytes) -> LockKeys:
+        """The keys of ``name`` for one kind, whose key types are ``lease`` etc."""
         tag, suffix = self._suffix(encode_name(name))
-        p = self._prefix_b
-        return LockKeys(
-            lease=p + b":L:" + suffix,
-            queue=p + b":Q:" + suffix,
-            state=p + b":H:" + suffix,
-            tag=tag,
-        )
+        p = self._prefix_b + b":"
+        return LockKeys(p + lease + suffix, p + queue + suffix, p + state + suffix, tag)
+
+    def _build_lock_keys(self, name: str) -> LockKeys:
+        return self._keys(name, b"L:", b"Q:", b"H:")
 
     def lock(self, name: str) -> LockKeys:
         if isinstance(name, str) and len(name) > 4 * READABLE_LIMIT:
@@ -144,25 +143,11 @@ class KeySpace:
 
     def semaphore(self, name: str) -> LockKeys:
         """Keys of a semaphore: holders zset in ``lease``, then queue and state."""
-        tag, suffix = self._suffix(encode_name(name))
-        p = self._prefix_b
-        return LockKeys(
-            lease=p + b":S:" + suffix,
-            queue=p + b":SQ:" + suffix,
-            state=p + b":SH:" + suffix,
-            tag=tag,
-        )
+        return self._keys(name, b"S:", b"SQ:", b"SH:")
 
     def rwlock(self, name: str) -> LockKeys:
         """Keys of a read-write lock: holders zset in ``lease``, then queue and state."""
-        tag, suffix = self._suffix(encode_name(name))
-        p = self._prefix_b
-        return LockKeys(
-            lease=p + b":RW:" + suffix,
-            queue=p + b":RQ:" + suffix,
-            state=p + b":RH:" + suffix,
-            tag=tag,
-        )
+        return self._keys(name, b"RW:", b"RQ:", b"RH:")
 
     def idempotency(self, scope: str, key: str) -> IdempotencyKeys:
         """Keys of one ``Idempotency-Key`` sent in ``scope`` (whose keys these are).

@@ -14,6 +14,7 @@ the source again through EVAL, which also caches it for the next EVALSHA.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Generator
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -23,6 +24,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import failures
+from ..clients import AnyRedisClient, AsyncRedisClient, RedisClient
 from ..exceptions import RedisUnavailable
 from ..io import transport
 from .protocol import STATE_KEEP_MS, may_have_run
@@ -78,7 +80,11 @@ def load(name: str, *, prelude: str | None = "lock", repeatable: bool = False) -
     return Script(name, source, hashlib.sha1(source).hexdigest(), repeatable)
 
 
-def _unavailable(script: Script, exc: BaseException, client: Any = None) -> RedisUnavailable:
+Keys = tuple[bytes, ...]
+Args = tuple[Any, ...]
+
+
+def _unavailable(script: Script, exc: BaseException, client: AnyRedisClient) -> RedisUnavailable:
     # A wrong password, a server that is not running and one that does not
     # answer in time each get their own words (see failures.py).
     return failures.unavailable(f"running {script.name}", exc, failures.address_of(client))
@@ -95,7 +101,9 @@ def _send_again(script: Script, failed: transport.CallFailed, tried: int) -> boo
     )
 
 
-def _failed(script: Script, failed: transport.CallFailed, client: Any) -> RedisUnavailable:
+def _failed(
+    script: Script, failed: transport.CallFailed, client: AnyRedisClient
+) -> RedisUnavailable:
     error = _unavailable(script, failed.cause, client)
     # What ``may_have_run`` reads; ``pending`` orders a give-back after the late script.
     error.may_have_run = failed.may_have_run  # type: ignore[attr-defined]
@@ -103,104 +111,98 @@ def _failed(script: Script, failed: transport.CallFailed, client: Any) -> RedisU
     return error
 
 
-def _batch(
-    script: Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    extra: tuple[Any, ...],
-    *,
-    by_sha: bool,
-) -> list[tuple[Any, ...]]:
+def _batch(script: Script, keys: Keys, args: Args, extra: Args, *, by_sha: bool) -> list[Args]:
     head = ("EVALSHA", script.sha) if by_sha else ("EVAL", script.source)
     return [(*head, len(keys), *keys, *args), *extra]
 
 
-def _checked(script: Script, replies: list[Any], client: Any) -> list[Any]:
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise _unavailable(script, reply, client) from reply
-    return replies
-
-
-def _run(
-    client: Any,
-    script: Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    extra: tuple[Any, ...] = (),
-) -> list[Any]:
-    slot_key = keys[0] if keys else b""
+def _batches(
+    client: AnyRedisClient, script: Script, keys: Keys, args: Args, extra: Args
+) -> Generator[list[Args], list[Any], list[Any]]:
+    """The batches one call of ``script`` sends: each is yielded, and its
+    replies sent back or its ``CallFailed`` thrown in. Returns the replies."""
     for tried in (1, 2):
         try:
-            replies = transport.call(
-                client, _batch(script, keys, args, extra, by_sha=True), slot_key
-            )
+            replies = yield _batch(script, keys, args, extra, by_sha=True)
             if isinstance(replies[0], NoScriptError):
                 # It did not run: send the source, with what followed it, again.
-                replies = transport.call(
-                    client, _batch(script, keys, args, extra, by_sha=False), slot_key
-                )
+                replies = yield _batch(script, keys, args, extra, by_sha=False)
         except transport.CallFailed as failed:
             if _send_again(script, failed, tried):
                 continue
             raise _failed(script, failed, client) from failed.cause
-        return _checked(script, replies, client)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise _unavailable(script, reply, client) from reply
+        return replies
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _run_async(
-    client: Any,
-    script: Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    extra: tuple[Any, ...] = (),
-) -> list[Any]:
-    slot_key = keys[0] if keys else b""
-    for tried in (1, 2):
+class _Call:
+    """One call of a script, decided once (``_batches``) for the sync and the
+    asyncio shell, which only send ``batch`` and hand back what came of it."""
+
+    def __init__(
+        self, client: AnyRedisClient, script: Script, keys: Keys, args: Args, extra: Args = ()
+    ) -> None:
+        self.slot_key = keys[0] if keys else b""
+        self._steps = _batches(client, script, keys, args, extra)
+        self.batch: list[Args] | None = next(self._steps)
+        self.replies: list[Any] = []
+
+    def answer(self, outcome: list[Any] | transport.CallFailed) -> None:
+        """The replies to ``batch``, or how it failed; ``batch`` is None once done."""
         try:
-            replies = await transport.call_async(
-                client, _batch(script, keys, args, extra, by_sha=True), slot_key
-            )
-            if isinstance(replies[0], NoScriptError):
-                replies = await transport.call_async(
-                    client, _batch(script, keys, args, extra, by_sha=False), slot_key
-                )
+            if isinstance(outcome, transport.CallFailed):
+                self.batch = self._steps.throw(outcome)
+            else:
+                self.batch = self._steps.send(outcome)
+        except StopIteration as done:
+            self.batch, self.replies = None, done.value
+
+
+def _sent(client: RedisClient, call: _Call) -> list[Any]:
+    while call.batch is not None:
+        try:
+            call.answer(transport.call(client, call.batch, call.slot_key))
         except transport.CallFailed as failed:
-            if _send_again(script, failed, tried):
-                continue
-            raise _failed(script, failed, client) from failed.cause
-        return _checked(script, replies, client)
-    raise AssertionError("unreachable")  # pragma: no cover
+            call.answer(failed)
+    return call.replies
 
 
-def run(client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]) -> Any:
+async def _sent_async(client: AsyncRedisClient, call: _Call) -> list[Any]:
+    while call.batch is not None:
+        try:
+            call.answer(await transport.call_async(client, call.batch, call.slot_key))
+        except transport.CallFailed as failed:
+            call.answer(failed)
+    return call.replies
+
+
+def run(client: RedisClient, script: Script, keys: Keys, args: Args) -> Any:
     """Run ``script`` on a sync client; Redis failures become RedisUnavailable.
 
     Bounded by the client's socket timeout whatever its retry policy (see
     ``transport``); a script that may have run is never sent again.
     """
-    return _run(client, script, keys, args)[0]
+    return _sent(client, _Call(client, script, keys, args))[0]
 
 
-async def run_async(
-    client: Any, script: Script, keys: tuple[bytes, ...], args: tuple[Any, ...]
-) -> Any:
+async def run_async(client: AsyncRedisClient, script: Script, keys: Keys, args: Args) -> Any:
     """``run`` for a ``redis.asyncio`` client."""
-    return (await _run_async(client, script, keys, args))[0]
+    return (await _sent_async(client, _Call(client, script, keys, args)))[0]
 
 
-def _replicas_ms(timeout: float) -> int:
+def _acked(
+    client: AnyRedisClient, script: Script, keys: Keys, args: Args, replicas: int, timeout: float
+) -> _Call:
     # WAIT 0 would block forever: the smallest bound is one millisecond.
-    return max(1, int(timeout * 1000))
+    wait = ("WAIT", replicas, max(1, int(timeout * 1000)))
+    return _Call(client, script, keys, args, (wait,))
 
 
 def run_acked(
-    client: Any,
-    script: Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
-    replicas: int,
-    timeout: float,
+    client: RedisClient, script: Script, keys: Keys, args: Args, replicas: int, timeout: float
 ) -> tuple[Any, int]:
     """``run``, then WAIT for ``replicas``; returns (result, replicas that acked).
 
@@ -209,22 +211,21 @@ def run_acked(
     connection, so anywhere else it could confirm a write it never saw.
     Still one round trip.
     """
-    wait = (("WAIT", replicas, _replicas_ms(timeout)),)
-    result, acked = _run(client, script, keys, args, wait)
+    result, acked = _sent(client, _acked(client, script, keys, args, replicas, timeout))
     return result, int(acked)
 
 
 async def run_acked_async(
-    client: Any,
+    client: AsyncRedisClient,
     script: Script,
-    keys: tuple[bytes, ...],
-    args: tuple[Any, ...],
+    keys: Keys,
+    args: Args,
     replicas: int,
     timeout: float,
 ) -> tuple[Any, int]:
     """``run_acked`` for a ``redis.asyncio`` client."""
-    wait = (("WAIT", replicas, _replicas_ms(timeout)),)
-    result, acked = await _run_async(client, script, keys, args, wait)
+    call = _acked(client, script, keys, args, replicas, timeout)
+    result, acked = await _sent_async(client, call)
     return result, int(acked)
 
 

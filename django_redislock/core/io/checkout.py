@@ -30,7 +30,14 @@ try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
 except ImportError:  # pragma: no cover - redis-py before 8
     _metric_names = _metrics = None  # type: ignore[assignment]
 
-__all__ = ["checkout", "checkout_async", "connect_bound", "connected", "disconnect_async"]
+__all__ = [
+    "checkout",
+    "checkout_async",
+    "connect_bound",
+    "connected",
+    "disconnect",
+    "disconnect_async",
+]
 
 # The warnings of this module are those of the bounded calls it serves.
 logger = logging.getLogger("django_redislock.transport")
@@ -184,6 +191,11 @@ def _connect(conn: Any) -> None:
         conn.connect()
     finally:
         conn.retry = saved
+
+
+def disconnect(conn: Any) -> None:
+    """Close a connection that failed mid-call (``disconnect_async``'s twin)."""
+    conn.disconnect()
 
 
 def _make_ready(pool: Any, conn: Any) -> None:

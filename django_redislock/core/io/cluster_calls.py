@@ -7,16 +7,21 @@ gone for good (a failover): the slot map is read again before the next call.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .batch import CallFailed, Command, call_on_node_async, call_on_pool
+from . import giveback
+from .batch import CallFailed, Command
+from .checkout import connect_bound, fresh
+from .pool_calls import call_on_pool
+from .pool_calls_async import exchange_async
 
 if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -71,64 +76,97 @@ def _node_at(client: RedisCluster | AsyncRedisCluster, error: AskError) -> Any:
     return node
 
 
-def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) -> list[Any]:
-    if _refresh.pop(client, False):
-        try:
-            client.nodes_manager.initialize()
-        except RedisError as exc:
+@contextlib.contextmanager
+def _looked_up_again_if_gone(client: RedisCluster | AsyncRedisCluster) -> Iterator[None]:
+    """A failure that says the node may be gone for good (a failover), or a
+    failed reading of the slot map, has the map read again before the next call."""
+    try:
+        yield
+    except CallFailed as failed:
+        if _node_may_be_gone(failed):
             _refresh[client] = True
-            raise CallFailed(exc, may_have_run=False) from exc
+        raise
+    except RedisError as exc:
+        _refresh[client] = True
+        raise CallFailed(exc, may_have_run=False) from exc
+
+
+def _next_hop(
+    client: RedisCluster | AsyncRedisCluster, error: AskError
+) -> tuple[Any, tuple[Command, ...]]:
+    # Redirected: the command did not run there; a WAIT after it had nothing
+    # to wait for. The whole batch goes where Redis says, after ASKING for ASK.
+    return _node_at(client, error), () if isinstance(error, MovedError) else (("ASKING",),)
+
+
+def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) -> list[Any]:
+    with _looked_up_again_if_gone(client):
+        if _refresh.pop(client, False):
+            client.nodes_manager.initialize()
     node = client.get_node_from_key(key)
     prefix: tuple[Command, ...] = ()
     for _ in range(_MAX_REDIRECTS):
         redis_node = node.redis_connection or client.get_redis_connection(node)
-        try:
+        with _looked_up_again_if_gone(client):
             replies = call_on_pool(redis_node.connection_pool, (*prefix, *commands))
-        except CallFailed as failed:
-            if _node_may_be_gone(failed):
-                # The node may be gone for good (failover): look again next time.
-                _refresh[client] = True
-            raise
         replies = replies[len(prefix) :]
-        first = replies[0]
-        if not isinstance(first, AskError):
+        if not isinstance(replies[0], AskError):
             return replies
-        # Redirected: the command did not run here; a WAIT after it has
-        # nothing to wait for. Send the whole batch where Redis says.
-        _redirect_target(client, first)
-        node = _node_at(client, first)
-        prefix = () if isinstance(first, MovedError) else (("ASKING",),)
+        _redirect_target(client, replies[0])
+        node, prefix = _next_hop(client, replies[0])
     raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
 
 
 async def cluster_call_async(
     client: AsyncRedisCluster, commands: Sequence[Command], key: bytes
 ) -> list[Any]:
-    if _refresh.pop(client, False):
-        try:
+    with _looked_up_again_if_gone(client):
+        if _refresh.pop(client, False):
             await client.nodes_manager.initialize()
-        except RedisError as exc:
-            _refresh[client] = True
-            raise CallFailed(exc, may_have_run=False) from exc
     if getattr(client, "_initialize", False):
         await client.initialize()
     # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
     node = client.get_node_from_key(key)  # type: ignore[arg-type]
     prefix: tuple[Command, ...] = ()
     for _ in range(_MAX_REDIRECTS):
-        try:
-            replies = await call_on_node_async(node, (*prefix, *commands))
-        except CallFailed as failed:
-            if _node_may_be_gone(failed):
-                _refresh[client] = True
-            raise
-        replies = replies[len(prefix) :]
-        first = replies[0]
-        if not isinstance(first, AskError):
+        with _looked_up_again_if_gone(client):
+            replies = (await _call_on_node_async(node, (*prefix, *commands)))[len(prefix) :]
+        if not isinstance(replies[0], AskError):
             return replies
-        moved = _redirect_target(client, first)
+        moved = _redirect_target(client, replies[0])
         if moved is not None:
             await moved
-        node = _node_at(client, first)
-        prefix = () if isinstance(first, MovedError) else (("ASKING",),)
+        node, prefix = _next_hop(client, replies[0])
     raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
+
+
+def _node_release(node: Any, conn: Any) -> Any:
+    if hasattr(node, "release"):
+        node.release(conn)
+    else:  # redis-py 5.0
+        node._free.append(conn)
+
+
+async def _call_on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
+    """``call_on_pool_async`` for an asyncio Cluster node, which has no pool of its own."""
+    from redis.exceptions import MaxConnectionsError
+
+    try:
+        conn = node.acquire_connection()
+    except MaxConnectionsError as exc:
+        raise CallFailed(exc, may_have_run=False) from exc
+    try:
+        try:
+            await fresh(conn, connect_bound(node.connection_kwargs))
+        except RedisError as exc:
+            raise CallFailed(exc, may_have_run=False) from exc
+        return await exchange_async(conn, commands)
+    except CallFailed as failed:
+        if failed.pending is not None:
+            failed.pending.release = lambda: _node_release(node, conn)
+            giveback.drain_async(failed.pending)
+            conn = None
+        raise
+    finally:
+        if conn is not None:
+            _node_release(node, conn)

@@ -38,7 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import scheduler
 
-__all__ = ["Pending", "drain", "submit", "submit_async"]
+__all__ = ["Pending", "drain", "drain_async", "submit", "submit_async"]
 
 logger = logging.getLogger("django_redislock.giveback")
 
@@ -61,7 +61,6 @@ class Pending:
     conn: Any
     unread: int
     release: Any  # how the connection goes back to its pool (sync or async callable)
-    asynchronous: bool
     deadline: float = field(default_factory=lambda: time.monotonic() + DRAIN_DEFAULT)
     done: threading.Event = field(default_factory=threading.Event)
     # True once the late replies were read: whatever the batch did is done.
@@ -153,10 +152,7 @@ class _Drain:
 
 def drain(pending: Pending) -> None:
     """Take over a connection whose replies are late: read them, then free it."""
-    if pending.asynchronous:
-        _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
-    else:
-        scheduler.current().add(_Drain(pending))
+    scheduler.current().add(_Drain(pending))
 
 
 class _GiveBack:
@@ -228,6 +224,11 @@ def _spawn(coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
     return task
+
+
+def drain_async(pending: Pending) -> None:
+    """``drain`` for an asyncio connection: a task of the running loop."""
+    _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
 
 
 async def _read_late_replies_async(pending: Pending) -> None:

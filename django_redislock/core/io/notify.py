@@ -31,9 +31,17 @@ from typing import Any
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
-from ..topology import is_cluster
 from .notify_sharded import ShardedNotifier
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup, parse_wakeup
+from .wakeup import (
+    IDLE_TIMEOUT,
+    LIVENESS_INTERVAL,
+    Handed,
+    Liveness,
+    Reconnect,
+    Wakeup,
+    parse_wakeup,
+    registered,
+)
 
 __all__ = ["Notifier", "get_notifier"]
 
@@ -67,8 +75,7 @@ class Notifier:
         self._connected_before = False
         self._reconnect = Reconnect()
         self._retry_at = 0.0
-        self._last_heard = 0.0
-        self._ping_sent: float | None = None
+        self._liveness = Liveness(0.0)
         self._idle_since = time.monotonic()
         self._housekeeper: threading.Thread | None = None
 
@@ -252,10 +259,10 @@ class Notifier:
                 pubsub.close()
 
     def _subscribed(self) -> None:
-        self._last_heard = time.monotonic()
-        self._ping_sent = None
+        now = time.monotonic()
+        self._liveness.heard(now)
         self._retry_at = 0.0
-        failures = self._reconnect.up(self._last_heard)
+        failures = self._reconnect.up(now)
         if failures:
             logger.info("wake-up channel back after %d attempt(s)", failures)
         with self._mutex:
@@ -301,28 +308,19 @@ class Notifier:
                                 event.clear()
                 continue  # connected: subscribing may have fired our own event
             try:
-                self._read_once(min(deadline, self._next_check(now)) - now)
+                self._read_once(min(deadline, self._liveness.next_check()) - now)
             except Exception as exc:
                 self._drop(exc)
-
-    def _next_check(self, now: float) -> float:
-        if self._ping_sent is not None:
-            return self._ping_sent + LIVENESS_INTERVAL
-        return self._last_heard + LIVENESS_INTERVAL
 
     def _read_once(self, timeout: float) -> None:
         message = self._pubsub.get_message(timeout=max(0.0, timeout))
         now = time.monotonic()
         if message is None:
-            if self._ping_sent is not None:
-                if now - self._ping_sent >= LIVENESS_INTERVAL:
-                    raise TimeoutError("no answer to PING on the wake-up channel")
-            elif now - self._last_heard >= LIVENESS_INTERVAL:
+            if self._liveness.ping_due(now):
                 self._pubsub.ping()
-                self._ping_sent = now
+                self._liveness.ping_sent = now
             return
-        self._last_heard = now
-        self._ping_sent = None
+        self._liveness.heard(now)
         kind = message["type"]
         if kind == "message":
             token, handed = parse_wakeup(message["data"])
@@ -373,20 +371,8 @@ def get_notifier(client: RedisClient, keyspace: KeySpace) -> Notifier | ShardedN
 
     A ``RedisCluster`` (which has no single pool) gets a ``ShardedNotifier``.
     """
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        pool = client
-    key = (id(pool), keyspace.prefix)
-    entry = _registry.get(key)
-    if entry is not None and entry[0] is pool:
-        return entry[1]
     with _registry_lock:
-        entry = _registry.get(key)
-        if entry is None or entry[0] is not pool:
-            kind = ShardedNotifier if is_cluster(client) else Notifier
-            entry = (pool, kind(client, keyspace))
-            _registry[key] = entry
-        return entry[1]
+        return registered(_registry, client, keyspace, Notifier, ShardedNotifier)
 
 
 def _after_fork_in_child() -> None:

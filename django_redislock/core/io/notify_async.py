@@ -18,16 +18,16 @@ from typing import Any
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
-from ..topology import is_cluster
 from .aio_calls import wait_for
 from .notify_sharded_async import AsyncShardedNotifier
 from .wakeup import (
     IDLE_TIMEOUT,
-    LIVENESS_INTERVAL,
     AsyncWakeup,
     Handed,
+    Liveness,
     Reconnect,
     parse_wakeup,
+    registered,
 )
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
@@ -116,22 +116,18 @@ class AsyncNotifier:
             await asyncio.sleep(delay)
 
     async def _listen(self, pubsub: Any) -> None:
-        last_heard = time.monotonic()
-        ping_sent: float | None = None
+        liveness = Liveness(time.monotonic())
         while True:
             message = await pubsub.get_message(timeout=1.0)
             now = time.monotonic()
             if message is None:
-                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
-                    raise TimeoutError("no answer to PING on the wake-up channel")
-                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL:
+                if liveness.ping_due(now):
                     if self._idle():
                         return
                     await pubsub.ping()
-                    ping_sent = now
+                    liveness.ping_sent = now
                 continue
-            last_heard = now
-            ping_sent = None
+            liveness.heard(now)
             kind = message["type"]
             if kind == "message":
                 token, handed = parse_wakeup(message["data"])
@@ -166,13 +162,4 @@ def get_async_notifier(
     An asyncio ``RedisCluster`` gets an ``AsyncShardedNotifier``.
     """
     per_loop = _notifiers.setdefault(asyncio.get_running_loop(), {})
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        pool = client
-    key = (id(pool), keyspace.prefix)
-    entry = per_loop.get(key)
-    if entry is None or entry[0] is not pool:
-        kind = AsyncShardedNotifier if is_cluster(client) else AsyncNotifier
-        entry = (pool, kind(client, keyspace))
-        per_loop[key] = entry
-    return entry[1]
+    return registered(per_loop, client, keyspace, AsyncNotifier, AsyncShardedNotifier)

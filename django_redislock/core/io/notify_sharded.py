@@ -43,7 +43,7 @@ from .notify_sharded_base import (
     logger,
     no_sharded_pubsub,
 )
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, Handed, Reconnect, Wakeup
+from .wakeup import Handed, Liveness, Reconnect, Wakeup
 
 if TYPE_CHECKING:
     import redis
@@ -74,27 +74,16 @@ class _NodeListener(NodeListenerBase):
             self.wanted.add(channel)
             if self.pubsub is not None:
                 try:
-                    self._subscribe(channel)
+                    self.command(self.pubsub, "subscribe")(channel)
                 except Exception as exc:  # the reader notices and reconnects
                     logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
 
     def remove(self, channel: bytes) -> None:
         with self.lock:
-            self.wanted.discard(channel)
-            if not self.wanted:
-                self.empty_since = time.monotonic()
+            self.forget(channel)
             if self.pubsub is not None:
                 with contextlib.suppress(Exception):
-                    if self.sharded:
-                        self.pubsub.sunsubscribe(channel)
-                    else:
-                        self.pubsub.unsubscribe(channel)
-
-    def _subscribe(self, channel: bytes) -> None:
-        if self.sharded:
-            self.pubsub.ssubscribe(channel)
-        else:
-            self.pubsub.subscribe(channel)
+                    self.command(self.pubsub, "unsubscribe")(channel)
 
     def _run(self) -> None:
         reconnect = Reconnect()
@@ -105,7 +94,7 @@ class _NodeListener(NodeListenerBase):
                     self.pubsub = self.redis.pubsub()
                     # One SSUBSCRIBE per channel: they are in different slots.
                     for channel in sorted(self.wanted):
-                        self._subscribe(channel)
+                        self.command(self.pubsub, "subscribe")(channel)
                 reconnect.up(time.monotonic())
                 if self._listen():
                     return
@@ -124,29 +113,24 @@ class _NodeListener(NodeListenerBase):
 
     def _listen(self) -> bool:
         """Read until the connection fails (raises) or the listener retires (True)."""
-        last_heard = time.monotonic()
-        last_check = last_heard
-        ping_sent: float | None = None
+        liveness = Liveness(time.monotonic())
+        self.checked_at = liveness.last_heard
         while True:
             message = self.pubsub.get_message(timeout=1.0)
             now = time.monotonic()
             if message is not None:
-                last_heard = now
-                ping_sent = None
                 self.owner._handle(message, self.name)
-            if now - last_check >= 1.0:
-                last_check = now
+                liveness.heard(now)
+            if self.upkeep_due(now):
                 self.owner._maintain(self)
                 with self.lock:
-                    if not self.wanted and now - self.empty_since > IDLE_TIMEOUT:
+                    if self.idle(now):
                         return self.owner._retire(self)
-            if message is None:
-                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
-                    raise TimeoutError("no answer to PING on the wake-up channel")
-                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL and self.wanted:
-                    with self.lock:
-                        self.pubsub.ping()
-                    ping_sent = now
+            # Pinged only while a tag is wanted: an empty listener retires.
+            if message is None and liveness.ping_due(now) and self.wanted:
+                with self.lock:
+                    self.pubsub.ping()
+                liveness.ping_sent = now
 
 
 class ShardedNotifier(ShardedBase["RedisCluster"]):
@@ -245,17 +229,11 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
 
     def _listener_down(self, listener: _NodeListener) -> None:
         with self._mutex:
-            for tag, state in self._tags.items():
-                if state.node == listener.name:
-                    state.ready.clear()
-                    state.node = None
-                    # Waiters must not sleep on a channel nobody is reading.
-                    self._wake_tag(tag)
+            self._listener_lost(listener.name)
             with listener.lock:
                 listener.wanted.clear()
-            for state in self._tags.values():
-                if state.node is None and state.users > 0:
-                    self._route(state)
+            for state in self._unrouted():
+                self._route(state)
 
     def _retire(self, listener: _NodeListener) -> bool:
         with self._mutex, listener.lock:

@@ -18,7 +18,7 @@ from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from . import notify_sharded
 from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
-from .wakeup import IDLE_TIMEOUT, LIVENESS_INTERVAL, AsyncWakeup, Handed, Reconnect
+from .wakeup import AsyncWakeup, Handed, Liveness, Reconnect
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -42,26 +42,15 @@ class _AsyncNodeListener(NodeListenerBase):
         self.wanted.add(channel)
         if self.pubsub is not None:
             try:
-                await self._subscribe(self.pubsub, channel)
+                await self.command(self.pubsub, "subscribe")(channel)
             except Exception as exc:
                 logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
 
     async def remove(self, channel: bytes) -> None:
-        self.wanted.discard(channel)
-        if not self.wanted:
-            self.empty_since = time.monotonic()
+        self.forget(channel)
         if self.pubsub is not None:
             with contextlib.suppress(Exception):
-                if self.sharded:
-                    await self.pubsub.sunsubscribe(channel)
-                else:
-                    await self.pubsub.unsubscribe(channel)
-
-    async def _subscribe(self, pubsub: Any, channel: bytes) -> None:
-        if self.sharded:
-            await pubsub.ssubscribe(channel)
-        else:
-            await pubsub.subscribe(channel)
+                await self.command(self.pubsub, "unsubscribe")(channel)
 
     async def run(self) -> None:
         reconnect = Reconnect()
@@ -71,7 +60,7 @@ class _AsyncNodeListener(NodeListenerBase):
                 pubsub = _async_pubsub(self.redis)
                 try:
                     for channel in sorted(self.wanted):
-                        await self._subscribe(pubsub, channel)
+                        await self.command(pubsub, "subscribe")(channel)
                     self.pubsub = pubsub
                     reconnect.up(time.monotonic())
                     if await self._listen():
@@ -93,9 +82,8 @@ class _AsyncNodeListener(NodeListenerBase):
                 await self.redis.aclose()
 
     async def _listen(self) -> bool:
-        last_heard = time.monotonic()
-        last_check = last_heard
-        ping_sent: float | None = None
+        liveness = Liveness(time.monotonic())
+        self.checked_at = liveness.last_heard
         while True:
             if self.pubsub.connection is None:
                 await asyncio.sleep(0.05)
@@ -104,20 +92,16 @@ class _AsyncNodeListener(NodeListenerBase):
                 message = await self.pubsub.get_message(timeout=1.0)
             now = time.monotonic()
             if message is not None:
-                last_heard = now
-                ping_sent = None
+                liveness.heard(now)
                 self.owner._on_message(message, self.name)
-            if now - last_check >= 1.0:
-                last_check = now
+            if self.upkeep_due(now):
                 await self.owner._maintain(self)
-                if not self.wanted and now - self.empty_since > IDLE_TIMEOUT:
+                if self.idle(now):
                     return self.owner._retire(self)
-            if message is None and self.pubsub.connection is not None:
-                if ping_sent is not None and now - ping_sent > LIVENESS_INTERVAL:
-                    raise TimeoutError("no answer to PING on the wake-up channel")
-                if ping_sent is None and now - last_heard > LIVENESS_INTERVAL and self.wanted:
-                    await self.pubsub.ping()
-                    ping_sent = now
+            connected = self.pubsub.connection is not None
+            if message is None and connected and liveness.ping_due(now) and self.wanted:
+                await self.pubsub.ping()
+                liveness.ping_sent = now
 
 
 class _ShardedPubSub(AsyncPubSub):
@@ -253,17 +237,12 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
                         self._wake_tag(tag)
 
     async def _listener_down(self, listener: _AsyncNodeListener) -> None:
-        for tag, state in self._tags.items():
-            if state.node == listener.name:
-                state.ready.clear()
-                state.node = None
-                self._wake_tag(tag)
+        self._listener_lost(listener.name)
         listener.wanted.clear()
         if self._listeners.get(listener.name) is listener:
             del self._listeners[listener.name]
-        for state in list(self._tags.values()):
-            if state.node is None and state.users > 0:
-                await self._route(state)
+        for state in self._unrouted():
+            await self._route(state)
 
     def _retire(self, listener: _AsyncNodeListener) -> bool:
         if self._listeners.get(listener.name) is not listener:

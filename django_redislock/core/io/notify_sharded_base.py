@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from redis.exceptions import ResponseError
 
 from ..engine.keys import KeySpace
-from .wakeup import NO_CHANNEL, Reconnect, parse_wakeup
+from .wakeup import IDLE_TIMEOUT, NO_CHANNEL, Reconnect, parse_wakeup
 
 if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -136,6 +136,19 @@ class ShardedBase(Generic[_K]):
             state.node = None
             self._wake_tag(tag)  # type: ignore[arg-type]
 
+    def _listener_lost(self, name: str) -> None:
+        """The listener of node ``name`` is down: its tags are not subscribed,
+        and their waiters must not sleep on a channel nobody is reading."""
+        for tag, state in self._tags.items():
+            if state.node == name:
+                state.ready.clear()
+                state.node = None
+                self._wake_tag(tag)
+
+    def _unrouted(self) -> list[SubscribedTag]:
+        """Tags someone waits on that no node's listener serves."""
+        return [s for s in self._tags.values() if s.node is None and s.users > 0]
+
     def is_ready(self, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         return state is not None and state.ready.is_set()
@@ -178,12 +191,32 @@ class NodeListenerBase:
         self.name = name
         self.wanted: set[bytes] = set()
         self.pubsub: Any = None
-        self.empty_since = time.monotonic()
+        self.empty_since = self.checked_at = time.monotonic()
         self._unsharded = unsharded  # the notifier's: nodes that refused SSUBSCRIBE
 
     @property
     def sharded(self) -> bool:
         return self.name not in self._unsharded
+
+    def command(self, pubsub: Any, verb: str) -> Any:
+        """``pubsub``'s method to ``verb`` ("subscribe", "unsubscribe") a channel
+        here: the sharded one, or the plain one on a node without sharded pub/sub."""
+        return getattr(pubsub, "s" + verb if self.sharded else verb)
+
+    def upkeep_due(self, now: float) -> bool:
+        """Once a second: time to look after this node's tags (the owner's ``_maintain``)."""
+        if now - self.checked_at < 1.0:
+            return False
+        self.checked_at = now
+        return True
+
+    def idle(self, now: float) -> bool:
+        return not self.wanted and now - self.empty_since > IDLE_TIMEOUT
+
+    def forget(self, channel: bytes) -> None:
+        self.wanted.discard(channel)
+        if not self.wanted:
+            self.empty_since = time.monotonic()
 
     def lost(self, exc: BaseException, reconnect: Reconnect) -> float:
         """Tell of a lost (or refused) subscription; seconds until the next try."""

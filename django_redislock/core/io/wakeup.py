@@ -17,19 +17,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+from ..topology import is_cluster
 from .aio_calls import wait_for
+
+if TYPE_CHECKING:
+    from ..engine.keys import KeySpace
 
 __all__ = [
     "IDLE_TIMEOUT",
     "LIVENESS_INTERVAL",
+    "Liveness",
     "NO_CHANNEL",
     "AsyncWakeup",
     "Handed",
     "Reconnect",
     "Wakeup",
     "parse_wakeup",
+    "registered",
 ]
 
 # How long a channel reader may sit without hearing from Redis before it
@@ -113,6 +120,36 @@ class Reconnect:
         return self.failures == 1
 
 
+class Liveness:
+    """When a quiet wake-up channel is pinged, and when it counts as lost. One
+    policy, no I/O, for every reader, as ``Reconnect`` is.
+
+    A channel that said nothing for ``LIVENESS_INTERVAL`` gets a PING; one
+    whose PING went unanswered for as long is lost (``ping_due`` raises).
+    """
+
+    def __init__(self, now: float) -> None:
+        self.last_heard = now
+        self.ping_sent: float | None = None
+
+    def heard(self, now: float) -> None:
+        self.last_heard = now
+        self.ping_sent = None
+
+    def ping_due(self, now: float) -> bool:
+        """Whether to send a PING at ``now``; raises TimeoutError when the
+        last one went unanswered too long."""
+        if self.ping_sent is not None:
+            if now - self.ping_sent >= LIVENESS_INTERVAL:
+                raise TimeoutError("no answer to PING on the wake-up channel")
+            return False
+        return now - self.last_heard >= LIVENESS_INTERVAL
+
+    def next_check(self) -> float:
+        """When ``ping_due`` may next say something new."""
+        return (self.last_heard if self.ping_sent is None else self.ping_sent) + LIVENESS_INTERVAL
+
+
 class Wakeup(threading.Event):
     """A waiting thread's event.
 
@@ -143,3 +180,27 @@ class AsyncWakeup(asyncio.Event):
         handed, self.handed = self.handed, None
         self.clear()
         return handed
+
+
+_Plain = TypeVar("_Plain")
+_Sharded = TypeVar("_Sharded")
+
+
+def registered(
+    registry: dict[tuple[int, str], tuple[Any, Any]],
+    client: Any,
+    keyspace: KeySpace,
+    plain: Callable[[Any, KeySpace], _Plain],
+    sharded: Callable[[Any, KeySpace], _Sharded],
+) -> _Plain | _Sharded:
+    """The notifier in ``registry`` for the client's pool and prefix, made if
+    missing: ``sharded`` for a Cluster (which has no single pool), else ``plain``."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        pool = client
+    key = (id(pool), keyspace.prefix)
+    entry = registry.get(key)
+    if entry is None or entry[0] is not pool:
+        entry = (pool, (sharded if is_cluster(client) else plain)(client, keyspace))
+        registry[key] = entry
+    return entry[1]

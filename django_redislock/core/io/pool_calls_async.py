@@ -1,0 +1,80 @@
+"""One batch of commands on one connection of a pool: written once, a reply each.
+
+Written for asyncio; the sync twin is generated from it by ``tools/gen_sync.py``.
+See ``batch.py`` for the policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import giveback
+from .batch import CallFailed, Command
+from .checkout import checkout_async, disconnect_async
+from .giveback import Pending
+
+__all__ = ["call_on_pool_async", "exchange_async"]
+
+
+async def exchange_async(conn: Any, commands: Sequence[Command]) -> list[Any]:
+    """Write ``commands`` on ``conn`` and read one reply each (errors as values)."""
+    try:
+        await conn.send_packed_command(conn.pack_commands(commands), False)
+    except BaseException as exc:
+        await disconnect_async(conn)
+        # A part of the batch may have gone out: one command cut short does
+        # not run, but the first of several may be complete.
+        raise CallFailed(exc, may_have_run=len(commands) > 1) from exc
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(await conn.read_response(disconnect_on_error=False))
+        except ResponseError as exc:
+            replies.append(exc)
+        except (TimeoutError, RedisTimeoutError, asyncio.TimeoutError) as exc:
+            failed = CallFailed(exc, may_have_run=True)
+            failed.pending = Pending(conn, len(commands) - len(replies), None)
+            raise failed from exc
+        except BaseException as exc:
+            # Cancelled mid-read, or the connection broke: the batch may
+            # have run and the connection holds an unread reply.
+            await disconnect_async(conn)
+            raise CallFailed(exc, may_have_run=True) from exc
+    return replies
+
+
+async def call_on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
+    from redis.exceptions import MaxConnectionsError
+
+    for attempt in (1, 2):
+        try:
+            conn = await checkout_async(pool)
+        except MaxConnectionsError as exc:
+            # The pool is at its cap: a plain command fails the same way.
+            raise CallFailed(exc, may_have_run=False) from exc
+        except RedisConnectionError as exc:
+            # Nothing was written: one more try covers a pooled connection
+            # that died with a restarted Redis.
+            if attempt == 2:
+                raise CallFailed(exc, may_have_run=False) from exc
+            continue
+        except RedisError as exc:
+            raise CallFailed(exc, may_have_run=False) from exc
+        try:
+            return await exchange_async(conn, commands)
+        except CallFailed as failed:
+            if failed.pending is not None:
+                failed.pending.release = lambda c=conn: pool.release(c)
+                giveback.drain_async(failed.pending)
+                conn = None
+            raise
+        finally:
+            if conn is not None:
+                await pool.release(conn)
+    raise AssertionError("unreachable")  # pragma: no cover
