@@ -10,6 +10,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import cache, lru_cache
 from typing import Any, Generic, TypeVar
 
@@ -17,12 +18,13 @@ from ..clients import AnyRedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace, LockKeys, shows_name
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
-from ..exceptions import LockLost
+from ..exceptions import LockError, LockLost
 
 __all__ = [
     "STATE_KEEP_MS",
     "LockBase",
     "Observer",
+    "after_block",
     "check_seconds",
     "is_seconds",
     "same_token",
@@ -84,6 +86,14 @@ def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
         bound = "0 or more" if allow_zero else "more than 0"
         raise ValueError(f"{what} must be a finite number of seconds, {bound}; got {value!r}")
     return float(value)
+
+
+def after_block(exc_type: type[BaseException] | None) -> AbstractContextManager[object]:
+    """Around the release that ends a ``with`` block: a ``LockError`` (lost, not
+    owned) is raised only when the block raised nothing, so the block's own
+    exception passes through unchanged (a loss is already reported to the
+    observer and ``on_lost``)."""
+    return nullcontext() if exc_type is None else suppress(LockError)
 
 
 @cache

@@ -19,8 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -54,20 +53,44 @@ from ._sync_prims import (
     keep_cancellation,
     raise_if_cancelled_since,
 )
-from .base import LockBase
+from .base import LockBase, after_block
 
-__all__ = ["SyncHandle"]
+__all__ = ["SyncHandle", "HeldInBlock"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 
-_H = TypeVar("_H", bound="SyncHandle")
+
+class _Takes(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def retry_after(self) -> float | None: ...
+    def acquire(self) -> bool: ...
+    def release(self) -> None: ...
+
+
+_T = TypeVar("_T", bound=_Takes)
 
 # A release runs to the end even if its task is cancelled, within this bound
 # (the client's socket timeout normally ends it much sooner).
 _RELEASE_TIMEOUT = 10.0
 
 
-class SyncHandle(LockBase[RedisClient]):
+class HeldInBlock:
+    """``async with``: acquire, or raise ``LockNotAcquired`` when it stays busy;
+    release at the end, the block's own exception passing through unchanged."""
+
+    def __enter__(self: _T) -> _T:
+        if not self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    def __exit__(self: _Takes, exc_type: type[BaseException] | None, *_: object) -> None:
+        with after_block(exc_type):
+            self.release()
+
+
+class SyncHandle(LockBase[RedisClient], HeldInBlock):
     """What ``Lock`` and ``Semaphore`` share: the gate, the wait
     loop, and giving back whatever an interrupted or timed-out attempt may hold.
 
@@ -288,26 +311,6 @@ class SyncHandle(LockBase[RedisClient]):
         except RedisError as exc:
             raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
         return score is not None and self.held
-
-    # -- context manager ---------------------------------------------------------
-    def __enter__(self: _H) -> _H:
-        if not self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockError:
-            # The body's own exception passes through unchanged; loss was
-            # already reported to the observer and on_lost.
-            if exc_type is None:
-                raise
 
     def _release_call(self, token: str) -> int:
         """Run the release script: 1 when released, 0 when not held."""

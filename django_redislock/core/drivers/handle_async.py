@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -53,20 +52,44 @@ from ._async_prims import (
     keep_cancellation,
     raise_if_cancelled_since,
 )
-from .base import LockBase
+from .base import LockBase, after_block
 
-__all__ = ["AsyncHandle"]
+__all__ = ["AsyncHandle", "HeldInBlock"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 
-_H = TypeVar("_H", bound="AsyncHandle")
+
+class _Takes(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def retry_after(self) -> float | None: ...
+    async def acquire(self) -> bool: ...
+    async def release(self) -> None: ...
+
+
+_T = TypeVar("_T", bound=_Takes)
 
 # A release runs to the end even if its task is cancelled, within this bound
 # (the client's socket timeout normally ends it much sooner).
 _RELEASE_TIMEOUT = 10.0
 
 
-class AsyncHandle(LockBase[AsyncRedisClient]):
+class HeldInBlock:
+    """``async with``: acquire, or raise ``LockNotAcquired`` when it stays busy;
+    release at the end, the block's own exception passing through unchanged."""
+
+    async def __aenter__(self: _T) -> _T:
+        if not await self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    async def __aexit__(self: _Takes, exc_type: type[BaseException] | None, *_: object) -> None:
+        with after_block(exc_type):
+            await self.release()
+
+
+class AsyncHandle(LockBase[AsyncRedisClient], HeldInBlock):
     """What ``AsyncLock`` and ``AsyncSemaphore`` share: the gate, the wait
     loop, and giving back whatever an interrupted or timed-out attempt may hold.
 
@@ -289,26 +312,6 @@ class AsyncHandle(LockBase[AsyncRedisClient]):
         except RedisError as exc:
             raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
         return score is not None and self.held
-
-    # -- context manager ---------------------------------------------------------
-    async def __aenter__(self: _H) -> _H:
-        if not await self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self.release()
-        except LockError:
-            # The body's own exception passes through unchanged; loss was
-            # already reported to the observer and on_lost.
-            if exc_type is None:
-                raise
 
     async def _release_call(self, token: str) -> int:
         """Run the release script: 1 when released, 0 when not held."""
