@@ -34,6 +34,7 @@ from ..engine.protocol import (
 from ..exceptions import (
     LockError,
     LockNotAcquired,
+    LockNotOwned,
     RedisUnavailable,
     ReplicationTimeout,
 )
@@ -101,9 +102,14 @@ class AsyncHandle(LockBase[AsyncRedisClient], HeldInBlock):
     """
 
     # Takes the lease or permit, or queues for it; gives back whatever a
-    # token may hold or be queued for (safe to repeat).
+    # token may hold or be queued for (safe to repeat); releases what a token
+    # holds and serves the queue (1: released, 0: not held).
     _acquire_script: scripts.Script
     _cancel_script: scripts.Script
+    _release_script: scripts.Script
+    # LockNotOwned's messages: this handle holds nothing, or another holder took it.
+    _not_held = "cannot {action} {name!r}: this handle does not hold it"
+    _not_ours = "cannot {action} {name!r}: it was acquired by another {kind}"
     # Whether a give-back must wait for the late reply of the call it follows
     # (else the late call could run after it and take what it gave back).
     _give_back_after_late_reply = True
@@ -154,6 +160,16 @@ class AsyncHandle(LockBase[AsyncRedisClient], HeldInBlock):
     def _on_acquired(self, ttl_ms: int) -> None:
         """Called once the handle holds what it asked for."""
 
+    def _claim(self) -> Holder | None:
+        """Who takes the handle: the running thread or task (a forked child's
+        handle starts free); ``LockError`` if it holds the handle already."""
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        me = current_holder()
+        if self.token is not None and self._holder == me:
+            raise self._already_held()
+        return me
+
     def _already_held(self) -> LockError:
         return LockError(
             f"lock {self.name!r} is already held by this handle in this {HOLDER_KIND}; "
@@ -168,11 +184,7 @@ class AsyncHandle(LockBase[AsyncRedisClient], HeldInBlock):
         """
         wait_s = self._wait_s(wait)
         ttl_ms = self._ttl_ms(ttl)
-        if self._pid != os.getpid():
-            self._detach_after_fork()
-        me = current_holder()
-        if self.token is not None and self._holder == me:
-            raise self._already_held()
+        me = self._claim()
         started = time.monotonic()
         if not await self._gate.acquire(wait_s):
             self.observer.busy(self, time.monotonic() - started)
@@ -314,12 +326,19 @@ class AsyncHandle(LockBase[AsyncRedisClient], HeldInBlock):
         return score is not None and self.held
 
     async def _release_call(self, token: str) -> int:
-        """Run the release script: 1 when released, 0 when not held."""
-        raise NotImplementedError
+        script, args = self._release_script, self._release_args(token)
+        return int(await scripts.run_async(self.client, script, self._key_tuple, args))
 
     def _check_owner(self, action: str) -> str:
         """The token, if this thread or task may ``action`` it; else LockNotOwned."""
-        raise NotImplementedError
+        # A forked child inherits the handle, never what it holds.
+        if self.token is None or self._pid != os.getpid():
+            raise LockNotOwned(self._not_held.format(action=action, name=self.name))
+        if self._holder != current_holder():
+            raise LockNotOwned(
+                self._not_ours.format(action=action, name=self.name, kind=HOLDER_KIND)
+            )
+        return self.token
 
     def _stop_renewal(self) -> None:
         """Called before releasing; renewing handles stop their renewal."""

@@ -49,13 +49,10 @@ class ReadWriteLock(ReadWriteLockBase[RedisClient], Lock):
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
+    _release_script = RELEASE
     # The cancel script does not remember the token: a give-back after a call
     # that may still arrive waits for that call's late reply first.
     _give_back_after_late_reply = True
-
-    def _release_call(self, token: str) -> int:
-        args = self._release_args(token)
-        return int(scripts.run(self.client, RELEASE, self._key_tuple, args))
 
     def _extend_call(self, token: str, ttl_ms: int) -> bool:
         args = (token, ttl_ms, STATE_KEEP_MS)

@@ -14,14 +14,13 @@ whatever it may have been granted.
 
 from __future__ import annotations
 
-import os
 import time
 
 from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
-from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from ._sync_prims import HOLDER_KIND, current_holder
+from ..exceptions import LockError, LockLost, RedisUnavailable
+from ._sync_prims import HOLDER_KIND
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .handle import SyncHandle
 from .semaphore_base import (
@@ -62,22 +61,11 @@ class Semaphore(SemaphoreBase[RedisClient], SyncHandle):
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
+    _release_script = RELEASE
+    _not_held = "cannot {action} a permit of {name!r}: this handle holds none"
+    _not_ours = "cannot {action} a permit of {name!r}: another {kind} acquired it"
 
     # -- release / refresh ------------------------------------------------------
-    def _check_owner(self, action: str) -> str:
-        # A forked child inherits the handle, never what it holds.
-        if self.token is None or self._pid != os.getpid():
-            raise LockNotOwned(f"cannot {action} a permit of {self.name!r}: this handle holds none")
-        if self._holder != current_holder():
-            raise LockNotOwned(
-                f"cannot {action} a permit of {self.name!r}: another {HOLDER_KIND} acquired it"
-            )
-        return self.token
-
-    def _release_call(self, token: str) -> int:
-        args = self._release_args(token)
-        return int(scripts.run(self.client, RELEASE, self._key_tuple, args))
-
     def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
         token = self._check_owner("refresh")
