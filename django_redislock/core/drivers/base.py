@@ -15,7 +15,6 @@ from functools import cache, lru_cache
 from typing import Any, Generic, TypeVar
 
 from ..clients import AnyRedisClient
-from ..engine import scripts
 from ..engine.keys import KeySpace, LockKeys, shows_name
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
 from ..exceptions import LockError, LockLost
@@ -119,21 +118,6 @@ def _owner_json(pid: int, who: str, label: str, template: str | None = None) -> 
 # The client a handle holds: a sync one for the sync drivers, an asyncio one
 # for theirs (``clients.py``).
 ClientT = TypeVar("ClientT", bound=AnyRedisClient)
-
-
-def holder_scripts(
-    prelude: str, prefix: str
-) -> tuple[scripts.Script, scripts.Script, scripts.Script, scripts.Script, scripts.Script]:
-    """(acquire, release, refresh, cancel, clear) of a kind whose holders are
-    members of a sorted set scored by expiry: ``<prefix>_acquire.lua`` and
-    its siblings on the kind's ``prelude``; refresh and clear are shared."""
-    return (
-        scripts.load(f"{prefix}_acquire", prelude=prelude),
-        scripts.load(f"{prefix}_release", prelude=prelude, repeatable=True),
-        scripts.HOLDERS_REFRESH,
-        scripts.load(f"{prefix}_cancel", prelude=prelude, repeatable=True),
-        scripts.load("holders_clear", prelude=prelude),
-    )
 
 
 class LockBase(Generic[ClientT]):
@@ -352,6 +336,9 @@ class LockBase(Generic[ClientT]):
 
     def _cancel_args(self, token: str) -> tuple:
         return (token,)
+
+    def _extend_args(self, token: str, ttl_ms: int) -> tuple:
+        return (token, ttl_ms)
 
     @property
     def _key_tuple(self) -> tuple[bytes, bytes, bytes]:

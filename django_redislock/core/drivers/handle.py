@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from ..clients import RedisClient
 from ..engine import scripts
+from ..engine.keys import LockKeys
 from ..engine.protocol import (
     BARGE_DEFER,
     Acquisition,
@@ -34,6 +35,7 @@ from ..engine.protocol import (
 )
 from ..exceptions import (
     LockError,
+    LockLost,
     LockNotAcquired,
     LockNotOwned,
     RedisUnavailable,
@@ -54,9 +56,9 @@ from ._sync_prims import (
     keep_cancellation,
     raise_if_cancelled_since,
 )
-from .base import LockBase, after_block
+from .base import DEFAULT_GRACE, LockBase, after_block
 
-__all__ = ["SyncHandle", "HeldInBlock"]
+__all__ = ["SyncHandle", "HeldInBlock", "clear_holders"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 
@@ -75,6 +77,16 @@ _T = TypeVar("_T", bound=_Takes)
 # A release runs to the end even if its task is cancelled, within this bound
 # (the client's socket timeout normally ends it much sooner).
 _RELEASE_TIMEOUT = 10.0
+
+
+def clear_holders(
+    client: RedisClient, script: scripts.Script, keys: LockKeys, token: str | None
+) -> int:
+    """Force-release the holder ``token`` (every one, when None) of a kind whose
+    holders share a sorted set, with its ``script``: how many went, unclaimed
+    reservations included."""
+    args = (int(DEFAULT_GRACE * 1000), token or "")
+    return int(scripts.run(client, script, (keys.lease, keys.queue, keys.state), args))
 
 
 class HeldInBlock:
@@ -104,10 +116,12 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
 
     # Takes the lease or permit, or queues for it; gives back whatever a
     # token may hold or be queued for (safe to repeat); releases what a token
-    # holds and serves the queue (1: released, 0: not held).
+    # holds and serves the queue (1: released, 0: not held); resets what it
+    # holds to a new TTL (0: not held).
     _acquire_script: scripts.Script
     _cancel_script: scripts.Script
     _release_script: scripts.Script
+    _extend_script: scripts.Script
     # LockNotOwned's messages: this handle holds nothing, or another holder took it.
     _not_held = "cannot {action} {name!r}: this handle does not hold it"
     _not_ours = "cannot {action} {name!r}: it was acquired by another {kind}"
@@ -323,6 +337,32 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         except RedisError as exc:
             raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
         return score is not None and self.held
+
+    def _extend(self, action: str, ttl: float | None) -> int:
+        """``extend`` or ``refresh``: reset what this handle holds to ``ttl``
+        seconds (default: the handle's) from now; returns the new TTL in ms."""
+        token = self._check_owner(action)
+        if self.lost:
+            raise LockLost(f"{self._label()} was already lost")
+        ttl_ms = self._ttl_ms(ttl)
+        sent = time.monotonic()
+        try:
+            ok = self._extend_call(token, ttl_ms)
+        except RedisUnavailable as exc:
+            self._reset_unknown(exc, sent, ttl_ms)
+            raise
+        if not ok:
+            self._mark_lost(
+                f"the {self._holding} was gone at {action} (expired, cleared or lost by Redis)"
+            )
+            raise LockLost(f"{self._label()} was lost before it could be {action}ed")
+        if self.token == token and not self.lost:
+            self._valid_until = self._validity(sent, ttl_ms)
+        return ttl_ms
+
+    def _extend_call(self, token: str, ttl_ms: int) -> bool:
+        script, args = self._extend_script, self._extend_args(token, ttl_ms)
+        return bool(scripts.run(self.client, script, self._key_tuple, args))
 
     def _release_call(self, token: str) -> int:
         script, args = self._release_script, self._release_args(token)

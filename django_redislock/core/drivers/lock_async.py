@@ -82,6 +82,7 @@ class AsyncLock(AsyncHandle):
     _acquire_script = scripts.ACQUIRE
     _cancel_script = scripts.CANCEL
     _release_script = scripts.RELEASE
+    _extend_script = scripts.EXTEND
     # The lock's cancel remembers the token and its acquire then grants
     # nothing: the give-back need not wait for a late reply that may never
     # come (a reply lost on the way), it frees the name as soon as Redis answers.
@@ -108,27 +109,7 @@ class AsyncLock(AsyncHandle):
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
-        token = self._check_owner("extend")
-        if self.lost:
-            raise LockLost(f"lock {self.name!r} was already lost")
-        ttl_ms = self._ttl_ms(ttl)
-        sent = time.monotonic()
-        try:
-            ok = await self._extend_call(token, ttl_ms)
-        except RedisUnavailable as exc:
-            self._reset_unknown(exc, sent, ttl_ms)
-            raise
-        if not ok:
-            self._mark_lost("the lease was gone at extend (expired, cleared or lost by Redis)")
-            raise LockLost(f"lock {self.name!r} was lost before it could be extended")
-        self._ttl_ms_held = ttl_ms
-        if self.token == token and not self.lost:
-            self._valid_until = self._validity(sent, ttl_ms)
-
-    async def _extend_call(self, token: str, ttl_ms: int) -> bool:
-        return bool(
-            await scripts.run_async(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms))
-        )
+        self._ttl_ms_held = await self._extend("extend", ttl)
 
     async def owned(self) -> bool:
         """Ask Redis whether this handle still holds the lease (one round trip)."""

@@ -12,14 +12,14 @@ import time
 
 from ..exceptions import LockError, LockLost, RedisUnavailable
 from ._async_prims import Cancelled
-from .handle_async import HeldInBlock
+from .handle_async import AsyncHeldInBlock
 from .lock_async import AsyncLock
 from .multi_base import MultiBase, lock_names
 
 __all__ = ["AsyncMultiLock", "MultiBase", "lock_names"]
 
 
-class AsyncMultiLock(MultiBase[AsyncLock], HeldInBlock):
+class AsyncMultiLock(MultiBase[AsyncLock], AsyncHeldInBlock):
     """Locks on several names, held all together or not at all.
 
     ``AsyncMultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
