@@ -295,6 +295,21 @@ class LockBase(Generic[ClientT]):
             raise LockLost(f"{self._label()} was lost before it was released")
         self.observer.released(self, held)
 
+    def _check_not_lost(self) -> None:
+        if self.lost:
+            raise LockLost(f"{self._label()} was already lost")
+
+    def _settle_extend(self, ok: bool, action: str, token: str, sent: float, ttl_ms: int) -> None:
+        """After the extend or refresh script sent at ``sent``: report a loss,
+        or count the lease (unless released meanwhile) from then."""
+        if not ok:
+            self._mark_lost(
+                f"the {self._holding} was gone at {action} (expired, cleared or lost by Redis)"
+            )
+            raise LockLost(f"{self._label()} was lost before it could be {action}ed")
+        if self.token == token and not self.lost:
+            self._valid_until = self._validity(sent, ttl_ms)
+
     def _mark_lost(self, reason: str) -> None:
         # From here on the handle holds nothing (invariant 11), whatever time
         # its lease had left: `held` is False and `remaining` 0 before anyone

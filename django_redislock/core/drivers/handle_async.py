@@ -34,7 +34,6 @@ from ..engine.protocol import (
 )
 from ..exceptions import (
     LockError,
-    LockLost,
     LockNotAcquired,
     LockNotOwned,
     RedisUnavailable,
@@ -343,8 +342,7 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         """``extend`` or ``refresh``: reset what this handle holds to ``ttl``
         seconds (default: the handle's) from now; returns the new TTL in ms."""
         token = self._check_owner(action)
-        if self.lost:
-            raise LockLost(f"{self._label()} was already lost")
+        self._check_not_lost()
         ttl_ms = self._ttl_ms(ttl)
         sent = time.monotonic()
         try:
@@ -352,13 +350,7 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             raise
-        if not ok:
-            self._mark_lost(
-                f"the {self._holding} was gone at {action} (expired, cleared or lost by Redis)"
-            )
-            raise LockLost(f"{self._label()} was lost before it could be {action}ed")
-        if self.token == token and not self.lost:
-            self._valid_until = self._validity(sent, ttl_ms)
+        self._settle_extend(ok, action, token, sent, ttl_ms)
         return ttl_ms
 
     async def _extend_call(self, token: str, ttl_ms: int) -> bool:

@@ -47,7 +47,6 @@ from ..engine.protocol import (
 )
 from ..exceptions import (
     LockError,
-    LockLost,
     RedisUnavailable,
 )
 from ._sync_prims import (
@@ -164,8 +163,7 @@ class Lock(SyncHandle):
         """
         token = self._check_owner("detach")
         try:
-            if self.lost:
-                raise LockLost(f"lock {self.name!r} was already lost")
+            self._check_not_lost()
             self.extend(ttl)
         finally:
             self._stop_renewal()

@@ -46,7 +46,6 @@ from ..engine.protocol import (
 )
 from ..exceptions import (
     LockError,
-    LockLost,
     RedisUnavailable,
 )
 from ._async_prims import (
@@ -163,8 +162,7 @@ class AsyncLock(AsyncHandle):
         """
         token = self._check_owner("detach")
         try:
-            if self.lost:
-                raise LockLost(f"lock {self.name!r} was already lost")
+            self._check_not_lost()
             await self.extend(ttl)
         finally:
             self._stop_renewal()
