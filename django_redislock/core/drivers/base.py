@@ -279,8 +279,11 @@ class LockBase(Generic[ClientT]):
         self.token = None
         self._valid_until = 0.0
 
-    # What a handle holds, for messages; semaphores say "permit".
+    # What a handle holds, for messages; semaphores say "permit". LockNotOwned's
+    # messages: this handle holds nothing, or another thread or task took it.
     _holding = "lease"
+    _not_held = "cannot {action} {name!r}: this handle does not hold it"
+    _not_ours = "cannot {action} {name!r}: it was acquired by another {kind}"
 
     def _label(self) -> str:
         return f"lock {self.name!r}"

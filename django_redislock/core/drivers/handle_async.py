@@ -120,9 +120,6 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
     _cancel_script: scripts.Script
     _release_script: scripts.Script
     _extend_script: scripts.Script
-    # LockNotOwned's messages: this handle holds nothing, or another holder took it.
-    _not_held = "cannot {action} {name!r}: this handle does not hold it"
-    _not_ours = "cannot {action} {name!r}: it was acquired by another {kind}"
     # Whether a give-back must wait for the late reply of the call it follows
     # (else the late call could run after it and take what it gave back).
     _give_back_after_late_reply = True
@@ -315,9 +312,8 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         )
 
     async def _cancel_call(self, token: str) -> Any:
-        return await scripts.run_async(
-            self.client, self._cancel_script, self._key_tuple, self._cancel_args(token)
-        )
+        script, args = self._cancel_script, self._cancel_args(token)
+        return await scripts.run_async(self.client, script, self._key_tuple, args)
 
     def _detach_after_fork(self) -> None:
         # A child inherits the parent's handle, not what it holds: it starts free.

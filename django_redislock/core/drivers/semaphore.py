@@ -61,8 +61,6 @@ class Semaphore(SemaphoreBase[RedisClient], SyncHandle):
     _cancel_script = CANCEL
     _release_script = RELEASE
     _extend_script = REFRESH
-    _not_held = "cannot {action} a permit of {name!r}: this handle holds none"
-    _not_ours = "cannot {action} a permit of {name!r}: another {kind} acquired it"
 
     # -- release / refresh ------------------------------------------------------
     def refresh(self, ttl: float | None = None) -> None:

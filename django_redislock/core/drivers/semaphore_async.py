@@ -60,8 +60,6 @@ class AsyncSemaphore(SemaphoreBase[AsyncRedisClient], AsyncHandle):
     _cancel_script = CANCEL
     _release_script = RELEASE
     _extend_script = REFRESH
-    _not_held = "cannot {action} a permit of {name!r}: this handle holds none"
-    _not_ours = "cannot {action} a permit of {name!r}: another {kind} acquired it"
 
     # -- release / refresh ------------------------------------------------------
     async def refresh(self, ttl: float | None = None) -> None:

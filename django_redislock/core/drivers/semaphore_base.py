@@ -130,6 +130,8 @@ class SemaphoreBase(HoldersBase[ClientT]):
         return self._limit
 
     _holding = "permit"
+    _not_held = "cannot {action} a permit of {name!r}: this handle holds none"
+    _not_ours = "cannot {action} a permit of {name!r}: another {kind} acquired it"
 
     def _label(self) -> str:
         return f"permit of semaphore {self.name!r}"
