@@ -62,6 +62,7 @@ RENAMES = {
     "notify_async": "notify",
     # Classes.
     "AsyncHandle": "SyncHandle",
+    "AsyncHeldInBlock": "HeldInBlock",
     "AsyncLock": "Lock",
     "AsyncSemaphore": "Semaphore",
     "AsyncReadWriteLock": "ReadWriteLock",
@@ -75,6 +76,7 @@ RENAMES = {
     "clear_semaphore_async": "clear_semaphore",
     "clear_rw_lock_async": "clear_rw_lock",
     "release_permit_async": "release_permit",
+    "clear_holders_async": "clear_holders",
     # The protocols.
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",

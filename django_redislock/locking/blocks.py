@@ -6,12 +6,13 @@ import dataclasses
 import sys
 import threading
 from collections.abc import Iterable
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 from ..conf import conf
+from ..core.drivers.base import after_block
 from ..core.drivers.multi import lock_names
-from ..core.exceptions import LockError, LockNotAcquired
+from ..core.exceptions import LockNotAcquired
 from ..stepping import Steps, run_steps, run_steps_async
 from .context import Held, pop, push, reenter, task_owner
 from .factories import lock_for
@@ -160,30 +161,17 @@ class redis_lock:  # noqa: N801 - used like a function: ``with redis_lock("x") a
         if not acquired:
             return
         taken: Any = lock  # a Lock or MultiLock (sync or asyncio): both release
-        try:
+        with after_block(exc_type):
             yield taken.release
-        except LockError:
-            if exc_type is None:
-                raise
 
     def __enter__(self) -> Any:
         return run_steps(self._entering(threading.get_ident(), asynchronous=False))
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         run_steps(self._leaving(threading.get_ident(), exc_type))
 
     async def __aenter__(self) -> Any:
         return await run_steps_async(self._entering(task_owner(), asynchronous=True))
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         await run_steps_async(self._leaving(task_owner(), exc_type))

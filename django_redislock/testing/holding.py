@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -112,6 +111,15 @@ class _Hold(contextlib.AbstractContextManager[H]):
     async def __aexit__(self, *exc_info: Any) -> None:
         self.__exit__(*exc_info)
 
+    def _hold(
+        self, what: str, name: object, timeout: object, wait: object, alias: str | None
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{what}(): name must be a non-empty str, not {name!r}")
+        self.name = name
+        self.timeout, self.wait = _check_hold_args(what, timeout, wait)
+        self.alias = alias
+
 
 class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hold_lock("x")``
     """Hold the lock ``name`` as another process would, for the ``with`` block.
@@ -146,11 +154,7 @@ class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hol
         wait: float | None = 0.0,
         alias: str | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"hold_lock(): name must be a non-empty str, not {name!r}")
-        self.name = name
-        self.timeout, self.wait = _check_hold_args("hold_lock", timeout, wait)
-        self.alias = alias
+        self._hold("hold_lock", name, timeout, wait, alias)
         self.lock: Lock | None = None
 
     def __enter__(self) -> Lock:
@@ -168,13 +172,8 @@ class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hol
         self.lock = lock
         return lock
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        from ..core.exceptions import LockError
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        from ..core.drivers.base import after_block
 
         lock, self.lock = self.lock, None
         assert lock is not None
@@ -183,13 +182,10 @@ class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hol
             _hold_tokens.discard(lock.token or "")
         if lock.token is None:
             return  # the test released it itself
-        try:
+        # Lost while held (cleared by the code under test, expired): the
+        # block's own exception, if any, says more.
+        with after_block(exc_type):
             lock.release()
-        except LockError:
-            # Lost while held (cleared by the code under test, expired): the
-            # block's own exception, if any, says more.
-            if exc_type is None:
-                raise
 
 
 class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a function
@@ -215,8 +211,7 @@ class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a functi
     ) -> None:
         from ..core.drivers.semaphore import check_limit
 
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"hold_permits(): name must be a non-empty str, not {name!r}")
+        self._hold("hold_permits", name, timeout, wait, alias)
         try:
             self.limit = check_limit(limit)
             self.count = self.limit if count is None else check_limit(count)
@@ -226,9 +221,6 @@ class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a functi
             raise ValueError(
                 f"hold_permits(): count ({self.count}) is more than the limit ({self.limit})"
             )
-        self.name = name
-        self.timeout, self.wait = _check_hold_args("hold_permits", timeout, wait)
-        self.alias = alias
         self.permits: list[Semaphore] = []
         self._entered = False
 
@@ -264,12 +256,7 @@ class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a functi
         self._entered = True
         return list(held)
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         from ..core.exceptions import LockError
 
         held, self.permits, self._entered = self.permits, [], False

@@ -10,19 +10,20 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext, suppress
 from functools import cache, lru_cache
 from typing import Any, Generic, TypeVar
 
 from ..clients import AnyRedisClient
-from ..engine import scripts
 from ..engine.keys import KeySpace, LockKeys, shows_name
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
-from ..exceptions import LockLost
+from ..exceptions import LockError, LockLost
 
 __all__ = [
     "STATE_KEEP_MS",
     "LockBase",
     "Observer",
+    "after_block",
     "check_seconds",
     "is_seconds",
     "same_token",
@@ -86,6 +87,14 @@ def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
     return float(value)
 
 
+def after_block(exc_type: type[BaseException] | None) -> AbstractContextManager[object]:
+    """Around the release that ends a ``with`` block: a ``LockError`` (lost, not
+    owned) is raised only when the block raised nothing, so the block's own
+    exception passes through unchanged (a loss is already reported to the
+    observer and ``on_lost``)."""
+    return nullcontext() if exc_type is None else suppress(LockError)
+
+
 @cache
 def _hostname() -> str:
     return socket.gethostname()
@@ -109,21 +118,6 @@ def _owner_json(pid: int, who: str, label: str, template: str | None = None) -> 
 # The client a handle holds: a sync one for the sync drivers, an asyncio one
 # for theirs (``clients.py``).
 ClientT = TypeVar("ClientT", bound=AnyRedisClient)
-
-
-def holder_scripts(
-    prelude: str, prefix: str
-) -> tuple[scripts.Script, scripts.Script, scripts.Script, scripts.Script, scripts.Script]:
-    """(acquire, release, refresh, cancel, clear) of a kind whose holders are
-    members of a sorted set scored by expiry: ``<prefix>_acquire.lua`` and
-    its siblings on the kind's ``prelude``; refresh and clear are shared."""
-    return (
-        scripts.load(f"{prefix}_acquire", prelude=prelude),
-        scripts.load(f"{prefix}_release", prelude=prelude, repeatable=True),
-        scripts.HOLDERS_REFRESH,
-        scripts.load(f"{prefix}_cancel", prelude=prelude, repeatable=True),
-        scripts.load("holders_clear", prelude=prelude),
-    )
 
 
 class LockBase(Generic[ClientT]):
@@ -285,8 +279,11 @@ class LockBase(Generic[ClientT]):
         self.token = None
         self._valid_until = 0.0
 
-    # What a handle holds, for messages; semaphores say "permit".
+    # What a handle holds, for messages; semaphores say "permit". LockNotOwned's
+    # messages: this handle holds nothing, or another thread or task took it.
     _holding = "lease"
+    _not_held = "cannot {action} {name!r}: this handle does not hold it"
+    _not_ours = "cannot {action} {name!r}: it was acquired by another {kind}"
 
     def _label(self) -> str:
         return f"lock {self.name!r}"
@@ -300,6 +297,21 @@ class LockBase(Generic[ClientT]):
         if self.lost:
             raise LockLost(f"{self._label()} was lost before it was released")
         self.observer.released(self, held)
+
+    def _check_not_lost(self) -> None:
+        if self.lost:
+            raise LockLost(f"{self._label()} was already lost")
+
+    def _settle_extend(self, ok: bool, action: str, token: str, sent: float, ttl_ms: int) -> None:
+        """After the extend or refresh script sent at ``sent``: report a loss,
+        or count the lease (unless released meanwhile) from then."""
+        if not ok:
+            self._mark_lost(
+                f"the {self._holding} was gone at {action} (expired, cleared or lost by Redis)"
+            )
+            raise LockLost(f"{self._label()} was lost before it could be {action}ed")
+        if self.token == token and not self.lost:
+            self._valid_until = self._validity(sent, ttl_ms)
 
     def _mark_lost(self, reason: str) -> None:
         # From here on the handle holds nothing (invariant 11), whatever time
@@ -342,6 +354,9 @@ class LockBase(Generic[ClientT]):
 
     def _cancel_args(self, token: str) -> tuple:
         return (token,)
+
+    def _extend_args(self, token: str, ttl_ms: int) -> tuple:
+        return (token, ttl_ms)
 
     @property
     def _key_tuple(self) -> tuple[bytes, bytes, bytes]:

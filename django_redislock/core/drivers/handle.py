@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
 from ..clients import RedisClient
 from ..engine import scripts
+from ..engine.keys import LockKeys
 from ..engine.protocol import (
     BARGE_DEFER,
     Acquisition,
@@ -36,6 +36,7 @@ from ..engine.protocol import (
 from ..exceptions import (
     LockError,
     LockNotAcquired,
+    LockNotOwned,
     RedisUnavailable,
     ReplicationTimeout,
 )
@@ -54,20 +55,54 @@ from ._sync_prims import (
     keep_cancellation,
     raise_if_cancelled_since,
 )
-from .base import LockBase
+from .base import DEFAULT_GRACE, LockBase, after_block
 
-__all__ = ["SyncHandle"]
+__all__ = ["SyncHandle", "HeldInBlock", "clear_holders"]
 
 log_acquire = logging.getLogger("django_redislock.acquire")
 
-_H = TypeVar("_H", bound="SyncHandle")
+
+class _Takes(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def retry_after(self) -> float | None: ...
+    def acquire(self) -> bool: ...
+    def release(self) -> None: ...
+
+
+_T = TypeVar("_T", bound=_Takes)
 
 # A release runs to the end even if its task is cancelled, within this bound
 # (the client's socket timeout normally ends it much sooner).
 _RELEASE_TIMEOUT = 10.0
 
 
-class SyncHandle(LockBase[RedisClient]):
+def clear_holders(
+    client: RedisClient, script: scripts.Script, keys: LockKeys, token: str | None
+) -> int:
+    """Force-release the holder ``token`` (every one, when None) of a kind whose
+    holders share a sorted set, with its ``script``: how many went, unclaimed
+    reservations included."""
+    args = (int(DEFAULT_GRACE * 1000), token or "")
+    return int(scripts.run(client, script, (keys.lease, keys.queue, keys.state), args))
+
+
+class HeldInBlock:
+    """``async with``: acquire, or raise ``LockNotAcquired`` when it stays busy;
+    release at the end, the block's own exception passing through unchanged."""
+
+    def __enter__(self: _T) -> _T:
+        if not self.acquire():
+            raise LockNotAcquired(self.name, retry_after=self.retry_after)
+        return self
+
+    def __exit__(self: _Takes, exc_type: type[BaseException] | None, *_: object) -> None:
+        with after_block(exc_type):
+            self.release()
+
+
+class SyncHandle(LockBase[RedisClient], HeldInBlock):
     """What ``Lock`` and ``Semaphore`` share: the gate, the wait
     loop, and giving back whatever an interrupted or timed-out attempt may hold.
 
@@ -79,9 +114,13 @@ class SyncHandle(LockBase[RedisClient]):
     """
 
     # Takes the lease or permit, or queues for it; gives back whatever a
-    # token may hold or be queued for (safe to repeat).
+    # token may hold or be queued for (safe to repeat); releases what a token
+    # holds and serves the queue (1: released, 0: not held); resets what it
+    # holds to a new TTL (0: not held).
     _acquire_script: scripts.Script
     _cancel_script: scripts.Script
+    _release_script: scripts.Script
+    _extend_script: scripts.Script
     # Whether a give-back must wait for the late reply of the call it follows
     # (else the late call could run after it and take what it gave back).
     _give_back_after_late_reply = True
@@ -130,6 +169,16 @@ class SyncHandle(LockBase[RedisClient]):
     def _on_acquired(self, ttl_ms: int) -> None:
         """Called once the handle holds what it asked for."""
 
+    def _claim(self) -> Holder | None:
+        """Who takes the handle: the running thread or task (a forked child's
+        handle starts free); ``LockError`` if it holds the handle already."""
+        if self._pid != os.getpid():
+            self._detach_after_fork()
+        me = current_holder()
+        if self.token is not None and self._holder == me:
+            raise self._already_held()
+        return me
+
     def _already_held(self) -> LockError:
         return LockError(
             f"lock {self.name!r} is already held by this handle in this {HOLDER_KIND}; "
@@ -144,11 +193,7 @@ class SyncHandle(LockBase[RedisClient]):
         """
         wait_s = self._wait_s(wait)
         ttl_ms = self._ttl_ms(ttl)
-        if self._pid != os.getpid():
-            self._detach_after_fork()
-        me = current_holder()
-        if self.token is not None and self._holder == me:
-            raise self._already_held()
+        me = self._claim()
         started = time.monotonic()
         if not self._gate.acquire(wait_s):
             self.observer.busy(self, time.monotonic() - started)
@@ -266,9 +311,8 @@ class SyncHandle(LockBase[RedisClient]):
         )
 
     def _cancel_call(self, token: str) -> Any:
-        return scripts.run(
-            self.client, self._cancel_script, self._key_tuple, self._cancel_args(token)
-        )
+        script, args = self._cancel_script, self._cancel_args(token)
+        return scripts.run(self.client, script, self._key_tuple, args)
 
     def _detach_after_fork(self) -> None:
         # A child inherits the parent's handle, not what it holds: it starts free.
@@ -289,33 +333,39 @@ class SyncHandle(LockBase[RedisClient]):
             raise RedisUnavailable(f"could not check {self._label()}: {exc}") from exc
         return score is not None and self.held
 
-    # -- context manager ---------------------------------------------------------
-    def __enter__(self: _H) -> _H:
-        if not self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _extend(self, action: str, ttl: float | None) -> int:
+        """``extend`` or ``refresh``: reset what this handle holds to ``ttl``
+        seconds (default: the handle's) from now; returns the new TTL in ms."""
+        token = self._check_owner(action)
+        self._check_not_lost()
+        ttl_ms = self._ttl_ms(ttl)
+        sent = time.monotonic()
         try:
-            self.release()
-        except LockError:
-            # The body's own exception passes through unchanged; loss was
-            # already reported to the observer and on_lost.
-            if exc_type is None:
-                raise
+            ok = self._extend_call(token, ttl_ms)
+        except RedisUnavailable as exc:
+            self._reset_unknown(exc, sent, ttl_ms)
+            raise
+        self._settle_extend(ok, action, token, sent, ttl_ms)
+        return ttl_ms
+
+    def _extend_call(self, token: str, ttl_ms: int) -> bool:
+        script, args = self._extend_script, self._extend_args(token, ttl_ms)
+        return bool(scripts.run(self.client, script, self._key_tuple, args))
 
     def _release_call(self, token: str) -> int:
-        """Run the release script: 1 when released, 0 when not held."""
-        raise NotImplementedError
+        script, args = self._release_script, self._release_args(token)
+        return int(scripts.run(self.client, script, self._key_tuple, args))
 
     def _check_owner(self, action: str) -> str:
         """The token, if this thread or task may ``action`` it; else LockNotOwned."""
-        raise NotImplementedError
+        # A forked child inherits the handle, never what it holds.
+        if self.token is None or self._pid != os.getpid():
+            raise LockNotOwned(self._not_held.format(action=action, name=self.name))
+        if self._holder != current_holder():
+            raise LockNotOwned(
+                self._not_ours.format(action=action, name=self.name, kind=HOLDER_KIND)
+            )
+        return self.token
 
     def _stop_renewal(self) -> None:
         """Called before releasing; renewing handles stop their renewal."""

@@ -47,14 +47,11 @@ from ..engine.protocol import (
 )
 from ..exceptions import (
     LockError,
-    LockLost,
-    LockNotOwned,
     RedisUnavailable,
 )
 from ._sync_prims import (
     HOLDER_KIND,
     Renewer,
-    current_holder,
     start_renewal,
     stop_renewal,
 )
@@ -84,6 +81,8 @@ class Lock(SyncHandle):
 
     _acquire_script = scripts.ACQUIRE
     _cancel_script = scripts.CANCEL
+    _release_script = scripts.RELEASE
+    _extend_script = scripts.EXTEND
     # The lock's cancel remembers the token and its acquire then grants
     # nothing: the give-back need not wait for a late reply that may never
     # come (a reply lost on the way), it frees the name as soon as Redis answers.
@@ -96,53 +95,21 @@ class Lock(SyncHandle):
         if not self.fair:
             # Barging: the acquire script told its limit, and a release of its own.
             self._acquire_script = scripts.ACQUIRE_BARGING
+            self._release_script = scripts.RELEASE_BARGING
 
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms
         if self.renew:
             self._renewer = start_renewal(self, renew_interval(ttl_ms))
 
-    def _release_call(self, token: str) -> int:
-        script = scripts.RELEASE if self.fair else scripts.RELEASE_BARGING
-        args = self._release_args(token)
-        return int(scripts.run(self.client, script, self._key_tuple, args))
-
     # -- release / extend ---------------------------------------------------------
-    def _check_owner(self, action: str) -> str:
-        # A forked child inherits the handle, never what it holds.
-        if self.token is None or self._pid != os.getpid():
-            raise LockNotOwned(f"cannot {action} {self.name!r}: this handle does not hold it")
-        if self._holder != current_holder():
-            raise LockNotOwned(
-                f"cannot {action} {self.name!r}: it was acquired by another {HOLDER_KIND}"
-            )
-        return self.token
-
     def _stop_renewal(self) -> None:
         renewer, self._renewer = self._renewer, None
         stop_renewal(self, renewer)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the lease to ``ttl`` seconds (default: the handle's) from now."""
-        token = self._check_owner("extend")
-        if self.lost:
-            raise LockLost(f"lock {self.name!r} was already lost")
-        ttl_ms = self._ttl_ms(ttl)
-        sent = time.monotonic()
-        try:
-            ok = self._extend_call(token, ttl_ms)
-        except RedisUnavailable as exc:
-            self._reset_unknown(exc, sent, ttl_ms)
-            raise
-        if not ok:
-            self._mark_lost("the lease was gone at extend (expired, cleared or lost by Redis)")
-            raise LockLost(f"lock {self.name!r} was lost before it could be extended")
-        self._ttl_ms_held = ttl_ms
-        if self.token == token and not self.lost:
-            self._valid_until = self._validity(sent, ttl_ms)
-
-    def _extend_call(self, token: str, ttl_ms: int) -> bool:
-        return bool(scripts.run(self.client, scripts.EXTEND, self._key_tuple, (token, ttl_ms)))
+        self._ttl_ms_held = self._extend("extend", ttl)
 
     def owned(self) -> bool:
         """Ask Redis whether this handle still holds the lease (one round trip)."""
@@ -166,11 +133,7 @@ class Lock(SyncHandle):
         """
         token, fence = check_adopted(token, fence)
         ttl_ms = self._ttl_ms(ttl)
-        if self._pid != os.getpid():
-            self._detach_after_fork()
-        me = current_holder()
-        if self.token is not None and self._holder == me:
-            raise self._already_held()
+        me = self._claim()
         if not self._gate.acquire(0):
             raise LockError(
                 f"lock {self.name!r}: this handle is held by another {HOLDER_KIND}; "
@@ -200,8 +163,7 @@ class Lock(SyncHandle):
         """
         token = self._check_owner("detach")
         try:
-            if self.lost:
-                raise LockLost(f"lock {self.name!r} was already lost")
+            self._check_not_lost()
             self.extend(ttl)
         finally:
             self._stop_renewal()

@@ -10,17 +10,17 @@ sync driver from it (edit this source, never the generated file).
 from __future__ import annotations
 
 import time
-from types import TracebackType
 
-from ..exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
+from ..exceptions import LockError, LockLost, RedisUnavailable
 from ._sync_prims import Cancelled
+from .handle import HeldInBlock
 from .lock import Lock
 from .multi_base import MultiBase, lock_names
 
 __all__ = ["MultiLock", "MultiBase", "lock_names"]
 
 
-class MultiLock(MultiBase[Lock]):
+class MultiLock(MultiBase[Lock], HeldInBlock):
     """Locks on several names, held all together or not at all.
 
     ``MultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
@@ -116,21 +116,3 @@ class MultiLock(MultiBase[Lock]):
         """Reset every name's lease to ``ttl`` seconds (default: the handle's)."""
         for lock in self.locks.values():
             lock.extend(ttl)
-
-    def __enter__(self) -> MultiLock:
-        if not self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.release()
-        except LockError:
-            # The body's own exception passes through unchanged.
-            if exc_type is None:
-                raise

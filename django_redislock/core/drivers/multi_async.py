@@ -9,17 +9,17 @@ sync driver from it (edit this source, never the generated file).
 from __future__ import annotations
 
 import time
-from types import TracebackType
 
-from ..exceptions import LockError, LockLost, LockNotAcquired, RedisUnavailable
+from ..exceptions import LockError, LockLost, RedisUnavailable
 from ._async_prims import Cancelled
+from .handle_async import AsyncHeldInBlock
 from .lock_async import AsyncLock
 from .multi_base import MultiBase, lock_names
 
 __all__ = ["AsyncMultiLock", "MultiBase", "lock_names"]
 
 
-class AsyncMultiLock(MultiBase[AsyncLock]):
+class AsyncMultiLock(MultiBase[AsyncLock], AsyncHeldInBlock):
     """Locks on several names, held all together or not at all.
 
     ``AsyncMultiLock(client, ["product:3", "product:9"], ttl=30, wait=10)``
@@ -115,21 +115,3 @@ class AsyncMultiLock(MultiBase[AsyncLock]):
         """Reset every name's lease to ``ttl`` seconds (default: the handle's)."""
         for lock in self.locks.values():
             await lock.extend(ttl)
-
-    async def __aenter__(self) -> AsyncMultiLock:
-        if not await self.acquire():
-            raise LockNotAcquired(self.name, retry_after=self.retry_after)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            await self.release()
-        except LockError:
-            # The body's own exception passes through unchanged.
-            if exc_type is None:
-                raise

@@ -11,9 +11,8 @@ it (edit this source, never the generated file).
 from __future__ import annotations
 
 from ..clients import RedisClient
-from ..engine import scripts
 from ..engine.keys import KeySpace
-from .base import DEFAULT_GRACE, STATE_KEEP_MS
+from .handle import clear_holders
 from .lock import Lock
 from .rwlock_base import (
     ACQUIRE,
@@ -49,17 +48,11 @@ class ReadWriteLock(ReadWriteLockBase[RedisClient], Lock):
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
+    _release_script = RELEASE
+    _extend_script = REFRESH
     # The cancel script does not remember the token: a give-back after a call
     # that may still arrive waits for that call's late reply first.
     _give_back_after_late_reply = True
-
-    def _release_call(self, token: str) -> int:
-        args = self._release_args(token)
-        return int(scripts.run(self.client, RELEASE, self._key_tuple, args))
-
-    def _extend_call(self, token: str, ttl_ms: int) -> bool:
-        args = (token, ttl_ms, STATE_KEEP_MS)
-        return bool(scripts.run(self.client, REFRESH, self._key_tuple, args))
 
     def owned(self) -> bool:
         """Ask Redis whether this handle still holds its turn (one round trip)."""
@@ -75,12 +68,4 @@ def clear_rw_lock(
     next extend, renewal or release. Returns how many turns (including
     unclaimed reservations) were dropped.
     """
-    keys = keyspace.rwlock(name)
-    return int(
-        scripts.run(
-            client,
-            CLEAR,
-            (keys.lease, keys.queue, keys.state),
-            (int(DEFAULT_GRACE * 1000), token or ""),
-        )
-    )
+    return clear_holders(client, CLEAR, keyspace.rwlock(name), token)

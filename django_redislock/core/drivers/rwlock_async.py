@@ -10,9 +10,8 @@ it (edit this source, never the generated file).
 from __future__ import annotations
 
 from ..clients import AsyncRedisClient
-from ..engine import scripts
 from ..engine.keys import KeySpace
-from .base import DEFAULT_GRACE, STATE_KEEP_MS
+from .handle_async import clear_holders_async
 from .lock_async import AsyncLock
 from .rwlock_base import (
     ACQUIRE,
@@ -48,17 +47,11 @@ class AsyncReadWriteLock(ReadWriteLockBase[AsyncRedisClient], AsyncLock):
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
+    _release_script = RELEASE
+    _extend_script = REFRESH
     # The cancel script does not remember the token: a give-back after a call
     # that may still arrive waits for that call's late reply first.
     _give_back_after_late_reply = True
-
-    async def _release_call(self, token: str) -> int:
-        args = self._release_args(token)
-        return int(await scripts.run_async(self.client, RELEASE, self._key_tuple, args))
-
-    async def _extend_call(self, token: str, ttl_ms: int) -> bool:
-        args = (token, ttl_ms, STATE_KEEP_MS)
-        return bool(await scripts.run_async(self.client, REFRESH, self._key_tuple, args))
 
     async def owned(self) -> bool:
         """Ask Redis whether this handle still holds its turn (one round trip)."""
@@ -74,12 +67,4 @@ async def clear_rw_lock_async(
     next extend, renewal or release. Returns how many turns (including
     unclaimed reservations) were dropped.
     """
-    keys = keyspace.rwlock(name)
-    return int(
-        await scripts.run_async(
-            client,
-            CLEAR,
-            (keys.lease, keys.queue, keys.state),
-            (int(DEFAULT_GRACE * 1000), token or ""),
-        )
-    )
+    return await clear_holders_async(client, CLEAR, keyspace.rwlock(name), token)

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ..engine.keys import KeySpace
-from .base import DEFAULT_GRACE, STATE_KEEP_MS, ClientT, LockBase, Observer, holder_scripts
+from .base import DEFAULT_GRACE, STATE_KEEP_MS, ClientT, Observer
+from .holders_base import HoldersBase, holder_scripts
 
 __all__ = [
     "ACQUIRE",
@@ -63,7 +64,7 @@ def check_mode(mode: object) -> Mode:
     raise ValueError(f"mode must be 'read' or 'write', not {mode!r}")
 
 
-class ReadWriteLockBase(LockBase[ClientT]):
+class ReadWriteLockBase(HoldersBase[ClientT]):
     """Arguments and state of one read-write lock handle; drivers do the I/O.
 
     ``fence`` is the writer's fencing token, and None for a reader (readers
@@ -126,20 +127,8 @@ class ReadWriteLockBase(LockBase[ClientT]):
             self._reply_serial = int(reply[2])
         return int(reply[0]), int(reply[1])
 
-    def _args_acquire(
-        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
-    ) -> tuple:
-        return (
-            token,
-            ttl_ms,
-            self._name_b,
-            self._owner(who),
-            wait_ms,
-            address,
-            self._grace_ms,
-            STATE_KEEP_MS,
-            self._mode_code,
-        )
+    def _kind_arg(self) -> bytes:
+        return self._mode_code
 
     def _label(self) -> str:
         return f"{self.mode} lock {self.name!r}"

@@ -14,16 +14,13 @@ whatever it may have been granted.
 
 from __future__ import annotations
 
-import os
-import time
-
 from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
-from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from ._sync_prims import HOLDER_KIND, current_holder
+from ..exceptions import LockError
+from ._sync_prims import HOLDER_KIND
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .handle import SyncHandle
+from .handle import SyncHandle, clear_holders
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,
@@ -62,39 +59,13 @@ class Semaphore(SemaphoreBase[RedisClient], SyncHandle):
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
+    _release_script = RELEASE
+    _extend_script = REFRESH
 
     # -- release / refresh ------------------------------------------------------
-    def _check_owner(self, action: str) -> str:
-        # A forked child inherits the handle, never what it holds.
-        if self.token is None or self._pid != os.getpid():
-            raise LockNotOwned(f"cannot {action} a permit of {self.name!r}: this handle holds none")
-        if self._holder != current_holder():
-            raise LockNotOwned(
-                f"cannot {action} a permit of {self.name!r}: another {HOLDER_KIND} acquired it"
-            )
-        return self.token
-
-    def _release_call(self, token: str) -> int:
-        args = self._release_args(token)
-        return int(scripts.run(self.client, RELEASE, self._key_tuple, args))
-
     def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
-        token = self._check_owner("refresh")
-        if self.lost:
-            raise LockLost(f"permit of semaphore {self.name!r} was already lost")
-        ttl_ms = self._ttl_ms(ttl)
-        sent = time.monotonic()
-        try:
-            ok = scripts.run(self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS))
-        except RedisUnavailable as exc:
-            self._reset_unknown(exc, sent, ttl_ms)
-            raise
-        if not ok:
-            self._mark_lost("the permit was gone at refresh (expired, cleared or lost by Redis)")
-            raise LockLost(f"permit of semaphore {self.name!r} was lost before it was refreshed")
-        if self.token == token and not self.lost:
-            self._valid_until = self._validity(sent, ttl_ms)
+        self._extend("refresh", ttl)
 
     extend = refresh
 
@@ -133,12 +104,4 @@ def clear_semaphore(
     Former holders find out at their next refresh or release. Returns how many
     permits (including unclaimed reservations) were dropped.
     """
-    keys = keyspace.semaphore(name)
-    return int(
-        scripts.run(
-            client,
-            CLEAR,
-            (keys.lease, keys.queue, keys.state),
-            (int(DEFAULT_GRACE * 1000), token or ""),
-        )
-    )
+    return clear_holders(client, CLEAR, keyspace.semaphore(name), token)

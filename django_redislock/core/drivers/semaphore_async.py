@@ -13,16 +13,13 @@ whatever it may have been granted.
 
 from __future__ import annotations
 
-import os
-import time
-
 from ..clients import AsyncRedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
-from ..exceptions import LockError, LockLost, LockNotOwned, RedisUnavailable
-from ._async_prims import HOLDER_KIND, current_holder
+from ..exceptions import LockError
+from ._async_prims import HOLDER_KIND
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
-from .handle_async import AsyncHandle
+from .handle_async import AsyncHandle, clear_holders_async
 from .semaphore_base import (
     ACQUIRE,
     CANCEL,
@@ -61,41 +58,13 @@ class AsyncSemaphore(SemaphoreBase[AsyncRedisClient], AsyncHandle):
 
     _acquire_script = ACQUIRE
     _cancel_script = CANCEL
+    _release_script = RELEASE
+    _extend_script = REFRESH
 
     # -- release / refresh ------------------------------------------------------
-    def _check_owner(self, action: str) -> str:
-        # A forked child inherits the handle, never what it holds.
-        if self.token is None or self._pid != os.getpid():
-            raise LockNotOwned(f"cannot {action} a permit of {self.name!r}: this handle holds none")
-        if self._holder != current_holder():
-            raise LockNotOwned(
-                f"cannot {action} a permit of {self.name!r}: another {HOLDER_KIND} acquired it"
-            )
-        return self.token
-
-    async def _release_call(self, token: str) -> int:
-        args = self._release_args(token)
-        return int(await scripts.run_async(self.client, RELEASE, self._key_tuple, args))
-
     async def refresh(self, ttl: float | None = None) -> None:
         """Reset this permit to ``ttl`` seconds (default: the handle's) from now."""
-        token = self._check_owner("refresh")
-        if self.lost:
-            raise LockLost(f"permit of semaphore {self.name!r} was already lost")
-        ttl_ms = self._ttl_ms(ttl)
-        sent = time.monotonic()
-        try:
-            ok = await scripts.run_async(
-                self.client, REFRESH, self._key_tuple, (token, ttl_ms, STATE_KEEP_MS)
-            )
-        except RedisUnavailable as exc:
-            self._reset_unknown(exc, sent, ttl_ms)
-            raise
-        if not ok:
-            self._mark_lost("the permit was gone at refresh (expired, cleared or lost by Redis)")
-            raise LockLost(f"permit of semaphore {self.name!r} was lost before it was refreshed")
-        if self.token == token and not self.lost:
-            self._valid_until = self._validity(sent, ttl_ms)
+        await self._extend("refresh", ttl)
 
     extend = refresh
 
@@ -134,12 +103,4 @@ async def clear_semaphore_async(
     Former holders find out at their next refresh or release. Returns how many
     permits (including unclaimed reservations) were dropped.
     """
-    keys = keyspace.semaphore(name)
-    return int(
-        await scripts.run_async(
-            client,
-            CLEAR,
-            (keys.lease, keys.queue, keys.state),
-            (int(DEFAULT_GRACE * 1000), token or ""),
-        )
-    )
+    return await clear_holders_async(client, CLEAR, keyspace.semaphore(name), token)

@@ -30,7 +30,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.keys import KeySpace
-from .base import STATE_KEEP_MS, ClientT, LockBase, Observer, holder_scripts
+from .base import STATE_KEEP_MS, ClientT, Observer
+from .holders_base import HoldersBase, holder_scripts
 
 __all__ = [
     "ACQUIRE",
@@ -60,7 +61,7 @@ def check_limit(limit: object) -> int:
     return limit
 
 
-class SemaphoreBase(LockBase[ClientT]):
+class SemaphoreBase(HoldersBase[ClientT]):
     """Arguments and state of one semaphore handle; subclasses do the I/O.
 
     ``fence`` is always None: permits are shared, so no order among their
@@ -125,22 +126,12 @@ class SemaphoreBase(LockBase[ClientT]):
         granted, value = reply
         return int(granted), int(value)
 
-    def _args_acquire(
-        self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes
-    ) -> tuple:
-        return (
-            token,
-            ttl_ms,
-            self._name_b,
-            self._owner(who),
-            wait_ms,
-            address,
-            self._grace_ms,
-            STATE_KEEP_MS,
-            self._limit,
-        )
+    def _kind_arg(self) -> int:
+        return self._limit
 
     _holding = "permit"
+    _not_held = "cannot {action} a permit of {name!r}: this handle holds none"
+    _not_ours = "cannot {action} a permit of {name!r}: another {kind} acquired it"
 
     def _label(self) -> str:
         return f"permit of semaphore {self.name!r}"
