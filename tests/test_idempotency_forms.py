@@ -17,6 +17,7 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
+from django.core.signals import got_request_exception
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.template import engines
@@ -27,7 +28,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
 from django_redislock.locking.factories import keyspace
-from tests.helpers_oracles import wait_until
+from tests.helpers_oracles import signal_sent, wait_until
 from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
 from tests.test_idempotency import WAIT, Gate, in_thread, records
 from tests.testapp.models import Order, Product
@@ -76,6 +77,13 @@ def templated(request: HttpRequest) -> HttpResponse:
     return TemplateResponse(request, template, {"run": len(runs)}, status=201)
 
 
+def bad_template(request: HttpRequest) -> HttpResponse:
+    runs.append("bad_template")
+    _order("default")
+    template = engines["django"].from_string("{% url 'nowhere' %}")  # fails as it renders
+    return TemplateResponse(request, template, status=201)
+
+
 def streamed(request: HttpRequest) -> HttpResponse:
     runs.append("streamed")
     return StreamingHttpResponse(iter([b"a", b"b"]), content_type="text/plain")
@@ -100,12 +108,17 @@ SYNC_VIEWS: dict[str, Callable[..., Any]] = {
     "fail": fail,
     "rolled-back": rolled_back,  # sync only: Django refuses ATOMIC_REQUESTS for async views
     "templated": templated,
+    "bad-template": bad_template,  # sync only, as rolled-back
     "streamed": streamed,
     "plain": plain,
 }
 VIEWS = {
     **SYNC_VIEWS,
-    **{f"async-{name}": async_twin(v) for name, v in SYNC_VIEWS.items() if name != "rolled-back"},
+    **{
+        f"async-{name}": async_twin(view)
+        for name, view in SYNC_VIEWS.items()
+        if name not in ("rolled-back", "bad-template")
+    },
 }
 urlpatterns = [path(f"mw/{name}/", csrf_exempt(view)) for name, view in VIEWS.items()] + [
     path(f"dec/{name}/", csrf_exempt(idempotent(view))) for name, view in VIEWS.items()
@@ -306,8 +319,10 @@ def test_with_wait_a_duplicate_waits_for_the_first_and_gets_its_response(
 
 
 def test_a_failure_is_not_stored_and_the_retry_runs(form: Any, send: Any, r: redis.Redis) -> None:
-    with form():
+    """The exception reaches Django's own handling (a 500 and its signal) for both forms."""
+    with form(), signal_sent(got_request_exception) as failed:
         assert send("fail").status_code == 500
+        assert len(failed) == 1
         assert records(r) == []
         assert send("fail").status_code == 200
         assert send("fail")[REPLAYED_HEADER] == "true"
@@ -391,6 +406,22 @@ def test_renewal_keeps_the_key_past_its_timeout(form: Any, send: Any, r: redis.R
     assert busy.status_code == 409
     assert out[0].status_code == 201
     assert runs == ["pay"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sync"])  # an async view has no ATOMIC_REQUESTS
+def test_a_template_that_fails_to_render_rolls_the_work_back(
+    form: Any, kind: str, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rendered under the lock, inside the transaction: the work is not left done
+    and unrecorded."""
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
+    with form():
+        assert send("bad-template").status_code == 500
+        assert records(r) == []
+        assert send("bad-template").status_code == 500
+    assert runs == ["bad_template"] * 2
+    assert Order.objects.count() == 0
 
 
 def test_a_template_response_is_stored_with_its_body(form: Any, send: Any) -> None:
