@@ -10,6 +10,7 @@ test opens once the duplicates have had their answers.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -133,6 +134,21 @@ def plain(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"run": len(runs)})
 
 
+# An async view held mid-run by asyncio events (tests/test_idempotency_cluster.py).
+agate: dict[str, asyncio.Event | None] = {"entered": None, "open": None}
+
+
+@csrf_exempt
+@idempotent
+async def acharge(request: HttpRequest) -> HttpResponse:
+    runs.append("acharge")
+    entered, opened = agate["entered"], agate["open"]
+    if entered is not None and opened is not None:
+        entered.set()
+        await asyncio.wait_for(opened.wait(), WAIT)
+    return JsonResponse({"run": len(runs), "body": request.body.decode()}, status=201)
+
+
 class Checkout(View):
     @idempotent
     def post(self, request: HttpRequest) -> HttpResponse:
@@ -148,6 +164,7 @@ urlpatterns = [
     path("per-ip/", per_ip),
     path("strict/", strict),
     path("plain/", plain),
+    path("acharge/", acharge),
     path("checkout/", csrf_exempt(Checkout.as_view())),
 ]
 
