@@ -1,20 +1,23 @@
 """Every idempotency scenario through both forms, ``@idempotent`` and ``IdempotencyMiddleware``.
 
 Both run one guarded path, so both must give the same answers: each test runs
-with ``form`` (the decorator on ``/dec/...``, the middleware on ``/mw/...``)
-and ``send`` (``Client``, the sync chain, or ``AsyncClient``, the async one).
-Real Redis, real databases; threads synchronised by events.
+with ``form`` (the decorator on ``/dec/...``, the middleware on ``/mw/...``),
+``kind`` (a sync view, or its async twin on ``.../async-<name>/``) and ``send``
+(``Client``, the sync chain, or ``AsyncClient``, the async one). Real Redis,
+real databases; threads synchronised by events.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
+from django.core.signals import got_request_exception
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.template import engines
@@ -25,7 +28,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
 from django_redislock.locking.factories import keyspace
-from tests.helpers_oracles import wait_until
+from tests.helpers_oracles import signal_sent, wait_until
 from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
 from tests.test_idempotency import WAIT, Gate, in_thread, records
 from tests.testapp.models import Order, Product
@@ -74,6 +77,13 @@ def templated(request: HttpRequest) -> HttpResponse:
     return TemplateResponse(request, template, {"run": len(runs)}, status=201)
 
 
+def bad_template(request: HttpRequest) -> HttpResponse:
+    runs.append("bad_template")
+    _order("default")
+    template = engines["django"].from_string("{% url 'nowhere' %}")  # fails as it renders
+    return TemplateResponse(request, template, status=201)
+
+
 def streamed(request: HttpRequest) -> HttpResponse:
     runs.append("streamed")
     return StreamingHttpResponse(iter([b"a", b"b"]), content_type="text/plain")
@@ -84,13 +94,31 @@ def plain(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"run": len(runs)})
 
 
-VIEWS: dict[str, Callable[..., HttpResponse]] = {
+def async_twin(view: Callable[..., HttpResponse]) -> Callable[..., Any]:
+    """The view as an async view: the same work, its sync part (ORM, gate) in a thread."""
+
+    async def twin(request: HttpRequest) -> HttpResponse:
+        return await sync_to_async(view)(request)
+
+    return twin
+
+
+SYNC_VIEWS: dict[str, Callable[..., Any]] = {
     "pay": pay,
     "fail": fail,
-    "rolled-back": rolled_back,
+    "rolled-back": rolled_back,  # sync only: Django refuses ATOMIC_REQUESTS for async views
     "templated": templated,
+    "bad-template": bad_template,  # sync only, as rolled-back
     "streamed": streamed,
     "plain": plain,
+}
+VIEWS = {
+    **SYNC_VIEWS,
+    **{
+        f"async-{name}": async_twin(view)
+        for name, view in SYNC_VIEWS.items()
+        if name not in ("rolled-back", "bad-template")
+    },
 }
 urlpatterns = [path(f"mw/{name}/", csrf_exempt(view)) for name, view in VIEWS.items()] + [
     path(f"dec/{name}/", csrf_exempt(idempotent(view))) for name, view in VIEWS.items()
@@ -124,22 +152,29 @@ def form(request: pytest.FixtureRequest) -> Callable[..., Any]:
     return configure
 
 
-@pytest.fixture(params=["client", "async_client"])
-def send(request: pytest.FixtureRequest, form: Any) -> Callable[..., Any]:
-    """POST ``/<form>/<name>/<query>`` with a key, through the sync chain or the async one."""
-    prefix = form.prefix
+@pytest.fixture(params=["sync", "async"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """The view's kind; a test for sync views only parametrizes ``kind`` itself."""
+    return str(request.param)
 
-    def post(client: Any, name: str, key: str, body: str, query: str, cookies: Any) -> Any:
+
+@pytest.fixture(params=["client", "async_client"])
+def send(request: pytest.FixtureRequest, form: Any, kind: str) -> Callable[..., Any]:
+    """POST ``/<form>/<name>/<query>`` with a key (None: without the header), to
+    the view of ``kind``, through the sync chain or the async one."""
+    prefix = f"{form.prefix}/" if kind == "sync" else f"{form.prefix}/async-"
+
+    def post(client: Any, name: str, key: Any, body: str, query: str, cookies: Any) -> Any:
         client.cookies.update(cookies or {})
         return client.post(
-            f"{prefix}/{name}/{query}",
+            f"{prefix}{name}/{query}",
             body,
             content_type="application/json",
-            headers={"Idempotency-Key": key},
+            headers={} if key is None else {"Idempotency-Key": key},
         )
 
     def sync_send(
-        name: str, key: str = "k-1", body: str = "{}", query: str = "", cookies: Any = None
+        name: str, key: Any = "k-1", body: str = "{}", query: str = "", cookies: Any = None
     ) -> Any:
         return post(Client(raise_request_exception=False), name, key, body, query, cookies)
 
@@ -147,7 +182,7 @@ def send(request: pytest.FixtureRequest, form: Any) -> Callable[..., Any]:
         return await post(AsyncClient(raise_request_exception=False), *args)
 
     def async_send(
-        name: str, key: str = "k-1", body: str = "{}", query: str = "", cookies: Any = None
+        name: str, key: Any = "k-1", body: str = "{}", query: str = "", cookies: Any = None
     ) -> Any:
         return async_to_sync(_async_send)(name, key, body, query, cookies)
 
@@ -187,9 +222,107 @@ def test_a_duplicate_while_it_runs_gets_409_and_a_short_retry_after_then_the_rep
     assert Order.objects.count() == 1
 
 
-def test_a_failure_is_not_stored_and_the_retry_runs(form: Any, send: Any, r: redis.Redis) -> None:
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_copies_of_one_key_run_the_view_exactly_once(form: Any, send: Any) -> None:
+    copies = 4
+    start = threading.Barrier(copies, timeout=WAIT)
+    answered = threading.Semaphore(0)
+
+    def copy() -> Any:
+        start.wait()
+        try:
+            return send("pay")
+        finally:
+            answered.release()
+
     with form():
+        gate.hold()
+        sent = [in_thread(copy) for _ in range(copies)]
+        # Every copy but the one running has its answer before the first is done.
+        assert gate.entered.wait(WAIT)
+        for _ in range(copies - 1):
+            assert answered.acquire(timeout=WAIT)
+        gate.open.set()
+        for thread, _ in sent:
+            thread.join(WAIT)
+        later = send("pay")
+    statuses = sorted(out[0].status_code for _, out in sent)
+    assert statuses == [201] + [409] * (copies - 1)
+    assert later[REPLAYED_HEADER] == "true"
+    assert runs == ["pay"]
+    assert Order.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "needle"),
+    [
+        ("", "is empty"),
+        ('""', "is empty"),
+        ("x" * 256, "256 characters long"),
+        ("clé", "characters not allowed"),
+        ("a b", "characters not allowed"),
+        ('a"b', "characters not allowed"),
+    ],
+)
+def test_a_malformed_key_gets_400_naming_the_shape(
+    form: Any, send: Any, key: str, needle: str
+) -> None:
+    with form():
+        response = send("plain", key=key)
+        assert send("plain", key=None).status_code == 200  # no key: the view runs
+    assert response.status_code == 400
+    assert response.json()["error"] == "idempotency_key_invalid"
+    assert needle in response.json()["detail"]
+    assert "1 to 255 visible ASCII characters" in response.json()["detail"]
+    assert runs == ["plain"]
+
+
+def test_a_crashed_first_attempt_does_not_block_the_retry(
+    form: Any, send: Any, r: redis.Redis
+) -> None:
+    """A process killed mid-run leaves its marker and no lease: the retry runs
+    (and so may another request with the key: nothing was stored)."""
+    with form():
+        assert send("plain").status_code == 200
+        (record,) = records(r)
+        # As a worker killed after marking the key and before storing leaves it.
+        r.hset(record, mapping={"state": "running"})
+        r.hdel(record, "status", "headers", "body")
+        again = send("plain")
+        r.hset(record, mapping={"state": "running", "fp": "0" * 64})
+        other = send("plain", body='{"other": 1}')
+    assert again.status_code == other.status_code == 200
+    assert REPLAYED_HEADER not in again and REPLAYED_HEADER not in other
+    assert runs == ["plain"] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_wait_a_duplicate_waits_for_the_first_and_gets_its_response(
+    form: Any, send: Any, r: redis.Redis
+) -> None:
+    """WAIT is the key's lock's, for both forms: the duplicate queues (seen in
+    Redis) instead of getting 409, and is answered with the stored response."""
+    with form(WAIT=WAIT):
+        gate.hold()
+        first, out = in_thread(lambda: send("pay"))
+        assert gate.entered.wait(WAIT)
+        second, later = in_thread(lambda: send("pay"))
+        name = records(r)[0].split(b":=", 1)[1].decode()
+        wait_until(lambda: r.llen(keyspace().lock(name).queue) == 1, WAIT)
+        gate.open.set()
+        first.join(WAIT)
+        second.join(WAIT)
+    assert out[0].status_code == later[0].status_code == 201
+    assert later[0][REPLAYED_HEADER] == "true"
+    assert later[0].content == out[0].content
+    assert runs == ["pay"]
+
+
+def test_a_failure_is_not_stored_and_the_retry_runs(form: Any, send: Any, r: redis.Redis) -> None:
+    """The exception reaches Django's own handling (a 500 and its signal) for both forms."""
+    with form(), signal_sent(got_request_exception) as failed:
         assert send("fail").status_code == 500
+        assert len(failed) == 1
         assert records(r) == []
         assert send("fail").status_code == 200
         assert send("fail")[REPLAYED_HEADER] == "true"
@@ -197,8 +330,9 @@ def test_a_failure_is_not_stored_and_the_retry_runs(form: Any, send: Any, r: red
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sync"])  # an async view has no ATOMIC_REQUESTS
 def test_a_rolled_back_response_is_never_stored(
-    form: Any, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    form: Any, kind: str, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ATOMIC_REQUESTS and transaction.set_rollback(True): nothing committed, so the
     retry must run (fails before this change with the middleware: the 201 was replayed)."""
@@ -216,13 +350,16 @@ def test_a_rolled_back_response_is_never_stored(
 @pytest.mark.skipif(not HAS_PG, reason="PostgreSQL not reachable")
 @pytest.mark.django_db(transaction=True, databases=["default", "postgres"])
 def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twice(
-    form: Any, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    form: Any, kind: str, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lease runs out while the first request works; a retry runs and commits.
     The first must not commit too: its lease is checked before its commit, and its
     transaction rolls back (503). Fails before this change with the middleware:
-    both committed (two orders, 201 and 201)."""
-    monkeypatch.setitem(connections.settings["postgres"], "ATOMIC_REQUESTS", True)
+    both committed (two orders, 201 and 201). An async view has no transaction
+    (Django refuses ATOMIC_REQUESTS for one): its writes stand, and only its
+    response is dropped, the retry's being the one kept."""
+    if kind == "sync":
+        monkeypatch.setitem(connections.settings["postgres"], "ATOMIC_REQUESTS", True)
     with form(TIMEOUT=1, RENEW=False):
         gate.hold()
         first, out = in_thread(lambda: send("pay", query="?db=postgres"))
@@ -234,11 +371,12 @@ def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twic
         first.join(WAIT)
         later = send("pay", query="?db=postgres")
     assert retry.status_code == 201
-    assert out[0].status_code == 503
     assert later[REPLAYED_HEADER] == "true"
     assert later.content == retry.content
     assert runs == ["pay", "pay"]
-    assert Order.objects.using("postgres").count() == 1
+    rolled_back = kind == "sync"
+    assert out[0].status_code == (503 if rolled_back else 201)
+    assert Order.objects.using("postgres").count() == (1 if rolled_back else 2)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -291,6 +429,22 @@ def test_renewal_keeps_the_key_past_its_timeout(form: Any, send: Any, r: redis.R
     assert busy.status_code == 409
     assert out[0].status_code == 201
     assert runs == ["pay"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", ["sync"])  # an async view has no ATOMIC_REQUESTS
+def test_a_template_that_fails_to_render_rolls_the_work_back(
+    form: Any, kind: str, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rendered under the lock, inside the transaction: the work is not left done
+    and unrecorded."""
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
+    with form():
+        assert send("bad-template").status_code == 500
+        assert records(r) == []
+        assert send("bad-template").status_code == 500
+    assert runs == ["bad_template"] * 2
+    assert Order.objects.count() == 0
 
 
 def test_a_template_response_is_stored_with_its_body(form: Any, send: Any) -> None:
