@@ -18,6 +18,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.http import HttpRequest
 
 from ..checks import middleware_entries, middleware_index
@@ -91,7 +92,10 @@ class IdempotencyMiddleware:
             return None
         if not any(pattern.search(request.path_info) for pattern in found.paths):
             return None
-        return _serving(request, found, view, args, kwargs, iscoroutinefunction(view))
+        asynchronous = iscoroutinefunction(view)
+        if asynchronous:
+            _refuse_atomic_requests(view)
+        return _serving(request, found, view, args, kwargs, asynchronous)
 
     def _process_view(
         self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -113,6 +117,15 @@ class IdempotencyMiddleware:
         # A sync view, its transaction and its lock, in the thread Django
         # would have run it in.
         return await sync_to_async(run_steps, thread_sensitive=True)(served)
+
+
+def _refuse_atomic_requests(view: View) -> None:
+    """As Django refuses it before it runs the view (``make_view_atomic``), which
+    a view served here never reaches: an async view cannot run in a transaction."""
+    opted_out: set[str] = getattr(view, "_non_atomic_requests", set())
+    for alias, settings_dict in connections.settings.items():
+        if settings_dict["ATOMIC_REQUESTS"] and alias not in opted_out:
+            raise RuntimeError("You cannot use ATOMIC_REQUESTS with async views.")
 
 
 def _serving(
