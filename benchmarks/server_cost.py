@@ -16,6 +16,12 @@ clients are counted (reading and running commands, writing replies): the
 server's timer runs a number of times that depends on how long the run takes,
 not on what it does. A PING is measured the same way as a unit. Needs
 ``valgrind`` (Debian/Ubuntu: ``apt install valgrind``).
+
+``--items`` measures, the same way, what each thing ``python -m
+benchmarks.capacity`` sizes costs the server to make and end, with this
+library's own client: a lock (new handle, new name), a semaphore permit, a
+waiter that queues behind a held lock and gives up (its two scripts), and an
+idempotency record written and read back (empty body).
 """
 
 from __future__ import annotations
@@ -106,6 +112,70 @@ def per_pair(key: str, ops: int, fresh: bool = False) -> float:
     return (_count(key, 2 * ops, fresh) - _count(key, ops, fresh)) / ops
 
 
+def _item_ops(client: Any, item: str, n: int) -> None:
+    from django_redislock.core import Lock
+    from django_redislock.core.drivers.semaphore import Semaphore
+    from django_redislock.core.engine.keys import KeySpace
+    from django_redislock.idempotency import records
+
+    if item == "lock":
+        for i in range(n):
+            lock = Lock(client, f"cost:item:{i}", ttl=30, wait=0)
+            lock.acquire()
+            lock.release()
+    elif item == "permit":
+        for _ in range(n):
+            permit = Semaphore(client, "cost:permits", 10, ttl=30, wait=0)
+            permit.acquire()
+            permit.release()
+    elif item == "waiter":
+        from django_redislock.core.io.wakeup import NO_CHANNEL
+
+        holder = Lock(client, "cost:queue", ttl=600, wait=0)
+        holder.acquire()
+        for i in range(n):
+            # The acquire script that queues a waiter, then its give-back, as
+            # the wait loop sends them (no notifier: only the server's work).
+            waiter = Lock(client, "cost:queue", ttl=30, wait=60)
+            token = f"waiter-{i}"
+            if waiter._attempt(token, 30_000, "{}", 60_000, NO_CHANNEL)[0]:
+                raise RuntimeError("a waiter took a held lock")
+            waiter._cancel(token)
+    elif item == "record":
+        space = KeySpace("redislock")
+        for i in range(n):
+            keys = space.idempotency("user:42", f"key-{i:08d}")
+            done = {b"fp": b"f" * 64, b"state": b"done", b"status": b"201", b"body": b""}
+            records.write(client, keys, done, ttl=600)
+            records.read(client, keys)
+    else:
+        raise ValueError(item)
+
+
+ITEMS = {
+    "lock": "a lock: acquire+release, new handle and name",
+    "permit": "a semaphore permit: acquire+release",
+    "waiter": "a waiter: queue behind a held lock, then give up",
+    "record": "an idempotency record: write, read back",
+}
+
+
+def _count_item(item: str, n: int) -> int:
+    server = CallgrindRedis().start()
+    try:
+        client = server.client(socket_timeout=60.0)
+        _item_ops(client, item, n)
+        client.close()
+    except BaseException:
+        server.stop()
+        raise
+    return server.stop_and_count()
+
+
+def per_item(item: str, ops: int) -> float:
+    return (_count_item(item, 2 * ops) - _count_item(item, ops)) / ops
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.server_cost",
@@ -120,11 +190,31 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="a new handle on a new name for every pair (the keys are created each time)",
     )
     p.add_argument("--rst", action="store_true", help="also print the table as reStructuredText")
+    p.add_argument(
+        "--items", action="store_true", help="what a lock, permit, waiter and record cost"
+    )
     return p.parse_args(argv)
+
+
+def items(cfg: argparse.Namespace) -> int:
+    ping = per_pair("PING", cfg.ops)
+    rows: list[list[Any]] = [["PING (one round trip)", f"{ping:,.0f}", "1.0"]]
+    for item, label in ITEMS.items():
+        print(f"  {item} ...", file=sys.stderr, flush=True)
+        value = per_item(item, cfg.ops)
+        rows.append([label, f"{value:,.0f}", fmt(value / ping, 1)])
+    headers = ["what", "server instructions", "x PING"]
+    print("Server instructions per item (callgrind)\n")
+    print(table(headers, rows))
+    if cfg.rst:
+        print("\n" + rst_table(headers, rows))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
+    if cfg.items:
+        return items(cfg)
     keys = [k for k in cfg.impls.split(",") if k]
     unknown = [k for k in keys if k not in IMPLS]
     if unknown:
