@@ -584,22 +584,30 @@ def patient(request: HttpRequest) -> HttpResponse:
 urlpatterns.append(path("patient/", patient))
 
 
-def test_a_duplicate_with_wait_gets_the_response_once_the_first_is_done(r: redis.Redis) -> None:
-    """The ``wait=`` argument (the ``WAIT`` setting, for both forms:
-    ``tests/test_idempotency_forms.py``)."""
+def duplicate_behind_the_first(
+    r: redis.Redis, send: Callable[[], Any], gate: Gate
+) -> tuple[Any, Any]:
+    """The first request held at ``gate`` (its view's), a duplicate seen queued in
+    Redis behind it, then the first let go: (first's response, duplicate's response)."""
     gate.hold()
-    first, out = in_thread(lambda: post(Client(), "/patient/"))
+    first, out = in_thread(send)
     assert gate.entered.wait(WAIT)
-    second, later = in_thread(lambda: post(Client(), "/patient/"))
-    # The second waits in the lock's queue (seen in Redis), then the first finishes.
+    second, later = in_thread(send)
     name = records(r)[0].split(b":=", 1)[1].decode()
     assert wait_until(lambda: r.llen(keyspace().lock(name).queue) == 1, WAIT)
     gate.open.set()
     first.join(WAIT)
     second.join(WAIT)
-    assert out[0].status_code == later[0].status_code == 201
-    assert later[0][REPLAYED_HEADER] == "true"
-    assert later[0].content == out[0].content
+    return out[0], later[0]
+
+
+def test_a_duplicate_with_wait_gets_the_response_once_the_first_is_done(r: redis.Redis) -> None:
+    """The ``wait=`` argument (the ``WAIT`` setting, for both forms:
+    ``tests/test_idempotency_forms.py``)."""
+    out, later = duplicate_behind_the_first(r, lambda: post(Client(), "/patient/"), gate)
+    assert out.status_code == later.status_code == 201
+    assert later[REPLAYED_HEADER] == "true"
+    assert later.content == out.content
     assert runs == ["patient"]
 
 

@@ -30,7 +30,7 @@ from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idemp
 from django_redislock.locking.factories import keyspace
 from tests.helpers_oracles import signal_sent, wait_until
 from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
-from tests.test_idempotency import WAIT, Gate, in_thread, records
+from tests.test_idempotency import WAIT, Gate, duplicate_behind_the_first, in_thread, records
 from tests.testapp.models import Order, Product
 
 pytestmark = pytest.mark.urls("tests.test_idempotency_forms")
@@ -303,18 +303,10 @@ def test_with_wait_a_duplicate_waits_for_the_first_and_gets_its_response(
     """WAIT is the key's lock's, for both forms: the duplicate queues (seen in
     Redis) instead of getting 409, and is answered with the stored response."""
     with form(WAIT=WAIT):
-        gate.hold()
-        first, out = in_thread(lambda: send("pay"))
-        assert gate.entered.wait(WAIT)
-        second, later = in_thread(lambda: send("pay"))
-        name = records(r)[0].split(b":=", 1)[1].decode()
-        wait_until(lambda: r.llen(keyspace().lock(name).queue) == 1, WAIT)
-        gate.open.set()
-        first.join(WAIT)
-        second.join(WAIT)
-    assert out[0].status_code == later[0].status_code == 201
-    assert later[0][REPLAYED_HEADER] == "true"
-    assert later[0].content == out[0].content
+        out, later = duplicate_behind_the_first(r, lambda: send("pay"), gate)
+    assert out.status_code == later.status_code == 201
+    assert later[REPLAYED_HEADER] == "true"
+    assert later.content == out.content
     assert runs == ["pay"]
 
 
