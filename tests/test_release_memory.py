@@ -457,3 +457,54 @@ def test_a_holder_outlasting_more_losses_than_the_memory_holds_is_still_released
     clear(r, victim)
     assert int(scripts.run(r, script, victim._key_tuple, victim_args)) == 0
     audit_keyspace(r)
+
+
+@pytest.mark.parametrize("kind", ["semaphore", "rw-read"])
+def test_a_release_whose_own_purge_passes_its_serial_is_still_released(
+    r: redis.Redis, kind: str
+) -> None:
+    """The later grants ran out but nothing has purged them yet: the holder's own
+    release drops them, as lost, and so raises the horizon past its serial. Its
+    retry must still hear "released" (fails before this change: the release noted
+    itself against the horizon it read before its purge)."""
+    make = {
+        "semaphore": lambda ttl: Semaphore(r, "m", LOST + 7, ttl=ttl, wait=0),
+        "rw-read": lambda ttl: ReadWriteLock(r, "m", "read", ttl=ttl, wait=0),
+    }[kind]
+    script = SCRIPT_KINDS[kind][1]
+    holder = make(30)
+    assert holder.acquire()
+    short = [make(0.2) for _ in range(LOST + 2)]
+    for later in short:
+        assert later.acquire()
+    expiry = max(int(r.zscore(holder.keys.lease, h.token)) for h in short)
+
+    def server_ms() -> int:
+        seconds, micros = r.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    wait_until(lambda: server_ms() > expiry, timeout=5)
+    args = holder._release_args(holder.token)
+    assert int(scripts.run(r, script, holder._key_tuple, args)) == 1
+    assert int(scripts.run(r, script, holder._key_tuple, args)) == 1
+    audit_keyspace(r)
+
+
+def test_the_memory_of_releases_below_the_horizon_stays_small(r: redis.Redis) -> None:
+    """However many holders are released below the horizon at once, the state keeps
+    a bounded number of them (the oldest are let go: their retries hear "lost",
+    the safe answer), so a release never rewrites a growing field."""
+    holders = [Semaphore(r, "m", 60, ttl=30, wait=0) for _ in range(40)]
+    for holder in holders:
+        assert holder.acquire()
+    for _ in range(LOST + 2):
+        later = Semaphore(r, "m", 60, ttl=30, wait=0)
+        assert later.acquire()
+        clear_semaphore(r, KS, "m", later.token)
+    last = holders[-1]._release_args(holders[-1].token)
+    for holder in holders:
+        holder.release()
+    g = r.hget(holders[0].keys.state, "g") or b""
+    assert 0 < len(g.split()) <= 8
+    # The newest are still answered released.
+    assert int(scripts.run(r, SEM_RELEASE, holders[-1]._key_tuple, last)) == 1

@@ -259,7 +259,7 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         yield record.forget(attempt.id)
         return response
     aliases = _open_transactions()
-    if aliases:
+    if aliases:  # only around a sync view: no atomic block is open on an event loop
         attempt.waiting_on = aliases
         _at_commit(aliases, functools.partial(attempt.store_at_commit, done))
         return response

@@ -44,10 +44,15 @@ local function purge(all)
   return #gone
 end
 
--- A holder with `serial` was released; `h`: the state's horizon. Below it
--- (more losses after its grant than the memory holds while it held), the
--- memory of losses must remember the release (the prelude).
-local function released(serial, h)
+-- A holder with `serial` was released; `h`: the state's horizon as read
+-- before this script's purge, `purged`: what that purge dropped. Below the
+-- horizon (more losses after its grant than the memory holds, while it held
+-- or in this very purge), the memory of losses must remember the release
+-- (the prelude). A purge that dropped holders may have raised h: read again.
+local function released(serial, h, purged)
+  if purged > 0 then
+    h = redis.call('HGET', state, 'h')
+  end
   if serial and h and (#h > #serial or (#h == #serial and h > serial)) then
     common().losses().released_below(serial, h)
   end

@@ -219,16 +219,19 @@ local function common()
     -- Many holders at once: grants issued after a holder's own can be lost
     -- while it still holds, and raise h past its serial. Such a holder's
     -- release (`serial` below `h`, rare) is remembered as released in `g`
-    -- ('serial:until ...', until in server ms) for KEEP ms, the time a state
-    -- outlives its last use, so that a retry of it hears "released". Only
-    -- releases are put there: a loss is never reported as a release.
+    -- ('serial:until ...', newest first, until in server ms) for KEEP ms, the
+    -- time a state outlives its last use, so that a retry of it hears
+    -- "released"; at most RELEASED of them, the oldest let go first (its
+    -- retry then hears "lost": the safe answer). Only releases are put there:
+    -- a loss is never reported as a release.
+    local RELEASED = 8
     function memory.released_below(serial, h)
       if not (serial and h and above(h, serial)) then
         return
       end
       local kept = { serial .. ':' .. (now() + KEEP) }
       for s, t in string.gmatch(redis.call('HGET', state, 'g') or '', '(%d+):(%d+)') do
-        if tonumber(t) > now() then
+        if #kept < RELEASED and tonumber(t) > now() then
           kept[#kept + 1] = s .. ':' .. t
         end
       end

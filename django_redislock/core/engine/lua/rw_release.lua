@@ -18,10 +18,10 @@ if live then
   redis.call('ZREM', holders, token)
   forget(token, st[2])
 end
-purge()
+local purged = purge()
 promote(tonumber(ARGV[2]), false, nil)
 if live and not st[1] then
-  released(st[3], st[4])
+  released(st[3], st[4], purged)
   return 1
 end
 return score and 0 or common().losses().holder_released(ARGV[4])

@@ -20,10 +20,10 @@ if live then
   redis.call('ZREM', holders, token)
   forget(token)
 end
-purge()
+local purged = purge()
 promote(tonumber(ARGV[2]), false)
 if live and not st[1] then
-  released(st[2], st[3])
+  released(st[2], st[3], purged)
   return 1
 end
 return score and 0 or common().losses().holder_released(ARGV[5])
