@@ -160,8 +160,19 @@ class _Call:
         except StopIteration as done:
             self.batch, self.replies = None, done.value
 
+    def answered(self, outcome: list[Any] | transport.CallFailed) -> _Call:
+        """``answer`` the first batch, sent by the caller; returns the call."""
+        self.answer(outcome)
+        return self
 
-def _sent(client: RedisClient, call: _Call) -> list[Any]:
+
+def _clean(replies: list[Any]) -> bool:
+    """Whether the first batch's replies are the answer as they are: the common
+    case, which needs none of ``_batches``' decisions (no error reply, no NOSCRIPT)."""
+    return not any(isinstance(reply, Exception) for reply in replies)
+
+
+def _resent(client: RedisClient, call: _Call) -> list[Any]:
     while call.batch is not None:
         try:
             call.answer(transport.call(client, call.batch, call.slot_key))
@@ -170,7 +181,7 @@ def _sent(client: RedisClient, call: _Call) -> list[Any]:
     return call.replies
 
 
-async def _sent_async(client: AsyncRedisClient, call: _Call) -> list[Any]:
+async def _resent_async(client: AsyncRedisClient, call: _Call) -> list[Any]:
     while call.batch is not None:
         try:
             call.answer(await transport.call_async(client, call.batch, call.slot_key))
@@ -179,26 +190,52 @@ async def _sent_async(client: AsyncRedisClient, call: _Call) -> list[Any]:
     return call.replies
 
 
+def _first(script: Script, keys: Keys, args: Args, extra: Args) -> tuple[list[Args], bytes]:
+    """The first batch of a call (as ``_batches`` makes it) and its slot's key."""
+    return _batch(script, keys, args, extra, by_sha=True), keys[0] if keys else b""
+
+
+def _sent(client: RedisClient, script: Script, keys: Keys, args: Args, extra: Args = ()) -> Any:
+    """The first batch; ``_batches`` decides what follows only when it is not clean."""
+    try:
+        outcome: Any = transport.call(client, *_first(script, keys, args, extra))
+        if _clean(outcome):
+            return outcome
+    except transport.CallFailed as failed:
+        outcome = failed
+    return _resent(client, _Call(client, script, keys, args, extra).answered(outcome))
+
+
+async def _sent_async(
+    client: AsyncRedisClient, script: Script, keys: Keys, args: Args, extra: Args = ()
+) -> Any:
+    """``_sent`` on the event loop."""
+    try:
+        outcome: Any = await transport.call_async(client, *_first(script, keys, args, extra))
+        if _clean(outcome):
+            return outcome
+    except transport.CallFailed as failed:
+        outcome = failed
+    return await _resent_async(client, _Call(client, script, keys, args, extra).answered(outcome))
+
+
 def run(client: RedisClient, script: Script, keys: Keys, args: Args) -> Any:
     """Run ``script`` on a sync client; Redis failures become RedisUnavailable.
 
     Bounded by the client's socket timeout whatever its retry policy (see
     ``transport``); a script that may have run is never sent again.
     """
-    return _sent(client, _Call(client, script, keys, args))[0]
+    return _sent(client, script, keys, args)[0]
 
 
 async def run_async(client: AsyncRedisClient, script: Script, keys: Keys, args: Args) -> Any:
     """``run`` for a ``redis.asyncio`` client."""
-    return (await _sent_async(client, _Call(client, script, keys, args)))[0]
+    return (await _sent_async(client, script, keys, args))[0]
 
 
-def _acked(
-    client: AnyRedisClient, script: Script, keys: Keys, args: Args, replicas: int, timeout: float
-) -> _Call:
+def _wait(replicas: int, timeout: float) -> Args:
     # WAIT 0 would block forever: the smallest bound is one millisecond.
-    wait = ("WAIT", replicas, max(1, int(timeout * 1000)))
-    return _Call(client, script, keys, args, (wait,))
+    return (("WAIT", replicas, max(1, int(timeout * 1000))),)
 
 
 def run_acked(
@@ -211,7 +248,7 @@ def run_acked(
     connection, so anywhere else it could confirm a write it never saw.
     Still one round trip.
     """
-    result, acked = _sent(client, _acked(client, script, keys, args, replicas, timeout))
+    result, acked = _sent(client, script, keys, args, _wait(replicas, timeout))
     return result, int(acked)
 
 
@@ -224,8 +261,7 @@ async def run_acked_async(
     timeout: float,
 ) -> tuple[Any, int]:
     """``run_acked`` for a ``redis.asyncio`` client."""
-    call = _acked(client, script, keys, args, replicas, timeout)
-    result, acked = await _sent_async(client, call)
+    result, acked = await _sent_async(client, script, keys, args, _wait(replicas, timeout))
     return result, int(acked)
 
 
