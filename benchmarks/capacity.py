@@ -64,15 +64,19 @@ def server_cpu(client: Any) -> float:
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
-def held_locks(client: Any, n: int) -> float:
+def _held_each(client: Any, handles: list[Any]) -> float:
+    """Memory per handle while every one of ``handles`` holds (handles make no call)."""
     before = used_memory(client)
-    handles = [Lock(client, f"cap:held:{i}", ttl=600, wait=0) for i in range(n)]
     for handle in handles:
         assert handle.acquire()
-    per = (used_memory(client) - before) / n
+    per = (used_memory(client) - before) / len(handles)
     for handle in handles:
         handle.release()
     return per
+
+
+def held_locks(client: Any, n: int) -> float:
+    return _held_each(client, [Lock(client, f"cap:held:{i}", ttl=600, wait=0) for i in range(n)])
 
 
 def waiters(client: Any, n: int) -> float:
@@ -108,14 +112,8 @@ def waiters(client: Any, n: int) -> float:
 
 
 def permits(client: Any, n: int) -> float:
-    before = used_memory(client)
     handles = [Semaphore(client, "cap:permits", n, ttl=600, wait=0) for _ in range(n)]
-    for handle in handles:
-        assert handle.acquire()
-    per = (used_memory(client) - before) / n
-    for handle in handles:
-        handle.release()
-    return per
+    return _held_each(client, handles)
 
 
 def connections(server: PrivateRedis, n: int) -> float:

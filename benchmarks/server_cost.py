@@ -31,6 +31,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .common import PrivateRedis, fmt, rst_table, table
@@ -85,22 +86,12 @@ def _require(binary: str) -> str:
     return path
 
 
-def _count(key: str, pairs: int, fresh: bool = False) -> int:
+def _counted(work: Callable[[Any], None]) -> int:
+    """Instructions a fresh callgrind server spent serving ``work(client)``."""
     server = CallgrindRedis().start()
     try:
         client = server.client(socket_timeout=60.0)
-        if key == "PING":
-            for _ in range(pairs):
-                client.ping()
-        else:
-            factory = IMPLS[key].factory
-            handle = factory(client, f"cost:{key}", 30.0, 1.0)
-            for i in range(pairs):
-                if fresh:  # a new handle on a name never used before, as a decorator does
-                    handle = factory(client, f"cost:{key}:{i}", 30.0, 1.0)
-                if not handle.acquire():
-                    raise RuntimeError(f"{key}: an uncontended acquire failed")
-                handle.release()
+        work(client)
         client.close()
     except BaseException:
         server.stop()
@@ -108,8 +99,28 @@ def _count(key: str, pairs: int, fresh: bool = False) -> int:
     return server.stop_and_count()
 
 
+def _per_op(work: Callable[[Any, int], None], ops: int) -> float:
+    """What one of ``work(client, n)``'s n operations costs: start-up and shutdown cancel out."""
+    return (_counted(lambda c: work(c, 2 * ops)) - _counted(lambda c: work(c, ops))) / ops
+
+
+def _pairs(client: Any, key: str, pairs: int, fresh: bool) -> None:
+    if key == "PING":
+        for _ in range(pairs):
+            client.ping()
+        return
+    factory = IMPLS[key].factory
+    handle = factory(client, f"cost:{key}", 30.0, 1.0)
+    for i in range(pairs):
+        if fresh:  # a new handle on a name never used before, as a decorator does
+            handle = factory(client, f"cost:{key}:{i}", 30.0, 1.0)
+        if not handle.acquire():
+            raise RuntimeError(f"{key}: an uncontended acquire failed")
+        handle.release()
+
+
 def per_pair(key: str, ops: int, fresh: bool = False) -> float:
-    return (_count(key, 2 * ops, fresh) - _count(key, ops, fresh)) / ops
+    return _per_op(lambda client, n: _pairs(client, key, n, fresh), ops)
 
 
 def _item_ops(client: Any, item: str, n: int) -> None:
@@ -160,20 +171,8 @@ ITEMS = {
 }
 
 
-def _count_item(item: str, n: int) -> int:
-    server = CallgrindRedis().start()
-    try:
-        client = server.client(socket_timeout=60.0)
-        _item_ops(client, item, n)
-        client.close()
-    except BaseException:
-        server.stop()
-        raise
-    return server.stop_and_count()
-
-
 def per_item(item: str, ops: int) -> float:
-    return (_count_item(item, 2 * ops) - _count_item(item, ops)) / ops
+    return _per_op(lambda client, n: _item_ops(client, item, n), ops)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

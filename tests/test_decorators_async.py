@@ -17,6 +17,8 @@ from django_redislock import (
     redis_lock,
     redis_locked,
 )
+from django_redislock.signals import redis_unavailable
+from tests.helpers_oracles import signal_sent
 from tests.test_decorators import close_async_clients, dead_redis  # noqa: F401
 
 
@@ -186,9 +188,12 @@ async def test_redis_down(dead_redis: None) -> None:  # noqa: F811
     async def opened() -> Any:
         return current_lock()
 
-    with pytest.raises(RedisUnavailable):
-        await closed()
-    assert await opened() is None
+    with signal_sent(redis_unavailable) as sent:
+        with pytest.raises(RedisUnavailable):
+            await closed()
+        assert await opened() is None
+    # As for sync callables (tests/test_decorators.py): one signal each, saying which.
+    assert [fields["fail_open"] for fields in sent] == [False, True]
 
 
 async def test_disabled() -> None:
