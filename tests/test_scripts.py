@@ -198,20 +198,29 @@ def _assign(cluster: ClusterTopology, slot: int, port: int) -> None:
     The new owner claims the slot first and takes the highest config epoch:
     a node that hears the old owner's stale claim before its own SETSLOT
     would otherwise keep the old owner for good (the higher epoch wins a
-    gossip conflict), and the move would never settle.
+    gossip conflict). Gossip can still win that race on a loaded host, so
+    the claim is made again, on every node, until they all agree (a bounded
+    number of rounds).
     """
     owner = _node_id(port)
     ordered = sorted(cluster.nodes, key=lambda n: n.port != port)
-    for node in ordered:
-        with node.client(socket_timeout=5) as c:
-            c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner)
-            if node.port == port:
-                c.execute_command("CLUSTER", "BUMPEPOCH")
-    wait_until(
-        "every node to see the slot moved",
-        lambda: all(_owner_of(node, slot) == port for node in cluster.nodes),
-        20,
-    )
+    rounds = 5
+    for attempt in range(1, rounds + 1):
+        for node in ordered:
+            with node.client(socket_timeout=5) as c:
+                c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", owner)
+                if node.port == port:
+                    c.execute_command("CLUSTER", "BUMPEPOCH")
+        try:
+            wait_until(
+                "every node to see the slot moved",
+                lambda: all(_owner_of(node, slot) == port for node in cluster.nodes),
+                5,
+            )
+            return
+        except RuntimeError:
+            if attempt == rounds:
+                raise
 
 
 def _owner_of(node: Any, slot: int) -> int:
