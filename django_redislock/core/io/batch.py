@@ -14,13 +14,45 @@ twin ``pool_calls.py``; ``cluster_calls.py`` on a Cluster):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import redis.connection
 
 from .giveback import Pending
 
-__all__ = ["CallFailed", "Command"]
+# The packer redis-py's connections use when hiredis is installed (None in a
+# redis-py without one), and hiredis's own function.
+_HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
+try:
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - without hiredis
+    _HiredisPacker = None
+
+__all__ = ["CallFailed", "Command", "packed"]
 
 Command = tuple[Any, ...]
+
+
+def packed(conn: Any, commands: Sequence[Command]) -> list[bytes]:
+    """``commands`` as ``conn`` would write them (``conn.pack_commands``).
+
+    A connection that packs with hiredis has each command packed by hiredis
+    directly: redis-py's wrapper first converts byte buffers and splits a
+    command name holding a space, neither of which the library sends, at
+    more than the packing costs (a lock's acquire: 4.1 us through redis-py,
+    1.9 us directly). Anything else is packed by redis-py.
+    """
+    if (
+        _HiredisPacker is not None
+        and type(getattr(conn, "_command_packer", None)) is _HiredisPacker
+    ):
+        try:
+            if all(type(c[0]) is str and " " not in c[0] for c in commands):
+                return [b"".join([_pack_command(c) for c in commands])]
+        except TypeError:  # an argument hiredis does not take: redis-py converts it
+            pass
+    return list(conn.pack_commands(commands))
 
 
 class CallFailed(Exception):

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback
-from .batch import CallFailed, Command
+from .batch import CallFailed, Command, packed
 from .checkout import checkout, disconnect
 from .giveback import Pending
 
@@ -26,7 +26,7 @@ __all__ = ["call_on_pool", "exchange"]
 def exchange(conn: Any, commands: Sequence[Command]) -> list[Any]:
     """Write ``commands`` on ``conn`` and read one reply each (errors as values)."""
     try:
-        conn.send_packed_command(conn.pack_commands(commands), False)
+        conn.send_packed_command(packed(conn, commands), False)
     except BaseException as exc:
         disconnect(conn)
         # A part of the batch may have gone out: one command cut short does

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback
-from .batch import CallFailed, Command
+from .batch import CallFailed, Command, packed
 from .checkout import checkout_async, disconnect_async
 from .giveback import Pending
 
@@ -25,7 +25,7 @@ __all__ = ["call_on_pool_async", "exchange_async"]
 async def exchange_async(conn: Any, commands: Sequence[Command]) -> list[Any]:
     """Write ``commands`` on ``conn`` and read one reply each (errors as values)."""
     try:
-        await conn.send_packed_command(conn.pack_commands(commands), False)
+        await conn.send_packed_command(packed(conn, commands), False)
     except BaseException as exc:
         await disconnect_async(conn)
         # A part of the batch may have gone out: one command cut short does
