@@ -17,6 +17,11 @@ server's timer runs a number of times that depends on how long the run takes,
 not on what it does. A PING is measured the same way as a unit. Needs
 ``valgrind`` (Debian/Ubuntu: ``apt install valgrind``).
 
+``--model`` measures what a script's parts cost the server (the call
+itself, its keys and arguments, each ``redis.call`` inside, ``TIME``) beside
+a plain ``SET ... NX PX`` and this library's own acquire and release: where
+the instructions of an uncontended pair go.
+
 ``--items`` measures, the same way, what each thing ``python -m
 benchmarks.capacity`` sizes costs the server to make and end, with this
 library's own client: a lock (new handle, new name), a semaphore permit, a
@@ -171,6 +176,114 @@ ITEMS = {
 }
 
 
+def _script(source: str, keys: list[str], args: list[Any]) -> Callable[[Any, int], None]:
+    def work(client: Any, n: int) -> None:
+        sha = client.script_load(source)
+        for _ in range(n):
+            client.evalsha(sha, len(keys), *keys, *args)
+
+    return work
+
+
+def _acquires(client: Any, n: int, release: bool) -> None:
+    from django_redislock.core import Lock
+
+    for i in range(n):
+        lock = Lock(client, f"cost:model:{i}", ttl=30, wait=1)
+        lock.acquire()
+        if release:
+            lock.release()
+
+
+# A lock acquire's arguments as the library sends them: three keys, eight values.
+_KEYS = ["cost:L:{t}:=n", "cost:Q:{t}:=n", "cost:H:{t}:=n"]
+_ARGS = ["0123456789abcdef", 30000, "", '{"p":1,"h":"host","w":"MainThread"}', 1000]
+_ARGS += ["p:cost:N:0123456789abcdef", 40000, 1]
+
+# What the server's work on a lock is made of (``--model``): whole
+# operations, each measured like a pair ...
+MODEL: list[tuple[str, Callable[[Any, int], None]]] = [
+    ("SET key value NX PX, a new key (redis-py's acquire)", lambda c, n: _set_nx(c, n)),
+    ("EVALSHA of 'return 1', no keys or arguments", _script("return 1", [], [])),
+    ("the same with an acquire's 3 keys and 8 arguments", _script("return 1", _KEYS, _ARGS)),
+    ("the acquire's seven calls and nothing else, new names", lambda c, n: _seven(c, n)),
+    ("this library's acquire, new handle and name", lambda c, n: _acquires(c, n, False)),
+    ("this library's acquire+release, new handle and name", lambda c, n: _acquires(c, n, True)),
+]
+
+# ... and one command inside a script: a script making it five times, less
+# one making it none, over five (the key holds a small hash with a TTL).
+INSIDE = {
+    "HGET of one field": "redis.call('HGET', KEYS[1], 'f')",
+    "HMGET of three fields": "redis.call('HMGET', KEYS[1], 'f', 'g', 'h')",
+    "HSET of one field": "redis.call('HSET', KEYS[1], 'f', '1')",
+    "HSET of three fields": "redis.call('HSET', KEYS[1], 'f', '1', 'g', '2', 'h', '3')",
+    "PEXPIRE": "redis.call('PEXPIRE', KEYS[1], 30000)",
+    "TIME": "redis.call('TIME')",
+    "DEL of a key, then HSET making it again": (
+        "redis.call('DEL', KEYS[1]) redis.call('HSET', KEYS[1], 'f', '1')"
+    ),
+}
+
+
+# The commands an uncontended acquire of a new name makes (lua/acquire.lua,
+# give() in lua/_lock.lua), with none of its decisions: what its work costs
+# the server before any logic of the library's.
+_SEVEN = """
+redis.call('HMGET', KEYS[3], 'q', 'f', 'd', 'e', 'h')
+redis.call('HGET', KEYS[1], 't')
+local clock = redis.call('TIME')
+local f = clock[1] .. clock[2]
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', f, 'o', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[3], 'f', f, 'h', f)
+redis.call('PEXPIRE', KEYS[3], ARGV[7])
+return f
+"""
+
+
+def _seven(client: Any, n: int) -> None:
+    from django_redislock.core.engine.keys import KeySpace
+
+    space = KeySpace("cost")
+    sha = client.script_load(_SEVEN)
+    for i in range(n):
+        keys = space.lock(f"seven:{i}")
+        client.evalsha(sha, 3, keys.lease, keys.queue, keys.state, *_ARGS)
+
+
+def _set_nx(client: Any, n: int) -> None:
+    for i in range(n):
+        client.set(f"cost:set:{i}", "0123456789abcdef", nx=True, px=30000)
+
+
+def _inside(call: str, ops: int) -> float:
+    setup = "redis.call('HSET', KEYS[1], 'f', '1', 'g', '2', 'h', '3') "
+    setup += "redis.call('PEXPIRE', KEYS[1], 60000) "
+    five = _per_op(_script(setup + f"for i = 1, 5 do {call} end return 1", _KEYS[:1], []), ops)
+    none = _per_op(_script(setup + "return 1", _KEYS[:1], []), ops)
+    return (five - none) / 5
+
+
+def model(cfg: argparse.Namespace) -> int:
+    ping = per_pair("PING", cfg.ops)
+    rows: list[list[Any]] = [["PING (one round trip)", f"{ping:,.0f}", "1.0"]]
+    for label, work in MODEL:
+        print(f"  {label} ...", file=sys.stderr, flush=True)
+        value = _per_op(work, cfg.ops)
+        rows.append([label, f"{value:,.0f}", fmt(value / ping, 1)])
+    for label, call in INSIDE.items():
+        print(f"  {label} ...", file=sys.stderr, flush=True)
+        value = _inside(call, cfg.ops)
+        rows.append([f"inside a script: {label}", f"{value:,.0f}", fmt(value / ping, 1)])
+    headers = ["what", "server instructions", "x PING"]
+    print("What a script costs the server (callgrind, per operation)\n")
+    print(table(headers, rows))
+    if cfg.rst:
+        print("\n" + rst_table(headers, rows))
+    return 0
+
+
 def per_item(item: str, ops: int) -> float:
     return _per_op(lambda client, n: _item_ops(client, item, n), ops)
 
@@ -191,6 +304,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rst", action="store_true", help="also print the table as reStructuredText")
     p.add_argument(
         "--items", action="store_true", help="what a lock, permit, waiter and record cost"
+    )
+    p.add_argument(
+        "--model",
+        action="store_true",
+        help="what a script's parts cost: its call, its arguments, each redis.call",
     )
     return p.parse_args(argv)
 
@@ -214,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
     if cfg.items:
         return items(cfg)
+    if cfg.model:
+        return model(cfg)
     keys = [k for k in cfg.impls.split(",") if k]
     unknown = [k for k in keys if k not in IMPLS]
     if unknown:
