@@ -23,17 +23,18 @@ def test_the_bytes_are_redis_pys_own(commands: list[tuple[object, ...]]) -> None
 
 def test_what_hiredis_does_not_take_is_left_to_redis_py() -> None:
     conn = redis.Connection()
-    commands = [("SET", memoryview(b"key"), bytearray(b"value")), ("CONFIG GET", "maxmemory")]
+    commands = [("SET", memoryview(b"key"), "value"), ("CONFIG GET", "maxmemory")]
     assert b"".join(packed(conn, commands)) == b"".join(conn.pack_commands(commands))
     with pytest.raises(DataError):
         packed(conn, [("SET", "key", None)])
 
 
 def test_a_packed_batch_runs(r: redis.Redis) -> None:
-    conn = r.connection_pool.get_connection()
+    conn = r.connection_pool.make_connection()
     try:
+        conn.connect()
         conn.send_packed_command(packed(conn, [("SET", "pk", "ü"), ("GET", "pk")]))
         assert conn.read_response() in (b"OK", "OK", True)
         assert conn.read_response() == "ü".encode()
     finally:
-        r.connection_pool.release(conn)
+        conn.disconnect()

@@ -14,6 +14,7 @@ twin ``pool_calls.py``; ``cluster_calls.py`` on a Cluster):
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from .giveback import Pending
 # redis-py without one), and hiredis's own function.
 _HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
 try:
-    from hiredis import pack_command as _pack_command
+    _pack_command: Any = importlib.import_module("hiredis").pack_command
 except ImportError:  # pragma: no cover - without hiredis
     _HiredisPacker = None
 
