@@ -276,10 +276,15 @@ def model(cfg: argparse.Namespace) -> int:
         print(f"  {label} ...", file=sys.stderr, flush=True)
         value = _inside(call, cfg.ops)
         rows.append([f"inside a script: {label}", f"{value:,.0f}", fmt(value / ping, 1)])
+    return _report("What a script costs the server (callgrind, per operation)", rows, cfg.rst)
+
+
+def _report(title: str, rows: list[list[Any]], rst: bool) -> int:
+    """Print ``rows`` of (what, instructions, x PING) under ``title``."""
     headers = ["what", "server instructions", "x PING"]
-    print("What a script costs the server (callgrind, per operation)\n")
+    print(f"{title}\n")
     print(table(headers, rows))
-    if cfg.rst:
+    if rst:
         print("\n" + rst_table(headers, rows))
     return 0
 
@@ -320,12 +325,7 @@ def items(cfg: argparse.Namespace) -> int:
         print(f"  {item} ...", file=sys.stderr, flush=True)
         value = per_item(item, cfg.ops)
         rows.append([label, f"{value:,.0f}", fmt(value / ping, 1)])
-    headers = ["what", "server instructions", "x PING"]
-    print("Server instructions per item (callgrind)\n")
-    print(table(headers, rows))
-    if cfg.rst:
-        print("\n" + rst_table(headers, rows))
-    return 0
+    return _report("Server instructions per item (callgrind)", rows, cfg.rst)
 
 
 def main(argv: list[str] | None = None) -> int:
