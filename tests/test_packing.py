@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import redis
+import redis.asyncio
 from redis.exceptions import DataError
 
 from django_redislock.core.io.batch import packed
@@ -38,3 +39,15 @@ def test_a_packed_batch_runs(r: redis.Redis) -> None:
         assert conn.read_response() == "ü".encode()
     finally:
         conn.disconnect()
+
+
+async def test_a_packed_batch_runs_on_asyncio(ar: redis.asyncio.Redis) -> None:
+    # The asyncio connections pack with redis-py's own packer, unchanged.
+    conn = ar.connection_pool.make_connection()
+    try:
+        await conn.connect()
+        await conn.send_packed_command(packed(conn, [("SET", "apk", "ü"), ("GET", "apk")]))
+        assert await conn.read_response() in (b"OK", "OK", True)
+        assert await conn.read_response() == "ü".encode()
+    finally:
+        await conn.disconnect()
