@@ -185,14 +185,11 @@ def _script(source: str, keys: list[str], args: list[Any]) -> Callable[[Any, int
     return work
 
 
-def _acquires(client: Any, n: int, release: bool) -> None:
+def _acquires(client: Any, n: int) -> None:
     from django_redislock.core import Lock
 
     for i in range(n):
-        lock = Lock(client, f"cost:model:{i}", ttl=30, wait=1)
-        lock.acquire()
-        if release:
-            lock.release()
+        Lock(client, f"cost:model:{i}", ttl=30, wait=0).acquire()
 
 
 # A lock acquire's arguments as the library sends them: three keys, eight values.
@@ -207,8 +204,8 @@ MODEL: list[tuple[str, Callable[[Any, int], None]]] = [
     ("EVALSHA of 'return 1', no keys or arguments", _script("return 1", [], [])),
     ("the same with an acquire's 3 keys and 8 arguments", _script("return 1", _KEYS, _ARGS)),
     ("the acquire's seven calls and nothing else, new names", lambda c, n: _seven(c, n)),
-    ("this library's acquire, new handle and name", lambda c, n: _acquires(c, n, False)),
-    ("this library's acquire+release, new handle and name", lambda c, n: _acquires(c, n, True)),
+    ("this library's acquire, new handle and name", _acquires),
+    ("this library's acquire+release, new handle and name", lambda c, n: _item_ops(c, "lock", n)),
 ]
 
 # ... and one command inside a script: a script making it five times, less

@@ -544,9 +544,12 @@ def test_redis_down_raises_for_functions(dead_redis: None) -> None:
     def g() -> str:
         return "ran"
 
-    with pytest.raises(RedisUnavailable):
-        f()
-    assert g() == "ran"
+    with signal_sent(redis_unavailable) as sent:
+        with pytest.raises(RedisUnavailable):
+            f()
+        assert g() == "ran"
+    # As for async callables (tests/test_decorators_async.py): one signal each, saying which.
+    assert [fields["fail_open"] for fields in sent] == [False, True]
 
 
 def test_disabled_functions_run_unlocked(held: Any) -> None:

@@ -192,7 +192,7 @@ async def test_redis_down(dead_redis: None) -> None:  # noqa: F811
         with pytest.raises(RedisUnavailable):
             await closed()
         assert await opened() is None
-    # As for sync callables (tests/test_decorators.py): one signal each, saying which.
+    # As for sync callables (test_redis_down_raises_for_functions): one signal each, saying which.
     assert [fields["fail_open"] for fields in sent] == [False, True]
 
 

@@ -22,8 +22,8 @@ import redis.connection
 
 from .giveback import Pending
 
-# The packer redis-py's connections use when hiredis is installed (None in a
-# redis-py without one), and hiredis's own function.
+# The packer redis-py's connections use when hiredis is installed, and
+# hiredis's own function; None (the type of no packer) without either.
 _HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
 try:
     _pack_command: Any = importlib.import_module("hiredis").pack_command
@@ -44,10 +44,7 @@ def packed(conn: Any, commands: Sequence[Command]) -> list[bytes]:
     more than the packing costs (a lock's acquire: 4.1 us through redis-py,
     1.9 us directly). Anything else is packed by redis-py.
     """
-    if (
-        _HiredisPacker is not None
-        and type(getattr(conn, "_command_packer", None)) is _HiredisPacker
-    ):
+    if type(getattr(conn, "_command_packer", None)) is _HiredisPacker:
         try:
             if all(type(c[0]) is str and " " not in c[0] for c in commands):
                 return [b"".join([_pack_command(c) for c in commands])]
