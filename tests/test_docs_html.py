@@ -5,7 +5,8 @@ one: Furo paints a ``.. contents::`` table as a red "ERROR: Adding a table of
 contents ..." box from its style sheet alone. The docs' own extension
 (docs/_ext/rendered_errors.py) reads the built pages and warns about them;
 these tests build the pages as ``tox -e docs`` does and check that the
-extension catches such a page. They need the docs' requirements
+extension catches such a page: a contents table, a system message, an
+unresolved reference. They need the docs' requirements
 (docs/requirements.txt).
 """
 
@@ -49,7 +50,8 @@ def test_the_pages_build_without_warnings_or_error_boxes(tmp_path: Path) -> None
     assert (tmp_path / "html" / "tutorial.html").is_file()
 
 
-def test_a_page_with_a_contents_table_fails_the_build(tmp_path: Path) -> None:
+def _project(tmp_path: Path, index: str) -> Path:
+    """A one-page Sphinx project that loads the docs' extension."""
     source = tmp_path / "src"
     source.mkdir()
     (source / "conf.py").write_text(
@@ -58,11 +60,38 @@ def test_a_page_with_a_contents_table_fails_the_build(tmp_path: Path) -> None:
         'extensions = ["rendered_errors"]\n'
         'html_theme = "furo"\n'
     )
+    (source / "index.rst").write_text(index)
+    return source
+
+
+@pytest.mark.parametrize(
+    ("element", "report"),
+    [
+        ('<div class="system-message"><p>ERROR/3 ...</p></div>', "a docutils system message"),
+        ('<span class="problematic">`nowhere`_</span>', "a problematic (unresolved) reference"),
+    ],
+)
+def test_a_page_showing_a_system_message_fails_the_build(
+    tmp_path: Path, element: str, report: str
+) -> None:
+    # What docutils renders for an error it reports below the warning level
+    # Sphinx turns into a failure (or a theme or raw block shows): it reaches
+    # the page with no warning, so -W alone would let it through.
+    source = _project(tmp_path, f"Title\n=====\n\n.. raw:: html\n\n   {element}\n")
+    done = _build(source, tmp_path / "html")
+    assert done.returncode != 0
+    reported = [line for line in done.stderr.splitlines() if report in line]
+    assert len(reported) == 1, done.stderr
+    assert "index.html" in reported[0]
+
+
+def test_a_page_with_a_contents_table_fails_the_build(tmp_path: Path) -> None:
     escape = "this-will-duplicate-information-and-it-is-still-useful-here"
-    (source / "index.rst").write_text(
+    source = _project(
+        tmp_path,
         "Title\n=====\n\n.. contents::\n   :local:\n\nOne\n---\n\nText.\n\n"
         f"Two\n---\n\n.. contents::\n   :class: {escape}\n   :local:\n\n"
-        "Three\n~~~~~\n\nText.\n"
+        "Three\n~~~~~\n\nText.\n",
     )
     done = _build(source, tmp_path / "html")
     assert done.returncode != 0

@@ -52,13 +52,14 @@ __all__ = [
 
 logger = logging.getLogger("django_redislock.metrics")
 
-# backend -> (module that implements it, module whose presence it needs, pip extra)
+# backend -> (module that implements it, module whose presence it needs, the
+# distribution that brings that module: what its extra of the same name installs)
 BACKENDS: dict[str, tuple[str, str, str]] = {
-    "prometheus": ("django_redislock.contrib.prometheus", "prometheus_client", "prometheus"),
+    "prometheus": ("django_redislock.contrib.prometheus", "prometheus_client", "prometheus-client"),
     "opentelemetry": (
         "django_redislock.contrib.opentelemetry",
         "opentelemetry.trace",
-        "opentelemetry",
+        "opentelemetry-api",
     ),
 }
 
@@ -209,7 +210,7 @@ def sync() -> None:
             except ImportError as exc:
                 logger.error(
                     "REDISLOCK['METRICS'] names %r, which cannot be imported (%s); "
-                    "install django-redislock[%s]",
+                    "python -m pip install %s",
                     backend,
                     exc,
                     BACKENDS[backend][2],
@@ -259,15 +260,16 @@ def metric_problems() -> list[Problem]:
                 )
             )
             continue
-        _module, package, extra = BACKENDS[backend]
+        _module, package, distribution = BACKENDS[backend]
         if not _installed_package(package):
             found.append(
                 Problem(
                     "django_redislock.E041",
                     f"REDISLOCK['METRICS'] names {backend!r}, but {package.split('.')[0]} "
                     "is not installed.",
-                    f'Install it with: pip install "django-redislock[{extra}]", or remove '
-                    f"{backend!r} from REDISLOCK['METRICS'].",
+                    f"Install it with: python -m pip install {distribution} (the "
+                    f"{backend!r} extra of django-redislock), or remove {backend!r} "
+                    "from REDISLOCK['METRICS'].",
                 )
             )
     return found
