@@ -6,7 +6,8 @@
   the middleware and for the decorator in front of the whole view: two users
   sending the same key and body from one address each get their own run.
 * A plain view whose request carries an ``Authorization`` header Django
-  cannot read is refused, never scoped by the (shared) address.
+  cannot read is refused, never scoped by the (shared) address; so is a DRF
+  view that lets anonymous requests in and reads its credentials by itself.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -60,6 +61,32 @@ def charge_function(request: Any) -> Response:
     return Response({"user": request.user.username}, status=201)
 
 
+class SelfChecked(APIView):
+    """Reads its API key by itself: no DRF authentication class takes it."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    def post(self, request: Any) -> Response:
+        runs.append(f"self-checked {request.headers['X-Api-Key']}")
+        return Response({"account": request.headers["X-Api-Key"]}, status=201)
+
+
+class DecoratedSelfChecked(SelfChecked):
+    @idempotent
+    def post(self, request: Any) -> Response:
+        return super().post(request)
+
+
+@api_view(["POST"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+@idempotent
+def self_checked_function(request: Any) -> Response:
+    runs.append(f"self-checked {request.headers['X-Api-Key']}")
+    return Response({"account": request.headers["X-Api-Key"]}, status=201)
+
+
 @csrf_exempt
 def plain(request: HttpRequest) -> HttpResponse:
     runs.append("plain")
@@ -72,6 +99,10 @@ urlpatterns = [
     path("handler/charge/", DecoratedCharge.as_view()),
     path("function/charge/", charge_function),
     path("outer/charge/", idempotent(Charge.as_view())),
+    path("mw/self-checked/", SelfChecked.as_view()),
+    path("handler/self-checked/", DecoratedSelfChecked.as_view()),
+    path("function/self-checked/", self_checked_function),
+    path("outer/self-checked/", idempotent(SelfChecked.as_view())),
 ]
 
 
@@ -170,6 +201,54 @@ def test_a_bad_token_is_answered_by_drf_and_runs_nothing(
     assert response.status_code == 401
     assert runs == []
     assert records(r) == []
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_credentials_no_authentication_class_accepts_are_left_to_the_view(
+    url: str, send: Any, r: redis.Redis
+) -> None:
+    """A token of a kind the view does not take ("Bearer" to TokenAuthentication)
+    on a view that needs a user: DRF answers 401 by itself, nothing runs."""
+    response = send(url, "Bearer someone-elses-token")
+    assert response.status_code == 401
+    assert runs == []
+    assert records(r) == []
+
+
+@pytest.mark.parametrize("form", ["mw", "handler", "function", "outer"])
+def test_a_drf_view_that_reads_its_credentials_itself_is_refused_not_scoped_by_address(
+    form: str, r: redis.Redis
+) -> None:
+    """Two accounts, one key and body, one address, a DRF view that lets anonymous
+    requests in and reads the API key by itself: before this change the second
+    account received the first one's stored response (scoped by the address)."""
+
+    def post(api_key: str) -> Any:
+        return Client(raise_request_exception=False).post(
+            f"/{form}/self-checked/",
+            '{"amount": 5}',
+            content_type="application/json",
+            headers={"Idempotency-Key": "same-key", "X-Api-Key": api_key},
+        )
+
+    for api_key in ("alice-key", "bob-key"):
+        refused = post(api_key)
+        assert refused.status_code == 500
+        assert refused.json()["error"] == "idempotency_scope_unknown"
+        assert "X-Api-Key header" in refused.json()["detail"]
+    assert runs == []
+    assert records(r) == []
+    # A callable that names the account scopes each to its own key.
+    scoped = {"IDEMPOTENCY": {"PATHS": ["^/mw/"], "SCOPE": f"{__name__}.scope_by_api_key"}}
+    with override_settings(REDISLOCK={**settings.REDISLOCK, **scoped}):
+        assert post("alice-key").json() == {"account": "alice-key"}
+        assert post("bob-key").json() == {"account": "bob-key"}
+        assert post("bob-key")[REPLAYED_HEADER] == "true"
+    assert runs == ["self-checked alice-key", "self-checked bob-key"]
+
+
+def scope_by_api_key(request: Any) -> str:
+    return request.headers["X-Api-Key"]
 
 
 def test_a_header_django_cannot_read_is_refused_not_scoped_by_address(

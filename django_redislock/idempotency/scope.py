@@ -12,12 +12,15 @@ the user *as the view will see it*:
   middleware or decorator sits in front of the whole view (the view's
   authenticators are run here, and again by the view);
 * a request that carries no credentials: the client's address;
-* a request that looks anonymous to Django yet carries credentials (a header
-  of ``CREDENTIAL_HEADERS``: ``Authorization``, ``X-Api-Key``), for a view that
-  is not DRF's: the user cannot be known here, and
-  falling back to the address would put every API client behind one NAT or
-  proxy in one scope. The request is refused (``ScopeUnknown``); set
-  ``SCOPE`` to a callable that names the client.
+* a request that looks anonymous yet carries credentials (a header of
+  ``CREDENTIAL_HEADERS``: ``Authorization``, ``X-Api-Key``): to a plain view,
+  or to a DRF view none of whose authentication classes accepts them and
+  whose permissions let an anonymous request in, the user cannot be known
+  here (the view may read the header by itself), and falling back to the
+  address would put every API client behind one NAT or proxy in one scope.
+  The request is refused (``ScopeUnknown``); set ``SCOPE`` to a callable
+  that names the client. A DRF view whose permissions refuse the anonymous
+  request answers it by itself (401, 403), as for a bad token.
 """
 
 from __future__ import annotations
@@ -121,11 +124,18 @@ def _scope(
         if user is not None and getattr(user, "is_authenticated", False):
             return f"u:{user.pk}"
         sent = [name for name in policy.credential_headers if name in request.headers]
-        if sent and not _is_drf_request(subject):
+        if sent:
+            if _is_drf_request(subject):
+                # A DRF view none of whose authentication classes took the
+                # credentials: if its permissions refuse an anonymous request,
+                # it answers (401, 403) and runs nothing; if they let it in,
+                # the view may read the credentials by itself.
+                subject.parser_context["view"].check_permissions(subject)
             raise ScopeUnknown(
                 f"This request sends credentials ({sent[0]} header), but no user is "
-                "authenticated when the idempotency key is looked up (the view "
-                "authenticates it by itself): keys cannot be scoped per user. Set "
+                "authenticated when the idempotency key is looked up (the view reads "
+                "them by itself, or none of its authentication classes accepts "
+                "them): keys cannot be scoped per user. Set "
                 "REDISLOCK['IDEMPOTENCY']['SCOPE'] to a callable naming the client."
             )
         return f"ip:{client_ip(request)}"

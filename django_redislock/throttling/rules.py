@@ -63,10 +63,6 @@ class Rule:
     def per_client(self) -> bool:
         return self.per != "global"
 
-    @property
-    def needs_resolve(self) -> bool:
-        return self.url_names is not None
-
 
 def _strings(value: object) -> list[str] | None:
     """A string or a non-empty list/tuple of non-empty strings, as a list."""
