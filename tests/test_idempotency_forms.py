@@ -94,6 +94,19 @@ def plain(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"run": len(runs)})
 
 
+def status(request: HttpRequest) -> HttpResponse:
+    code = int(request.GET["status"])
+    runs.append(f"status {code}")
+    return JsonResponse({"status": code, "run": len(runs), "é": "ü"}, status=code)
+
+
+def upload(request: HttpRequest) -> HttpResponse:
+    runs.append("upload")
+    return JsonResponse(
+        {"note": request.POST["note"], "file": request.FILES["file"].read().decode()}
+    )
+
+
 def async_twin(view: Callable[..., HttpResponse]) -> Callable[..., Any]:
     """The view as an async view: the same work, its sync part (ORM, gate) in a thread."""
 
@@ -111,6 +124,8 @@ SYNC_VIEWS: dict[str, Callable[..., Any]] = {
     "bad-template": bad_template,  # sync only, as rolled-back
     "streamed": streamed,
     "plain": plain,
+    "status": status,
+    "upload": upload,
 }
 VIEWS = {
     **SYNC_VIEWS,
@@ -512,3 +527,135 @@ def test_an_async_view_under_atomic_requests_is_refused_as_django_refuses_it(
         assert send("plain").status_code == 500
     assert runs == []
     assert records(r) == []
+
+
+# -- what is stored, how long, for whom: through both forms -----------------------------------
+@pytest.mark.parametrize("code", [500, 503, 408, 409, 425, 429])
+def test_a_failed_or_retryable_status_is_not_stored(
+    form: Any, send: Any, code: int, r: redis.Redis
+) -> None:
+    with form():
+        assert send("status", query=f"?status={code}").status_code == code
+        assert records(r) == []
+        assert send("status", query=f"?status={code}").status_code == code
+    assert runs == [f"status {code}"] * 2
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_client_errors_are_stored_unless_told_not_to(form: Any, send: Any, store: bool) -> None:
+    with form(STORE_CLIENT_ERRORS=store):
+        assert send("status", query="?status=402").status_code == 402
+        again = send("status", query="?status=402")
+    assert again.status_code == 402
+    assert (REPLAYED_HEADER in again) is store
+    assert len(runs) == (1 if store else 2)
+
+
+def test_a_replay_is_byte_identical_and_another_request_with_the_key_gets_422(
+    form: Any, send: Any
+) -> None:
+    with form():
+        first = send("status", query="?status=201", body='{"amount": 5}')
+        again = send("status", query="?status=201", body='{"amount": 5}')
+        assert send("status", query="?status=201", body='{"amount": 500}').status_code == 422
+        assert send("status", query="?status=200", body='{"amount": 5}').status_code == 422
+        other = send("plain", body='{"amount": 5}')
+    assert first.status_code == again.status_code == 201
+    assert again[REPLAYED_HEADER] == "true"
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"]
+    assert other.status_code == 422
+    assert "different request" in other.json()["detail"]
+    assert runs == ["status 201"]
+
+
+def test_a_stored_response_lives_for_the_ttl_then_the_key_is_new(
+    form: Any, send: Any, r: redis.Redis
+) -> None:
+    with form(TTL=600):
+        assert send("plain").status_code == 200
+        (record,) = records(r)
+        assert 590_000 < r.pttl(record) <= 600_000
+        assert send("plain")[REPLAYED_HEADER] == "true"
+        r.delete(record)  # as its expiry would
+        assert REPLAYED_HEADER not in send("plain")
+    assert runs == ["plain", "plain"]
+
+
+def test_a_response_too_large_to_keep_is_answered_without_its_body(form: Any, send: Any) -> None:
+    with form(MAX_BODY=8):
+        first = send("plain")
+        again = send("plain")
+    assert again.status_code == first.status_code == 200
+    assert again[REPLAYED_HEADER] == "true"
+    assert again["Idempotent-Body-Omitted"] == "true"
+    assert again.content == b""
+    assert runs == ["plain"]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("send", ["client"], indirect=True)
+def test_anonymous_keys_are_per_address(form: Any, kind: str, send: Any) -> None:
+    path = f"{form.prefix}/plain/" if kind == "sync" else f"{form.prefix}/async-plain/"
+
+    def post(addr: str) -> Any:
+        return Client(REMOTE_ADDR=addr).post(
+            path, "{}", content_type="application/json", headers={"Idempotency-Key": "k"}
+        )
+
+    with form():
+        assert REPLAYED_HEADER not in post("10.0.0.1")
+        assert REPLAYED_HEADER not in post("10.0.0.2")
+        assert post("10.0.0.1")[REPLAYED_HEADER] == "true"
+    assert runs == ["plain"] * 2
+
+
+def test_a_response_that_cannot_be_stored_is_logged_and_the_retry_runs(
+    form: Any, send: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django_redislock import RedisUnavailable
+    from django_redislock.idempotency import records as idempotency_records
+
+    real, real_async = idempotency_records.write, idempotency_records.write_async
+
+    def failing(client: Any, keys: Any, record: dict[bytes, bytes], ttl: float) -> None:
+        if record.get(b"state") == b"done":  # Redis fails after the view's work
+            raise RedisUnavailable("connection lost")
+        real(client, keys, record, ttl)
+
+    async def failing_async(client: Any, keys: Any, record: dict[bytes, bytes], ttl: float) -> None:
+        if record.get(b"state") == b"done":
+            raise RedisUnavailable("connection lost")
+        await real_async(client, keys, record, ttl)
+
+    with form(), caplog.at_level("WARNING", logger="django_redislock.idempotency"):
+        monkeypatch.setattr(idempotency_records, "write", failing)
+        monkeypatch.setattr(idempotency_records, "write_async", failing_async)
+        assert send("plain").status_code == 200
+        assert "a duplicate will run the view again" in caplog.text
+        monkeypatch.setattr(idempotency_records, "write", real)
+        monkeypatch.setattr(idempotency_records, "write_async", real_async)
+        assert REPLAYED_HEADER not in send("plain")
+    assert runs == ["plain", "plain"]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("send", ["client"], indirect=True)
+def test_a_multipart_body_is_fingerprinted_by_its_parts(form: Any, kind: str, send: Any) -> None:
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    path = f"{form.prefix}/upload/" if kind == "sync" else f"{form.prefix}/async-upload/"
+
+    def post(content: bytes, note: str = "a") -> Any:
+        return Client().post(
+            path,
+            {"note": note, "file": SimpleUploadedFile("r.txt", content)},
+            headers={"Idempotency-Key": "up"},
+        )
+
+    with form():
+        assert post(b"receipt").json() == {"note": "a", "file": "receipt"}
+        assert post(b"receipt")[REPLAYED_HEADER] == "true"
+        assert post(b"another receipt").status_code == 422
+        assert post(b"receipt", note="b").status_code == 422
+    assert runs == ["upload"]
