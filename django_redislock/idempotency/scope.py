@@ -130,7 +130,9 @@ def _scope(
                 # credentials: if its permissions refuse an anonymous request,
                 # it answers (401, 403) and runs nothing; if they let it in,
                 # the view may read the credentials by itself.
-                subject.parser_context["view"].check_permissions(subject)
+                drf_view = (subject.parser_context or {}).get("view")
+                if drf_view is not None:
+                    drf_view.check_permissions(subject)
             raise ScopeUnknown(
                 f"This request sends credentials ({sent[0]} header), but no user is "
                 "authenticated when the idempotency key is looked up (the view reads "
