@@ -98,8 +98,21 @@ def _reraise(exc: redis.exceptions.ConnectionError) -> NoReturn:
     raise exc
 
 
+def _failing(fail: Any, exc: BaseException, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call redis-py's failure handler for ``exc`` as a retried error would."""
+    counted = args[1] if len(args) > 1 else kwargs.get("with_failure_count", False)
+    return fail(exc, 1) if counted else fail(exc)
+
+
 class _BoundedRetry(Retry):
-    """``Retry`` that never retries a timeout, even one reported as a ConnectionError."""
+    """``Retry`` that never retries a timeout, even one reported as a ConnectionError.
+
+    A timeout still goes through the failure handler, which closes the
+    connection: its reply may come later, and must not be read by whoever
+    takes the connection next. (A Sentinel-managed connection does not close
+    itself on a read error; redis-py closes it only in that handler, which
+    its Retry calls for retried errors alone.)
+    """
 
     def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
         def once() -> Any:
@@ -108,7 +121,11 @@ class _BoundedRetry(Retry):
             except redis.exceptions.ConnectionError as exc:
                 _reraise(exc)
 
-        return super().call_with_retry(once, fail, *args, **kwargs)
+        try:
+            return super().call_with_retry(once, fail, *args, **kwargs)
+        except _TIMEOUTS as exc:
+            _failing(fail, exc, args, kwargs)
+            raise
 
 
 class _BoundedAsyncRetry(redis.asyncio.retry.Retry):
@@ -121,7 +138,13 @@ class _BoundedAsyncRetry(redis.asyncio.retry.Retry):
             except redis.exceptions.ConnectionError as exc:
                 _reraise(exc)
 
-        return await super().call_with_retry(once, fail, *args, **kwargs)
+        try:
+            return await super().call_with_retry(once, fail, *args, **kwargs)
+        except _TIMEOUTS as exc:
+            failed = _failing(fail, exc, args, kwargs)
+            if inspect.isawaitable(failed):
+                await failed
+            raise
 
 
 def _retry(kind: Any = _BoundedRetry) -> Any:

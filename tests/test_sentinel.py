@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.core.cache import caches
 from django.test import override_settings
@@ -223,6 +224,45 @@ def probe_write() -> bool:
         return False
     probe.release()
     return True
+
+
+@pytest.mark.parametrize("command", ["config_get", "scan"])
+def test_a_plain_command_that_times_out_leaves_no_reply_for_the_next_call(
+    sentinel_settings: None, topology: SentinelTopology, command: str
+) -> None:
+    """The library's own plain commands (the eviction check's CONFIG GET, the
+    inspection's SCAN) on its Sentinel pool: one that times out against a
+    frozen primary must not go back to the pool with its request unanswered
+    (fails before this change: the next lock call read the CONFIG GET's late
+    reply as its own, a TypeError in a CI run)."""
+    client = connection.get_client()
+    assert probe_write()  # an idle, connected connection in the pool
+    pool = client.connection_pool
+    primary = topology.primary()
+    # The sentinels held still: a pause past their patience would fail over.
+    for sentinel in topology.sentinels:
+        sentinel.pause()
+    try:
+        primary.pause()
+        try:
+            used = pool._available_connections[-1]
+            assert used._sock is not None
+            with pytest.raises(redis.exceptions.TimeoutError):
+                if command == "config_get":
+                    client.config_get("maxmemory-policy")
+                else:
+                    client.scan(0, match="*", count=10)
+            # The connection it took (the pool hands out its last idle one)
+            # is back in the pool closed, not open with the late reply on its way.
+            assert used in pool._available_connections
+            assert used._sock is None
+        finally:
+            primary.resume()
+    finally:
+        for sentinel in topology.sentinels:
+            sentinel.resume()
+    # The late reply, if it had stayed, would be read by this lock call.
+    assert probe_write()
 
 
 def test_forced_failover_keeps_an_acknowledged_lease(
