@@ -27,17 +27,16 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import redis
 import redis.asyncio
 from django.conf import settings
 from django.utils.module_loading import import_string
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from .conf import cache_backend, cache_locations, conf
 from .core.clients import AsyncRedisClient, RedisClient
+from .retrying import RETRIED, BoundedAsyncRetry, bounded_retry
 
 __all__ = ["get_async_client", "get_client", "reset"]
 
@@ -86,76 +85,6 @@ _ASYNC_KEEP = {
 }
 
 
-_RETRIED = (redis.exceptions.ConnectionError,)
-_TIMEOUTS = (redis.exceptions.TimeoutError, TimeoutError)
-
-
-def _reraise(exc: redis.exceptions.ConnectionError) -> NoReturn:
-    # redis-py's asyncio connect reports a handshake that timed out as a
-    # ConnectionError: say what it is, so that it is not retried.
-    if isinstance(exc.__cause__, _TIMEOUTS):
-        raise redis.exceptions.TimeoutError(str(exc)) from exc
-    raise exc
-
-
-def _failing(fail: Any, exc: BaseException, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Call redis-py's failure handler for ``exc`` as a retried error would."""
-    counted = args[1] if len(args) > 1 else kwargs.get("with_failure_count", False)
-    return fail(exc, 1) if counted else fail(exc)
-
-
-class _BoundedRetry(Retry):
-    """``Retry`` that never retries a timeout, even one reported as a ConnectionError.
-
-    A timeout still goes through the failure handler, which closes the
-    connection: its reply may come later, and must not be read by whoever
-    takes the connection next. (A Sentinel-managed connection does not close
-    itself on a read error; redis-py closes it only in that handler, which
-    its Retry calls for retried errors alone.)
-    """
-
-    def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
-        def once() -> Any:
-            try:
-                return do()
-            except redis.exceptions.ConnectionError as exc:
-                _reraise(exc)
-
-        try:
-            return super().call_with_retry(once, fail, *args, **kwargs)
-        except _TIMEOUTS as exc:
-            _failing(fail, exc, args, kwargs)
-            raise
-
-
-class _BoundedAsyncRetry(redis.asyncio.retry.Retry):
-    """``_BoundedRetry`` for ``redis.asyncio`` connections."""
-
-    async def call_with_retry(self, do: Any, fail: Any, *args: Any, **kwargs: Any) -> Any:
-        async def once() -> Any:
-            try:
-                return await do()
-            except redis.exceptions.ConnectionError as exc:
-                _reraise(exc)
-
-        try:
-            return await super().call_with_retry(once, fail, *args, **kwargs)
-        except _TIMEOUTS as exc:
-            failed = _failing(fail, exc, args, kwargs)
-            if inspect.isawaitable(failed):
-                await failed
-            raise
-
-
-def _retry(kind: Any = _BoundedRetry) -> Any:
-    # One quick retry covers a pooled connection that died with a restarted
-    # Redis; more would stretch the caller's bound for little gain. Timeouts
-    # are not retried: the command may have run, and the caller is better
-    # told "unavailable" than handed the result of running it twice. (Lock
-    # scripts do not use this policy at all: see core/io/transport.py.)
-    return kind(ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=_RETRIED)
-
-
 def _cache_client(alias: str) -> Any:
     """A client whose pool holds the connection parameters of ``alias``'s primary.
 
@@ -201,9 +130,9 @@ def _bounded_kwargs(pool: Any) -> dict[str, Any]:
     kwargs = dict(pool.connection_kwargs)
     kwargs["socket_timeout"] = conf.SOCKET_TIMEOUT
     kwargs["socket_connect_timeout"] = conf.CONNECT_TIMEOUT
-    kwargs["retry"] = _retry()
+    kwargs["retry"] = bounded_retry()
     # redis-py 5.0 (unlike 8) retries only errors also listed here, whatever the Retry says.
-    kwargs["retry_on_error"] = list(_RETRIED)
+    kwargs["retry_on_error"] = list(RETRIED)
     kwargs.pop("retry_on_timeout", None)
     # The library reads raw bytes; decoding is done where needed.
     kwargs["decode_responses"] = False
@@ -327,8 +256,8 @@ def _build_async(alias: str) -> Any:
     from redis.sentinel import SentinelConnectionPool
 
     kwargs = {k: v for k, v in sync_pool.connection_kwargs.items() if k in _ASYNC_KEEP}
-    kwargs["retry"] = _retry(_BoundedAsyncRetry)
-    kwargs["retry_on_error"] = list(_RETRIED)
+    kwargs["retry"] = bounded_retry(BoundedAsyncRetry)
+    kwargs["retry_on_error"] = list(RETRIED)
     if isinstance(sync_pool, SentinelConnectionPool):
         from redis.asyncio.sentinel import Sentinel
 

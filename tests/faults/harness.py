@@ -18,6 +18,7 @@ import redis.asyncio
 import redis.asyncio.retry
 
 from django_redislock import connection as library_connection
+from django_redislock import retrying
 from tests.drive import Drive
 from tests.servers import RedisServer, free_port
 
@@ -54,8 +55,8 @@ def bounded_client(
     kwargs = dict(pool.connection_kwargs)
     kwargs["socket_timeout"] = timeout
     kwargs["socket_connect_timeout"] = connect_timeout if connect_timeout is not None else timeout
-    kwargs["retry"] = library_connection._retry()
-    kwargs["retry_on_error"] = list(library_connection._RETRIED)
+    kwargs["retry"] = retrying.bounded_retry()
+    kwargs["retry_on_error"] = list(retrying.RETRIED)
     kwargs["decode_responses"] = False
     client = redis.Redis(
         connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs)
@@ -77,10 +78,10 @@ def bounded_async_client(
     }
     connection_class = library_connection._SYNC_TO_ASYNC[sync.connection_pool.connection_class]
     sync.close()
-    kwargs["retry"] = library_connection._BoundedAsyncRetry(
-        policy._backoff, policy._retries, supported_errors=library_connection._RETRIED
+    kwargs["retry"] = retrying.BoundedAsyncRetry(
+        policy._backoff, policy._retries, supported_errors=retrying.RETRIED
     )
-    kwargs["retry_on_error"] = list(library_connection._RETRIED)
+    kwargs["retry_on_error"] = list(retrying.RETRIED)
     pool = redis.asyncio.ConnectionPool(connection_class=connection_class, **kwargs)
     client = redis.asyncio.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True
