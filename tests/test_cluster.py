@@ -52,8 +52,8 @@ pytestmark = pytest.mark.cluster
 KS = KeySpace("redislock")
 
 # How the lock scripts wake a waiter on this server's Cluster: s = SPUBLISH
-# (Redis 7.0 and later, Valkey), p = PUBLISH on the lock's node (before 7.0).
-MODE = b"s" if has_sharded_pubsub() else b"p"
+# (Redis 7.0 and later, Valkey), c = PUBLISH on the lock's node (before 7.0).
+MODE = b"s" if has_sharded_pubsub() else b"c"
 # The pub/sub introspection that sees the wake-up channels.
 CHANNELS, NUMSUB = (
     ("SHARDCHANNELS", "SHARDNUMSUB") if has_sharded_pubsub() else ("CHANNELS", "NUMSUB")
@@ -65,9 +65,9 @@ class Unsharded(NamedTuple):
     sharded_ports: set[int]  # the nodes that do have sharded pub/sub
 
     def mode(self, client: RedisCluster, name: str) -> bytes:
-        """How the scripts wake a waiter on lock ``name``: s = SPUBLISH, p = PUBLISH."""
+        """How the scripts wake a waiter on lock ``name``: s = SPUBLISH, c = PUBLISH."""
         port = int(client.get_node_from_key(KS.lock(name).lease).port)
-        return b"s" if port in self.sharded_ports else b"p"
+        return b"s" if port in self.sharded_ports else b"c"
 
 
 @pytest.fixture(scope="module")
