@@ -331,6 +331,150 @@ def test_one_holder_per_release_when_the_primary_is_killed(cluster: ClusterTopol
             cluster.revive(node)
 
 
+# -- what Redis says to try again ---------------------------------------------------------------
+
+
+def _errors(node: RedisServer, code: str) -> int:
+    """How many error replies ``code`` (TRYAGAIN, CLUSTERDOWN) ``node`` sent so far."""
+    with node.client(socket_timeout=2) as c:
+        stat = c.info("errorstats").get(f"errorstat_{code}")
+    return int(stat["count"]) if stat else 0
+
+
+def _node_id(node: RedisServer) -> str:
+    with node.client(socket_timeout=2) as c:
+        found = c.execute_command("CLUSTER", "MYID")
+    return found.decode() if isinstance(found, bytes) else str(found)
+
+
+def _waiters_refused(
+    cluster: ClusterTopology, name: str, node: RedisServer, sections: Sections
+) -> tuple[list[threading.Thread], list[Any]]:
+    """A thread and a task (each of a process's own) that wait for ``name``,
+    started; returned once ``node`` refused the acquire of each (the last
+    command of its connection there is the script, which could not run)."""
+    outcomes: list[Any] = []
+    client = cluster_client(cluster, client_name="waiter-sync")
+    parties = [
+        threading.Thread(target=_sync_waiter, args=(client, name, sections, outcomes)),
+        threading.Thread(
+            target=lambda: asyncio.run(_async_waiters(cluster, name, sections, outcomes, 1))
+        ),
+    ]
+    for party in parties:
+        party.start()
+
+    def refused() -> bool:
+        with node.client(socket_timeout=2) as c:
+            sent = {e["name"] for e in c.client_list() if e.get("cmd") == "evalsha"}
+        return {"waiter-sync", "waiter-async"} <= sent
+
+    wait_until("each waiter to be refused", refused, 20)
+    return parties, outcomes
+
+
+def test_acquire_and_release_wait_out_a_slot_migration(cluster: ClusterTopology) -> None:
+    """While a lock's slot migrates, Redis answers TRYAGAIN to its scripts
+    (their keys are on both nodes, or the queue is on neither): the release
+    and the acquires are sent again until it has moved, within their bounds,
+    instead of failing at once."""
+    # The holder's release tries again for one socket timeout: ample for
+    # the test to move the slot once the release has been refused.
+    look = cluster_client(cluster, socket_timeout=20)
+    name = name_on(cluster, look, KINDS[0], "migrating")
+    keys = KS.lock(name)
+    slot = look.keyslot(keys.lease)
+    source = cluster.node_at(int(look.get_node_from_key(keys.lease).port))
+    target = next(n for n in cluster.live() if n is not source and cluster.role(n) == "master")
+    held, go, released = threading.Event(), threading.Event(), []  # type: ignore[var-annotated]
+
+    def hold_then_release() -> None:
+        holder = Lock(look, name, ttl=60, wait=0)
+        assert holder.acquire()
+        held.set()
+        go.wait(30)
+        released.append(holder.release())
+
+    holding = threading.Thread(target=hold_then_release)
+    holding.start()
+    try:
+        assert held.wait(10)
+        with target.client() as t, source.client() as s:
+            t.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", _node_id(source))
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", _node_id(target))
+        refused = _errors(source, "TRYAGAIN")
+        go.set()
+        wait_until("the release to be refused", lambda: _errors(source, "TRYAGAIN") > refused, 20)
+        sections = Sections()
+        parties, outcomes = _waiters_refused(cluster, name, source, sections)
+        with source.client() as s:
+            moving = s.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            s.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *moving)
+        # The new owner first, then the old one; the others learn it by gossip too.
+        for node in dict.fromkeys((target, source, *cluster.live())):
+            if cluster.role(node) == "master":
+                with node.client() as c:
+                    c.execute_command("CLUSTER", "SETSLOT", slot, "NODE", _node_id(target))
+        holding.join(30)
+        for party in parties:
+            party.join(WAIT + 30)
+        assert released == [None]
+        assert outcomes == [True, True]
+        assert sections.most == 1
+    finally:
+        go.set()
+        holding.join(30)
+        for node in (source, target):  # a failed run leaves no slot half moved
+            with node.client() as c:
+                c.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        look.close()
+
+
+def test_locks_on_every_shard_wait_out_a_failover(cluster: ClusterTopology) -> None:
+    """While a dead primary's replica is not yet promoted, every node answers
+    CLUSTERDOWN, for every lock: a caller that waits is served once the
+    replica took over; one that does not gets ``RedisUnavailable`` with the
+    reason ``unreachable`` (the Cluster cannot reach the lock), not ``error``."""
+    look = cluster_client(cluster)
+    dead = cluster.node_at(int(look.get_node_from_key(KS.lock("down").lease).port))
+    replica = cluster.replica_of(int(dead.port or 0))
+    name = next(
+        f"elsewhere:{i}"
+        for i in range(1000)
+        if look.get_node_from_key(KS.lock(f"elsewhere:{i}").lease).port
+        not in (dead.port, replica.port)
+    )
+    alive = cluster.node_at(int(look.get_node_from_key(KS.lock(name).lease).port))
+    # The replica holds back until the test lets it: the Cluster stays down.
+    with replica.client() as c:
+        c.config_set("cluster-replica-no-failover", "yes")
+    dead.kill()
+    dead.proc = None
+    try:
+        wait_until("the Cluster to be down", lambda: cluster.cluster_state(alive) == "fail", 30)
+        quick = cluster_client(cluster, socket_timeout=0.5)
+        try:
+            with pytest.raises(RedisUnavailable) as info:
+                Lock(quick, name, ttl=10, wait=0).acquire()
+        finally:
+            quick.close()
+        assert info.value.reason == "unreachable"
+        assert "Cluster is down" in str(info.value)
+        sections = Sections()
+        parties, outcomes = _waiters_refused(cluster, name, alive, sections)
+        with replica.client() as c:
+            c.config_set("cluster-replica-no-failover", "no")
+        for party in parties:
+            party.join(WAIT + 30)
+        assert outcomes == [True, True]
+        assert sections.most == 1
+    finally:
+        with replica.client() as c:
+            c.config_set("cluster-replica-no-failover", "no")
+        cluster.revive(dead)
+        look.close()
+
+
 # -- a listener's connection made anew --------------------------------------------------------
 
 

@@ -3,6 +3,12 @@
 A batch is sent again only where Redis says that it did not run:
 
 * MOVED and ASK are followed (at most ``_MAX_REDIRECTS`` times);
+* TRYAGAIN (a command on several keys of a slot that is being migrated) and
+  CLUSTERDOWN (some slot has no primary: a failover under way) are sent
+  again after a short pause, until one socket timeout of the node has passed
+  since the call began: what a silent node would have cost the caller. Past
+  that the error reaches the caller, whose wait may allow more
+  (``failures.said_retry``);
 * a connection that failed before anything was written (nothing listens
   there any more: the node died) has the slot map read again at once, and
   the batch goes to the slot's new owner if the map names another.
@@ -13,9 +19,11 @@ is read again before the next call. Nothing that may have run is sent again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +32,7 @@ from redis.exceptions import AskError, MovedError, RedisClusterException, RedisE
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..failures import said_retry
 from . import giveback
 from .batch import CallFailed, Command
 from .checkout import connect_bound, fresh
@@ -43,6 +52,11 @@ logger = logging.getLogger("django_redislock.transport")
 _MAX_REDIRECTS = 5
 # Clients whose slot map is read again before their next call.
 _refresh: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# TRYAGAIN and CLUSTERDOWN are retried after a pause that doubles from the
+# first to the last, within one socket timeout of the node, or within
+# _PATIENCE for a node that has none.
+_PAUSES = (0.01, 0.2)
+_PATIENCE = 2.0
 
 
 def _node_may_be_gone(failed: CallFailed) -> bool:
@@ -120,6 +134,30 @@ def _next_hop(
     return _node_at(client, error), () if isinstance(error, MovedError) else (("ASKING",),)
 
 
+class _Retries:
+    """When a batch refused with TRYAGAIN or CLUSTERDOWN is sent again."""
+
+    def __init__(self, node: Any) -> None:
+        timeout = _kwargs_of(node).get("socket_timeout")
+        self.until = time.monotonic() + (float(timeout) if timeout else _PATIENCE)
+        self.pause = _PAUSES[0]
+
+    def next_pause(self) -> float | None:
+        """Seconds to pause before sending again, or None: give up."""
+        pause = self.pause
+        if time.monotonic() + pause > self.until:
+            return None
+        self.pause = min(self.pause * 2, _PAUSES[1])
+        return pause
+
+
+def _kwargs_of(node: Any) -> dict[str, Any]:
+    connection = getattr(node, "redis_connection", None)
+    pool = getattr(connection, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or getattr(node, "connection_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else {}
+
+
 def refresh_slots(client: RedisCluster) -> bool:
     """Read the slot map again now; whether it could be read."""
     try:
@@ -146,6 +184,7 @@ def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) 
             client.nodes_manager.initialize()
         node = client.get_node_from_key(key)
     prefix: tuple[Command, ...] = ()
+    retries = _Retries(node)
     hops = 0
     while True:
         redis_node = node.redis_connection or client.get_redis_connection(node)
@@ -159,6 +198,12 @@ def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) 
             node, prefix, hops = moved, (), _hop(hops, failed)
             continue
         replies = replies[len(prefix) :]
+        if said_retry(replies[0]):
+            pause = retries.next_pause()
+            if pause is None:
+                return replies
+            time.sleep(pause)
+            continue
         if not isinstance(replies[0], AskError):
             return replies
         _redirect_target(client, replies[0])
@@ -196,6 +241,7 @@ async def cluster_call_async(
         # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
         node = client.get_node_from_key(key)  # type: ignore[arg-type]
     prefix: tuple[Command, ...] = ()
+    retries = _Retries(node)
     hops = 0
     while True:
         try:
@@ -206,6 +252,12 @@ async def cluster_call_async(
             if moved is None:
                 raise
             node, prefix, hops = moved, (), _hop(hops, failed)
+            continue
+        if said_retry(replies[0]):
+            pause = retries.next_pause()
+            if pause is None:
+                return replies
+            await asyncio.sleep(pause)
             continue
         if not isinstance(replies[0], AskError):
             return replies
