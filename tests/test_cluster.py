@@ -29,6 +29,7 @@ from redis.cluster import RedisCluster
 from django_redislock import connection
 from django_redislock.contrib.cluster import cluster_client_factory
 from django_redislock.core import (
+    AsyncLock,
     KeySpace,
     Lock,
     RedisUnavailable,
@@ -38,9 +39,10 @@ from django_redislock.core.io import notify_sharded
 from django_redislock.core.io.notify import get_notifier
 from tests.drive import DRIVERS, Drive, run_to_end
 from tests.helpers_oracles import Occupancy, exit_codes_of_forks
-from tests.servers import has_sharded_pubsub
+from tests.servers import free_port, has_sharded_pubsub
 from tests.topologies import (
     ClusterTopology,
+    close_async_cluster,
     cluster_client,
     cluster_drive,
     names_on_every_node,
@@ -52,8 +54,8 @@ pytestmark = pytest.mark.cluster
 KS = KeySpace("redislock")
 
 # How the lock scripts wake a waiter on this server's Cluster: s = SPUBLISH
-# (Redis 7.0 and later, Valkey), p = PUBLISH on the lock's node (before 7.0).
-MODE = b"s" if has_sharded_pubsub() else b"p"
+# (Redis 7.0 and later, Valkey), c = PUBLISH on the lock's node (before 7.0).
+MODE = b"s" if has_sharded_pubsub() else b"c"
 # The pub/sub introspection that sees the wake-up channels.
 CHANNELS, NUMSUB = (
     ("SHARDCHANNELS", "SHARDNUMSUB") if has_sharded_pubsub() else ("CHANNELS", "NUMSUB")
@@ -65,9 +67,9 @@ class Unsharded(NamedTuple):
     sharded_ports: set[int]  # the nodes that do have sharded pub/sub
 
     def mode(self, client: RedisCluster, name: str) -> bytes:
-        """How the scripts wake a waiter on lock ``name``: s = SPUBLISH, p = PUBLISH."""
+        """How the scripts wake a waiter on lock ``name``: s = SPUBLISH, c = PUBLISH."""
         port = int(client.get_node_from_key(KS.lock(name).lease).port)
-        return b"s" if port in self.sharded_ports else b"p"
+        return b"s" if port in self.sharded_ports else b"c"
 
 
 @pytest.fixture(scope="module")
@@ -374,6 +376,44 @@ async def test_settings_factory_builds_async_cluster_clients(cluster_settings: N
         if task.get_name().startswith("redislock-notify"):
             task.cancel()
     await client.aclose()
+
+
+def test_a_list_of_startup_nodes_survives_one_that_is_down(topology: ClusterTopology) -> None:
+    """A client reads the slot map from its startup nodes as it is made: one
+    URL whose node is down gives no client (``RedisUnavailable``, naming the
+    fix, as every call that cannot reach Redis does); a list with a live node
+    in it does."""
+    down = ("127.0.0.1", free_port())
+    single = cluster_client_factory(f"redis://{down[0]}:{down[1]}")
+    with pytest.raises(RedisUnavailable, match=r"a list of \(host, port\) startup nodes") as info:
+        single(asyncio=False)
+    assert info.value.reason == "unreachable"
+    listed = cluster_client_factory([down, ("127.0.0.1", topology.nodes[0].port or 0)])
+    client = listed(asyncio=False)
+    try:
+        lock = Lock(client, "startup", ttl=5, wait=0)
+        assert lock.acquire()
+        lock.release()
+    finally:
+        client.close()
+
+    async def asyncio_twin() -> None:
+        lonely = single(asyncio=True)
+        try:
+            with pytest.raises(RedisUnavailable) as info:
+                await AsyncLock(lonely, "startup", ttl=5, wait=0).acquire()
+            assert info.value.reason == "unreachable"
+        finally:
+            await lonely.aclose()
+        client = listed(asyncio=True)
+        try:
+            lock = AsyncLock(client, "startup", ttl=5, wait=0)
+            assert await lock.acquire()
+            await lock.release()
+        finally:
+            await close_async_cluster(client)
+
+    asyncio.run(asyncio_twin())
 
 
 def test_factory_rejects_bad_arguments() -> None:

@@ -18,10 +18,12 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import redis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 
 from django_redislock.core import KeySpace
 from tests.drive import Drive
@@ -214,7 +216,10 @@ class SentinelTopology:
 class ClusterTopology:
     """``primaries`` primaries with ``replicas`` replicas each, slots spread evenly.
 
-    ``extra(i)`` is added to the command line of the i-th node.
+    ``extra(i)`` is added to the command line of the i-th node. The first
+    ``primaries`` nodes are the primaries; node ``primaries + k`` replicates
+    node ``k % primaries`` (a shard is nodes ``i``, ``i + primaries``, ...), so
+    a test can give one shard's nodes settings of their own.
     """
 
     def __init__(
@@ -267,23 +272,43 @@ class ClusterTopology:
                     cli_binary(),
                     "--cluster",
                     "create",
-                    *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                    *(f"127.0.0.1:{n.port}" for n in self.nodes[: self.primaries]),
                     "--cluster-replicas",
-                    str(self.replicas),
+                    "0",
                     "--cluster-yes",
                 ],
                 check=True,
                 capture_output=True,
                 timeout=60,
             )
+            for k, replica in enumerate(self.nodes[self.primaries :]):
+                self._replicate(replica, self.nodes[k % self.primaries])
             wait_until("the cluster to be ok on every node", self._all_ok, 30)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _replicate(self, replica: RedisServer, primary: RedisServer) -> None:
+        """Join ``replica`` to the Cluster as a replica of ``primary``."""
+        with primary.client(socket_timeout=5) as p, replica.client(socket_timeout=5) as r:
+            primary_id = p.execute_command("CLUSTER", "MYID")
+            primary_id = primary_id.decode() if isinstance(primary_id, bytes) else primary_id
+            r.execute_command("CLUSTER", "MEET", "127.0.0.1", primary.port)
+
+            def knows_primary() -> bool:
+                nodes = r.execute_command("CLUSTER", "NODES")
+                text = nodes.decode() if isinstance(nodes, bytes) else str(nodes)
+                return any(
+                    line.startswith(primary_id) and " master " in f" {line} "
+                    for line in text.splitlines()
+                )
+
+            wait_until("the new node to learn its primary", knows_primary, 30)
+            r.execute_command("CLUSTER", "REPLICATE", primary_id)
+
     def _all_ok(self) -> bool:
-        for node in self.nodes:
+        for node in self.live():
             with node.client(socket_timeout=1) as c:
                 info = c.execute_command("CLUSTER", "INFO")
                 text = info.decode() if isinstance(info, bytes) else str(info)
@@ -299,7 +324,7 @@ class ClusterTopology:
         return True
 
     def replica_of(self, primary_port: int) -> RedisServer:
-        for node in self.nodes:
+        for node in self.live():
             with node.client(socket_timeout=1) as c:
                 if c.info("replication").get("master_port") == primary_port:
                     return node
@@ -337,6 +362,64 @@ class ClusterTopology:
     def node_at(self, port: int) -> RedisServer:
         return next(n for n in self.nodes if n.port == port)
 
+    def live(self) -> list[RedisServer]:
+        """The nodes that run and are not paused (``paused`` is a test's own note)."""
+        return [n for n in self.nodes if n.proc is not None and n not in self.paused]
+
+    paused: tuple[RedisServer, ...] = ()
+
+    def primary_for(self, key: bytes) -> RedisServer:
+        """The node that serves ``key``'s slot now, as the live nodes agree."""
+
+        def owner() -> RedisServer | None:
+            found = set()
+            for node in self.live():
+                with node.client(socket_timeout=1) as c:
+                    slot = int(c.execute_command("CLUSTER", "KEYSLOT", key))
+                    for start, end, primary, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                        if start <= slot <= end:
+                            found.add(int(primary[1]))
+            return self.node_at(found.pop()) if len(found) == 1 else None
+
+        wait_until("the nodes to agree on a slot's primary", owner, 30)
+        result = owner()
+        assert result is not None
+        return result
+
+    def role(self, node: RedisServer) -> str:
+        with node.client(socket_timeout=1) as c:
+            return str(c.info("replication")["role"])
+
+    def promote_by_failure(self, primary: RedisServer, *, kill: bool, timeout: float = 30) -> None:
+        """Fail ``primary`` (SIGKILL, or SIGSTOP until its replica took over and
+        SIGCONT then) and wait until its replica is the slot's primary and every
+        running node says the Cluster is ok. A killed node stays down: ``revive``."""
+        replica = self.replica_of(int(primary.port or 0))
+        if kill:
+            primary.kill()
+            primary.proc = None
+        else:
+            primary.pause()
+            self.paused = (primary,)
+        try:
+            wait_until("the replica to take over", lambda: self.role(replica) == "master", timeout)
+        finally:
+            if not kill:
+                primary.resume()
+                self.paused = ()
+        wait_until("the cluster to be ok on every running node", self._all_ok, timeout)
+
+    def revive(self, node: RedisServer, timeout: float = 30) -> None:
+        """Start a killed node again: it rejoins as a replica of the node that replaced it."""
+        node.start()
+        wait_until("the cluster to be ok on every node", self._all_ok, timeout)
+
+    def cluster_state(self, node: RedisServer) -> str:
+        with node.client(socket_timeout=1) as c:
+            info = c.execute_command("CLUSTER", "INFO")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        return text.split("cluster_state:", 1)[1].split()[0]
+
     def stop(self) -> None:
         for node in self.nodes:
             with contextlib.suppress(Exception):
@@ -359,14 +442,21 @@ def names_on_every_node(
     return list(found.values())
 
 
-def cluster_client(topology: ClusterTopology) -> RedisCluster:
-    """A client of ``topology`` with the bounded timeouts the library expects."""
-    return RedisCluster(
-        host="127.0.0.1",
-        port=topology.nodes[0].port or 0,
-        socket_timeout=5,
-        socket_connect_timeout=2,
-    )
+def cluster_client(topology: ClusterTopology, **options: Any) -> RedisCluster:
+    """A client of ``topology`` with the bounded timeouts the library expects.
+
+    Every node is a startup node: a test may have killed any of them.
+    """
+    options = {"socket_timeout": 5, "socket_connect_timeout": 2, **options}
+    nodes = [ClusterNode("127.0.0.1", n.port or 0) for n in topology.nodes]
+    return RedisCluster(startup_nodes=nodes, **options)
+
+
+def async_cluster_client(topology: ClusterTopology, **options: Any) -> AsyncRedisCluster:
+    """``cluster_client`` for asyncio."""
+    options = {"socket_timeout": 5, "socket_connect_timeout": 2, **options}
+    nodes = [AsyncClusterNode("127.0.0.1", n.port or 0) for n in topology.nodes]
+    return AsyncRedisCluster(startup_nodes=nodes, **options)
 
 
 async def close_async_cluster(client: AsyncRedisCluster) -> None:

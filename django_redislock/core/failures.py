@@ -10,14 +10,30 @@ from __future__ import annotations
 
 import errno
 
-from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    NoPermissionError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .clients import AnyRedisClient
 from .exceptions import RedisUnavailable
 
-__all__ = ["AUTH", "ERROR", "PERMISSION", "REFUSED", "TIMEOUT", "UNREACHABLE", "address_of"]
+__all__ = [
+    "AUTH",
+    "ERROR",
+    "PERMISSION",
+    "REFUSED",
+    "TIMEOUT",
+    "UNREACHABLE",
+    "address_of",
+    "said_retry",
+]
 
 # RedisUnavailable.reason values.
 AUTH = "auth"  # the server refused the username or password, or wants one
@@ -61,6 +77,26 @@ def _refused(exc: BaseException) -> bool:
 _AUTH_REPLIES = ("NOAUTH", "WRONGPASS", "Protocol error: unauthenticated")
 
 
+# Replies by which a Cluster says that a command did not run and may run if
+# sent again soon: TRYAGAIN (a command on several keys of a slot being
+# migrated) and CLUSTERDOWN (some slot has no primary: a failover under way;
+# MASTERDOWN, a replica cut off from its primary, is one of them). Not an
+# error of the command: the lock's node cannot serve it for now.
+_RETRY_LATER = (TryAgainError, ClusterDownError)
+
+
+def said_retry(exc: object) -> bool:
+    """Whether ``exc`` is (or a ``RedisUnavailable`` raised from) a reply by
+    which Redis says that the command did not run, and may if sent again."""
+    seen: set[int] = set()
+    while isinstance(exc, BaseException) and id(exc) not in seen:
+        if isinstance(exc, _RETRY_LATER):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__
+    return False
+
+
 def reason_of(exc: BaseException) -> str:
     if isinstance(exc, AuthenticationError) or (
         isinstance(exc, ResponseError) and str(exc).startswith(_AUTH_REPLIES)
@@ -72,6 +108,10 @@ def reason_of(exc: BaseException) -> str:
         return TIMEOUT
     if isinstance(exc, RedisConnectionError):
         return REFUSED if _refused(exc) else UNREACHABLE
+    if isinstance(exc, (*_RETRY_LATER, RedisClusterException)):
+        # The Cluster cannot reach the lock's data for now (or no startup
+        # node answers): unreachable, not an error of the command.
+        return UNREACHABLE
     return ERROR
 
 
@@ -103,6 +143,17 @@ def unavailable(doing: str, exc: BaseException, address: str | None) -> RedisUna
             f"Redis{at} did not answer in time {doing}: {said} It may be overloaded, paused "
             "or behind a firewall that drops packets; SOCKET_TIMEOUT and CONNECT_TIMEOUT "
             "bound the wait."
+        )
+    elif isinstance(exc, ClusterDownError):
+        text = (
+            f"Redis Cluster{at} is down {doing}: {said} Some hash slot has no primary: a "
+            "failover is under way (calls succeed again once a replica is promoted, "
+            "within about twice cluster-node-timeout), or a shard lost every node."
+        )
+    elif isinstance(exc, TryAgainError):
+        text = (
+            f"Redis Cluster{at} is moving the lock's hash slot to another node {doing}: "
+            f"{said} Calls succeed again once the slot's keys have moved."
         )
     elif reason == UNREACHABLE:
         text = f"Redis{at} could not be reached {doing}: {exc}"

@@ -37,6 +37,7 @@ __all__ = [
     "current_holder",
     "current_name",
     "keep_cancellation",
+    "pause",
     "raise_if_cancelled_since",
     "start_renewal",
     "stop_renewal",
@@ -52,6 +53,11 @@ Renewer: TypeAlias = "asyncio.Task[None]"
 # A bounded call that ran out of time (``complete``), and a cancelled task.
 CallTimeout = asyncio.TimeoutError
 Cancelled = asyncio.CancelledError
+
+
+async def pause(seconds: float) -> None:
+    """Wait ``seconds`` before trying again (the event loop runs meanwhile)."""
+    await asyncio.sleep(seconds)
 
 
 def current_holder() -> Holder | None:

@@ -10,6 +10,7 @@ raised: the generated code keeps the asyncio driver's shape at no cost.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Protocol, TypeAlias, TypeVar
 
 from ..io import renewal
@@ -33,6 +34,11 @@ class CallTimeout(Exception):
 
 class Cancelled(BaseException):
     """Never raised: a thread is not cancelled at a call."""
+
+
+def pause(seconds: float) -> None:
+    """Wait ``seconds`` before trying again (the thread sleeps)."""
+    time.sleep(seconds)
 
 
 def current_holder() -> Holder | None:

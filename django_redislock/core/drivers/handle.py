@@ -40,6 +40,7 @@ from ..exceptions import (
     RedisUnavailable,
     ReplicationTimeout,
 )
+from ..failures import said_retry
 from ..io import giveback
 from ..io.notify import get_notifier
 from ._sync_prims import (
@@ -53,6 +54,7 @@ from ._sync_prims import (
     current_holder,
     current_name,
     keep_cancellation,
+    pause,
     raise_if_cancelled_since,
 )
 from .base import DEFAULT_GRACE, LockBase, after_block
@@ -246,9 +248,19 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
                     # again with it, so that our turn wakes us.
                     acq.channel_up(notifier.address_for(tag))
                 self._round, wait_ms = acq.attempt(time.monotonic())
-                granted, value = keep_cancellation(
-                    self._attempt(token, ttl_ms, who, wait_ms, acq.address)
-                )
+                try:
+                    granted, value = keep_cancellation(
+                        self._attempt(token, ttl_ms, who, wait_ms, acq.address)
+                    )
+                except RedisUnavailable as exc:
+                    # Redis said the script did not run and may if sent
+                    # again (a Cluster's slot migrating, or failing over):
+                    # again, after a pause, within the caller's wait.
+                    pause_s = acq.on_refused(said_retry(exc), time.monotonic())
+                    if pause_s is None:
+                        raise
+                    pause(pause_s)
+                    continue
                 # redis-py's send may have swallowed our cancellation (3.11).
                 raise_if_cancelled_since(cancels)
                 step = acq.on_reply(granted, value, time.monotonic())

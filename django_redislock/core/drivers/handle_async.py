@@ -39,6 +39,7 @@ from ..exceptions import (
     RedisUnavailable,
     ReplicationTimeout,
 )
+from ..failures import said_retry
 from ..io import giveback
 from ..io.notify_async import get_async_notifier
 from ._async_prims import (
@@ -52,6 +53,7 @@ from ._async_prims import (
     current_holder,
     current_name,
     keep_cancellation,
+    pause,
     raise_if_cancelled_since,
 )
 from .base import DEFAULT_GRACE, LockBase, after_block
@@ -247,9 +249,19 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
                     # again with it, so that our turn wakes us.
                     acq.channel_up(notifier.address_for(tag))
                 self._round, wait_ms = acq.attempt(time.monotonic())
-                granted, value = await keep_cancellation(
-                    self._attempt(token, ttl_ms, who, wait_ms, acq.address)
-                )
+                try:
+                    granted, value = await keep_cancellation(
+                        self._attempt(token, ttl_ms, who, wait_ms, acq.address)
+                    )
+                except RedisUnavailable as exc:
+                    # Redis said the script did not run and may if sent
+                    # again (a Cluster's slot migrating, or failing over):
+                    # again, after a pause, within the caller's wait.
+                    pause_s = acq.on_refused(said_retry(exc), time.monotonic())
+                    if pause_s is None:
+                        raise
+                    await pause(pause_s)
+                    continue
                 # redis-py's send may have swallowed our cancellation (3.11).
                 raise_if_cancelled_since(cancels)
                 step = acq.on_reply(granted, value, time.monotonic())

@@ -68,6 +68,13 @@ BARGE_DEFER = 0.002
 # to come up before it queues without one (and relies on its timer).
 LISTEN_TIMEOUT = 2.0
 
+# The pause before an acquire attempt again after Redis refused one, saying
+# to try again (Acquisition.on_refused): it doubles from the first to the
+# last. A slot's migration ends in milliseconds, a failover in about twice
+# cluster-node-timeout; the call itself already tried again for one socket
+# timeout (core/io/cluster_calls.py).
+REFUSED_PAUSES = (0.05, 0.5)
+
 
 def acquire_reply(reply: Any) -> tuple[int, int]:
     """``(1, fence)`` or ``(0, ms until the state can change)`` from the acquire
@@ -184,6 +191,8 @@ class Acquisition:
         # others go first; whether it has, since its last attempt.
         self.defer = defer
         self._deferred = False
+        # The pause before an attempt again after one that Redis refused (on_refused).
+        self._refused_pause = REFUSED_PAUSES[0]
 
     def attempt(self, now: float) -> tuple[int, int]:
         """An acquire script is about to be sent: ``(round, wait ms)``.
@@ -218,6 +227,23 @@ class Acquisition:
             return Step(Move.LISTEN, timeout=min(remaining, LISTEN_TIMEOUT))
         # Sleep until woken, or until the state can change by itself.
         return Step(Move.SLEEP, timeout=min(remaining, max(value, 1) / 1000))
+
+    def on_refused(self, said_retry: bool, now: float) -> float | None:
+        """After an attempt that failed: seconds to pause before the next, or
+        None to give up and raise.
+
+        Only an attempt that Redis refused without running it, saying to try
+        again (``failures.said_retry``: a Cluster's slot migrating, or its
+        failover), is made again, and only within the caller's wait. Nothing
+        else is: a script that may have run is never sent again blindly, and
+        a Redis that cannot be reached is not busy (it fails at once).
+        """
+        remaining = self.deadline - now
+        if not said_retry or remaining <= 0:
+            return None
+        pause = min(self._refused_pause, remaining)
+        self._refused_pause = min(self._refused_pause * 2, REFUSED_PAUSES[1])
+        return pause
 
     def listening_on(self, address: bytes | None) -> None:
         """The driver registered for wake-ups; ``address`` if the channel is up."""

@@ -1,22 +1,38 @@
 """A batch on a Redis Cluster: sent to the node that owns the key's slot.
 
-MOVED and ASK are followed: the script has not run where Redis answered with
-a redirection, so following it is safe. A node that failed to answer may be
-gone for good (a failover): the slot map is read again before the next call.
+A batch is sent again only where Redis says that it did not run:
+
+* MOVED and ASK are followed (at most ``_MAX_REDIRECTS`` times);
+* TRYAGAIN (a command on several keys of a slot that is being migrated) and
+  CLUSTERDOWN (some slot has no primary: a failover under way) are sent
+  again after a short pause, until one socket timeout of the node has passed
+  since the call began: what a silent node would have cost the caller. Past
+  that the error reaches the caller, whose wait may allow more
+  (``failures.said_retry``);
+* a connection that failed before anything was written (nothing listens
+  there any more: the node died) has the slot map read again at once, and
+  the batch goes to the slot's new owner if the map names another.
+
+A node that failed to answer may be gone for good (a failover): the slot map
+is read again before the next call. Nothing that may have run is sent again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
+import logging
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import AskError, MovedError, RedisError
+from redis.exceptions import AskError, MovedError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..failures import said_retry
 from . import giveback
 from .batch import CallFailed, Command
 from .checkout import connect_bound, fresh
@@ -27,13 +43,20 @@ if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
     from redis.cluster import RedisCluster
 
-__all__ = ["cluster_call", "cluster_call_async"]
+__all__ = ["cluster_call", "cluster_call_async", "refresh_slots", "refresh_slots_async"]
+
+logger = logging.getLogger("django_redislock.transport")
 
 # A redirection is followed this many times at most: a slot moving while we
 # follow it is rare, a loop between two confused nodes must not hang a call.
 _MAX_REDIRECTS = 5
 # Clients whose slot map is read again before their next call.
 _refresh: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# TRYAGAIN and CLUSTERDOWN are retried after a pause that doubles from the
+# first to the last, within one socket timeout of the node, or within
+# _PATIENCE for a node that has none.
+_PAUSES = (0.01, 0.2)
+_PATIENCE = 2.0
 
 
 def _node_may_be_gone(failed: CallFailed) -> bool:
@@ -43,6 +66,16 @@ def _node_may_be_gone(failed: CallFailed) -> bool:
     # next call a refresh of the slot map (which replaces node clients).
     return isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)) and not (
         isinstance(failed.cause, MaxConnectionsError)
+    )
+
+
+def _unwritten(failed: CallFailed) -> bool:
+    """Whether the node could not be reached at all: nothing was written."""
+    return (
+        not failed.may_have_run
+        and failed.pending is None
+        and _node_may_be_gone(failed)
+        and not isinstance(failed.cause, RedisTimeoutError)
     )
 
 
@@ -86,7 +119,9 @@ def _looked_up_again_if_gone(client: RedisCluster | AsyncRedisCluster) -> Iterat
         if _node_may_be_gone(failed):
             _refresh[client] = True
         raise
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
+        # RedisClusterException (no startup node answers, a slot nobody
+        # serves) is not a RedisError: it must not reach the caller raw.
         _refresh[client] = True
         raise CallFailed(exc, may_have_run=False) from exc
 
@@ -99,22 +134,100 @@ def _next_hop(
     return _node_at(client, error), () if isinstance(error, MovedError) else (("ASKING",),)
 
 
+class _Retries:
+    """When a batch refused with TRYAGAIN or CLUSTERDOWN is sent again."""
+
+    def __init__(self, node: Any) -> None:
+        timeout = _kwargs_of(node).get("socket_timeout")
+        self.until = time.monotonic() + (float(timeout) if timeout else _PATIENCE)
+        self.pause = _PAUSES[0]
+
+    def next_pause(self) -> float | None:
+        """Seconds to pause before sending again, or None: give up."""
+        pause = self.pause
+        if time.monotonic() + pause > self.until:
+            return None
+        self.pause = min(self.pause * 2, _PAUSES[1])
+        return pause
+
+
+def _kwargs_of(node: Any) -> dict[str, Any]:
+    connection = getattr(node, "redis_connection", None)
+    pool = getattr(connection, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or getattr(node, "connection_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else {}
+
+
+def refresh_slots(client: RedisCluster) -> bool:
+    """Read the slot map again now; whether it could be read."""
+    try:
+        client.nodes_manager.initialize()
+    except (RedisError, RedisClusterException) as exc:
+        logger.debug("could not read the Cluster's slot map: %s", exc)
+        return False
+    return True
+
+
+async def refresh_slots_async(client: AsyncRedisCluster) -> bool:
+    """``refresh_slots`` for an asyncio Cluster client."""
+    try:
+        await client.nodes_manager.initialize()
+    except (RedisError, RedisClusterException) as exc:
+        logger.debug("could not read the Cluster's slot map: %s", exc)
+        return False
+    return True
+
+
 def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) -> list[Any]:
     with _looked_up_again_if_gone(client):
         if _refresh.pop(client, False):
             client.nodes_manager.initialize()
-    node = client.get_node_from_key(key)
+        node = client.get_node_from_key(key)
     prefix: tuple[Command, ...] = ()
-    for _ in range(_MAX_REDIRECTS):
+    retries = _Retries(node)
+    hops = 0
+    while True:
         redis_node = node.redis_connection or client.get_redis_connection(node)
-        with _looked_up_again_if_gone(client):
-            replies = call_on_pool(redis_node.connection_pool, (*prefix, *commands))
+        try:
+            with _looked_up_again_if_gone(client):
+                replies = call_on_pool(redis_node.connection_pool, (*prefix, *commands))
+        except CallFailed as failed:
+            moved = _moved_since(client, node, key) if _unwritten(failed) else None
+            if moved is None:
+                raise
+            node, prefix, hops = moved, (), _hop(hops, failed)
+            continue
         replies = replies[len(prefix) :]
+        if said_retry(replies[0]):
+            pause = retries.next_pause()
+            if pause is None:
+                return replies
+            time.sleep(pause)
+            continue
         if not isinstance(replies[0], AskError):
             return replies
         _redirect_target(client, replies[0])
         node, prefix = _next_hop(client, replies[0])
-    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
+        hops = _hop(hops, None)
+
+
+def _moved_since(client: RedisCluster, node: Any, key: bytes) -> Any:
+    """The slot's owner after reading the map again, if another than ``node``."""
+    with contextlib.suppress(RedisError, RedisClusterException):
+        if refresh_slots(client):
+            _refresh.pop(client, None)
+            owner = client.get_node_from_key(key)
+            if owner.name != node.name:
+                return owner
+    return None
+
+
+def _hop(hops: int, failed: CallFailed | None) -> int:
+    """One more hop to another node; past ``_MAX_REDIRECTS`` the call fails."""
+    if hops + 1 >= _MAX_REDIRECTS:
+        cause = failed.cause if failed is not None else RedisError("too many Cluster redirections")
+        raise CallFailed(cause, may_have_run=False)
+    return hops + 1
 
 
 async def cluster_call_async(
@@ -123,21 +236,47 @@ async def cluster_call_async(
     with _looked_up_again_if_gone(client):
         if _refresh.pop(client, False):
             await client.nodes_manager.initialize()
-    if getattr(client, "_initialize", False):
-        await client.initialize()
-    # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
-    node = client.get_node_from_key(key)  # type: ignore[arg-type]
+        if getattr(client, "_initialize", False):
+            await client.initialize()
+        # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
+        node = client.get_node_from_key(key)  # type: ignore[arg-type]
     prefix: tuple[Command, ...] = ()
-    for _ in range(_MAX_REDIRECTS):
-        with _looked_up_again_if_gone(client):
-            replies = (await _call_on_node_async(node, (*prefix, *commands)))[len(prefix) :]
+    retries = _Retries(node)
+    hops = 0
+    while True:
+        try:
+            with _looked_up_again_if_gone(client):
+                replies = (await _call_on_node_async(node, (*prefix, *commands)))[len(prefix) :]
+        except CallFailed as failed:
+            moved = await _moved_since_async(client, node, key) if _unwritten(failed) else None
+            if moved is None:
+                raise
+            node, prefix, hops = moved, (), _hop(hops, failed)
+            continue
+        if said_retry(replies[0]):
+            pause = retries.next_pause()
+            if pause is None:
+                return replies
+            await asyncio.sleep(pause)
+            continue
         if not isinstance(replies[0], AskError):
             return replies
-        moved = _redirect_target(client, replies[0])
-        if moved is not None:
-            await moved
+        moved_slot = _redirect_target(client, replies[0])
+        if moved_slot is not None:
+            await moved_slot
         node, prefix = _next_hop(client, replies[0])
-    raise CallFailed(RedisError("too many Cluster redirections"), may_have_run=False)
+        hops = _hop(hops, None)
+
+
+async def _moved_since_async(client: AsyncRedisCluster, node: Any, key: bytes) -> Any:
+    """``_moved_since`` for an asyncio Cluster client."""
+    with contextlib.suppress(RedisError, RedisClusterException):
+        if await refresh_slots_async(client):
+            _refresh.pop(client, None)
+            owner = client.get_node_from_key(key)  # type: ignore[arg-type]
+            if owner is not None and owner.name != node.name:
+                return owner
+    return None
 
 
 def _node_release(node: Any, conn: Any) -> Any:

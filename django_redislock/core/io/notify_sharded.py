@@ -11,20 +11,37 @@ Per process (and cluster client) there is one listener per node holding
 subscribed tags; its connection comes from the cluster client's own node
 settings. A tag is subscribed the first time a local waiter needs it (the
 waiter queues only once the subscription is confirmed), stays subscribed
-while it is in use and for ``TAG_IDLE`` seconds after, then is dropped. Each
-listener checks once a second that its tags still belong to its node (slot
-moved, failover) and moves them otherwise; waiters of a tag are woken to look
-again whenever its subscription was lost, so a missed message costs at most
-the time the lock's state needs to change by itself, as on one server.
+while it is in use and for ``TAG_IDLE`` seconds after, then is dropped.
+
+Subscriptions follow the slot's primary. A node that no longer serves a
+slot (it moved, or a failover made the node a replica) drops our
+subscriptions of it unasked, and a listener may lose its node: either way
+the slot map is read again (``MAP_REFRESH_INTERVAL``) and the tags are
+subscribed where it says. Each listener also checks once a second that its
+tags still belong to its node by the client's map (which every MOVED a lock
+call meets updates) and moves them otherwise. The waiters of a tag are woken
+to look again once it is subscribed again (a wake-up may have been missed
+meanwhile), not when it was lost: a missed message costs at most the time
+the lock's state needs to change by itself, as on one server.
+
+A node counts only its own listeners as receivers of a wake-up, while Redis
+delivers it to every node of the shard: a listener left on a replica hears
+it. The scripts therefore never take a count of 0 for a dead waiter on a
+Cluster, and hand a waiter not seen listening on the lock's node a claim it
+confirms (``_lock.lua``, ``hand_off``); following the primary keeps that
+rare.
 
 A node without sharded pub/sub (Redis before 7.0) refuses SSUBSCRIBE as an
 unknown command. Its listener then subscribes the same channels with plain
-SUBSCRIBE, and the waiter entries of those tags carry ``p``: the script
-PUBLISHes on the lock's node, where the listener is, so the count of receivers
-it sees is still ours (a Cluster also copies the message to every other node,
-which costs bus traffic and nothing else). Which kind a tag is on is learnt
-from its subscription's confirmation, so a Cluster that mixes versions is
-served node by node.
+SUBSCRIBE, and the waiter entries of those tags carry ``c``: the script
+PUBLISHes on the lock's node (a Cluster copies the message to every other
+node, which costs bus traffic, and is why a count there is no proof either).
+Which kind a tag is on is learnt from its subscription's confirmation, so a
+Cluster that mixes versions is served node by node.
+
+redis-py subscribes a connection made anew to all its sharded channels with
+one SSUBSCRIBE, which Redis refuses across slots (CROSSSLOT): the listeners'
+connections subscribe them one per command instead (``slotwise``).
 """
 
 from __future__ import annotations
@@ -34,8 +51,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from redis.client import PubSub
+
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
+from .cluster_calls import refresh_slots
 from .notify_sharded_base import (
     NodeListenerBase,
     ShardedBase,
@@ -50,11 +70,45 @@ if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
 # ShardedBase and SubscribedTag are shared with the asyncio twin (notify_sharded_base.py).
-__all__ = ["TAG_IDLE", "ShardedBase", "ShardedNotifier", "SubscribedTag", "no_sharded_pubsub"]
+__all__ = [
+    "TAG_IDLE",
+    "ShardedBase",
+    "ShardedNotifier",
+    "SubscribedTag",
+    "no_sharded_pubsub",
+    "slotwise",
+]
 
 # A tag nobody waits on stays subscribed this long: a busy lock does not pay
 # a subscription round trip for every contended acquire.
 TAG_IDLE = 30.0
+
+
+class _SlotwisePubSub(PubSub):
+    """redis-py's ``PubSub``, but a connection made anew subscribes its
+    sharded channels again one per SSUBSCRIBE: they live in different slots,
+    and Redis refuses one command across slots (CROSSSLOT)."""
+
+    def on_connect(self, connection: Any) -> None:
+        sharded = getattr(self, "shard_channels", None)
+        if not sharded:
+            super().on_connect(connection)
+            return
+        self.shard_channels = {}
+        try:
+            super().on_connect(connection)
+        finally:
+            self.shard_channels = sharded
+        for channel in list(sharded):
+            self.execute_command("SSUBSCRIBE", channel)
+
+
+def slotwise(pubsub: Any) -> Any:
+    """``pubsub`` (a node client's ``pubsub()``), made to subscribe its sharded
+    channels again one per command when its connection is made anew."""
+    if type(pubsub) is PubSub:
+        pubsub.__class__ = _SlotwisePubSub
+    return pubsub
 
 
 class _NodeListener(NodeListenerBase):
@@ -91,7 +145,7 @@ class _NodeListener(NodeListenerBase):
         while True:
             try:
                 with self.lock:
-                    self.pubsub = self.redis.pubsub()
+                    self.pubsub = slotwise(self.redis.pubsub())
                     # One SSUBSCRIBE per channel: they are in different slots.
                     for channel in sorted(self.wanted):
                         self.command(self.pubsub, "subscribe")(channel)
@@ -199,12 +253,33 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
 
     def _handle(self, message: dict[str, Any], node: str) -> None:
         with self._mutex:
-            self._on_message(message, node)
+            dropped = self._on_message(message, node)
+        if dropped:
+            self._follow(node, dropped)
+
+    def _follow(self, name: str, dropped: list[bytes]) -> None:
+        """Node ``name`` dropped ``dropped`` unasked: forget them there, read
+        the slot map again and subscribe their tags where it says (or at the
+        next upkeep, if the map was read less than a second ago)."""
+        listener = self._listeners.get(name)
+        if listener is not None:
+            for channel in dropped:
+                listener.remove(channel)
+        if self._map_due():
+            refresh_slots(self._client)
+            with self._mutex:
+                for state in self._unrouted():
+                    self._route(state)
 
     def _maintain(self, listener: _NodeListener) -> None:
         """Once a second per listener: drop idle tags, move tags whose slot moved."""
         now = time.monotonic()
         drop: list[bytes] = []
+        with self._mutex:
+            unrouted = bool(self._unrouted())
+        if unrouted and self._map_due():
+            # Tags nobody serves: their node is gone, or dropped them.
+            refresh_slots(self._client)
         with self._mutex:
             for tag, state in list(self._tags.items()):
                 if state.users <= 0 and now - state.idle_since > TAG_IDLE:
@@ -223,11 +298,15 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
                             state.ready.clear()
                             drop.append(state.channel)
                             self._route(state)
-                            self._wake_tag(tag)
         for channel in drop:
             listener.remove(channel)
 
     def _listener_down(self, listener: _NodeListener) -> None:
+        with self._mutex:
+            served = any(s.node == listener.name and s.users > 0 for s in self._tags.values())
+        if served and self._map_due():
+            # The node may be gone for good (a failover): ask where its slots went.
+            refresh_slots(self._client)
         with self._mutex:
             self._listener_lost(listener.name)
             with listener.lock:

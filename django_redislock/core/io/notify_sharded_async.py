@@ -2,7 +2,8 @@
 
 The same sharded channels, one per lock slot, read by one task per node per
 event loop instead of a thread; plain SUBSCRIBE on a node that has no sharded
-pub/sub, as there.
+pub/sub, following the slot's primary, and one SSUBSCRIBE per channel on a
+connection made anew, as there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from . import notify_sharded
+from .cluster_calls import refresh_slots_async
 from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
 from .wakeup import AsyncWakeup, Handed, Liveness, Reconnect
 
@@ -93,7 +95,9 @@ class _AsyncNodeListener(NodeListenerBase):
             now = time.monotonic()
             if message is not None:
                 liveness.heard(now)
-                self.owner._on_message(message, self.name)
+                dropped = self.owner._on_message(message, self.name)
+                if dropped:
+                    await self.owner._follow(self, dropped)
             if self.upkeep_due(now):
                 await self.owner._maintain(self)
                 if self.idle(now):
@@ -134,11 +138,34 @@ class _ShardedPubSub(AsyncPubSub):
             await self.execute_command("SSUBSCRIBE", channel)
 
 
+class _SlotwisePubSub(AsyncPubSub):
+    """redis-py's asyncio ``PubSub`` (5.1 and later), but a connection made
+    anew subscribes its sharded channels again one per SSUBSCRIBE: they live
+    in different slots, and Redis refuses one command across slots
+    (CROSSSLOT). ``notify_sharded._SlotwisePubSub``'s twin."""
+
+    async def on_connect(self, connection: Any) -> None:
+        sharded = getattr(self, "shard_channels", None)
+        if not sharded:
+            await super().on_connect(connection)
+            return
+        self.shard_channels = {}
+        try:
+            await super().on_connect(connection)
+        finally:
+            self.shard_channels = sharded
+        for channel in list(sharded):
+            await self.execute_command("SSUBSCRIBE", channel)
+
+
 def _async_pubsub(client: redis.asyncio.Redis) -> Any:
+    """A pubsub of ``client`` that subscribes one sharded channel per command."""
     pubsub = client.pubsub()
-    if hasattr(pubsub, "ssubscribe"):
-        return pubsub
-    return _ShardedPubSub(client.connection_pool)
+    if not hasattr(pubsub, "ssubscribe"):
+        return _ShardedPubSub(client.connection_pool)
+    if type(pubsub) is AsyncPubSub:
+        pubsub.__class__ = _SlotwisePubSub
+    return pubsub
 
 
 def _async_node_client(node: Any) -> redis.asyncio.Redis:
@@ -215,8 +242,22 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
             return
         await listener.add(state.channel)
 
+    async def _follow(self, listener: _AsyncNodeListener, dropped: list[bytes]) -> None:
+        """``listener``'s node dropped ``dropped`` unasked: forget them there,
+        read the slot map again and subscribe their tags where it says (or at
+        the next upkeep, if the map was read less than a second ago)."""
+        for channel in dropped:
+            await listener.remove(channel)
+        if self._map_due():
+            await refresh_slots_async(self._client)
+            for state in self._unrouted():
+                await self._route(state)
+
     async def _maintain(self, listener: _AsyncNodeListener) -> None:
         now = time.monotonic()
+        if self._unrouted() and self._map_due():
+            # Tags nobody serves: their node is gone, or dropped them.
+            await refresh_slots_async(self._client)
         for tag, state in list(self._tags.items()):
             if state.users <= 0 and now - state.idle_since > notify_sharded.TAG_IDLE:
                 del self._tags[tag]
@@ -234,13 +275,16 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
                         state.node = None
                         await listener.remove(state.channel)
                         await self._route(state)
-                        self._wake_tag(tag)
 
     async def _listener_down(self, listener: _AsyncNodeListener) -> None:
+        served = any(s.node == listener.name and s.users > 0 for s in self._tags.values())
+        if served and self._map_due():
+            # The node may be gone for good (a failover): ask where its slots went.
+            await refresh_slots_async(self._client)
         self._listener_lost(listener.name)
         listener.wanted.clear()
-        if self._listeners.get(listener.name) is listener:
-            del self._listeners[listener.name]
+        # The listener stays the node's: a tag routed to the node again joins
+        # it, and it reconnects after its back-off (Reconnect), not at once.
         for state in self._unrouted():
             await self._route(state)
 

@@ -1,7 +1,8 @@
 """What the thread and asyncio Cluster notifiers share: tags, slots, nodes, messages.
 
 See ``notify_sharded.py`` for the design: one sharded channel per hash tag
-waited on, per process; plain SUBSCRIBE on a node without sharded pub/sub.
+waited on, per process, on the node that serves the tag's slot; plain
+SUBSCRIBE on a node without sharded pub/sub.
 """
 
 from __future__ import annotations
@@ -21,9 +22,21 @@ if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
     from redis.cluster import RedisCluster
 
-__all__ = ["NodeListenerBase", "ShardedBase", "SubscribedTag", "logger", "no_sharded_pubsub"]
+__all__ = [
+    "MAP_REFRESH_INTERVAL",
+    "NodeListenerBase",
+    "ShardedBase",
+    "SubscribedTag",
+    "logger",
+    "no_sharded_pubsub",
+]
 
 logger = logging.getLogger("django_redislock.notify")
+
+# A node that dropped our subscriptions (its slots moved, or a failover made
+# it a replica), or that we lost, has the slot map read again before its
+# tags are routed anew: at most once in this many seconds per notifier.
+MAP_REFRESH_INTERVAL = 1.0
 
 
 def _text(value: Any) -> str:
@@ -57,7 +70,7 @@ class SubscribedTag:
         self.node: str | None = None
         self.ready = ready
         self.confirmed_before = False
-        # The scripts' publish mode for this tag: s = SPUBLISH, p = PUBLISH
+        # The scripts' publish mode for this tag: s = SPUBLISH, c = PUBLISH
         # (its node has no sharded pub/sub); set by the confirmation.
         self.mode = b"s"
 
@@ -79,6 +92,8 @@ class ShardedBase(Generic[_K]):
         # Nodes that refused SSUBSCRIBE: their listeners, present and future,
         # use plain SUBSCRIBE.
         self._unsharded: set[str] = set()
+        # When the slot map was last read again (MAP_REFRESH_INTERVAL).
+        self._map_read_at = float("-inf")
 
     # Callers that pass no tag cannot be woken on a Cluster (a channel outside
     # the keys' slot would fail the script): they queue without an address
@@ -90,8 +105,9 @@ class ShardedBase(Generic[_K]):
         return self._keyspace.channel(self.process_id, tag)
 
     def address_for(self, tag: bytes) -> bytes:
-        # s = SPUBLISH: the prelude's promote() publishes on the lock's shard;
-        # p = PUBLISH, where the tag's node has no sharded pub/sub.
+        # s = SPUBLISH: the prelude's wake() publishes on the lock's shard;
+        # c = PUBLISH, where the tag's node has no sharded pub/sub. Either way
+        # the count of receivers is the node's alone (_prelude.lua).
         if not tag:
             return self.address
         state = self._tags.get(tag)
@@ -106,7 +122,10 @@ class ShardedBase(Generic[_K]):
             if t == tag and (event.needs_channel or not channel_less_only):
                 event.set()
 
-    def _on_message(self, message: dict[str, Any], node: str) -> None:
+    def _on_message(self, message: dict[str, Any], node: str) -> list[bytes]:
+        """Act on a message of node ``node``'s listener. Returns the channels
+        the node dropped unasked: the owner reads the slot map again and
+        routes their tags anew (``_follow``)."""
         kind = _text(message["type"])
         plain = kind in _KINDS
         kind = _KINDS.get(kind, kind)
@@ -117,13 +136,13 @@ class ShardedBase(Generic[_K]):
             if entry is not None:
                 entry[0].handed = handed
                 entry[0].set()
-            return
+            return []
         tag = self._by_channel.get(channel)
         state = self._tags.get(tag) if tag is not None else None
         if state is None:
-            return
+            return []
         if kind == "ssubscribe" and state.node == node:
-            state.mode = b"p" if plain else b"s"
+            state.mode = b"c" if plain else b"s"
             state.ready.set()
             # Subscribed again after losing it, wake-ups may have been missed;
             # and whoever queued without the channel can now queue with it.
@@ -131,19 +150,34 @@ class ShardedBase(Generic[_K]):
             state.confirmed_before = True
         elif kind == "sunsubscribe" and state.node == node:
             # Not asked for (we forget a tag before unsubscribing it): the
-            # server dropped us, its slot moved. Route it again.
+            # node no longer serves its slot (the slot moved, or a failover
+            # made the node a replica). Its waiters sleep on: the
+            # confirmation on the slot's new node wakes them to look again.
             state.ready.clear()
             state.node = None
-            self._wake_tag(tag)  # type: ignore[arg-type]
+            return [channel]
+        return []
 
     def _listener_lost(self, name: str) -> None:
-        """The listener of node ``name`` is down: its tags are not subscribed,
-        and their waiters must not sleep on a channel nobody is reading."""
-        for tag, state in self._tags.items():
+        """The listener of node ``name`` is down: its tags are not subscribed.
+
+        Their waiters are not woken now: on a node that died, a look would
+        only fail until its replica takes over. They wake when the tag is
+        subscribed again (the confirmation may follow a wake-up they missed),
+        or at their timer, as after any lost wake-up.
+        """
+        for state in self._tags.values():
             if state.node == name:
                 state.ready.clear()
                 state.node = None
-                self._wake_tag(tag)
+
+    def _map_due(self) -> bool:
+        """Whether the slot map may be read again now (``MAP_REFRESH_INTERVAL``)."""
+        now = time.monotonic()
+        if now - self._map_read_at < MAP_REFRESH_INTERVAL:
+            return False
+        self._map_read_at = now
+        return True
 
     def _unrouted(self) -> list[SubscribedTag]:
         """Tags someone waits on that no node's listener serves."""

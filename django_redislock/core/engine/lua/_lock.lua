@@ -18,7 +18,7 @@
 --                      d=the last RECENT tokens given back, newest first,
 --                        space-separated (tokens are 16 hex digits, so a
 --                        match cannot straddle a separator)
---                      <token>=<deadline ms>|<p|s|-><channel>|<ttl ms>|<round>|<owner>
+--                      <token>=<deadline ms>|<p|s|c|-><channel>|<ttl ms>|<round>|<owner>
 --                      for each waiter
 --                      and, in the barging order (Lock(..., fair=False)):
 --                      b=how many leases went to others than the head of
@@ -140,6 +140,13 @@ local function contended()
     return lib.losses().released(fence, st[1], st[3], st[4]) and 1 or 0
   end
 
+  -- How long a lease handed as a claim (on a Cluster, to a waiter whose
+  -- process is not seen listening on the lock's node: hand_off) waits for
+  -- its waiter to ask again, ms: a wake-up and a round trip, with room for a
+  -- loaded host. A waiter that misses it queues again; a dead one holds the
+  -- lock no longer than this.
+  local CLAIM = 2000
+
   -- How far past its mark cover() sets the state's and the queue's expiry,
   -- ms: a busy name raises them once in this long, not in every run. It is
   -- what the state may outlive its last waiter or lease beyond KEEP.
@@ -182,11 +189,17 @@ local function contended()
   -- holds the lock the moment it wakes, with no second round trip. The
   -- message also names the acquire attempt (round) that queued the waiter:
   -- a lease handed in answer to an older attempt is never taken as it is.
+  -- On a Cluster, a waiter whose process is not seen listening on this node
+  -- (its listener may be on a replica, after a failover, and hear the
+  -- message all the same; see wake()) is handed a claim instead: the lease
+  -- for CLAIM ms, and "<token>:<fence>", which names no round, so that it
+  -- asks again (acquire finds the lease its own and restarts it for its TTL)
+  -- before it counts as held. A dead waiter costs its claim, not its TTL.
   -- Waiters whose deadline passed, or whose wake-up channel nobody listens
-  -- on (their process died), are dropped on the way. Returns the new
-  -- holder's token, or false when nobody was left. When the oldest live
-  -- waiter is `self` (the caller of this very script), it is popped and
-  -- returned without a lease: the caller takes it itself.
+  -- on (their process died: known on a single server only), are dropped on
+  -- the way. Returns the new holder's token, or false when nobody was left.
+  -- When the oldest live waiter is `self` (the caller of this very script),
+  -- it is popped and returned without a lease: the caller takes it itself.
   -- `last`, `ended` and `name` are the state's f, e and n as give() takes
   -- them (h is read with the waiter's entry, only when someone waits).
   -- `released`: the fence of the lease the caller has just released, when
@@ -225,6 +238,17 @@ local function contended()
         else
           round = nil
           owner = string.sub(info, s3 + 1)
+        end
+        local mode = string.sub(info, s1 + 1, s1 + 1)
+        if (mode == 's' or mode == 'c') and redis.call('PUBSUB',
+            mode == 's' and 'SHARDNUMSUB' or 'NUMSUB', string.sub(info, s1 + 2, s2 - 1))[2] == 0 then
+          -- A Cluster's waiter whose process is not seen listening on this
+          -- node (the count of this node's listeners of its channel): a
+          -- claim (see above). A single server's count comes with wake().
+          round = nil
+          if tonumber(ttl) > CLAIM then
+            ttl = CLAIM
+          end
         end
         local fence = give(head, ttl, tonumber(ttl) + KEEP, name or '', owner, last, ended,
           got[2], true, more)

@@ -10,10 +10,11 @@
 --                      waiter entry per queued token, and the kind's own
 --                      fields (see its piece)
 -- A waiter entry is "<deadline ms>|..."; the kind says what follows, and
--- where in it the waiter's wake-up channel is: "<p|s|-><channel>", p for
--- PUBLISH, s for SPUBLISH (a Cluster's channel of the lock's slot), - for
--- none (the waiter looks again at its next retry). A token is in the queue
--- exactly when the state has its waiter entry.
+-- where in it the waiter's wake-up channel is: "<p|s|c|-><channel>", p for
+-- PUBLISH on a single server, s for SPUBLISH (a Cluster's channel of the
+-- lock's slot), c for PUBLISH on a Cluster node without sharded pub/sub, -
+-- for none (the waiter looks again at its next retry). A token is in the
+-- queue exactly when the state has its waiter entry.
 --
 -- Every key has a TTL. Each script that writes a key raises its TTL to cover
 -- what it wrote, plus KEEP for the state (outlive; it never lowers a TTL;
@@ -118,14 +119,23 @@ local function common()
 
   -- Send `message` on the wake-up channel at `at` in waiter entry `info`,
   -- which ends before `stop` (nil: at the end of the entry). Whether anyone
-  -- may have heard: a waiter without a channel ('-') counts as heard.
+  -- may have heard: a waiter without a channel ('-') counts as heard, and so
+  -- does one on a Cluster ('s', 'c'). There a node counts only its own
+  -- listeners, while Redis delivers the message to every node of the shard
+  -- (SPUBLISH) or of the Cluster (PUBLISH): after a failover a live process
+  -- may listen on a replica, hear its wake-up and act on it. Only a single
+  -- server's count ('p') says that the waiter's process is gone.
   local function wake(info, at, stop, message)
     local mode = string.sub(info, at, at)
     if mode == '-' then
       return true
     end
     local channel = string.sub(info, at + 1, stop and stop - 1 or -1)
-    return redis.call(mode == 'p' and 'PUBLISH' or 'SPUBLISH', channel, message) > 0
+    if mode == 'p' then
+      return redis.call('PUBLISH', channel, message) > 0
+    end
+    redis.call(mode == 's' and 'SPUBLISH' or 'PUBLISH', channel, message)
+    return true
   end
 
   local memory

@@ -6,7 +6,7 @@
 -- The state's own fields: f=the last writer's fence, x=the token of the
 -- writer holding (or reserved), m:<token>=r|w per holder (its mode). A
 -- writer's serial is its fence. A waiter entry is
--- w:<token>=<deadline ms>|<r|w><p|s|-><channel>.
+-- w:<token>=<deadline ms>|<r|w><p|s|c|-><channel>.
 --
 -- Admission: a writer is admitted when nobody holds the name, a reader when no
 -- writer holds it; either only when nobody is queued ahead of it. The queue is

@@ -2,7 +2,7 @@
 --
 -- KEYS: holders (one member per permit), queue, state (see _holders.lua)
 -- The state's own fields: l=the current limit (the one most recently stated
--- by an acquirer). A waiter entry is w:<token>=<deadline ms>|<p|s|-><channel>.
+-- by an acquirer). A waiter entry is w:<token>=<deadline ms>|<p|s|c|-><channel>.
 
 function forget(token)
   redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 's:' .. token)

@@ -9,7 +9,7 @@
 -- ARGV[3] name       lock name, kept for operators; '' when the key shows it
 -- ARGV[4] owner      owner metadata (JSON), kept for operators
 -- ARGV[5] wait       ms the caller will wait; 0 = try once, never queue
--- ARGV[6] channel    <p|s|-> followed by the caller's wake-up channel
+-- ARGV[6] channel    <p|s|c|-> followed by the caller's wake-up channel
 -- ARGV[7] state ttl  ttl + STATE_KEEP_MS (KEEP): what the state's TTL is set
 --                    to when the lease is granted. The caller adds them: in
 --                    Lua the sum would cost two number conversions on the

@@ -5,7 +5,7 @@
 -- ARGV[3] name       readable semaphore name, kept for operators
 -- ARGV[4] owner      owner metadata (JSON), kept for operators
 -- ARGV[5] wait       ms the caller will wait; 0 = try once, never queue
--- ARGV[6] channel    <p|s|-> followed by the caller's wake-up channel
+-- ARGV[6] channel    <p|s|c|-> followed by the caller's wake-up channel
 -- ARGV[7] grace      ms a woken waiter has to claim its permit
 -- ARGV[8] unused     (callers send STATE_KEEP_MS; the scripts know it as KEEP)
 -- ARGV[9] limit      the caller's limit; it becomes the current limit
