@@ -44,6 +44,10 @@ from tests.test_decorators import close_async_clients
 pytest.importorskip("gevent")
 
 ROOT = Path(__file__).resolve().parent.parent
+# Bounds on starting an interpreter, Django and gevent, and on a server's
+# readiness: a hang fails the test, a host loaded by other suites does not.
+START = 180
+pytestmark = pytest.mark.timeout(2 * START + 120)
 
 
 def _start(code: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -63,7 +67,7 @@ def _results(*procs: subprocess.Popen[str]) -> list[dict[str, Any]]:
     outputs: list[tuple[int, str, str]] = []
     try:
         for proc in procs:
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=START)
             outputs.append((proc.returncode, out, err))
     finally:
         for proc in procs:
@@ -303,7 +307,7 @@ class GreenServer:
             stderr=self.out,
         )
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = START) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -360,7 +364,7 @@ class GreenSite:
             cwd=ROOT,
             env=env,
             check=True,
-            timeout=60,
+            timeout=START,
         )
         self.servers: list[GreenServer] = []
         for name in ("a", "b"):

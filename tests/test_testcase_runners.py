@@ -20,7 +20,9 @@ import pytest
 from tests.servers import RedisServer
 from tests.test_testing_kit import child_env, entry_point_path  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.slow  # a test runner of its own
+# Each test starts a runner of its own; bounds for a host loaded by other suites.
+RUN_TIMEOUT = 300
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * RUN_TIMEOUT)]
 
 MODELS = """\
 from django.db import models
@@ -164,7 +166,7 @@ def project(tmp_path: Path, redis_server: RedisServer) -> Path:
         [sys.executable, "-m", "django", "startproject", "mysite", str(where)],
         check=True,
         capture_output=True,
-        timeout=60,
+        timeout=RUN_TIMEOUT,
     )
     with (where / "mysite" / "settings.py").open("a") as settings:
         settings.write(
@@ -196,7 +198,7 @@ def _run(project: Path, site: Path, *args: str) -> subprocess.CompletedProcess[s
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=RUN_TIMEOUT,
     )
 
 

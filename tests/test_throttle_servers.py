@@ -33,7 +33,10 @@ import redis
 from django_redislock.core.engine.keys import KeySpace
 from tests.servers import RedisServer, free_port
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+# Bound on a server's readiness: a hang fails the tests, a host loaded by
+# other suites does not (starting Django there took over 30 s).
+START = 180
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(START + 120)]
 
 ROOT = Path(__file__).resolve().parent.parent
 KS = KeySpace()
@@ -91,13 +94,13 @@ class AppServer:
         self.out = self.log.open("wb")
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.out, stderr=self.out)
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
+    def wait_ready(self, timeout: float = START) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.kind} exited early:\n{self.log.read_text()[-3000:]}")
             try:
-                if self.request("/ok/", timeout=2)[0] == 200:
+                if self.request("/ok/", timeout=30)[0] == 200:
                     return
             except OSError:
                 pass
