@@ -1,9 +1,12 @@
 """Settings for the gunicorn gevent workers started by tests/test_green_threads.py.
 
-The test passes its private Redis in REDISLOCK_GREEN_REDIS_URL and a SQLite
-file in REDISLOCK_GREEN_DB. The cache is Django's own RedisCache, as in a
-project that has no django-redis. Leases are short and renewed, so a purchase
-that holds its lock longer than TIMEOUT keeps it only if renewal runs.
+The test passes its private Redis in REDISLOCK_GREEN_REDIS_URL, a SQLite file
+in REDISLOCK_GREEN_DB and a directory for the views' gates in
+REDISLOCK_GREEN_GATES. The cache is Django's own RedisCache, as in a project
+that has no django-redis. Leases are renewed, so a purchase that holds its
+lock longer than TIMEOUT keeps it only if renewal runs. Renewal runs every
+third of TIMEOUT: 3 s leaves a renewal 2 s to come in on a loaded host, and
+the socket timeout stays within the third the system check asks for.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ["REDISLOCK_GREEN_DB"],
-        # Two worker processes write at once: wait for SQLite's write lock,
+        # Two servers write at once: wait for SQLite's write lock,
         # take it at BEGIN, and let readers proceed while someone writes.
         "OPTIONS": {
             "timeout": 20,
@@ -40,7 +43,9 @@ CACHES = {
     }
 }
 
-REDISLOCK = {"RENEW": True, "TIMEOUT": 0.6, "WAIT": 10, "SOCKET_TIMEOUT": 0.5}
+# WAIT bounds a purchase queued behind others on a loaded host; none waits
+# for a lease to run out.
+REDISLOCK = {"RENEW": True, "TIMEOUT": 3.0, "WAIT": 60, "SOCKET_TIMEOUT": 1.0}
 
 LOGGING = {
     "version": 1,

@@ -75,16 +75,19 @@ def test_give_back_lands_after_the_late_acquire(server: RedisServer) -> None:
         with pytest.raises(RedisUnavailable) as info:
             scripts.run(client, scripts.ACQUIRE, lock._key_tuple, _acquire_args(lock, token))
         assert scripts.may_have_run(info.value)
-        started = time.monotonic()
-        giveback.submit(
-            lambda: scripts.run(client, scripts.CANCEL, lock._key_tuple, (token,)),
-            within=30,
-            after=info.value,
-            what=f"lock {lock.name!r}",
-        )
-        assert time.monotonic() - started < 0.1  # the caller only enqueues
+        sent_from: list[int] = []
+
+        def cancel() -> Any:
+            sent_from.append(threading.get_ident())
+            return scripts.run(client, scripts.CANCEL, lock._key_tuple, (token,))
+
+        giveback.submit(cancel, within=30, after=info.value, what=f"lock {lock.name!r}")
+        # The caller only enqueues: the cancel is sent from another thread,
+        # never the caller's (which, Redis being frozen, it would hold up).
+        assert threading.get_ident() not in sent_from
         time.sleep(1.2)  # frozen past a few attempts' timeouts
         assert _free_soon_after_resume(server, lock, before) < LANDS_WITHIN
+        assert sent_from and threading.get_ident() not in sent_from
         # Once the late reply is read, the give-back is sent again: whatever
         # order the first attempts ran in, nothing of the late grant is left.
         pending = info.value.pending  # type: ignore[attr-defined]

@@ -85,7 +85,7 @@ async def test_wait_zero_tries_once_and_does_not_queue(drive: Drive, r: redis.Re
     started = time.monotonic()
     assert not await drive(other.acquire())
     assert not await drive(other.acquire(wait=0))
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # far from the holder's 20 s: it did not wait
     assert other.retry_after is not None and 10 < other.retry_after <= 20
     assert r.llen(holder.keys.queue) == 0
     assert not other.held and other.token is None
@@ -406,11 +406,10 @@ async def test_release_hands_over_by_notification(drive: Drive, r: redis.Redis) 
     party = drive.spawn(wait_for_it)
     try:
         await drive.until(lambda: r.llen(holder.keys.queue) == 1)
-        released_at = time.monotonic()
         await drive(holder.release())
-        # The holder's lease had 30 s left: only the notification explains this.
+        # The holder's lease had 30 s left and the waiter waits 15 s: without
+        # the notification it would have given up before its fallback timer.
         await got.wait(10)
-        assert time.monotonic() - released_at < 2
     finally:
         holder_released.set()
     assert await drive.join(party, timeout=10) == [True]
@@ -460,10 +459,9 @@ async def test_hundreds_of_waiters_do_not_exhaust_the_pool(drive: Drive, r: redi
 
         parties = [drive.spawn(lambda k=k: waiter(k)) for k in range(n)]
         await drive.until(lambda: r.llen(holder.keys.queue) == n, timeout=60, interval=0.05)
-        started = time.monotonic()
+        # Not starved of a connection by the waiters: with every pooled
+        # connection held by one, the release would fail after the pool's 5 s.
         await drive(holder.release())
-        # Not starved of a connection by the waiters.
-        assert time.monotonic() - started < 2
         await drive.join(*parties, timeout=90)
     assert sorted(got) == list(range(n))
     assert r.llen(holder.keys.queue) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -144,12 +145,18 @@ def test_release_waits_for_the_outer_commit() -> None:
 needs_pg = pytest.mark.skipif("postgres" not in ALL_DBS, reason="PostgreSQL not reachable")
 
 
-def _checkout(db: str, product_ids: list[int]) -> None:
-    """Buy one of each product in the cart, or nothing if one is sold out."""
+def _pause() -> None:
+    time.sleep(RACE_PAUSE)  # the read-then-write window an unprotected cart races in
+
+
+def _checkout(db: str, product_ids: list[int], between: Callable[[], object] = _pause) -> None:
+    """Buy one of each product in the cart, or nothing if one is sold out.
+
+    ``between`` runs after the read and before the writes."""
     products = {p.pk: p for p in Product.objects.using(db).filter(pk__in=product_ids)}
     if any(products[pk].stock <= 0 for pk in product_ids):
         return
-    time.sleep(RACE_PAUSE)  # the read-then-write window an unprotected cart races in
+    between()
     for pk in product_ids:
         fence = current_fence(f"product:{db}:{pk}") if current_lock() else None
         qs = Product.objects.using(db).filter(pk=pk)
@@ -166,9 +173,11 @@ def checkout(db: str, product_ids: list[int]) -> None:
         _checkout(db, product_ids)
 
 
-def checkout_unlocked(db: str, product_ids: list[int]) -> None:
+def checkout_unlocked(
+    db: str, product_ids: list[int], between: Callable[[], object] = _pause
+) -> None:
     with transaction.atomic(using=db):
-        _checkout(db, product_ids)
+        _checkout(db, product_ids, between)
 
 
 def _run_carts(alias: str, buy: Any, buyers: int = 8, carts: int = 4) -> dict[str, Any]:
@@ -213,9 +222,27 @@ def test_carts_in_any_order_never_oversell_nor_deadlock() -> None:
 @needs_pg
 @pytest.mark.django_db(transaction=True, databases=ALL_DBS)
 def test_carts_without_the_lock_oversell() -> None:
-    """The control: without the lock, carts oversell, or PostgreSQL kills one
-    of two carts that updated the same rows in opposite orders (a deadlock)."""
-    result = _run_carts("postgres", checkout_unlocked)
-    assert result["stuck"] == 0
-    assert all("deadlock detected" in error for error in result["errors"]), result["errors"]
-    assert result["oversold"] > 0 or result["errors"]
+    """The control: two carts of the same product both read it before either
+    writes (a barrier between, where the race needs luck); without the lock
+    each sells the unit it read, and one unit is sold twice."""
+    product = Product.objects.using("postgres").create(name="p", stock=6)
+    both_read = threading.Barrier(2, timeout=30)
+    errors: list[str] = []
+
+    def buyer() -> None:
+        try:
+            checkout_unlocked("postgres", [product.pk], between=both_read.wait)
+        except Exception as exc:
+            errors.append(repr(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=buyer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    sold = Order.objects.using("postgres").filter(product_id=product.pk).count()
+    left = Product.objects.using("postgres").get(pk=product.pk).stock
+    assert (sold, left) == (2, 5)  # two sold, one taken from the stock

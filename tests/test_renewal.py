@@ -16,28 +16,36 @@ from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.test_decorators import close_async_clients
 
+# Renewal runs every third of the lease: a lease of 1.5 s leaves a renewal 1 s
+# to come in on a loaded host (a shorter one lost leases there).
+TTL = 1.5
 
-async def _renewals_seen(drive: Drive, r: redis.Redis, lock: Any, seconds: float) -> int:
-    """Watch the lease for ``seconds``; count PTTL jumps up (renewals)."""
-    renewals = 0
+
+async def _watch_renewals(drive: Drive, r: redis.Redis, lock: Any, renewals: int) -> None:
+    """Watch the lease until ``renewals`` PTTL jumps up (renewals) are seen;
+    at every look it is still there, held by ``lock``."""
+    seen = 0
     last = r.pttl(lock.keys.lease)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    deadline = time.monotonic() + 60  # bounds a failing test only
+    while seen < renewals:
+        assert time.monotonic() < deadline, f"{seen} renewals seen"
         assert r.hget(lock.keys.lease, "t") == lock.token.encode()
         pttl = r.pttl(lock.keys.lease)
         assert pttl > 0
         if pttl > last:
-            renewals += 1
+            seen += 1
         last = pttl
         await drive.sleep(0.02)
-    return renewals
 
 
 async def test_renewal_keeps_a_short_lease_alive(drive: Drive, r: redis.Redis) -> None:
     plant_sentinel(r)
-    lock = drive.Lock(drive.client, "renewed", ttl=1, wait=0, renew=True)
+    lock = drive.Lock(drive.client, "renewed", ttl=TTL, wait=0, renew=True)
+    acquired = time.monotonic()
     assert await drive(lock.acquire())
-    assert await _renewals_seen(drive, r, lock, 3.2) >= 3
+    await _watch_renewals(drive, r, lock, 3)
+    await drive.until(lambda: time.monotonic() > acquired + 1.5 * TTL, timeout=10)
+    await _watch_renewals(drive, r, lock, 1)  # past its first lease, and still renewed
     assert lock.held and await drive(lock.owned())
     assert not lock.lost
     await drive(lock.release())
@@ -61,13 +69,19 @@ async def test_renewal_stops_after_release(drive: Drive) -> None:
 async def test_renew_max_stops_renewal_and_the_lease_expires(drive: Drive, r: redis.Redis) -> None:
     lost: list[Any] = []
     lock = drive.Lock(
-        drive.client, "renew-max", ttl=1, wait=0, renew=True, renew_max=2, on_lost=lost.append
+        drive.client,
+        "renew-max",
+        ttl=TTL,
+        wait=0,
+        renew=True,
+        renew_max=2 * TTL,
+        on_lost=lost.append,
     )
     acquired = time.monotonic()
     assert await drive(lock.acquire())
-    await drive.until(lambda: not r.exists(lock.keys.lease), timeout=10, interval=0.02)
+    await drive.until(lambda: not r.exists(lock.keys.lease), timeout=20, interval=0.02)
     # It was renewed past its TTL, then left to expire.
-    assert time.monotonic() - acquired > 1.5
+    assert time.monotonic() - acquired > 1.5 * TTL
     with pytest.raises(LockLost):
         await drive(lock.release())
     assert lost == [lock]
@@ -88,10 +102,10 @@ async def test_deleted_key_while_renewing_is_reported(drive: Drive, r: redis.Red
     signals.lock_lost.connect(receiver)
     make = get_async_lock if drive.is_async else get_lock
     try:
-        lock = make("renew-lost", timeout=1, wait=0, renew=True, on_lost=on_lost)
+        lock = make("renew-lost", timeout=TTL, wait=0, renew=True, on_lost=on_lost)
         assert await drive(lock.acquire())
         fence = lock.fence
-        await _renewals_seen(drive, r, lock, 0.5)
+        await _watch_renewals(drive, r, lock, 1)
         r.delete(lock.keys.lease)
         await lost_event.wait(5)
         assert lost == [lock] and lock.lost
@@ -110,10 +124,13 @@ async def test_deleted_key_while_renewing_is_reported(drive: Drive, r: redis.Red
 
 
 async def test_many_renewing_locks(drive: Drive) -> None:
-    locks = [drive.Lock(drive.client, f"many-{i}", ttl=0.6, wait=0, renew=True) for i in range(20)]
+    # Twenty renewals share one client and, for asyncio, one event loop: on a
+    # loaded host they come in later than one does, so twice the lease.
+    ttl = 2 * TTL
+    locks = [drive.Lock(drive.client, f"many-{i}", ttl=ttl, wait=0, renew=True) for i in range(20)]
     for lock in locks:
         assert await drive(lock.acquire())
-    await drive.sleep(1.5)
+    await drive.sleep(1.5 * ttl)  # every lease renewed past its first end
     for lock in locks:
         assert await drive(lock.owned()), lock
         assert not lock.lost

@@ -232,10 +232,11 @@ async def test_extend_renew_and_repeatable_release(drive: Drive, r: redis.Redis)
     assert scripts.run(r, RELEASE, (k.lease, k.queue, k.state), args) == 1
     # A TTL long enough that a renewal delayed by a loaded host (it runs every
     # third of it) still comes in time; the reader waits longer than the TTL.
-    renewing = rw(drive, "write", ttl=1.0, renew=True)
+    # 1.5 s leaves a renewal 1 s to come in, as in tests/test_renewal.py.
+    renewing = rw(drive, "write", ttl=1.5, renew=True)
     assert await drive(renewing.acquire())
     await drive.until(lambda: r.zscore(k.lease, renewing.token) is not None and renewing.held, 2)
-    assert not await drive(rw(drive, "read", wait=1.5).acquire())  # outlived its TTL by renewal
+    assert not await drive(rw(drive, "read", wait=2.25).acquire())  # outlived its TTL by renewal
     assert renewing.held
     await drive(renewing.release())
 

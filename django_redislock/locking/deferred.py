@@ -18,6 +18,13 @@ its writes commit. Its lock must stay held, and stay valid, until then:
   referenced by nothing but Django's list; CPython finalises it as that list
   lets go, and its finaliser releases the lock. Commit and rollback run the
   same finaliser, once.
+* **In a TestCase** the transaction never commits: the test's own outermost
+  block stands for it (``transactions.OutermostInTest``). When that block
+  ends, the next statement on its connection (its own ``RELEASE`` or
+  ``ROLLBACK TO SAVEPOINT``) releases the lock, and the hook leaves the list,
+  so ``captureOnCommitCallbacks`` sees only the test's own. A block that sends
+  nothing when it ends (``savepoint=False``) is noticed by the next statement,
+  the next call for the lock, or the test kit (``settle``).
 * **A loss before the end** (the lease gone at renewal, renewal unable to
   reach Redis in time, the lease run out with renewal off or past
   ``renew_max``) dooms the transaction: it is marked for rollback, and the
@@ -47,6 +54,7 @@ from ..core.exceptions import LockLost
 from ..core.io import renewal
 from .context import Key
 from .outcomes import release
+from .transactions import OutermostInTest, outermost_in_test
 
 log_lost = logging.getLogger("django_redislock.lost")
 log_release = logging.getLogger("django_redislock.release")
@@ -125,11 +133,15 @@ class _Guard:
 class _Watch:
     """One outer transaction a deferred lock waits for."""
 
-    __slots__ = ("conn", "hook")
+    __slots__ = ("conn", "hook", "in_test")
 
-    def __init__(self, conn: BaseDatabaseWrapper, hook: _Hook) -> None:
+    def __init__(
+        self, conn: BaseDatabaseWrapper, hook: _Hook, in_test: OutermostInTest | None
+    ) -> None:
         self.conn = conn
         self.hook = weakref.ref(hook)
+        # In a TestCase: the block that stands for the transaction.
+        self.in_test = in_test
 
     def open(self) -> bool:
         """Whether that transaction has neither committed nor rolled back yet.
@@ -141,7 +153,16 @@ class _Watch:
         hook = self.hook()
         if hook is None or not self.conn.in_atomic_block:
             return False
+        if self.in_test is not None and not self.in_test.open(self.conn):
+            return False
         return any(entry[1] is hook for entry in self.conn.run_on_commit)
+
+    def forget(self) -> None:
+        """Take the hook out of the list of a TestCase's transaction, which never
+        commits; its finaliser runs as it goes, and finds the work done."""
+        hook = self.hook()
+        if hook is not None:
+            self.conn.run_on_commit = [e for e in self.conn.run_on_commit if e[1] is not hook]
 
 
 class Deferred:
@@ -174,13 +195,17 @@ class Deferred:
                 continue
             conn = connections[alias]
             hook = _Hook(self._ender(alias))
-            self._open[alias] = _Watch(conn, hook)
+            in_test = outermost_in_test(conn)
+            self._open[alias] = _Watch(conn, hook, in_test)
             # First in the list, so outermost; and not last, where the
             # ``execute_wrapper()`` block the call may run in pops its own.
             conn.execute_wrappers.insert(0, self._check)
             # robust: a failure here must not keep other hooks from running.
             conn.on_commit(hook, robust=True)
-            _run_first(conn, hook)
+            if in_test is None:
+                # In a TestCase no commit runs the list; left in place, the
+                # hook keeps captureOnCommitCallbacks' count of it right.
+                _run_first(conn, hook)
 
     def _ender(self, alias: str) -> Callable[[], None]:
         # Refers to self, never to the hook: see _Hook.
@@ -232,14 +257,21 @@ class Deferred:
         many: bool,
         context: dict[str, Any],
     ) -> Any:
-        """An execute wrapper: no statement runs in a doomed transaction."""
-        if self.ended or not (self.lost or self.lock.lost or not self.lock.held):
-            return execute(sql, params, many, context)
+        """An execute wrapper: no statement runs in a doomed transaction.
+
+        In a TestCase it also ends the wait once the test's block has ended:
+        the statement that ends it (``RELEASE`` or ``ROLLBACK TO SAVEPOINT``)
+        runs after Django has taken the block off the connection's stack.
+        """
         conn = context["connection"]
-        if not any(w.conn is conn and w.open() for w in list(self._open.values())):
-            # A statement after the end (another on_commit hook) or in a
-            # later transaction: not ours to judge.
-            return execute(sql, params, many, context)
+        doomed = not self.ended and (self.lost or self.lock.lost or not self.lock.held)
+        # A statement after the end (another on_commit hook) or in a later
+        # transaction is not ours to judge.
+        if not (doomed and any(w.conn is conn and w.open() for w in list(self._open.values()))):
+            try:
+                return execute(sql, params, many, context)
+            finally:
+                self.settle_in_test()
         self.lose()
         # Again: an inner atomic block leaving clears the flag first, to roll
         # back only its savepoint; this keeps the whole transaction doomed.
@@ -247,6 +279,13 @@ class Deferred:
         raise _lost_in_transaction(self.lock)
 
     # -- the end ------------------------------------------------------------------
+    def settle_in_test(self) -> None:
+        """End the wait on each TestCase block that has ended (see the module
+        docstring). Production's transactions end through their hooks alone."""
+        for alias, watch in list(self._open.items()):
+            if watch.in_test is not None and not watch.open():
+                self._ender(alias)()
+
     def _end(self, alias: str) -> None:
         """The transaction on ``alias`` committed, rolled back, or lost its connection."""
         with self._mutex:
@@ -258,9 +297,15 @@ class Deferred:
                 # ``lose`` raced the commit: its flag must not outlive the
                 # transaction, or the connection's next query would refuse to run.
                 watch.conn.needs_rollback = False
-            if self._open:
-                return
-            self.ended = True
+            ended = not self._open
+            if ended:
+                self.ended = True
+        if watch.in_test is not None:
+            # Outside the mutex: the hook's finaliser runs as it leaves, and
+            # comes back to ``_end``.
+            watch.forget()
+        if not ended:
+            return
         if self._pending.get(self.key) is self:
             del self._pending[self.key]
         self.finish()
@@ -302,3 +347,23 @@ def adopt(key: Key) -> Deferred | None:
         deferred.finish()
         return None
     return deferred
+
+
+def settle() -> None:
+    """Release this thread's deferred locks whose transactions have all ended.
+
+    The test kit calls it before it looks at what is held: in a TestCase, a
+    block that sent nothing to the database when it ended (``savepoint=False``)
+    leaves its lock to the next statement otherwise.
+    """
+    for key in list(_pending()):
+        adopt(key)
+
+
+def waiting_tokens() -> frozenset[str]:
+    """The tokens of this thread's locks that wait for a transaction still open."""
+    return frozenset(
+        deferred.lock.token
+        for deferred in list(_pending().values())
+        if deferred.lock.token is not None and deferred.alive()
+    )

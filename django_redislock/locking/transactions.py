@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
 from ..conf import conf
@@ -51,12 +52,73 @@ EVERY_ALIAS = _EveryAlias()
 
 def in_user_transaction(alias: str) -> bool:
     conn = connections[alias]
-    if not conn.in_atomic_block:
-        return False
     # As with atomic(durable=True): the transaction a TestCase wraps each test
     # in does not count, or every locked call in a test would wait for a
     # commit that never comes.
-    return any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)
+    return conn.in_atomic_block and len(conn.atomic_blocks) > _testcase_depth(conn)
+
+
+def _testcase_depth(conn: BaseDatabaseWrapper) -> int:
+    """How many of ``conn``'s atomic blocks, from the outermost, a TestCase opened.
+
+    Django flags the blocks ``TestCase`` (and pytest-django's ``django_db``)
+    wraps a class and a test in with ``_from_testcase``; ``atomic(durable=True)``
+    reads the same flag to let a durable block open right inside them. The
+    count goes up to the innermost flagged block: 0 outside a TestCase.
+    """
+    depth = 0
+    for index, block in enumerate(conn.atomic_blocks, 1):
+        if getattr(block, "_from_testcase", False):
+            depth = index
+    return depth
+
+
+class OutermostInTest:
+    """In a TestCase, the block that production would run as the transaction.
+
+    A TestCase's own blocks never commit, so the first block the test's code
+    opens on top of them stands for the transaction: a lock waiting for that
+    transaction is released when this block ends, committed or rolled back.
+    It is known by its depth and its savepoint id (a savepoint's name is new
+    each time), so the same ``Atomic`` entered again at the same depth (a
+    decorated function called twice) is a new block. A block opened with
+    ``savepoint=False`` has no savepoint id: only its depth and identity tell.
+    """
+
+    __slots__ = ("block", "depth", "sid", "sid_index")
+
+    def __init__(self, conn: BaseDatabaseWrapper, depth: int) -> None:
+        self.depth = depth
+        self.block = conn.atomic_blocks[depth]
+        # The outermost block has a savepoint entry only if it was entered
+        # with autocommit already off; every block inside it has one.
+        self.sid_index = depth - (len(conn.atomic_blocks) - len(conn.savepoint_ids))
+        self.sid = (
+            conn.savepoint_ids[self.sid_index]
+            if 0 <= self.sid_index < len(conn.savepoint_ids)
+            else None
+        )
+
+    def open(self, conn: BaseDatabaseWrapper) -> bool:
+        blocks = conn.atomic_blocks
+        if len(blocks) <= self.depth or blocks[self.depth] is not self.block:
+            return False
+        if self.sid is None:
+            return True
+        ids = conn.savepoint_ids
+        return 0 <= self.sid_index < len(ids) and ids[self.sid_index] == self.sid
+
+
+def outermost_in_test(conn: BaseDatabaseWrapper) -> OutermostInTest | None:
+    """The block standing for ``conn``'s transaction in a TestCase; None outside one.
+
+    Outside a TestCase (in production, in a ``TransactionTestCase``) the
+    transaction itself ends the wait, at its commit or rollback.
+    """
+    depth = _testcase_depth(conn)
+    if depth == 0 or len(conn.atomic_blocks) <= depth:
+        return None
+    return OutermostInTest(conn, depth)
 
 
 # The databases each decorated callable connected to while it ran, by thread:

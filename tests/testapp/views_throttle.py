@@ -2,6 +2,11 @@
 
 ``enter``/``leave`` keep an oracle in Redis, independent of the semaphore:
 how many requests are inside a throttled view right now, and the most ever.
+
+A view holds a request open until the test lets it go: ``?gate=<key>`` on a
+``threading.Event`` (in-process tests), ``?rgate=<key>`` on the Redis list
+``gate:<key>`` (a test in another process than the server pushes one item
+per request to let go).
 """
 
 from __future__ import annotations
@@ -45,6 +50,15 @@ def _hold(request: HttpRequest, name: str) -> None:
         assert gates.setdefault(key, threading.Event()).wait(10), "gate never opened"
 
 
+# Bound on a wait at a Redis gate, so that a failing test never leaves a server stuck.
+GATE_WAIT = 60
+
+
+def _wait_at_gate(key: str) -> None:
+    if get_redis_connection().blpop([f"gate:{key}"], timeout=GATE_WAIT) is None:
+        raise RuntimeError(f"gate {key!r} never opened")
+
+
 def ok(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ok")
 
@@ -55,6 +69,8 @@ def slow(request: HttpRequest, **kwargs: object) -> HttpResponse:
     enter(name)
     try:
         _hold(request, name)
+        if "rgate" in request.GET:
+            _wait_at_gate(request.GET["rgate"])
         time.sleep(float(request.GET.get("sleep", "0")))
     finally:
         leave(name)
@@ -67,6 +83,9 @@ async def aslow(request: HttpRequest) -> HttpResponse:
 
         await sync_to_async(enter)("aslow")
         try:
+            if "rgate" in request.GET:
+                # A thread of its own per request: gates wait side by side.
+                await sync_to_async(_wait_at_gate, thread_sensitive=False)(request.GET["rgate"])
             await asyncio.sleep(float(request.GET.get("sleep", "0")))
         finally:
             await sync_to_async(leave)("aslow")
@@ -91,9 +110,13 @@ def stream(request: HttpRequest) -> StreamingHttpResponse:
     chunks = int(request.GET.get("chunks", "3"))
     pause = float(request.GET.get("pause", "0"))
 
+    gate = request.GET.get("rgate")
+
     def body() -> Iterator[bytes]:
         for i in range(chunks):
             yield f"chunk{i}\n".encode()
+            if gate and i == 0:
+                _wait_at_gate(gate)
             time.sleep(pause)
 
     return StreamingHttpResponse(body(), content_type="text/plain")
@@ -103,9 +126,15 @@ async def astream(request: HttpRequest) -> StreamingHttpResponse:
     chunks = int(request.GET.get("chunks", "3"))
     pause = float(request.GET.get("pause", "0"))
 
+    gate = request.GET.get("rgate")
+
     async def body() -> AsyncIterator[bytes]:
+        from asgiref.sync import sync_to_async
+
         for i in range(chunks):
             yield f"chunk{i}\n".encode()
+            if gate and i == 0:
+                await sync_to_async(_wait_at_gate, thread_sensitive=False)(gate)
             await asyncio.sleep(pause)
 
     return StreamingHttpResponse(body(), content_type="text/plain")
