@@ -9,6 +9,7 @@ real databases; threads synchronised by events.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
+from django_redislock.locking.context import current_lock
 from django_redislock.locking.factories import keyspace
 from tests.helpers_oracles import signal_sent, wait_until
 from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
@@ -235,6 +237,55 @@ def test_a_duplicate_while_it_runs_gets_409_and_a_short_retry_after_then_the_rep
     assert replay[REPLAYED_HEADER] == "true"
     assert runs == ["pay"]
     assert Order.objects.count() == 1
+
+
+@pytest.fixture
+def claimed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    """A gate at the first step after the claim: the read under the key's lock,
+    before the request has recorded that it started (sync and asyncio reads)."""
+    from django_redislock.idempotency import records as idempotency_records
+
+    held = Gate()
+    real, real_async = idempotency_records.read, idempotency_records.read_async
+
+    def read(client: Any, keys: Any) -> Any:
+        if current_lock() is not None:
+            held.pass_()
+        return real(client, keys)
+
+    async def read_async(client: Any, keys: Any) -> Any:
+        if current_lock() is not None:
+            await asyncio.to_thread(held.pass_)
+        return await real_async(client, keys)
+
+    monkeypatch.setattr(idempotency_records, "read", read)
+    monkeypatch.setattr(idempotency_records, "read_async", read_async)
+    yield held
+    held.open.set()
+
+
+def test_a_duplicate_sent_as_the_first_claims_the_key_is_told_to_retry_in_a_second(
+    form: Any, send: Any, claimed: Gate, r: redis.Redis
+) -> None:
+    """The first holds the key's lease but has not yet recorded when it started:
+    the hint is a short retry, never the lease (fails before this change: the
+    fallback was the lease's 30 s)."""
+    with form():
+        for attempt in range(10):
+            key = f"early-{attempt}"
+            claimed.hold()
+            first, out = in_thread(lambda key=key: send("plain", key=key))
+            assert claimed.entered.wait(WAIT)
+            assert records(r) == []  # the first has not marked the key yet
+            busy = send("plain", key=key)
+            claimed.open.set()
+            first.join(WAIT)
+            assert busy.status_code == 409, busy.content
+            assert busy.json()["error"] == "idempotency_key_in_use"
+            assert busy["Retry-After"] == "1"
+            assert out[0].status_code == 200
+            r.delete(*records(r))
+    assert runs == ["plain"] * 10
 
 
 @pytest.mark.django_db(transaction=True)

@@ -57,21 +57,26 @@ def _mismatch(request: Any, policy: Policy) -> HttpResponse:
     )
 
 
-def retry_hint(record: Record, pttl: int, now_ms: float | None = None) -> float | None:
+# The hint when the first request has not recorded its start yet: it has only
+# just claimed the key (or has just let it go), so its answer, or a free key,
+# is a moment away. Never the lease, which may be many times the request.
+SOON = 1.0
+
+
+def retry_hint(record: Record, pttl: int, now_ms: float | None = None) -> float:
     """Seconds until the first request's answer is likely there.
 
     As long as it has run so far (a request that has run for ``x`` seconds is,
     by the usual rule of thumb, about half done), at least 1 second, and never
     more than its lease has left: by then the answer is stored or the key is free.
     """
-    left = pttl / 1000 if pttl > 0 else None
     try:
         started = int(record[b"t"])
     except (KeyError, ValueError):
-        return left
+        return SOON
     now = time.time() * 1000 if now_ms is None else now_ms
-    hint = max(1.0, (now - started) / 1000)
-    return hint if left is None else min(hint, max(1.0, left))
+    hint = max(SOON, (now - started) / 1000)
+    return hint if pttl <= 0 else min(hint, max(SOON, pttl / 1000))
 
 
 def in_progress(request: Any, policy: Policy, record: Record, pttl: int) -> HttpResponse:
