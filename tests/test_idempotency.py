@@ -619,6 +619,32 @@ def test_a_multipart_body_read_before_the_view_is_fingerprinted_by_its_parts() -
     assert runs == ["plain"]
 
 
+@pytest.mark.parametrize("limit", [None, 2621440])
+def test_the_fingerprint_reads_the_body_through_a_bounded_buffer(limit: int | None) -> None:
+    """A 3 MB body is hashed chunk by chunk through a spool that keeps at most
+    FILE_UPLOAD_MAX_MEMORY_SIZE in memory, and the view reads it whole afterwards.
+    Fails before this change: with DATA_UPLOAD_MAX_MEMORY_SIZE off the whole body
+    was read into memory (request.body), with it on Django refused it."""
+    import hashlib
+    import tracemalloc
+
+    from django_redislock.idempotency.fingerprint import fingerprint
+
+    body = bytes(range(256)) * (3 * 1024 * 1024 // 256)
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=limit, FILE_UPLOAD_MAX_MEMORY_SIZE=262144):
+        request = RequestFactory().post("/plain/", body, content_type="application/octet-stream")
+        tracemalloc.start()
+        try:
+            digest = fingerprint(request)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1024 * 1024, peak
+        assert request.read() == body  # the view gets every byte, once
+    expected = hashlib.sha256(b"POST\0/plain/\0" + body).hexdigest()
+    assert digest == expected  # the digest of the bytes, as before
+
+
 @pytest.mark.usefixtures("dead_redis")
 @pytest.mark.parametrize("fail_open", [False, True])
 def test_redis_down_is_503_even_when_locks_fail_open(fail_open: bool) -> None:

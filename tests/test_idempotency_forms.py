@@ -10,6 +10,8 @@ real databases; threads synchronised by events.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +20,7 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.signals import got_request_exception
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -109,6 +112,18 @@ def upload(request: HttpRequest) -> HttpResponse:
     )
 
 
+def upload_digest(request: HttpRequest) -> HttpResponse:
+    """Parses the upload itself (a csrf_exempt view, as every DRF APIView is)."""
+    runs.append("upload_digest")
+    upload = request.FILES["file"]
+    digest = hashlib.sha256()
+    for chunk in upload.chunks():
+        digest.update(chunk)
+    return JsonResponse(
+        {"note": request.POST["note"], "size": upload.size, "sha256": digest.hexdigest()}
+    )
+
+
 def async_twin(view: Callable[..., HttpResponse]) -> Callable[..., Any]:
     """The view as an async view: the same work, its sync part (ORM, gate) in a thread."""
 
@@ -128,6 +143,7 @@ SYNC_VIEWS: dict[str, Callable[..., Any]] = {
     "plain": plain,
     "status": status,
     "upload": upload,
+    "upload-digest": upload_digest,
 }
 VIEWS = {
     **SYNC_VIEWS,
@@ -710,3 +726,108 @@ def test_a_multipart_body_is_fingerprinted_by_its_parts(form: Any, kind: str, se
         assert post(b"another receipt").status_code == 422
         assert post(b"receipt", note="b").status_code == 422
     assert runs == ["upload"]
+
+
+# A multipart upload above DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB), which Django accepts
+# for a view that parses it (request.FILES streams it to disk) but refuses to hold
+# as request.body.
+BIG = bytes(range(256)) * (3 * 1024 * 1024 // 256)
+BOUNDARY = "big-upload-boundary"
+
+
+def asgi_post(path: str, body: bytes, headers: dict[str, str]) -> Any:
+    """POST through Django's own ASGIHandler, as an ASGI server drives it: the body
+    in chunks of 64 KiB, which Django spools into a SpooledTemporaryFile (the
+    request's stream, unlike the test clients' LimitedStream)."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    async def run() -> tuple[int, bytes, dict[bytes, bytes]]:
+        chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
+        messages = [
+            {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+            for i, chunk in enumerate(chunks)
+        ]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Future()  # the client stays: Django cancels this wait
+            raise AssertionError("unreachable")
+
+        async def send_message(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"host", b"testserver"),
+                (b"content-length", str(len(body)).encode()),
+                *((name.lower().encode(), value.encode()) for name, value in headers.items()),
+            ],
+            "client": ("127.0.0.1", 50000),
+            "server": ("testserver", 80),
+        }
+        await ASGIHandler()(scope, receive, send_message)
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return start["status"], content, {k.lower(): v for k, v in start["headers"]}
+
+    return async_to_sync(run)()
+
+
+@pytest.mark.parametrize("client", ["client", "async_client", "asgi"])
+def test_an_upload_above_djangos_memory_limit_is_served_as_without_a_key(
+    form: Any, kind: str, client: str
+) -> None:
+    """A 3 MB upload to a view that parses it: 200 with a key as without one, the
+    same answer, a replay, and 422 for another upload under the key. Fails before
+    this change with a 400 whenever the key is sent: the fingerprint read
+    request.body, which Django refuses above DATA_UPLOAD_MAX_MEMORY_SIZE."""
+    from django.test.client import encode_multipart
+
+    path = (
+        f"{form.prefix}/upload-digest/" if kind == "sync" else f"{form.prefix}/async-upload-digest/"
+    )
+
+    def post(content: bytes, key: str | None) -> tuple[int, bytes, bool]:
+        """(status, body, replayed)."""
+        headers = {} if key is None else {"Idempotency-Key": key}
+        upload = SimpleUploadedFile("big.bin", content)
+        if client == "asgi":
+            body = encode_multipart(BOUNDARY, {"note": "n", "file": upload})
+            headers["Content-Type"] = f"multipart/form-data; boundary={BOUNDARY}"
+            status, content, sent = asgi_post(path, body, headers)
+            return status, content, sent.get(REPLAYED_HEADER.lower().encode()) == b"true"
+        data = {"note": "n", "file": upload}
+        if client == "client":
+            response = Client().post(path, data, headers=headers)
+        else:
+            response = async_to_sync(AsyncClient().post)(path, data, headers=headers)
+        return response.status_code, response.content, response.get(REPLAYED_HEADER) == "true"
+
+    other = BIG[:-1] + b"!"
+    with form():
+        assert len(BIG) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        without = post(BIG, None)
+        first = post(BIG, "big")
+        again = post(BIG, "big")
+        reused = post(other, "big")
+    assert without[0] == first[0] == again[0] == 200, (without, first)
+    assert json.loads(without[1]) == {
+        "note": "n",
+        "size": len(BIG),
+        "sha256": hashlib.sha256(BIG).hexdigest(),
+    }
+    assert first[1] == without[1] and not first[2]
+    assert again[1] == first[1] and again[2]
+    assert reused[0] == 422
+    assert runs == ["upload_digest"] * 2

@@ -49,7 +49,7 @@ from ..locking.factories import keyspace
 from ..locking.transactions import EVERY_ALIAS, in_user_transaction
 from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
-from .fingerprint import BadKey, fingerprint, key_of
+from .fingerprint import BadKey, fingerprint, fingerprint_async, key_of
 from .responses import answer, in_progress, problem, running, snapshot, unavailable
 from .scope import NotAuthenticated, ScopeUnknown, scope_of
 from .settings import Policy
@@ -113,15 +113,38 @@ def _scope_refused(request: Any, exc: ScopeUnknown) -> HttpResponse:
     return problem(request, 500, "idempotency_scope_unknown", str(exc))
 
 
-def _call(request: Any, policy: Policy, scope: str, key: str, view: Any, label: str) -> Call:
+def _call(
+    request: Any, policy: Policy, found: tuple[str, str], digest: str, view: Any, label: str
+) -> Call:
+    scope, key = found
     return Call(
         request=request,
         policy=policy,
         keys=keyspace().idempotency(scope, key),
-        fingerprint=fingerprint(request),
+        fingerprint=digest,
         label=label,
         non_atomic=opted_out(view),
     )
+
+
+def _scoped(
+    request: Any,
+    policy: Policy,
+    view: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+) -> tuple[str, str] | HttpResponse | None:
+    """(scope, key), or what ``prepare`` answers without them."""
+    key = _key_or_answer(request, policy)
+    if not isinstance(key, str):
+        return key
+    try:
+        scope = scope_of(request, policy, view, args, kwargs)
+    except ScopeUnknown as exc:
+        return _scope_refused(request, exc)
+    except NotAuthenticated:
+        return None  # the view's own authentication answers, and runs nothing
+    return scope, key
 
 
 def prepare(
@@ -134,20 +157,27 @@ def prepare(
     label: str,
 ) -> Call | HttpResponse | None:
     """The call to serve, an answer (400, or a refusal), or None: run the view as it is."""
-    key = _key_or_answer(request, policy)
-    if not isinstance(key, str):
-        return key
-    try:
-        scope = scope_of(request, policy, view, args, kwargs)
-    except ScopeUnknown as exc:
-        return _scope_refused(request, exc)
-    except NotAuthenticated:
-        return None  # the view's own authentication answers, and runs nothing
-    return _call(request, policy, scope, key, view, label)
+    found = _scoped(request, policy, view, args, kwargs)
+    if not isinstance(found, tuple):
+        return found
+    return _call(request, policy, found, fingerprint(request), view, label)
 
 
-# ``prepare`` in an event loop: a scope that needs the database is computed in a thread.
-prepare_async = sync_from_loop(prepare)
+async def prepare_async(
+    request: Any,
+    policy: Policy,
+    *,
+    view: Any,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    label: str,
+) -> Call | HttpResponse | None:
+    """``prepare`` in an event loop: a scope that needs the database is computed
+    in a thread, and so is the fingerprint of a large body."""
+    found = await sync_from_loop(_scoped)(request, policy, view, args, kwargs)
+    if not isinstance(found, tuple):
+        return found
+    return _call(request, policy, found, await fingerprint_async(request), view, label)
 
 
 # -- one attempt --------------------------------------------------------------------------
