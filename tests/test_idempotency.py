@@ -312,29 +312,62 @@ def test_response_is_stored_only_when_the_transaction_commits(
 def test_atomic_requests_commit_before_the_store(
     db: str, coffee: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from django_redislock.idempotency import records as idempotency_records
+
     coffee(db)
     monkeypatch.setitem(connections.settings[db], "ATOMIC_REQUESTS", True)
-    seen: list[Any] = []
+    at_store: list[Any] = []
+    at_commit: list[Any] = []
+    real = idempotency_records.write
 
-    def at_commit() -> None:
-        # Registered by the view, so before the store: the order is there,
-        # the response not yet.
-        seen.append([r.hget(k, "state") for k in records(r)])
+    def write(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
+        if record.get(b"state") == b"done":  # the store: the transaction is over
+            at_store.append((connections[db].in_atomic_block, Order.objects.using(db).count()))
+        return real(client, keys, record, *args)
 
+    monkeypatch.setattr(idempotency_records, "write", write)
     original = charge.__wrapped__  # type: ignore[attr-defined]
 
     def view_with_hook(request: HttpRequest, db: str) -> HttpResponse:
         assert connections[db].in_atomic_block
-        transaction.on_commit(at_commit, using=db)
+        # The view's own commit hook runs after the store, the first of them.
+        transaction.on_commit(lambda: at_commit.append(len(at_store)), using=db)
         return original(request, db)
 
     wrapped = idempotent(view_with_hook)
     request = RequestFactory().post(
         f"/charge/{db}/", "{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="ar"
     )
-    assert wrapped(request, db).status_code == 201
-    assert seen == [[b"running"]]
+    response = wrapped(request, db)
+    assert response.status_code == 201, response.content
+    assert at_store == [(False, 1)]  # committed, and the order stands
+    assert at_commit == [1]
     assert [r.hget(k, "state") for k in records(r)] == [b"done"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_hook_that_raises_before_the_store_does_not_free_a_committed_key(
+    coffee: Any, r: redis.Redis
+) -> None:
+    """The view runs inside a transaction the caller opened, after a commit hook
+    that raises: Django runs no hook after it. The store, first of the hooks,
+    has run, so the committed order is replayed and never charged again."""
+    coffee("default")
+
+    def fails() -> None:
+        raise RuntimeError("a hook of the caller's")
+
+    request = RequestFactory().post(
+        "/charge/default/", "{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="h"
+    )
+    with pytest.raises(RuntimeError), transaction.atomic():
+        transaction.on_commit(fails)
+        assert charge(request, "default").status_code == 201
+    assert Order.objects.count() == 1
+    retry = post(Client(), "/charge/default/", key="h", body="{}")
+    assert retry.status_code == 201
+    assert retry[REPLAYED_HEADER] == "true"
+    assert runs == ["charge"]
 
 
 # -- expiry, scope, keys ------------------------------------------------------------------------

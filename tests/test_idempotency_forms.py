@@ -359,11 +359,12 @@ def test_a_malformed_key_gets_400_naming_the_shape(
     assert runs == ["plain"]
 
 
-def test_a_crashed_first_attempt_does_not_block_the_retry(
+def test_a_crashed_first_attempt_leaves_its_key_as_an_outcome_unknown(
     form: Any, send: Any, r: redis.Redis
 ) -> None:
-    """A process killed mid-run leaves its marker and no lease: the retry runs
-    (and so may another request with the key: nothing was stored)."""
+    """A process killed after marking the key leaves its marker and no lease: its
+    view may have done its work, so a retry is answered 409, outcome unknown, and
+    never runs it (it did before this change), until the record expires."""
     with form():
         assert send("plain").status_code == 200
         (record,) = records(r)
@@ -371,11 +372,15 @@ def test_a_crashed_first_attempt_does_not_block_the_retry(
         r.hset(record, mapping={"state": "running"})
         r.hdel(record, "status", "headers", "body")
         again = send("plain")
-        r.hset(record, mapping={"state": "running", "fp": "0" * 64})
         other = send("plain", body='{"other": 1}')
-    assert again.status_code == other.status_code == 200
-    assert REPLAYED_HEADER not in again and REPLAYED_HEADER not in other
-    assert runs == ["plain"] * 3
+        r.delete(record)  # as its expiry would
+        later = send("plain")
+    assert again.status_code == 409
+    assert again.json()["error"] == "idempotency_outcome_unknown"
+    assert "Retry-After" not in again  # waiting does not help
+    assert other.status_code == 422
+    assert later.status_code == 200 and REPLAYED_HEADER not in later
+    assert runs == ["plain"] * 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -426,12 +431,14 @@ def test_a_rolled_back_response_is_never_stored(
 def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twice(
     form: Any, kind: str, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lease runs out while the first request works; a retry runs and commits.
-    The first must not commit too: its lease is checked before its commit, and its
+    """The lease runs out while the first request works, and its marker is lost
+    (a Redis restart without persistence): a retry runs and commits. The first
+    must not commit too: its lease is checked before its commit, and its
     transaction rolls back (503). Fails before this change with the middleware:
     both committed (two orders, 201 and 201). An async view has no transaction
     (Django refuses ATOMIC_REQUESTS for one): its writes stand, and only its
-    response is dropped, the retry's being the one kept."""
+    response is dropped, the retry's being the one kept. (With the marker kept,
+    the retry does not run: the next test.)"""
     if kind == "sync":
         monkeypatch.setitem(connections.settings["postgres"], "ATOMIC_REQUESTS", True)
     with form(TIMEOUT=1, RENEW=False):
@@ -440,6 +447,7 @@ def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twic
         assert gate.entered.wait(WAIT)
         lease = lease_of(r)
         wait_until(lambda: not r.exists(lease), WAIT)
+        r.delete(*records(r))  # the marker lost
         retry = send("pay", query="?db=postgres")
         gate.open.set()
         first.join(WAIT)
@@ -457,9 +465,36 @@ def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twic
 def test_without_a_transaction_a_request_that_outlived_its_lease_keeps_the_retrys_record(
     form: Any, send: Any, r: redis.Redis
 ) -> None:
-    """No transaction to roll back: the first request's work stands, but the retry
-    ran meanwhile and its response is the one stored. Fails before this change for
+    """No transaction to roll back: the first request's work stands, but its marker
+    was lost and the retry ran meanwhile: the retry's response is the one stored,
+    never overwritten by the first's late store. Fails before this change for
     sync views, whose late store overwrote the retry's record (async views kept it)."""
+    with form(TIMEOUT=1, RENEW=False):
+        gate.hold()
+        first, out = in_thread(lambda: send("pay"))
+        assert gate.entered.wait(WAIT)
+        lease = lease_of(r)
+        wait_until(lambda: not r.exists(lease), WAIT)
+        r.delete(*records(r))  # the marker lost
+        retry = send("pay")
+        gate.open.set()
+        first.join(WAIT)
+        later = send("pay")
+    assert retry.status_code == out[0].status_code == 201
+    assert later[REPLAYED_HEADER] == "true"
+    assert later.content == retry.content != out[0].content
+    assert runs == ["pay", "pay"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_while_the_first_outlives_its_lease_is_an_outcome_unknown(
+    form: Any, send: Any, r: redis.Redis
+) -> None:
+    """The lease runs out while the first request works, its marker intact: the
+    retry cannot tell a slow first from a dead one, and is answered 409, outcome
+    unknown, instead of running beside it (before this change it ran: two runs).
+    The first then stores its response over its own marker, and later retries
+    get it."""
     with form(TIMEOUT=1, RENEW=False):
         gate.hold()
         first, out = in_thread(lambda: send("pay"))
@@ -470,10 +505,12 @@ def test_without_a_transaction_a_request_that_outlived_its_lease_keeps_the_retry
         gate.open.set()
         first.join(WAIT)
         later = send("pay")
-    assert retry.status_code == out[0].status_code == 201
+    assert retry.status_code == 409
+    assert retry.json()["error"] == "idempotency_outcome_unknown"
+    assert out[0].status_code == later.status_code == 201
     assert later[REPLAYED_HEADER] == "true"
-    assert later.content == retry.content != out[0].content
-    assert runs == ["pay", "pay"]
+    assert later.content == out[0].content
+    assert runs == ["pay"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -677,33 +714,38 @@ def test_anonymous_keys_are_per_address(form: Any, kind: str, send: Any) -> None
     assert runs == ["plain"] * 2
 
 
-def test_a_response_that_cannot_be_stored_is_logged_and_the_retry_runs(
+def test_a_response_that_cannot_be_stored_is_logged_and_never_run_again(
     form: Any, send: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Redis fails after the view's work: the outcome is unknown to the record, so
+    the key is kept and a retry is answered 409 (it ran the view again before this
+    change)."""
     from django_redislock import RedisUnavailable
     from django_redislock.idempotency import records as idempotency_records
 
     real, real_async = idempotency_records.write, idempotency_records.write_async
 
-    def failing(client: Any, keys: Any, record: dict[bytes, bytes], ttl: float) -> None:
+    def failing(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
         if record.get(b"state") == b"done":  # Redis fails after the view's work
             raise RedisUnavailable("connection lost")
-        real(client, keys, record, ttl)
+        return real(client, keys, record, *args)
 
-    async def failing_async(client: Any, keys: Any, record: dict[bytes, bytes], ttl: float) -> None:
+    async def failing_async(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
         if record.get(b"state") == b"done":
             raise RedisUnavailable("connection lost")
-        await real_async(client, keys, record, ttl)
+        return await real_async(client, keys, record, *args)
 
     with form(), caplog.at_level("WARNING", logger="django_redislock.idempotency"):
         monkeypatch.setattr(idempotency_records, "write", failing)
         monkeypatch.setattr(idempotency_records, "write_async", failing_async)
         assert send("plain").status_code == 200
-        assert "a duplicate will run the view again" in caplog.text
+        assert "answered 409, outcome unknown" in caplog.text
         monkeypatch.setattr(idempotency_records, "write", real)
         monkeypatch.setattr(idempotency_records, "write_async", real_async)
-        assert REPLAYED_HEADER not in send("plain")
-    assert runs == ["plain", "plain"]
+        retry = send("plain")
+    assert retry.status_code == 409
+    assert retry.json()["error"] == "idempotency_outcome_unknown"
+    assert runs == ["plain"]
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

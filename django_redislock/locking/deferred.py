@@ -89,7 +89,7 @@ class _Hook:
         self.done()
 
 
-def _run_first(conn: BaseDatabaseWrapper, hook: _Hook) -> None:
+def run_first(conn: BaseDatabaseWrapper, hook: Callable[[], None]) -> None:
     """Move ``hook``, just registered, to the front of ``conn``'s commit hooks.
 
     No hook before it can then keep it from running (see the module
@@ -180,7 +180,7 @@ class Deferred:
             conn.execute_wrappers.insert(0, self._check)
             # robust: a failure here must not keep other hooks from running.
             conn.on_commit(hook, robust=True)
-            _run_first(conn, hook)
+            run_first(conn, hook)
 
     def _ender(self, alias: str) -> Callable[[], None]:
         # Refers to self, never to the hook: see _Hook.
