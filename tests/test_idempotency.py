@@ -370,6 +370,49 @@ def test_a_commit_hook_that_raises_before_the_store_does_not_free_a_committed_ke
     assert runs == ["charge"]
 
 
+def test_the_guarded_run_of_an_async_view_outlives_its_requests_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The request waits for its run through a first cancellation (Django's, when
+    the client leaves), and raises it after; a second one is raised at once, and
+    the run still ends. What the run raised after its client left is logged."""
+    from django_redislock.idempotency.detached import to_the_end
+
+    async def scenario() -> list[str]:
+        done: list[str] = []
+        release = asyncio.Event()
+
+        async def work(label: str, fail: bool = False) -> str:
+            await release.wait()
+            done.append(label)
+            if fail:
+                raise ValueError(f"{label} failed")
+            return label
+
+        once = asyncio.ensure_future(to_the_end("once", work, "once"))
+        twice = asyncio.ensure_future(to_the_end("twice", work, "twice", True))
+        await asyncio.sleep(0)  # both are waiting on their runs
+        once.cancel()
+        twice.cancel()
+        await asyncio.sleep(0)
+        twice.cancel()  # a server that insists
+        with pytest.raises(asyncio.CancelledError):
+            await twice
+        assert not once.done() and done == []  # held until its run is over
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await once
+        while len(done) < 2:  # the run of "twice", which nobody awaits
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return done
+
+    with caplog.at_level("INFO", logger="django_redislock.idempotency"):
+        assert sorted(asyncio.run(scenario())) == ["once", "twice"]
+    assert "holding once was cancelled" in caplog.text
+    assert "failed" in caplog.text and "twice failed" in caplog.text
+
+
 # -- expiry, scope, keys ------------------------------------------------------------------------
 def test_stored_response_expires(r: redis.Redis) -> None:
     assert post(Client(), "/plain/").status_code == 200

@@ -24,6 +24,10 @@ For a request with a key (a ``Call``), in this order:
 6. **Release**, after the store (``redis_locked`` releases after the
    transaction has ended; for a transaction someone else opened, when it does).
 
+An async view's steps 2 to 6 run in a task that the request's cancellation
+does not reach (``detached.py``): a client that leaves never leaves a key
+marked running with nobody to finish it.
+
 A view that fails frees the key: its marker is removed, if it is still that
 attempt's (a request whose lease ran out must not free the key of another).
 A marker left behind (its process died, or Redis failed before the store)
@@ -51,6 +55,7 @@ from ..locking.factories import keyspace
 from ..locking.transactions import EVERY_ALIAS, in_user_transaction
 from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
+from .detached import to_the_end
 from .fingerprint import BadKey, fingerprint, fingerprint_async, key_of
 from .responses import answer, in_progress, problem, running, snapshot, unavailable
 from .scope import NotAuthenticated, ScopeUnknown, scope_of
@@ -370,6 +375,10 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
         return early
     attempt = _Attempt(call, record, run)
     runner = _runner(asynchronous, call.non_atomic, call.label, call.policy)
+    if asynchronous:
+        # Claim, view, store and release: to their end, whatever happens to
+        # the request (detached.py).
+        return (yield functools.partial(to_the_end, call.keys.name, runner, call.request, attempt))
     return (yield functools.partial(runner, call.request, attempt))
 
 
