@@ -312,29 +312,105 @@ def test_response_is_stored_only_when_the_transaction_commits(
 def test_atomic_requests_commit_before_the_store(
     db: str, coffee: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from django_redislock.idempotency import records as idempotency_records
+
     coffee(db)
     monkeypatch.setitem(connections.settings[db], "ATOMIC_REQUESTS", True)
-    seen: list[Any] = []
+    at_store: list[Any] = []
+    at_commit: list[Any] = []
+    real = idempotency_records.write
 
-    def at_commit() -> None:
-        # Registered by the view, so before the store: the order is there,
-        # the response not yet.
-        seen.append([r.hget(k, "state") for k in records(r)])
+    def write(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
+        if record.get(b"state") == b"done":  # the store: the transaction is over
+            at_store.append((connections[db].in_atomic_block, Order.objects.using(db).count()))
+        return real(client, keys, record, *args)
 
+    monkeypatch.setattr(idempotency_records, "write", write)
     original = charge.__wrapped__  # type: ignore[attr-defined]
 
     def view_with_hook(request: HttpRequest, db: str) -> HttpResponse:
         assert connections[db].in_atomic_block
-        transaction.on_commit(at_commit, using=db)
+        # The view's own commit hook runs after the store, the first of them.
+        transaction.on_commit(lambda: at_commit.append(len(at_store)), using=db)
         return original(request, db)
 
     wrapped = idempotent(view_with_hook)
     request = RequestFactory().post(
         f"/charge/{db}/", "{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="ar"
     )
-    assert wrapped(request, db).status_code == 201
-    assert seen == [[b"running"]]
+    response = wrapped(request, db)
+    assert response.status_code == 201, response.content
+    assert at_store == [(False, 1)]  # committed, and the order stands
+    assert at_commit == [1]
     assert [r.hget(k, "state") for k in records(r)] == [b"done"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_commit_hook_that_raises_before_the_store_does_not_free_a_committed_key(
+    coffee: Any, r: redis.Redis
+) -> None:
+    """The view runs inside a transaction the caller opened, after a commit hook
+    that raises: Django runs no hook after it. The store, first of the hooks,
+    has run, so the committed order is replayed and never charged again."""
+    coffee("default")
+
+    def fails() -> None:
+        raise RuntimeError("a hook of the caller's")
+
+    request = RequestFactory().post(
+        "/charge/default/", "{}", content_type="application/json", HTTP_IDEMPOTENCY_KEY="h"
+    )
+    with pytest.raises(RuntimeError), transaction.atomic():
+        transaction.on_commit(fails)
+        assert charge(request, "default").status_code == 201
+    assert Order.objects.count() == 1
+    retry = post(Client(), "/charge/default/", key="h", body="{}")
+    assert retry.status_code == 201
+    assert retry[REPLAYED_HEADER] == "true"
+    assert runs == ["charge"]
+
+
+def test_the_guarded_run_of_an_async_view_outlives_its_requests_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The request waits for its run through a first cancellation (Django's, when
+    the client leaves), and raises it after; a second one is raised at once, and
+    the run still ends. What the run raised after its client left is logged."""
+    from django_redislock.idempotency.detached import to_the_end
+
+    async def scenario() -> list[str]:
+        done: list[str] = []
+        release = asyncio.Event()
+
+        async def work(label: str, fail: bool = False) -> str:
+            await release.wait()
+            done.append(label)
+            if fail:
+                raise ValueError(f"{label} failed")
+            return label
+
+        once = asyncio.ensure_future(to_the_end("once", work, "once"))
+        twice = asyncio.ensure_future(to_the_end("twice", work, "twice", True))
+        await asyncio.sleep(0)  # both are waiting on their runs
+        once.cancel()
+        twice.cancel()
+        await asyncio.sleep(0)
+        twice.cancel()  # a server that insists
+        with pytest.raises(asyncio.CancelledError):
+            await twice
+        assert not once.done() and done == []  # held until its run is over
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await once
+        while len(done) < 2:  # the run of "twice", which nobody awaits
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return done
+
+    with caplog.at_level("INFO", logger="django_redislock.idempotency"):
+        assert sorted(asyncio.run(scenario())) == ["once", "twice"]
+    assert "holding once was cancelled" in caplog.text
+    assert "failed" in caplog.text and "twice failed" in caplog.text
 
 
 # -- expiry, scope, keys ------------------------------------------------------------------------
@@ -617,6 +693,32 @@ def test_a_multipart_body_read_before_the_view_is_fingerprinted_by_its_parts() -
     assert upload(b"another receipt").status_code == 422
     assert upload(b"receipt", note="b").status_code == 422
     assert runs == ["plain"]
+
+
+@pytest.mark.parametrize("limit", [None, 2621440])
+def test_the_fingerprint_reads_the_body_through_a_bounded_buffer(limit: int | None) -> None:
+    """A 3 MB body is hashed chunk by chunk through a spool that keeps at most
+    FILE_UPLOAD_MAX_MEMORY_SIZE in memory, and the view reads it whole afterwards.
+    Fails before this change: with DATA_UPLOAD_MAX_MEMORY_SIZE off the whole body
+    was read into memory (request.body), with it on Django refused it."""
+    import hashlib
+    import tracemalloc
+
+    from django_redislock.idempotency.fingerprint import fingerprint
+
+    body = bytes(range(256)) * (3 * 1024 * 1024 // 256)
+    with override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=limit, FILE_UPLOAD_MAX_MEMORY_SIZE=262144):
+        request = RequestFactory().post("/plain/", body, content_type="application/octet-stream")
+        tracemalloc.start()
+        try:
+            digest = fingerprint(request)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1024 * 1024, peak
+        assert request.read() == body  # the view gets every byte, once
+    expected = hashlib.sha256(b"POST\0/plain/\0" + body).hexdigest()
+    assert digest == expected  # the digest of the bytes, as before
 
 
 @pytest.mark.usefixtures("dead_redis")

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -87,6 +89,28 @@ def self_checked_function(request: Any) -> Response:
     return Response({"account": request.headers["X-Api-Key"]}, status=201)
 
 
+class Receipt(APIView):
+    """Parses a multipart upload with DRF's parser (Django's, behind DRF's stream)."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+    parser_classes = [MultiPartParser]
+
+    def post(self, request: Any) -> Response:
+        runs.append("receipt")
+        upload = request.data["file"]
+        digest = hashlib.sha256()
+        for chunk in upload.chunks():
+            digest.update(chunk)
+        return Response({"size": upload.size, "sha256": digest.hexdigest()}, status=201)
+
+
+class DecoratedReceipt(Receipt):
+    @idempotent
+    def post(self, request: Any) -> Response:
+        return super().post(request)
+
+
 @csrf_exempt
 def plain(request: HttpRequest) -> HttpResponse:
     runs.append("plain")
@@ -103,6 +127,9 @@ urlpatterns = [
     path("handler/self-checked/", DecoratedSelfChecked.as_view()),
     path("function/self-checked/", self_checked_function),
     path("outer/self-checked/", idempotent(SelfChecked.as_view())),
+    path("mw/receipt/", Receipt.as_view()),
+    path("handler/receipt/", DecoratedReceipt.as_view()),
+    path("outer/receipt/", idempotent(Receipt.as_view())),
 ]
 
 
@@ -301,3 +328,34 @@ def test_every_credential_header_is_refused_not_scoped_by_address(r: redis.Redis
     with override_settings(REDISLOCK={**settings.REDISLOCK, "IDEMPOTENCY": named}):
         assert post("X-Shop-Token", "t").status_code == 500
     assert runs == ["plain"]
+
+
+@pytest.mark.parametrize("where", ["mw", "handler", "outer"])
+def test_an_upload_above_djangos_memory_limit_reaches_a_drf_parser(where: str) -> None:
+    """Every APIView parses its own body: a 3 MB upload is served with a key as
+    without one (fails before this change: 400, the fingerprint read request.body)."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    content = bytes(range(256)) * (3 * 1024 * 1024 // 256)
+
+    def post(data: bytes, key: str | None) -> Any:
+        headers = {} if key is None else {"Idempotency-Key": key}
+        upload = SimpleUploadedFile("receipt.bin", data)
+        return Client().post(f"/{where}/receipt/", {"file": upload}, headers=headers)
+
+    without = post(content, None)
+    first = post(content, "big")
+    again = post(content, "big")
+    reused = post(content[:-1] + b"!", "big")
+    assert without.status_code == first.status_code == again.status_code == 201, first.content
+    assert (
+        first.json()
+        == without.json()
+        == {
+            "size": len(content),
+            "sha256": hashlib.sha256(content).hexdigest(),
+        }
+    )
+    assert again[REPLAYED_HEADER] == "true" and again.content == first.content
+    assert reused.status_code == 422
+    assert runs == ["receipt"] * 2

@@ -9,6 +9,9 @@ real databases; threads synchronised by events.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +20,7 @@ import pytest
 import redis
 from asgiref.sync import async_to_sync, sync_to_async
 from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.signals import got_request_exception
 from django.db import connections, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -27,6 +31,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from django_redislock.idempotency import MIDDLEWARE_PATH, REPLAYED_HEADER, idempotent
+from django_redislock.locking.context import current_lock
 from django_redislock.locking.factories import keyspace
 from tests.helpers_oracles import signal_sent, wait_until
 from tests.test_decorators import dead_redis  # noqa: F401 - a fixture
@@ -107,6 +112,18 @@ def upload(request: HttpRequest) -> HttpResponse:
     )
 
 
+def upload_digest(request: HttpRequest) -> HttpResponse:
+    """Parses the upload itself (a csrf_exempt view, as every DRF APIView is)."""
+    runs.append("upload_digest")
+    upload = request.FILES["file"]
+    digest = hashlib.sha256()
+    for chunk in upload.chunks():
+        digest.update(chunk)
+    return JsonResponse(
+        {"note": request.POST["note"], "size": upload.size, "sha256": digest.hexdigest()}
+    )
+
+
 def async_twin(view: Callable[..., HttpResponse]) -> Callable[..., Any]:
     """The view as an async view: the same work, its sync part (ORM, gate) in a thread."""
 
@@ -126,6 +143,7 @@ SYNC_VIEWS: dict[str, Callable[..., Any]] = {
     "plain": plain,
     "status": status,
     "upload": upload,
+    "upload-digest": upload_digest,
 }
 VIEWS = {
     **SYNC_VIEWS,
@@ -237,6 +255,55 @@ def test_a_duplicate_while_it_runs_gets_409_and_a_short_retry_after_then_the_rep
     assert Order.objects.count() == 1
 
 
+@pytest.fixture
+def claimed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    """A gate at the first step after the claim: the read under the key's lock,
+    before the request has recorded that it started (sync and asyncio reads)."""
+    from django_redislock.idempotency import records as idempotency_records
+
+    held = Gate()
+    real, real_async = idempotency_records.read, idempotency_records.read_async
+
+    def read(client: Any, keys: Any) -> Any:
+        if current_lock() is not None:
+            held.pass_()
+        return real(client, keys)
+
+    async def read_async(client: Any, keys: Any) -> Any:
+        if current_lock() is not None:
+            await asyncio.to_thread(held.pass_)
+        return await real_async(client, keys)
+
+    monkeypatch.setattr(idempotency_records, "read", read)
+    monkeypatch.setattr(idempotency_records, "read_async", read_async)
+    yield held
+    held.open.set()
+
+
+def test_a_duplicate_sent_as_the_first_claims_the_key_is_told_to_retry_in_a_second(
+    form: Any, send: Any, claimed: Gate, r: redis.Redis
+) -> None:
+    """The first holds the key's lease but has not yet recorded when it started:
+    the hint is a short retry, never the lease (fails before this change: the
+    fallback was the lease's 30 s)."""
+    with form():
+        for attempt in range(10):
+            key = f"early-{attempt}"
+            claimed.hold()
+            first, out = in_thread(lambda key=key: send("plain", key=key))
+            assert claimed.entered.wait(WAIT)
+            assert records(r) == []  # the first has not marked the key yet
+            busy = send("plain", key=key)
+            claimed.open.set()
+            first.join(WAIT)
+            assert busy.status_code == 409, busy.content
+            assert busy.json()["error"] == "idempotency_key_in_use"
+            assert busy["Retry-After"] == "1"
+            assert out[0].status_code == 200
+            r.delete(*records(r))
+    assert runs == ["plain"] * 10
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_copies_of_one_key_run_the_view_exactly_once(form: Any, send: Any) -> None:
     copies = 4
@@ -292,11 +359,12 @@ def test_a_malformed_key_gets_400_naming_the_shape(
     assert runs == ["plain"]
 
 
-def test_a_crashed_first_attempt_does_not_block_the_retry(
+def test_a_crashed_first_attempt_leaves_its_key_as_an_outcome_unknown(
     form: Any, send: Any, r: redis.Redis
 ) -> None:
-    """A process killed mid-run leaves its marker and no lease: the retry runs
-    (and so may another request with the key: nothing was stored)."""
+    """A process killed after marking the key leaves its marker and no lease: its
+    view may have done its work, so a retry is answered 409, outcome unknown, and
+    never runs it (it did before this change), until the record expires."""
     with form():
         assert send("plain").status_code == 200
         (record,) = records(r)
@@ -304,11 +372,15 @@ def test_a_crashed_first_attempt_does_not_block_the_retry(
         r.hset(record, mapping={"state": "running"})
         r.hdel(record, "status", "headers", "body")
         again = send("plain")
-        r.hset(record, mapping={"state": "running", "fp": "0" * 64})
         other = send("plain", body='{"other": 1}')
-    assert again.status_code == other.status_code == 200
-    assert REPLAYED_HEADER not in again and REPLAYED_HEADER not in other
-    assert runs == ["plain"] * 3
+        r.delete(record)  # as its expiry would
+        later = send("plain")
+    assert again.status_code == 409
+    assert again.json()["error"] == "idempotency_outcome_unknown"
+    assert "Retry-After" not in again  # waiting does not help
+    assert other.status_code == 422
+    assert later.status_code == 200 and REPLAYED_HEADER not in later
+    assert runs == ["plain"] * 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -359,12 +431,14 @@ def test_a_rolled_back_response_is_never_stored(
 def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twice(
     form: Any, kind: str, send: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lease runs out while the first request works; a retry runs and commits.
-    The first must not commit too: its lease is checked before its commit, and its
+    """The lease runs out while the first request works, and its marker is lost
+    (a Redis restart without persistence): a retry runs and commits. The first
+    must not commit too: its lease is checked before its commit, and its
     transaction rolls back (503). Fails before this change with the middleware:
     both committed (two orders, 201 and 201). An async view has no transaction
     (Django refuses ATOMIC_REQUESTS for one): its writes stand, and only its
-    response is dropped, the retry's being the one kept."""
+    response is dropped, the retry's being the one kept. (With the marker kept,
+    the retry does not run: the next test.)"""
     if kind == "sync":
         monkeypatch.setitem(connections.settings["postgres"], "ATOMIC_REQUESTS", True)
     with form(TIMEOUT=1, RENEW=False):
@@ -373,6 +447,7 @@ def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twic
         assert gate.entered.wait(WAIT)
         lease = lease_of(r)
         wait_until(lambda: not r.exists(lease), WAIT)
+        r.delete(*records(r))  # the marker lost
         retry = send("pay", query="?db=postgres")
         gate.open.set()
         first.join(WAIT)
@@ -390,9 +465,36 @@ def test_a_request_that_outlives_its_lease_rolls_back_instead_of_committing_twic
 def test_without_a_transaction_a_request_that_outlived_its_lease_keeps_the_retrys_record(
     form: Any, send: Any, r: redis.Redis
 ) -> None:
-    """No transaction to roll back: the first request's work stands, but the retry
-    ran meanwhile and its response is the one stored. Fails before this change for
+    """No transaction to roll back: the first request's work stands, but its marker
+    was lost and the retry ran meanwhile: the retry's response is the one stored,
+    never overwritten by the first's late store. Fails before this change for
     sync views, whose late store overwrote the retry's record (async views kept it)."""
+    with form(TIMEOUT=1, RENEW=False):
+        gate.hold()
+        first, out = in_thread(lambda: send("pay"))
+        assert gate.entered.wait(WAIT)
+        lease = lease_of(r)
+        wait_until(lambda: not r.exists(lease), WAIT)
+        r.delete(*records(r))  # the marker lost
+        retry = send("pay")
+        gate.open.set()
+        first.join(WAIT)
+        later = send("pay")
+    assert retry.status_code == out[0].status_code == 201
+    assert later[REPLAYED_HEADER] == "true"
+    assert later.content == retry.content != out[0].content
+    assert runs == ["pay", "pay"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_while_the_first_outlives_its_lease_is_an_outcome_unknown(
+    form: Any, send: Any, r: redis.Redis
+) -> None:
+    """The lease runs out while the first request works, its marker intact: the
+    retry cannot tell a slow first from a dead one, and is answered 409, outcome
+    unknown, instead of running beside it (before this change it ran: two runs).
+    The first then stores its response over its own marker, and later retries
+    get it."""
     with form(TIMEOUT=1, RENEW=False):
         gate.hold()
         first, out = in_thread(lambda: send("pay"))
@@ -403,10 +505,12 @@ def test_without_a_transaction_a_request_that_outlived_its_lease_keeps_the_retry
         gate.open.set()
         first.join(WAIT)
         later = send("pay")
-    assert retry.status_code == out[0].status_code == 201
+    assert retry.status_code == 409
+    assert retry.json()["error"] == "idempotency_outcome_unknown"
+    assert out[0].status_code == later.status_code == 201
     assert later[REPLAYED_HEADER] == "true"
-    assert later.content == retry.content != out[0].content
-    assert runs == ["pay", "pay"]
+    assert later.content == out[0].content
+    assert runs == ["pay"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -610,33 +714,38 @@ def test_anonymous_keys_are_per_address(form: Any, kind: str, send: Any) -> None
     assert runs == ["plain"] * 2
 
 
-def test_a_response_that_cannot_be_stored_is_logged_and_the_retry_runs(
+def test_a_response_that_cannot_be_stored_is_logged_and_never_run_again(
     form: Any, send: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Redis fails after the view's work: the outcome is unknown to the record, so
+    the key is kept and a retry is answered 409 (it ran the view again before this
+    change)."""
     from django_redislock import RedisUnavailable
     from django_redislock.idempotency import records as idempotency_records
 
     real, real_async = idempotency_records.write, idempotency_records.write_async
 
-    def failing(client: Any, keys: Any, record: dict[bytes, bytes], ttl: float) -> None:
+    def failing(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
         if record.get(b"state") == b"done":  # Redis fails after the view's work
             raise RedisUnavailable("connection lost")
-        real(client, keys, record, ttl)
+        return real(client, keys, record, *args)
 
-    async def failing_async(client: Any, keys: Any, record: dict[bytes, bytes], ttl: float) -> None:
+    async def failing_async(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
         if record.get(b"state") == b"done":
             raise RedisUnavailable("connection lost")
-        await real_async(client, keys, record, ttl)
+        return await real_async(client, keys, record, *args)
 
     with form(), caplog.at_level("WARNING", logger="django_redislock.idempotency"):
         monkeypatch.setattr(idempotency_records, "write", failing)
         monkeypatch.setattr(idempotency_records, "write_async", failing_async)
         assert send("plain").status_code == 200
-        assert "a duplicate will run the view again" in caplog.text
+        assert "answered 409, outcome unknown" in caplog.text
         monkeypatch.setattr(idempotency_records, "write", real)
         monkeypatch.setattr(idempotency_records, "write_async", real_async)
-        assert REPLAYED_HEADER not in send("plain")
-    assert runs == ["plain", "plain"]
+        retry = send("plain")
+    assert retry.status_code == 409
+    assert retry.json()["error"] == "idempotency_outcome_unknown"
+    assert runs == ["plain"]
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
@@ -659,3 +768,108 @@ def test_a_multipart_body_is_fingerprinted_by_its_parts(form: Any, kind: str, se
         assert post(b"another receipt").status_code == 422
         assert post(b"receipt", note="b").status_code == 422
     assert runs == ["upload"]
+
+
+# A multipart upload above DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB), which Django accepts
+# for a view that parses it (request.FILES streams it to disk) but refuses to hold
+# as request.body.
+BIG = bytes(range(256)) * (3 * 1024 * 1024 // 256)
+BOUNDARY = "big-upload-boundary"
+
+
+def asgi_post(path: str, body: bytes, headers: dict[str, str]) -> Any:
+    """POST through Django's own ASGIHandler, as an ASGI server drives it: the body
+    in chunks of 64 KiB, which Django spools into a SpooledTemporaryFile (the
+    request's stream, unlike the test clients' LimitedStream)."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    async def run() -> tuple[int, bytes, dict[bytes, bytes]]:
+        chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
+        messages = [
+            {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
+            for i, chunk in enumerate(chunks)
+        ]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            await asyncio.Future()  # the client stays: Django cancels this wait
+            raise AssertionError("unreachable")
+
+        async def send_message(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"host", b"testserver"),
+                (b"content-length", str(len(body)).encode()),
+                *((name.lower().encode(), value.encode()) for name, value in headers.items()),
+            ],
+            "client": ("127.0.0.1", 50000),
+            "server": ("testserver", 80),
+        }
+        await ASGIHandler()(scope, receive, send_message)
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        return start["status"], content, {k.lower(): v for k, v in start["headers"]}
+
+    return async_to_sync(run)()
+
+
+@pytest.mark.parametrize("client", ["client", "async_client", "asgi"])
+def test_an_upload_above_djangos_memory_limit_is_served_as_without_a_key(
+    form: Any, kind: str, client: str
+) -> None:
+    """A 3 MB upload to a view that parses it: 200 with a key as without one, the
+    same answer, a replay, and 422 for another upload under the key. Fails before
+    this change with a 400 whenever the key is sent: the fingerprint read
+    request.body, which Django refuses above DATA_UPLOAD_MAX_MEMORY_SIZE."""
+    from django.test.client import encode_multipart
+
+    path = (
+        f"{form.prefix}/upload-digest/" if kind == "sync" else f"{form.prefix}/async-upload-digest/"
+    )
+
+    def post(content: bytes, key: str | None) -> tuple[int, bytes, bool]:
+        """(status, body, replayed)."""
+        headers = {} if key is None else {"Idempotency-Key": key}
+        upload = SimpleUploadedFile("big.bin", content)
+        if client == "asgi":
+            body = encode_multipart(BOUNDARY, {"note": "n", "file": upload})
+            headers["Content-Type"] = f"multipart/form-data; boundary={BOUNDARY}"
+            status, content, sent = asgi_post(path, body, headers)
+            return status, content, sent.get(REPLAYED_HEADER.lower().encode()) == b"true"
+        data = {"note": "n", "file": upload}
+        if client == "client":
+            response = Client().post(path, data, headers=headers)
+        else:
+            response = async_to_sync(AsyncClient().post)(path, data, headers=headers)
+        return response.status_code, response.content, response.get(REPLAYED_HEADER) == "true"
+
+    other = BIG[:-1] + b"!"
+    with form():
+        assert len(BIG) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        without = post(BIG, None)
+        first = post(BIG, "big")
+        again = post(BIG, "big")
+        reused = post(other, "big")
+    assert without[0] == first[0] == again[0] == 200, (without, first)
+    assert json.loads(without[1]) == {
+        "note": "n",
+        "size": len(BIG),
+        "sha256": hashlib.sha256(BIG).hexdigest(),
+    }
+    assert first[1] == without[1] and not first[2]
+    assert again[1] == first[1] and again[2]
+    assert reused[0] == 422
+    assert runs == ["upload_digest"] * 2

@@ -19,7 +19,7 @@ import redis
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, transaction
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, Client, override_settings
 from django.urls import path
@@ -118,26 +118,31 @@ def test_other_paths_are_left_alone(send: Any, r: redis.Redis) -> None:
 def test_atomic_requests_have_committed_before_the_store(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from django_redislock.idempotency import records as idempotency_records
+
     Product.objects.create(name="tea", stock=5)
     monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
-    seen: list[Any] = []
+    at_store: list[Any] = []
+    real = idempotency_records.write
 
-    def at_commit() -> None:
-        seen.append([r.hget(key, "state") for key in records(r)])
+    def write(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
+        if record.get(b"state") == b"done":  # the store: the transaction is over
+            at_store.append((connections["default"].in_atomic_block, Order.objects.count()))
+        return real(client, keys, record, *args)
 
     original_create = Order.objects.create
 
     def create(**kwargs: Any) -> Order:
         assert connections["default"].in_atomic_block
-        transaction.on_commit(at_commit)
         return original_create(**kwargs)
 
+    monkeypatch.setattr(idempotency_records, "write", write)
     monkeypatch.setattr(Order.objects, "create", create)
     response = Client().post(
         "/mw/pay/", "{}", content_type="application/json", headers={"Idempotency-Key": "c"}
     )
     assert response.status_code == 201
-    assert seen == [[b"running"]]  # committed while the response was not yet stored
+    assert at_store == [(False, 1)]  # committed, and the order stands
     assert [r.hget(key, "state") for key in records(r)] == [b"done"]
 
 

@@ -5,8 +5,11 @@ The example shop (``tests/outlived_lease_app.py``: ``ATOMIC_REQUESTS``, a
 the suite's PostgreSQL server as the demo creates one (``tests/test_carts_e2e.py``)
 and dropped at the end. The first purchase with a key is held in its payment
 step until its lease has run out in Redis; a retry with the same key then
-runs; the first is let go. Exactly one charge must be recorded. Every step
-waits on state the test can see (Redis keys, HTTP answers), each wait bounded.
+finds the key marked running with nobody holding it, and is answered 409
+(outcome unknown) instead of running beside it; the first is let go, finds
+its lease gone before its commit and rolls back, which frees the key; the
+next retry runs. Exactly one charge must be recorded. Every step waits on
+state the test can see (Redis keys, HTTP answers), each wait bounded.
 """
 
 from __future__ import annotations
@@ -132,14 +135,12 @@ def test_a_purchase_that_outlives_its_lease_is_charged_once(redis_factory, tmp_p
         wait_until(lambda: redis.exists(f"{SHOP}:test:paying"), WAIT)  # it is paying
         assert redis.hget(keys.record, "state") == b"running"
         wait_until(lambda: not redis.exists(keys.lease), WAIT)  # and outlived its lease
-        retry = threading.Thread(target=_buy, args=(port, pk, replies, "retry"))
-        retry.start()
-        wait_until(lambda: redis.exists(keys.lease), WAIT)  # the retry holds the key
+        _buy(port, pk, replies, "retry")  # answered at once: it does not run
         redis.rpush(f"{SHOP}:test:go", "1")  # the first may finish now
         first.join(WAIT)
-        retry.join(WAIT)
-        assert not first.is_alive() and not retry.is_alive()
+        assert not first.is_alive()
         _buy(port, pk, replies, "later")
+        _buy(port, pk, replies, "again")
         orders = _count(url, "SELECT count(*) FROM shop_order")
         stock = _count(url, "SELECT stock FROM shop_product WHERE id = %s", pk)
     finally:
@@ -147,9 +148,13 @@ def test_a_purchase_that_outlives_its_lease_is_charged_once(redis_factory, tmp_p
         demo.drop_postgres_database(_postgres_url(), name)
         redis.close()
 
-    # The first found its lease gone before its commit and rolled back (503);
-    # the retry's purchase is the one charged, and the one replayed afterwards.
-    status = {n: replies[n][0] for n in ("first", "retry", "later")}
-    assert status == {"first": 503, "retry": 200, "later": 200}, log.read_text()[-3000:]
-    assert replies["later"][1:] == ("true", replies["retry"][2])
+    # The retry did not run while the first might still; the first found its
+    # lease gone before its commit and rolled back (503), freeing the key; the
+    # later purchase is the one charged, and the one replayed afterwards.
+    status = {n: replies[n][0] for n in ("first", "retry", "later", "again")}
+    expected = {"first": 503, "retry": 409, "later": 200, "again": 200}
+    assert status == expected, log.read_text()[-3000:]
+    assert b"its outcome was not recorded" in replies["retry"][2]  # plain text: no JSON asked for
+    assert replies["later"][1] is None
+    assert replies["again"][1:] == ("true", replies["later"][2])
     assert (orders, stock) == (1, 4)

@@ -14,18 +14,16 @@ from django.http import HttpRequest
 from ..conf import conf
 from ..http import request_in
 from ..locking.transactions import EVERY_ALIAS
-from .guard import Call, opted_out, prepare, prepare_async, serve, serve_async
+from .guard import SERVED, Call, opted_out, prepare, prepare_async, serve, serve_async
 from .settings import check_arguments, policy
 
 __all__ = ["SERVED", "idempotent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Set on a request IdempotencyMiddleware serves: a decorator under it steps aside.
-SERVED = "_redislock_idempotency"
 
-
-def _served_by_middleware(request: Any) -> bool:
+def _served_already(request: Any) -> bool:
+    """Served already: by the middleware, or by an ``@idempotent`` around this one."""
     return getattr(request, SERVED, False) is True
 
 
@@ -70,7 +68,7 @@ def _wrap(view: Callable[..., Any], overrides: dict[str, Any]) -> Any:
         @functools.wraps(view)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             request = _need_request(view, args)
-            if not conf.ENABLED or _served_by_middleware(request):
+            if not conf.ENABLED or _served_already(request):
                 return await view(*args, **kwargs)
             prepared = await prepare_async(
                 request, policy(overrides), view=view, args=args[1:], kwargs=kwargs, label=label
@@ -85,7 +83,7 @@ def _wrap(view: Callable[..., Any], overrides: dict[str, Any]) -> Any:
     @functools.wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         request = _need_request(view, args)
-        served = _served_by_middleware(request)
+        served = _served_already(request)
         prepared = None
         if conf.ENABLED and not served:
             prepared = prepare(

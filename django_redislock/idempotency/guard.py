@@ -3,7 +3,8 @@
 For a request with a key (a ``Call``), in this order:
 
 1. **Look.** The record and the lease, in one round trip: a stored response
-   is replayed, a key reused for another request is refused (422).
+   is replayed, a key reused for another request is refused (422), a key
+   marked running that no request holds is an outcome unknown (409).
 2. **Claim.** The key's lock, taken by ``redis_locked`` with the policy's
    ``wait``, ``timeout`` and ``renew``: so the lease, its renewal, fencing,
    signals and metrics are those of every locked view, and so is the
@@ -15,17 +16,23 @@ For a request with a key (a ``Call``), in this order:
    (the first may have finished between look and claim), marked running,
    and the view runs.
 4. **Check the lease before the commit** (``redis_locked``): a lease lost
-   while the view ran rolls its transaction back (503), because a duplicate
-   may have run meanwhile.
-5. **Store after the commit**: an ``on_commit`` hook of every transaction
-   open around the view. A rollback drops the hook, so a response whose
-   writes were undone is never stored, and the key is freed for the retry.
+   while the view ran rolls its transaction back (503).
+5. **Store after the commit**: the commit hook of every transaction open
+   around the view (``settling.py``). A rollback drops the hook, so a
+   response whose writes were undone is never stored, and the key is freed
+   for the retry. The store replaces only the attempt's own marker.
 6. **Release**, after the store (``redis_locked`` releases after the
    transaction has ended; for a transaction someone else opened, when it does).
 
-The marker of a failed attempt is removed only if it is still that
-attempt's: a request whose lease ran out must not free the key of the
-duplicate that ran after it.
+An async view's steps 2 to 6 run in a task that the request's cancellation
+does not reach (``detached.py``): a client that leaves never leaves a key
+marked running with nobody to finish it.
+
+A view that fails frees the key: its marker is removed, if it is still that
+attempt's (a request whose lease ran out must not free the key of another).
+A marker left behind (its process died, or Redis failed before the store)
+keeps the key as an outcome unknown until it expires: the view may have done
+its work, and is never run again for that key.
 """
 
 from __future__ import annotations
@@ -37,26 +44,33 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import connections
 from django.http import HttpResponse, HttpResponseBase
 
 from ..connection import get_async_client, get_client
 from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
-from ..locking.context import current_lock
 from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace
 from ..locking.transactions import EVERY_ALIAS, in_user_transaction
 from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
-from .fingerprint import BadKey, fingerprint, key_of
+from .detached import to_the_end
+from .fingerprint import BadKey, fingerprint, fingerprint_async, key_of
 from .responses import answer, in_progress, problem, running, snapshot, unavailable
 from .scope import NotAuthenticated, ScopeUnknown, scope_of
 from .settings import Policy
+from .settling import settle_at_commit
 
-__all__ = ["Call", "opted_out", "prepare", "prepare_async", "serve", "serve_async"]
+__all__ = ["SERVED", "Call", "opted_out", "prepare", "prepare_async", "serve", "serve_async"]
 
 logger = logging.getLogger("django_redislock.idempotency")
+
+# Set on a request the guarded path serves: an ``@idempotent`` under it (a
+# decorated view under the middleware, or a handler method under a decorated
+# view) runs its view as it is. Its own look would find the key marked running
+# by this very request, with the lease held by this thread: an outcome unknown.
+SERVED = "_redislock_idempotency"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +127,38 @@ def _scope_refused(request: Any, exc: ScopeUnknown) -> HttpResponse:
     return problem(request, 500, "idempotency_scope_unknown", str(exc))
 
 
-def _call(request: Any, policy: Policy, scope: str, key: str, view: Any, label: str) -> Call:
+def _call(
+    request: Any, policy: Policy, found: tuple[str, str], digest: str, view: Any, label: str
+) -> Call:
+    scope, key = found
     return Call(
         request=request,
         policy=policy,
         keys=keyspace().idempotency(scope, key),
-        fingerprint=fingerprint(request),
+        fingerprint=digest,
         label=label,
         non_atomic=opted_out(view),
     )
+
+
+def _scoped(
+    request: Any,
+    policy: Policy,
+    view: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+) -> tuple[str, str] | HttpResponse | None:
+    """(scope, key), or what ``prepare`` answers without them."""
+    key = _key_or_answer(request, policy)
+    if not isinstance(key, str):
+        return key
+    try:
+        scope = scope_of(request, policy, view, args, kwargs)
+    except ScopeUnknown as exc:
+        return _scope_refused(request, exc)
+    except NotAuthenticated:
+        return None  # the view's own authentication answers, and runs nothing
+    return scope, key
 
 
 def prepare(
@@ -134,20 +171,27 @@ def prepare(
     label: str,
 ) -> Call | HttpResponse | None:
     """The call to serve, an answer (400, or a refusal), or None: run the view as it is."""
-    key = _key_or_answer(request, policy)
-    if not isinstance(key, str):
-        return key
-    try:
-        scope = scope_of(request, policy, view, args, kwargs)
-    except ScopeUnknown as exc:
-        return _scope_refused(request, exc)
-    except NotAuthenticated:
-        return None  # the view's own authentication answers, and runs nothing
-    return _call(request, policy, scope, key, view, label)
+    found = _scoped(request, policy, view, args, kwargs)
+    if not isinstance(found, tuple):
+        return found
+    return _call(request, policy, found, fingerprint(request), view, label)
 
 
-# ``prepare`` in an event loop: a scope that needs the database is computed in a thread.
-prepare_async = sync_from_loop(prepare)
+async def prepare_async(
+    request: Any,
+    policy: Policy,
+    *,
+    view: Any,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    label: str,
+) -> Call | HttpResponse | None:
+    """``prepare`` in an event loop: a scope that needs the database is computed
+    in a thread, and so is the fingerprint of a large body."""
+    found = await sync_from_loop(_scoped)(request, policy, view, args, kwargs)
+    if not isinstance(found, tuple):
+        return found
+    return _call(request, policy, found, await fingerprint_async(request), view, label)
 
 
 # -- one attempt --------------------------------------------------------------------------
@@ -175,60 +219,53 @@ class _Record:
         self.read = functools.partial(read, client, keys)
         self._bound = (client, keys)
 
-    def write(self, record: records.Record, ttl: float) -> Callable[[], Any]:
-        return functools.partial(self._write, *self._bound, record, ttl)
+    def write(
+        self, record: records.Record, ttl: float, holder: bytes | None = None
+    ) -> Callable[[], Any]:
+        return functools.partial(self._write, *self._bound, record, ttl, holder)
 
     def forget(self, attempt: bytes) -> Callable[[], Any]:
         return functools.partial(self._forget, *self._bound, attempt)
 
 
 class _Attempt:
-    """What one request did with the key: its marker, its store, and what is left to undo."""
+    """What one request did with the key: its marker, and its store."""
 
     def __init__(self, call: Call, record: _Record, run: Callable[[], Any]) -> None:
         self.call = call
         self.record = record
         self.run = run
         self.id = secrets.token_hex(8).encode()
-        self.waiting_on: list[str] = []  # aliases whose commit will store the response
 
-    def store_at_commit(self, done: records.Record) -> None:
-        """The ``on_commit`` hook's store (sync: only a sync view has a transaction here)."""
-        self.waiting_on = []
+    def marker(self) -> records.Record:
+        return running(self.call.fingerprint, self.id)
+
+    def store(self, done: records.Record) -> Callable[[], Any]:
+        """The store of its response, over its own marker only: if the marker
+        is another's (this one's was lost, and another attempt ran), that one
+        is the record kept."""
+        return self.record.write({**done, b"a": self.id}, self.call.policy.ttl, self.id)
+
+    def forget(self) -> Callable[[], Any]:
+        return self.record.forget(self.id)
+
+    def stored(self, done: records.Record) -> Steps[None]:
         try:
-            self.record.write(done, self.call.policy.ttl)()
+            ours = yield self.store(done)
         except RedisUnavailable as exc:
-            _not_stored(self.call, exc)
-
-
-def _not_stored(call: Call, exc: Exception) -> None:
-    logger.warning(
-        "could not store the response for %s (%s): a duplicate will run the view again",
-        call.keys.name,
-        exc,
-    )
-
-
-def _open_transactions() -> list[str]:
-    """The aliases with a transaction open here (none on an event loop)."""
-    return [alias for alias in connections if in_user_transaction(alias)]
-
-
-def _at_commit(aliases: list[str], action: Callable[[], None]) -> None:
-    """``action`` once every transaction of ``aliases`` has committed.
-
-    A rollback of any of them drops its hook, so ``action`` never runs: a
-    response whose writes were undone is never stored.
-    """
-    waiting = set(aliases)
-
-    def committed(alias: str) -> None:
-        waiting.discard(alias)
-        if not waiting:
-            action()
-
-    for alias in aliases:
-        transaction.on_commit(functools.partial(committed, alias), using=alias)
+            logger.warning(
+                "could not store the response for %s (%s): a retry with its key is answered "
+                "409, outcome unknown, until its record expires",
+                self.call.keys.name,
+                exc,
+            )
+            return
+        if not ours:
+            logger.warning(
+                "did not store the response for %s: its marker was gone, and the record "
+                "now there is another attempt's",
+                self.call.keys.name,
+            )
 
 
 def _under_lock(attempt: _Attempt) -> Steps[Any]:
@@ -239,7 +276,7 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         early = answer(call.request, call.policy, call.fingerprint, stored, None)
         if early is not None:
             return early
-        yield record.write(running(call.fingerprint, attempt.id), call.policy.ttl)
+        yield record.write(attempt.marker(), call.policy.ttl)
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     try:
@@ -247,26 +284,20 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         # Rendered here, inside the transaction: a render that fails rolls back.
         done = snapshot(response, call.request, call.policy, call.fingerprint)
     except BaseException:
-        yield record.forget(attempt.id)
+        yield attempt.forget()
         raise
-    lock = current_lock()
-    if done is not None and lock is not None and (lock.lost or not lock.held):
-        # The lease ran out while the view ran: a duplicate may have run
-        # meanwhile, and its record is the one kept. (A transaction open
-        # around the view is rolled back by redis_locked before its commit.)
-        done = None
     if done is None:
-        yield record.forget(attempt.id)
+        yield attempt.forget()
         return response
-    aliases = _open_transactions()
+    # Stored even if the lease ran out meanwhile: while the marker is this
+    # attempt's, no other has run (a duplicate found it and did not). A
+    # transaction open around the view is rolled back by redis_locked, and
+    # then stores nothing.
+    aliases = [alias for alias in connections if in_user_transaction(alias)]
     if aliases:  # only around a sync view: no atomic block is open on an event loop
-        attempt.waiting_on = aliases
-        _at_commit(aliases, functools.partial(attempt.store_at_commit, done))
+        settle_at_commit(aliases, lambda: run_steps(attempt.stored(done)), attempt.forget())
         return response
-    try:
-        yield record.write(done, call.policy.ttl)
-    except RedisUnavailable as exc:
-        _not_stored(call, exc)
+    yield from attempt.stored(done)
     return response
 
 
@@ -332,6 +363,8 @@ def _cached_runner(
 
 
 def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]:
+    # On Django's request, which a DRF Request reads through.
+    setattr(getattr(call.request, "_request", call.request), SERVED, True)
     record = _Record(call.keys, call.policy.alias, asynchronous)
     try:
         stored, pttl = yield record.read
@@ -342,12 +375,11 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
         return early
     attempt = _Attempt(call, record, run)
     runner = _runner(asynchronous, call.non_atomic, call.label, call.policy)
-    response = yield functools.partial(runner, call.request, attempt)
-    if attempt.waiting_on and not any(in_user_transaction(a) for a in attempt.waiting_on):
-        # The transaction the store waited on ended without it: rolled back.
-        attempt.waiting_on = []
-        yield record.forget(attempt.id)
-    return response
+    if asynchronous:
+        # Claim, view, store and release: to their end, whatever happens to
+        # the request (detached.py).
+        return (yield functools.partial(to_the_end, call.keys.name, runner, call.request, attempt))
+    return (yield functools.partial(runner, call.request, attempt))
 
 
 def serve(call: Call, run: Callable[[], Any]) -> Any:

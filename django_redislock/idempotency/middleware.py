@@ -24,8 +24,7 @@ from django.http import HttpRequest
 from ..checks import middleware_entries, middleware_index
 from ..conf import conf
 from ..stepping import Steps, run_steps, run_steps_async
-from .decorator import SERVED
-from .guard import Call, prepare, prepare_async, serve, serve_async
+from .guard import SERVED, Call, prepare, prepare_async, serve, serve_async
 from .settings import MIDDLEWARE_PATH, Policy, middleware_hooks_after, policy
 
 __all__ = ["IdempotencyMiddleware"]

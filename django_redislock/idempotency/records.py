@@ -8,10 +8,15 @@ the slot's node on a Cluster. A failure raises ``RedisUnavailable``.
 A record is a hash (``core/engine/keys.py``: ``P:I:{T}:<n>``) with the fields:
 
 ``fp``       the request's fingerprint (method, path, body)
-``state``    ``running`` while the first request runs, ``done`` once stored
-``a``        the id of the attempt that wrote it (a forget deletes only its own)
+``state``    ``running`` from just before the view runs, ``done`` once its response is stored
+``a``        the id of the attempt that wrote it (a forget deletes, and a store
+             replaces, only its own)
 ``t``        when that attempt started, ms since the epoch (for ``Retry-After``)
 ``status``, ``headers``, ``body``, ``omitted``   the stored response
+
+A ``running`` record whose key no request holds (no lease) is an attempt
+whose outcome is unknown: its process died, or it could not record how it
+ended (``responses.answer``). It is never taken for a free key.
 """
 
 from __future__ import annotations
@@ -88,29 +93,52 @@ async def read_async(client: AsyncRedisClient, keys: IdempotencyKeys) -> tuple[R
     return _parsed(client, replies)
 
 
-def _replace_args(record: Record, ttl: float) -> tuple[Any, ...]:
+def _replace_args(record: Record, ttl: float, holder: bytes | None) -> tuple[Any, ...]:
     ttl_ms = max(1, math.ceil(ttl * 1000))
-    return (ttl_ms, *(part for item in record.items() for part in item))
+    return (ttl_ms, holder or b"", *(part for item in record.items() for part in item))
 
 
-def write(client: RedisClient, keys: IdempotencyKeys, record: Record, ttl: float) -> None:
-    """Replace the record, which expires after ``ttl`` seconds."""
-    scripts.run(client, _REPLACE, (keys.record,), _replace_args(record, ttl))
+def write(
+    client: RedisClient,
+    keys: IdempotencyKeys,
+    record: Record,
+    ttl: float,
+    holder: bytes | None = None,
+) -> bool:
+    """Replace the record, which expires after ``ttl`` seconds; with ``holder``,
+    only if that attempt wrote it (False: it did not, and nothing was written)."""
+    args = _replace_args(record, ttl, holder)
+    return bool(scripts.run(client, _REPLACE, (keys.record,), args))
 
 
 async def write_async(
-    client: AsyncRedisClient, keys: IdempotencyKeys, record: Record, ttl: float
-) -> None:
+    client: AsyncRedisClient,
+    keys: IdempotencyKeys,
+    record: Record,
+    ttl: float,
+    holder: bytes | None = None,
+) -> bool:
     """``write`` for a ``redis.asyncio`` client."""
-    await scripts.run_async(client, _REPLACE, (keys.record,), _replace_args(record, ttl))
+    args = _replace_args(record, ttl, holder)
+    return bool(await scripts.run_async(client, _REPLACE, (keys.record,), args))
+
+
+def _not_forgotten(keys: IdempotencyKeys, exc: RedisUnavailable) -> None:
+    # The marker stays: the key answers "outcome unknown" until it expires.
+    logger.warning(
+        "could not free the idempotency key %s after a failed attempt (%s): a retry with "
+        "it is answered 409, outcome unknown, until its record expires",
+        keys.name,
+        exc,
+    )
 
 
 def forget(client: RedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
     """Delete the record if ``attempt`` wrote it: the key is free for a retry."""
     try:
         scripts.run(client, _FORGET, (keys.record,), (attempt,))
-    except RedisUnavailable as exc:  # the marker says "not completed": harmless
-        logger.debug("could not remove the in-progress marker %r: %s", keys.record, exc)
+    except RedisUnavailable as exc:
+        _not_forgotten(keys, exc)
 
 
 async def forget_async(client: AsyncRedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
@@ -118,4 +146,4 @@ async def forget_async(client: AsyncRedisClient, keys: IdempotencyKeys, attempt:
     try:
         await scripts.run_async(client, _FORGET, (keys.record,), (attempt,))
     except RedisUnavailable as exc:
-        logger.debug("could not remove the in-progress marker %r: %s", keys.record, exc)
+        _not_forgotten(keys, exc)

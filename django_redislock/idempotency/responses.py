@@ -23,6 +23,7 @@ __all__ = [
     "REPLAYED_HEADER",
     "answer",
     "in_progress",
+    "outcome_unknown",
     "problem",
     "snapshot",
     "unavailable",
@@ -57,21 +58,26 @@ def _mismatch(request: Any, policy: Policy) -> HttpResponse:
     )
 
 
-def retry_hint(record: Record, pttl: int, now_ms: float | None = None) -> float | None:
+# The hint when the first request has not recorded its start yet: it has only
+# just claimed the key (or has just let it go), so its answer, or a free key,
+# is a moment away. Never the lease, which may be many times the request.
+SOON = 1.0
+
+
+def retry_hint(record: Record, pttl: int, now_ms: float | None = None) -> float:
     """Seconds until the first request's answer is likely there.
 
     As long as it has run so far (a request that has run for ``x`` seconds is,
     by the usual rule of thumb, about half done), at least 1 second, and never
     more than its lease has left: by then the answer is stored or the key is free.
     """
-    left = pttl / 1000 if pttl > 0 else None
     try:
         started = int(record[b"t"])
     except (KeyError, ValueError):
-        return left
+        return SOON
     now = time.time() * 1000 if now_ms is None else now_ms
-    hint = max(1.0, (now - started) / 1000)
-    return hint if left is None else min(hint, max(1.0, left))
+    hint = max(SOON, (now - started) / 1000)
+    return hint if pttl <= 0 else min(hint, max(SOON, pttl / 1000))
 
 
 def in_progress(request: Any, policy: Policy, record: Record, pttl: int) -> HttpResponse:
@@ -99,21 +105,41 @@ def _replay(policy: Policy, record: Record) -> HttpResponse:
     return response
 
 
+def outcome_unknown(request: Any, policy: Policy) -> HttpResponse:
+    logger.warning(
+        "%s of a request whose outcome is unknown (its holder is gone, nothing stored): 409",
+        policy.header,
+    )
+    return problem(
+        request,
+        409,
+        "idempotency_outcome_unknown",
+        f"A request with this {policy.header} started earlier, and its outcome was not "
+        "recorded: it may have done its work, so it is not run again with this key. Check "
+        "whether the work was done; to do it again, send a new key.",
+    )
+
+
 def answer(
     request: Any, policy: Policy, fingerprint: str, record: Record, pttl: int | None
 ) -> HttpResponse | None:
-    """What a request gets from the record and the lease alone (None: it may run).
+    """What a request gets from the record and the lease alone (None: it may run,
+    or the request that holds the key answers it).
 
-    ``pttl`` None: the caller holds the lease (the first request has ended).
+    ``pttl`` None: the caller holds the lease (so whoever wrote a marker there
+    is gone); negative: no request holds the key.
     """
     if not record:
-        return None
+        return None  # never used, or freed by a failed attempt
     if record.get(b"fp", b"").decode() != fingerprint:
-        if record.get(b"state") == b"done" or (pttl is not None and pttl >= 0):
-            return _mismatch(request, policy)
-        return None  # an attempt that ended without storing: the key is free
+        return _mismatch(request, policy)
     if record.get(b"state") == b"done":
         return _replay(policy, record)
+    if pttl is None or pttl < 0:
+        # Marked running, and its request no longer holds the key: it died, or
+        # outlived its lease, or could not record how it ended. Its view may
+        # have done its work: running it again is what the key is for preventing.
+        return outcome_unknown(request, policy)
     return None
 
 

@@ -97,7 +97,7 @@ class _Hook:
         self.done()
 
 
-def _run_first(conn: BaseDatabaseWrapper, hook: _Hook) -> None:
+def run_first(conn: BaseDatabaseWrapper, hook: Callable[[], None]) -> None:
     """Move ``hook``, just registered, to the front of ``conn``'s commit hooks.
 
     No hook before it can then keep it from running (see the module
@@ -205,7 +205,7 @@ class Deferred:
             if in_test is None:
                 # In a TestCase no commit runs the list; left in place, the
                 # hook keeps captureOnCommitCallbacks' count of it right.
-                _run_first(conn, hook)
+                run_first(conn, hook)
 
     def _ender(self, alias: str) -> Callable[[], None]:
         # Refers to self, never to the hook: see _Hook.

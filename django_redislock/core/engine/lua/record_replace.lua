@@ -1,10 +1,18 @@
 -- Replace a hash with the given fields and give it a TTL, in one step, for
 -- an idempotency record (django_redislock/idempotency/records.py): a duplicate never
--- reads a record half replaced. Stand-alone, no prelude; one key, so one
--- slot on a Cluster (MULTI is refused there by some redis-py versions).
+-- reads a record half replaced. With a holder, only the record that attempt
+-- wrote is replaced: a response is stored over its own request's marker,
+-- never over the record of an attempt that ran after that marker was lost.
+-- Stand-alone, no prelude; one key, so one slot on a Cluster (MULTI is
+-- refused there by some redis-py versions).
 -- KEYS[1] the hash.
--- ARGV[1] TTL, ms.  ARGV[2..] field, value, field, value, ...
+-- ARGV[1] TTL, ms.  ARGV[2] the attempt that must hold the hash (its field
+-- a), or '' for none.  ARGV[3..] field, value, field, value, ...
+-- Returns 1 if the hash was replaced, 0 if it was another attempt's or gone.
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'a') ~= ARGV[2] then
+  return 0
+end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
