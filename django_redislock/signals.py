@@ -5,7 +5,10 @@ Every signal is sent with ``sender`` = the class of the object concerned and:
 * ``lock_acquired``: ``name``, ``fence``, ``waited`` (seconds)
 * ``lock_busy``: ``name``, ``waited``
 * ``lock_released``: ``name``, ``fence``, ``held`` (seconds)
-* ``lock_lost``: ``name``, ``fence``, ``reason``
+* ``lock_lost``: ``name``, ``fence``, ``reason``, and why and how
+  (``core/engine/loss.py``): ``cause`` (``expired``, ``force_released``,
+  ``redis_lost``), ``held`` and ``ttl`` (seconds), ``owner``, ``label``,
+  ``template`` and ``forced_by`` (who force-released it, or None)
 * ``redis_unavailable``: ``name``, ``error``, ``fail_open`` (bool), ``lock`` (the
   handle whose acquire failed, or None when there was none yet)
 * ``request_throttled``: ``rule``, ``request``, ``status``
@@ -17,6 +20,12 @@ Metrics backends (``ops/metrics.py``) hear the same events as *sinks*, called
 directly before each signal is sent: the dispatch of a Django signal would
 cost a locked request more than the counting does. With no backend on, the
 list of sinks is empty.
+
+What the library will count is also *declared* here, before anything is
+counted (``declare``): a decorator's template at import, a throttling rule,
+a unique task. A backend makes every series of a declared name at 0, so the
+first loss or outage after a deploy moves a counter that already exists (an
+alert on ``increase()`` sees it). Declaring touches no network.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from .core.drivers.base import LockBase, Observer
 __all__ = [
     "SignalObserver",
     "add_sink",
+    "declare",
+    "declared",
     "lock_acquired",
     "lock_busy",
     "lock_lost",
@@ -63,6 +74,33 @@ def add_sink(sink: Any) -> None:
     global _sinks
     if sink not in _sinks:
         _sinks = (*_sinks, sink)
+
+
+# (name, kind) declared so far, in order: a backend switched on later makes
+# their series too. Bounded: a name built from per-call data must not grow it
+# (a backend admits names against its own bound as well, ops/metrics.py).
+MAX_DECLARED = 1000
+_declared: dict[tuple[str, str], None] = {}
+
+
+def declare(name: str | None, kind: str) -> None:
+    """Say that locks named ``name`` in metrics (a template, a rule's name)
+    of ``kind`` (``"lock"`` or ``"semaphore"``) will be counted: the metrics
+    backends make their series now, at 0. Touches no network; repeatable."""
+    if not isinstance(name, str) or not name:
+        return
+    key = (name, kind)
+    if key not in _declared:
+        if len(_declared) >= MAX_DECLARED:
+            return
+        _declared[key] = None
+    if _sinks:
+        _tell("declared", name, kind)
+
+
+def declared() -> list[tuple[str, str]]:
+    """Every ``(name, kind)`` declared in this process, in order."""
+    return list(_declared)
 
 
 def remove_sink(sink: Any) -> None:
@@ -108,7 +146,23 @@ class SignalObserver(Observer):
 
     def lost(self, lock: LockBase, reason: str) -> None:
         super().lost(lock, reason)
-        _report("lost", lock_lost, lock, reason, fence=lock.fence, reason=reason)
+        loss = lock.loss
+        fields = lock.log_fields()
+        _report(
+            "lost",
+            lock_lost,
+            lock,
+            reason,
+            fence=lock.fence,
+            reason=reason,
+            cause=loss.cause if loss is not None else None,
+            held=loss.held_seconds if loss is not None else None,
+            ttl=loss.ttl_seconds if loss is not None else None,
+            forced_by=loss.forced_by if loss is not None else None,
+            owner=fields["owner"],
+            label=fields["label"],
+            template=fields["template"],
+        )
 
 
 def _report(event: str, signal: Signal, lock: LockBase, detail: Any, **fields: Any) -> None:

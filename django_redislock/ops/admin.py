@@ -66,6 +66,12 @@ def has_permission(user: Any) -> bool:
     return bool(func(user))
 
 
+def admin_user(request: HttpRequest) -> str:
+    """Who releases from the admin, as the log and the holder name them."""
+    user = request.user
+    return f"admin user {user.get_username()!r} (id {user.pk})"
+
+
 # -- selections -----------------------------------------------------------------
 # A checkbox value names one row as shown: its kind, the ids of the holders
 # shown (``Holder.ident``, comma-separated) and the name in base64, because a
@@ -284,9 +290,20 @@ def _post(
             gone=[_gone(item) for item in gone],
         )
         return TemplateResponse(request, "admin/django_redislock/confirm_release.html", context)
-    result = release(client, ks, current)
+    who = admin_user(request)
+    result = release(client, ks, current, by=who)
     for row in result.released:
-        logger.warning("released from the admin by %s: %s", request.user, _described(row))
+        logger.warning(
+            "released from the admin by %s: %s",
+            who,
+            _described(row),
+            extra={
+                "lock_name": row.name,
+                "template": row.template,
+                "kind": row.kind,
+                "forced_by": who,
+            },
+        )
         messages.success(request, f"Released {_described(row)}.")
     lost = [_gone(item) for item in gone]
     lost.extend(_gone(Shown.of(row)) for row in result.changed)

@@ -241,7 +241,7 @@ class Command(BaseCommand):
             if not self._confirm(rows):
                 self.stdout.write("Nothing released.")
                 raise CommandError("Declined: nothing was released.")
-        result = release(client, ks, rows)
+        result = release(client, ks, rows, by=operator())
         for row in result.released:
             self.stdout.write(f"Released {describe(row)}.")
         for row in result.changed:
