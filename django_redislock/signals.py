@@ -38,8 +38,11 @@ from django.dispatch import Signal
 from .core.drivers.base import LockBase, Observer
 
 __all__ = [
+    "KEY_FAMILIES",
+    "KEY_OUTCOMES",
     "SignalObserver",
     "add_sink",
+    "count_key",
     "declare",
     "declared",
     "lock_acquired",
@@ -101,6 +104,24 @@ def declare(name: str | None, kind: str) -> None:
 def declared() -> list[tuple[str, str]]:
     """Every ``(name, kind)`` declared in this process, in order."""
     return list(_declared)
+
+
+# Keys that are not locks in their users' eyes, and what happens to them:
+# an Idempotency-Key (``idempotency``, named by the view's label) and a unique
+# task's key (``unique_task``, named ``unique:<template>``). ``claimed``: the
+# first request or enqueue took it; ``replayed``: a duplicate got the first
+# one's answer (the stored response, the queued task); ``refused``: a
+# duplicate was turned away (409, 422, TaskNotUnique); ``released``: the key
+# was let go (a task ended, a request that stored nothing).
+KEY_FAMILIES = ("idempotency", "unique_task")
+KEY_OUTCOMES = ("claimed", "replayed", "refused", "released")
+
+
+def count_key(family: str, name: str, outcome: str) -> None:
+    """One event of a key of ``family`` (``KEY_FAMILIES``): to the metrics
+    backends only (no Django signal). Costs an empty-tuple test with none on."""
+    if _sinks:
+        _tell("key", family, name, outcome)
 
 
 def remove_sink(sink: Any) -> None:

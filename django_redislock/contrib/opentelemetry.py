@@ -70,12 +70,15 @@ from ..ops.metrics import (
     OUTCOMES,
     Level,
     Zeroes,
+    admitted,
+    key_family,
     kind_of,
     label_of,
     levels_within,
     unavailable_label,
     width_of,
 )
+from ..signals import KEY_OUTCOMES
 
 __all__ = ["install", "uninstall"]
 
@@ -123,11 +126,28 @@ losses = meter.create_counter(
     unit="{lease}",
     description="Leases lost, by cause (expired, force_released, redis_lost).",
 )
+keys = {
+    "idempotency": meter.create_counter(
+        "redislock.idempotency.keys",
+        unit="{key}",
+        description="Idempotency keys by outcome (claimed, replayed, refused, released).",
+    ),
+    "unique_task": meter.create_counter(
+        "redislock.unique_tasks",
+        unit="{key}",
+        description="Unique tasks' keys by outcome (claimed, replayed, refused, released).",
+    ),
+}
 
 
 def _make_zeroes(name: str, kind: str) -> None:
     """The counters of ``(name, kind)`` at 0: adding 0 makes the data point.
     (A histogram has no point until its first value.)"""
+    family = key_family(kind)
+    if family is not None:
+        for outcome in KEY_OUTCOMES:
+            keys[family].add(0, {NAME: name, OUTCOME: outcome})
+        return
     for outcome in OUTCOMES:
         outcomes.add(0, {NAME: name, KIND: kind, OUTCOME: outcome})
     for cause in CAUSES:
@@ -247,9 +267,16 @@ def _unavailable(
     )
 
 
+def _key(family: str, name: str, outcome: str) -> None:
+    label = admitted(name)
+    zeroes.ensure(label, family)
+    keys[family].add(1, {NAME: label, OUTCOME: outcome})
+
+
 class _Sink:
     """Hears the lock events (``signals.add_sink``)."""
 
+    key = staticmethod(_key)
     declared = staticmethod(zeroes.declared)
     acquired = staticmethod(_acquired)
     busy = staticmethod(_busy)

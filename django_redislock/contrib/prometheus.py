@@ -14,6 +14,10 @@ on ``prometheus_client``'s default registry:
     closed) and ``fail_open`` (Redis down, the code ran unlocked).
 ``redislock_losses_total`` (counter; ``name``, ``kind``, ``cause``)
     Leases lost, by cause: ``expired``, ``force_released``, ``redis_lost``.
+``redislock_idempotency_keys_total``, ``redislock_unique_tasks_total``
+    (counters; ``name``, ``outcome``) Idempotency keys by view, unique
+    tasks' keys by template: ``claimed``, ``replayed``, ``refused``,
+    ``released`` (``signals.count_key``).
 ``redislock_permits_in_use``, ``redislock_permits_limit``, ``redislock_queue_length``
     (gauges; ``name``) Each global throttling rule's semaphore, read from
     Redis at scrape time by ``SemaphoreCollector``.
@@ -48,6 +52,8 @@ from ..ops.metrics import (
     OTHER,
     WAIT_OUTCOMES,
     Zeroes,
+    admitted,
+    key_family,
     kind_of,
     label_of,
     levels_within,
@@ -55,6 +61,7 @@ from ..ops.metrics import (
     width_of,
 )
 from ..ops.metrics import OUTCOMES as OUTCOME_VALUES
+from ..signals import KEY_OUTCOMES
 
 __all__ = [
     "HOLD",
@@ -97,6 +104,18 @@ LOSSES = Counter(
     "Leases lost, by cause (expired, force_released, redis_lost).",
     ["name", "kind", "cause"],
 )
+KEYS = {
+    "idempotency": Counter(
+        "redislock_idempotency_keys",
+        "Idempotency keys by outcome (claimed, replayed, refused, released), per view.",
+        ["name", "outcome"],
+    ),
+    "unique_task": Counter(
+        "redislock_unique_tasks",
+        "Unique tasks' keys by outcome (claimed, replayed, refused, released), per template.",
+        ["name", "outcome"],
+    ),
+}
 
 # Children by label values: ``labels()`` takes a lock and builds a key on
 # every call; a dict read does neither. Bounded like the names themselves.
@@ -115,6 +134,11 @@ def _child(metric: Any, *values: str) -> Any:
 def _make_zeroes(name: str, kind: str) -> None:
     """Every series of ``(name, kind)``, at 0: in multiprocess mode too, where
     prometheus_client writes each child to the process's file as it is made."""
+    family = key_family(kind)
+    if family is not None:
+        for outcome in KEY_OUTCOMES:
+            _child(KEYS[family], name, outcome)
+        return
     for outcome in OUTCOME_VALUES:
         _child(OUTCOMES, name, kind, outcome)
     for outcome in WAIT_OUTCOMES:
@@ -163,6 +187,11 @@ class _Sink:
             # Lost holds are timed too: "should we raise TIMEOUT?" needs them.
             _child(HOLD, name, kind, "lost").observe(loss.held_seconds)
             _child(LOSSES, name, kind, loss.cause).inc()
+
+    def key(self, family: str, name: str, outcome: str) -> None:
+        label = admitted(name)
+        zeroes.ensure(label, family)
+        _child(KEYS[family], label, outcome).inc()
 
     def unavailable(
         self, sender: Any, name: str, error: BaseException, fail_open: bool, lock: LockBase | None

@@ -35,7 +35,7 @@ import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections, transaction
 from django.http import HttpResponse, HttpResponseBase
@@ -47,10 +47,19 @@ from ..locking.context import current_lock
 from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace
 from ..locking.transactions import EVERY_ALIAS, in_user_transaction
+from ..signals import count_key
 from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
 from .fingerprint import BadKey, fingerprint, key_of
-from .responses import answer, in_progress, problem, running, snapshot, unavailable
+from .responses import (
+    REPLAYED_HEADER,
+    answer,
+    in_progress,
+    problem,
+    running,
+    snapshot,
+    unavailable,
+)
 from .scope import NotAuthenticated, ScopeUnknown, scope_of
 from .settings import Policy
 
@@ -201,6 +210,17 @@ class _Attempt:
             _not_stored(self.call, exc)
 
 
+_Answer = TypeVar("_Answer", HttpResponseBase, "HttpResponseBase | None")
+
+
+def _told(call: Call, answered: _Answer) -> _Answer:
+    """``answered`` (a duplicate's answer, or None), counted for the metrics."""
+    if answered is not None:
+        replayed = answered.has_header(REPLAYED_HEADER)
+        count_key("idempotency", call.label, "replayed" if replayed else "refused")
+    return answered
+
+
 def _not_stored(call: Call, exc: Exception) -> None:
     logger.warning(
         "could not store the response for %s (%s): a duplicate will run the view again",
@@ -236,10 +256,11 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
     call, record = attempt.call, attempt.record
     try:
         stored, _ = yield record.read
-        early = answer(call.request, call.policy, call.fingerprint, stored, None)
+        early = _told(call, answer(call.request, call.policy, call.fingerprint, stored, None))
         if early is not None:
             return early
         yield record.write(running(call.fingerprint, attempt.id), call.policy.ttl)
+        count_key("idempotency", call.label, "claimed")
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     try:
@@ -248,6 +269,7 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         done = snapshot(response, call.request, call.policy, call.fingerprint)
     except BaseException:
         yield record.forget(attempt.id)
+        count_key("idempotency", call.label, "released")
         raise
     lock = current_lock()
     if done is not None and lock is not None and (lock.lost or not lock.held):
@@ -257,6 +279,7 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         done = None
     if done is None:
         yield record.forget(attempt.id)
+        count_key("idempotency", call.label, "released")
         return response
     aliases = _open_transactions()
     if aliases:  # only around a sync view: no atomic block is open on an event loop
@@ -278,7 +301,7 @@ def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
-    return early or in_progress(call.request, call.policy, stored, pttl)
+    return _told(call, early or in_progress(call.request, call.policy, stored, pttl))
 
 
 def _name(request: Any, attempt: _Attempt) -> str:
@@ -337,7 +360,7 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
         stored, pttl = yield record.read
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
+    early = _told(call, answer(call.request, call.policy, call.fingerprint, stored, pttl))
     if early is not None:
         return early
     attempt = _Attempt(call, record, run)
@@ -347,6 +370,7 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
         # The transaction the store waited on ended without it: rolled back.
         attempt.waiting_on = []
         yield record.forget(attempt.id)
+        count_key("idempotency", call.label, "released")
     return response
 
 

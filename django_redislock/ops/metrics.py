@@ -56,11 +56,13 @@ __all__ = [
     "MAX_NAMES",
     "OTHER",
     "OUTCOMES",
+    "admitted",
     "SCRAPE_TIMEOUT",
     "WAIT_OUTCOMES",
     "Level",
     "Zeroes",
     "installed",
+    "key_family",
     "kind_of",
     "label_of",
     "levels_within",
@@ -138,6 +140,11 @@ class _Names:
 names = _Names(MAX_NAMES)
 
 
+def admitted(name: str) -> str:
+    """``name`` as a label value, within the process's bound of names."""
+    return names.admit(name)
+
+
 def label_of(lock: LockBase) -> str:
     """The bounded name metrics give ``lock``."""
     name = lock.metric_name
@@ -152,6 +159,11 @@ def width_of(lock: Any) -> int:
     """How many names ``lock`` counts as: one per name of a multi-lock."""
     names = getattr(lock, "names", None)
     return len(names) if isinstance(names, tuple) and names else 1
+
+
+def key_family(kind: str) -> str | None:
+    """The key family a declared ``kind`` names (``signals.KEY_FAMILIES``), or None."""
+    return kind if kind in signals.KEY_FAMILIES else None
 
 
 class Zeroes:

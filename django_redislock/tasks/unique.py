@@ -200,6 +200,7 @@ def unique_task(
             who="unique_task()",
         )
         declare(opts.metric_name, "lock")
+        declare(opts.metric_name, "unique_task")
         fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.init}  # type: ignore[arg-type]
         fields["func"] = _runner(func, opts, task.takes_context)  # type: ignore[attr-defined]
         return _unique_class(type(task))(**fields)
