@@ -1,4 +1,5 @@
-"""``manage.py redislocks list|clear``: see and force-release held locks.
+"""``manage.py redislocks list|clear|doctor``: see and force-release held locks,
+and check the Redis they live on.
 
 ``list`` shows one row per held lock, per semaphore with live permits and per
 held read-write lock, with a line for each reader (``--format json`` for
@@ -10,6 +11,10 @@ busiest names.
 terminal it refuses (exit 2) rather than wait for an answer nobody can type.
 ``--dry-run`` only shows what would go. A name asked for that is not held is
 reported and makes the command exit 1, and so does declining.
+
+``doctor`` reads the server's eviction policy, persistence, replicas,
+version, latency and clock, and says what docs/guarantees.rst asks of each
+(``ops/doctor.py``); it exits 1 when something breaks a promise.
 
 Output to a pipe closed early (``list | head``) ends the command quietly with
 the status a Unix tool killed by SIGPIPE reports, 141, without a traceback.
@@ -27,6 +32,7 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
 
 from ...connection import get_client
 from ...core.clients import RedisClient
@@ -36,6 +42,7 @@ from ...core.ops.inspection import KINDS, HeldLock, list_locks, summarize
 from ...core.ops.rows import iso_time
 from ...locking.factories import keyspace
 from ...ops.display import describe, quoted, render_summary, render_table
+from ...ops.doctor import PROBLEM, WARN, examine, render
 
 # The version of ``list --format json``'s shape: raised whenever a key is
 # renamed or removed, or its meaning changes (added keys keep it).
@@ -90,7 +97,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         common = _common_options(parser)
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{list,clear}")
+        sub = parser.add_subparsers(dest="action", required=True, metavar="{list,clear,doctor}")
         ls = sub.add_parser("list", help="Show held locks and semaphores.")
         _accept_common_options(ls, common)
         self._selection(ls)
@@ -123,6 +130,17 @@ class Command(BaseCommand):
             help="Do not ask for confirmation (needed where no terminal can answer: "
             "cron, CI, ssh without -t).",
         )
+        dr = sub.add_parser(
+            "doctor",
+            help="Check the Redis the locks use: eviction, persistence, replicas, version, "
+            "latency, clock.",
+        )
+        _accept_common_options(dr, common)
+        dr.add_argument(
+            "--cache",
+            metavar="ALIAS",
+            help="CACHES alias of the Redis to check (default: REDISLOCK['CACHE']).",
+        )
 
     @staticmethod
     def _selection(parser: CommandParser) -> None:
@@ -146,6 +164,15 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "doctor":
+            try:
+                self._doctor(get_client(options["cache"]))
+                self.stdout.flush()
+            except (RedisUnavailable, RedisError) as exc:
+                raise CommandError(f"Redis is unavailable: {exc}") from exc
+            except BrokenPipeError:
+                closed_pipe()
+            return
         if options["literal"] and options["pattern"] is None:
             raise CommandError("--literal needs --pattern: it says how to read the pattern.")
         kinds = (options["kind"],) if options["kind"] else KINDS
@@ -250,6 +277,19 @@ class Command(BaseCommand):
                 "after it was read; run the command again to see its new holder."
             )
         self._fail(missing, result.changed)
+
+    def _doctor(self, client: RedisClient) -> None:
+        examined = examine(client)
+        for line in render(examined):
+            self.stdout.write(line)
+        levels = [f.level for _, findings in examined for f in findings]
+        problems, warnings = levels.count(PROBLEM), levels.count(WARN)
+        self.stdout.write(f"{problems} problem(s), {warnings} warning(s).")
+        if problems:
+            raise CommandError(
+                f"{problems} problem(s): Redis does not keep what docs/guarantees.rst asks; "
+                "each line says the fix."
+            )
 
     def _confirm(self, rows: list[HeldLock]) -> bool:
         self.stdout.write("These will be force-released:")
