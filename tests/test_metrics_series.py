@@ -103,12 +103,12 @@ def no_network() -> Iterator[None]:
 def test_a_decorated_template_has_every_series_at_0_before_any_call(prometheus: None) -> None:
     with no_network():
 
-        @redis_locked("invoice:{number}")
+        @redis_locked("zero-invoice:{number}")
         def bill(number: int) -> None:  # pragma: no cover - never called
             pass
 
-    found = values(scrape(), "invoice:{number}", "lock")
-    assert found == dict.fromkeys(series_of("invoice:{number}", "lock"), 0.0)
+    found = values(scrape(), "zero-invoice:{number}", "lock")
+    assert found == dict.fromkeys(series_of("zero-invoice:{number}", "lock"), 0.0)
 
 
 def test_declared_before_the_backend_is_on_counts_once_it_is() -> None:
