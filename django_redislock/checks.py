@@ -203,7 +203,7 @@ def settings_problems() -> list[Problem]:
                 "Set it to the number of replicas that must acknowledge a new lease, or 0.",
             )
         )
-    for key in ("ENABLED", "RENEW", "FAIL_OPEN", "THROTTLE_FAIL_OPEN"):
+    for key in ("ENABLED", "RENEW", "FAIL_OPEN", "THROTTLE_FAIL_OPEN", "OTEL_LOCK_NAMES"):
         if not isinstance(value(key), bool):
             found.append(
                 Problem(

@@ -68,6 +68,9 @@ DEFAULTS: dict[str, Any] = {
     # Metrics backends to feed from the lock signals: "prometheus",
     # "opentelemetry". Read when the app loads (and on override_settings).
     "METRICS": [],
+    # OpenTelemetry spans also carry each lock's own name (redislock.lock_name),
+    # not only its template: off, since every id makes a distinct value.
+    "OTEL_LOCK_NAMES": False,
     # Idempotency-Key handling of @idempotent views: a dict of the keys in
     # django_redislock.idempotency.SETTINGS (validated there, E060 to E065).
     "IDEMPOTENCY": {},
@@ -170,6 +173,7 @@ class Settings:
     PERMIT_TIMEOUT = _Setting(float)
     ADMIN_PERMISSION = _Setting(_handler)
     METRICS: _Setting[list[str]] = _Setting(_listed)
+    OTEL_LOCK_NAMES = _Setting(bool)
     IDEMPOTENCY = _Setting(_mapping)
     UNIQUE_TTL = _Setting(float)
 

@@ -5,7 +5,10 @@ Every signal is sent with ``sender`` = the class of the object concerned and:
 * ``lock_acquired``: ``name``, ``fence``, ``waited`` (seconds)
 * ``lock_busy``: ``name``, ``waited``
 * ``lock_released``: ``name``, ``fence``, ``held`` (seconds)
-* ``lock_lost``: ``name``, ``fence``, ``reason``
+* ``lock_lost``: ``name``, ``fence``, ``reason``, and why and how
+  (``core/engine/loss.py``): ``cause`` (``expired``, ``force_released``,
+  ``redis_lost``), ``held`` and ``ttl`` (seconds), ``owner``, ``label``,
+  ``template`` and ``forced_by`` (who force-released it, or None)
 * ``redis_unavailable``: ``name``, ``error``, ``fail_open`` (bool), ``lock`` (the
   handle whose acquire failed, or None when there was none yet)
 * ``request_throttled``: ``rule``, ``request``, ``status``
@@ -17,6 +20,12 @@ Metrics backends (``ops/metrics.py``) hear the same events as *sinks*, called
 directly before each signal is sent: the dispatch of a Django signal would
 cost a locked request more than the counting does. With no backend on, the
 list of sinks is empty.
+
+What the library will count is also *declared* here, before anything is
+counted (``declare``): a decorator's template at import, a throttling rule,
+a unique task. A backend makes every series of a declared name at 0, so the
+first loss or outage after a deploy moves a counter that already exists (an
+alert on ``increase()`` sees it). Declaring touches no network.
 """
 
 from __future__ import annotations
@@ -29,8 +38,13 @@ from django.dispatch import Signal
 from .core.drivers.base import LockBase, Observer
 
 __all__ = [
+    "KEY_FAMILIES",
+    "KEY_OUTCOMES",
     "SignalObserver",
     "add_sink",
+    "count_key",
+    "declare",
+    "declared",
     "lock_acquired",
     "lock_busy",
     "lock_lost",
@@ -63,6 +77,51 @@ def add_sink(sink: Any) -> None:
     global _sinks
     if sink not in _sinks:
         _sinks = (*_sinks, sink)
+
+
+# (name, kind) declared so far, in order: a backend switched on later makes
+# their series too. Bounded: a name built from per-call data must not grow it
+# (a backend admits names against its own bound as well, ops/metrics.py).
+MAX_DECLARED = 1000
+_declared: dict[tuple[str, str], None] = {}
+
+
+def declare(name: str | None, kind: str) -> None:
+    """Say that locks named ``name`` in metrics (a template, a rule's name)
+    of ``kind`` (``"lock"`` or ``"semaphore"``) will be counted: the metrics
+    backends make their series now, at 0. Touches no network; repeatable."""
+    if not isinstance(name, str) or not name:
+        return
+    key = (name, kind)
+    if key not in _declared:
+        if len(_declared) >= MAX_DECLARED:
+            return
+        _declared[key] = None
+    if _sinks:
+        _tell("declared", name, kind)
+
+
+def declared() -> list[tuple[str, str]]:
+    """Every ``(name, kind)`` declared in this process, in order."""
+    return list(_declared)
+
+
+# Keys that are not locks in their users' eyes, and what happens to them:
+# an Idempotency-Key (``idempotency``, named by the view's label) and a unique
+# task's key (``unique_task``, named ``unique:<template>``). ``claimed``: the
+# first request or enqueue took it; ``replayed``: a duplicate got the first
+# one's answer (the stored response, the queued task); ``refused``: a
+# duplicate was turned away (409, 422, TaskNotUnique); ``released``: the key
+# was let go (a task ended, a request that stored nothing).
+KEY_FAMILIES = ("idempotency", "unique_task")
+KEY_OUTCOMES = ("claimed", "replayed", "refused", "released")
+
+
+def count_key(family: str, name: str, outcome: str) -> None:
+    """One event of a key of ``family`` (``KEY_FAMILIES``): to the metrics
+    backends only (no Django signal). Costs an empty-tuple test with none on."""
+    if _sinks:
+        _tell("key", family, name, outcome)
 
 
 def remove_sink(sink: Any) -> None:
@@ -108,7 +167,23 @@ class SignalObserver(Observer):
 
     def lost(self, lock: LockBase, reason: str) -> None:
         super().lost(lock, reason)
-        _report("lost", lock_lost, lock, reason, fence=lock.fence, reason=reason)
+        loss = lock.loss
+        fields = lock.log_fields()
+        _report(
+            "lost",
+            lock_lost,
+            lock,
+            reason,
+            fence=lock.fence,
+            reason=reason,
+            cause=loss.cause if loss is not None else None,
+            held=loss.held_seconds if loss is not None else None,
+            ttl=loss.ttl_seconds if loss is not None else None,
+            forced_by=loss.forced_by if loss is not None else None,
+            owner=fields["owner"],
+            label=fields["label"],
+            template=fields["template"],
+        )
 
 
 def _report(event: str, signal: Signal, lock: LockBase, detail: Any, **fields: Any) -> None:

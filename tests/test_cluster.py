@@ -433,7 +433,7 @@ def test_redislocks_command_sees_every_primary(cluster_settings: None, rc: Redis
     call_command("redislocks", "list", "--format", "json", stdout=out)
     import json
 
-    assert sorted(row["name"] for row in json.loads(out.getvalue())) == sorted(names)
+    assert sorted(row["name"] for row in json.loads(out.getvalue())["locks"]) == sorted(names)
     call_command("redislocks", "clear", "--all", "--noinput", stdout=StringIO())
     for name in names:
         assert rc.exists(KS.lock(name).lease) == 0

@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 import time
+from datetime import datetime
 from io import StringIO
 from typing import Any
 
@@ -23,9 +24,16 @@ from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
 
 KS = KeySpace("redislock")
+COMMAND = "django_redislock.management.commands.redislocks"
 OWNER = f"{socket.gethostname()}:{os.getpid()}/MainThread"
 HEADER = "NAME       KIND       HOLDERS  FENCE             HELD FOR  LEASE LEFT  WAITERS  "
 TIME = re.compile(r"^(\d+s|\d+m\d\ds)$")
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def instant(text: str) -> float:
+    """Epoch seconds of an ISO instant of the JSON output."""
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%z").timestamp()
 
 
 def hold(client: redis.Redis, name: str, *, label: str = "", ttl: float = 300) -> Lock:
@@ -68,7 +76,12 @@ def _fresh_clients() -> Any:
 
 def test_list_empty() -> None:
     assert run("list") == ("No locks held.\n", "")
-    assert run("list", "--format", "json") == ("[]\n", "")
+    out, err = run("list", "--format", "json")
+    assert err == ""
+    data = json.loads(out)
+    assert set(data) == {"schema", "read_at", "locks", "summary"}
+    assert (data["schema"], data["locks"], data["summary"]) == (1, [], [])
+    assert ISO.fullmatch(data["read_at"])
 
 
 def test_list_table_exact(r: redis.Redis) -> None:
@@ -145,7 +158,12 @@ def test_list_json_schema(r: redis.Redis) -> None:
     sem = Semaphore(r, "b", 2, ttl=300, wait=0, keyspace=KS)
     assert sem.acquire()
     out, _ = run("list", "--format", "json")
-    data = json.loads(out)
+    top = json.loads(out)
+    # One object whatever the options: the same keys with --summary.
+    assert set(top) == {"schema", "read_at", "locks", "summary"}
+    assert set(json.loads(run("list", "--format", "json", "--summary")[0])) == set(top)
+    assert top["schema"] == 1
+    data = top["locks"]
     assert isinstance(data, list) and len(data) == 2
     types = {
         "name": str,
@@ -157,17 +175,39 @@ def test_list_json_schema(r: redis.Redis) -> None:
         "fence": (int, type(None)),
         "held_for": (int, float),
         "lease_left": (int, float),
+        "acquired_at": str,
+        "expires_at": str,
         "waiters": int,
         "holders": int,
         "limit": int,
         "permits": list,
     }
+    read_at = instant(top["read_at"])
+    # The server's clock and this one are the same machine's.
+    assert abs(read_at - time.time()) < 60
     for item in data:
         assert set(item) == set(types)
         for key, kind in types.items():
             assert isinstance(item[key], kind), (key, item[key])
+        assert ISO.fullmatch(item["acquired_at"]) and ISO.fullmatch(item["expires_at"])
+        # Absolute instants are the ages counted from the row's own read, a
+        # moment before the last one (``read_at``): never after it.
+        acquired, expires = instant(item["acquired_at"]), instant(item["expires_at"])
+        assert -0.002 < (read_at - item["held_for"]) - acquired < 1
+        assert -0.002 < (read_at + item["lease_left"]) - expires < 1
+        assert expires - acquired == pytest.approx(300, abs=0.002)
         for permit in item["permits"]:
-            assert set(permit) == {"host", "pid", "thread", "label", "held_for", "lease_left"}
+            assert set(permit) == {
+                "host",
+                "pid",
+                "thread",
+                "label",
+                "held_for",
+                "lease_left",
+                "acquired_at",
+                "expires_at",
+            }
+            assert ISO.fullmatch(permit["acquired_at"]) and ISO.fullmatch(permit["expires_at"])
     lock_row, sem_row = data
     assert (lock_row["name"], lock_row["kind"], lock_row["fence"]) == ("a", "lock", lock.fence)
     assert (lock_row["holders"], lock_row["limit"], lock_row["label"]) == (1, 1, "lbl")
@@ -175,6 +215,17 @@ def test_list_json_schema(r: redis.Redis) -> None:
     assert (sem_row["holders"], sem_row["limit"]) == (1, 2)
     assert lock_row["pid"] == os.getpid() and lock_row["thread"] == "MainThread"
     sem.release()
+
+
+def test_names_sort_as_people_count(r: redis.Redis) -> None:
+    for n in (100, 10, 2, 1, 0):
+        hold(r, f"cart:{n}")
+    hold(r, "cart")
+    hold(r, "cart:1:b")
+    names = [item["name"] for item in json.loads(run("list", "--format", "json")[0])["locks"]]
+    assert names == ["cart", "cart:0", "cart:1", "cart:1:b", "cart:2", "cart:10", "cart:100"]
+    table = [line.split()[0] for line in run("list")[0].splitlines()[1:]]
+    assert table == names
 
 
 HOSTILE = [
@@ -209,7 +260,7 @@ def test_hostile_names_table_escaped_json_exact(r: redis.Redis) -> None:
     ]:
         assert shown in body
     assert "\x1b" not in out and "\u202e" not in out and "\t" not in out
-    data = json.loads(run("list", "--format", "json")[0])
+    data = json.loads(run("list", "--format", "json")[0])["locks"]
     assert sorted(item["name"] for item in data) == sorted(HOSTILE)
     assert {item["label"] for item in data} == {"l\nl"}
 
@@ -222,7 +273,7 @@ def test_hostile_names_cleared_by_name(r: redis.Redis, name: str) -> None:
     assert err == ""
     assert out.startswith("Released lock '")
     assert out.count("\n") == 1
-    names = [item["name"] for item in json.loads(run("list", "--format", "json")[0])]
+    names = [item["name"] for item in json.loads(run("list", "--format", "json")[0])["locks"]]
     assert names == ["other"]
     with pytest.raises(LockLost):
         lock.release()
@@ -233,7 +284,9 @@ def test_pattern_and_literal(r: redis.Redis) -> None:
         hold(r, name)
 
     def listed(*args: str) -> list[str]:
-        return [item["name"] for item in json.loads(run("list", "--format", "json", *args)[0])]
+        return [
+            item["name"] for item in json.loads(run("list", "--format", "json", *args)[0])["locks"]
+        ]
 
     assert listed("--pattern", "a*") == ["a*", "ab"]
     assert listed("--pattern", "a*", "--literal") == ["a*"]
@@ -304,9 +357,17 @@ def test_confirmation_prompt(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) ->
         return next(answers)
 
     monkeypatch.setattr("builtins.input", answer)
+    monkeypatch.setattr(COMMAND + ".has_terminal", lambda: True)
     before = snapshot(r)
-    out, _ = run("clear", "a")
-    lines = out.splitlines()
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError) as declined:
+        call_command("redislocks", "clear", "a", stdout=out, stderr=err)
+    # Declining is a failure of what was asked: exit status 1.
+    assert (str(declined.value), declined.value.returncode) == (
+        "Declined: nothing was released.",
+        1,
+    )
+    lines = out.getvalue().splitlines()
     assert lines[0] == "These will be force-released:"
     assert lines[1].startswith("  lock 'a' (fence ")
     assert lines[2] == (
@@ -315,10 +376,50 @@ def test_confirmation_prompt(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) ->
     assert lines[3:] == ["Nothing released."]
     assert prompts == ["Type 'yes' to continue, or 'no' to cancel: "]
     assert snapshot(r) == before
-    out, _ = run("clear", "a")
-    assert out.splitlines()[-1].startswith("Released lock 'a' (")
+    out2, _ = run("clear", "a")
+    assert out2.splitlines()[-1].startswith("Released lock 'a' (")
     assert len(prompts) == 2
     assert run("list")[0] == "No locks held.\n"
+
+
+def test_end_of_input_at_the_prompt_declines(
+    r: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hold(r, "a")
+
+    def eof(prompt: str) -> str:
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", eof)
+    monkeypatch.setattr(COMMAND + ".has_terminal", lambda: True)
+    before = snapshot(r)
+    out, _, message = fails("clear", "a")
+    assert out.splitlines()[-2:] == ["", "Nothing released."]
+    assert message == "Declined: nothing was released."
+    assert snapshot(r) == before
+
+
+def test_clear_without_a_terminal_refuses(r: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    hold(r, "a")
+    asked: list[str] = []
+    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or "yes")
+    monkeypatch.setattr(COMMAND + ".has_terminal", lambda: False)
+    before = snapshot(r)
+    out, err = StringIO(), StringIO()
+    with pytest.raises(CommandError) as refused:
+        call_command("redislocks", "clear", "a", stdout=out, stderr=err)
+    assert str(refused.value) == (
+        "No terminal to confirm on (stdin is not a terminal), so nothing was released. "
+        "Run it from a terminal, or pass --no-input to release without asking; "
+        "--dry-run shows what would go."
+    )
+    assert refused.value.returncode == 2
+    assert (out.getvalue(), err.getvalue(), asked) == ("", "", [])
+    assert snapshot(r) == before
+    # --no-input (and --noinput) release without asking, terminal or not.
+    out3, _ = run("clear", "a", "--no-input")
+    assert out3.startswith("Released lock 'a' (")
+    assert asked == []
 
 
 def test_clear_all_leaves_foreign_keys(r: redis.Redis) -> None:
@@ -348,7 +449,7 @@ def test_kind_option(r: redis.Redis) -> None:
     assert sem.acquire()
     out, _ = run("clear", "x", "--kind", "semaphore", "--noinput")
     assert out.startswith("Released semaphore 'x' (1/2 permits")
-    assert [i["kind"] for i in json.loads(run("list", "--format", "json")[0])] == ["lock"]
+    assert [i["kind"] for i in json.loads(run("list", "--format", "json")[0])["locks"]] == ["lock"]
 
 
 def test_clear_wakes_waiter_and_holder_learns(r: redis.Redis) -> None:
@@ -364,7 +465,7 @@ def test_clear_wakes_waiter_and_holder_learns(r: redis.Redis) -> None:
     t = threading.Thread(target=wait)
     t.start()
     deadline = time.monotonic() + 10
-    while json.loads(run("list", "--format", "json")[0])[0]["waiters"] != 1:
+    while json.loads(run("list", "--format", "json")[0])["locks"][0]["waiters"] != 1:
         assert time.monotonic() < deadline, "the waiter never queued"
         time.sleep(0.01)
     run("clear", "job", "--noinput")
@@ -388,7 +489,7 @@ def test_cache_alias(r: redis.Redis, redis_factory: Any) -> None:
         client = other.client()
         hold(client, "elsewhere")
         assert run("list")[0] == "No locks held.\n"
-        data = json.loads(run("list", "--format", "json", "--cache", "other")[0])
+        data = json.loads(run("list", "--format", "json", "--cache", "other")[0])["locks"]
         assert [item["name"] for item in data] == ["elsewhere"]
         client.close()
 
@@ -408,7 +509,7 @@ def test_empty_name_is_a_clear_error() -> None:
 
 def test_options_as_keywords_and_empty_pattern(r: redis.Redis) -> None:
     hold(r, "a")
-    assert json.loads(run("list", format="json", pattern="a")[0])[0]["name"] == "a"
+    assert json.loads(run("list", format="json", pattern="a")[0])["locks"][0]["name"] == "a"
     assert run("clear", "--pattern", "zz*", "--noinput") == ("Nothing to release.\n", "")
     assert run("clear", pattern="a", literal=True, interactive=False)[0].startswith(
         "Released lock 'a' ("

@@ -108,7 +108,7 @@ def test_manage_py_with_settings_and_pythonpath_after_list(manage_py: Path, r: r
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    rows = json.loads(done.stdout)
+    rows = json.loads(done.stdout)["locks"]
     assert [(row["name"], row["fence"], row["label"]) for row in rows] == [
         ("report:7", lock.fence, "nightly")
     ]

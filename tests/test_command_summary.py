@@ -105,14 +105,15 @@ def test_summary_table_above_the_rows(contended: Any) -> None:
 
 
 def test_summary_json_is_an_object_with_the_rows_unchanged(contended: Any) -> None:
-    rows = json.loads(run("list", "--format", "json")[0])
-    assert isinstance(rows, list)  # without --summary: the array, as always
+    plain = json.loads(run("list", "--format", "json")[0])
     data = json.loads(run("list", "--format", "json", "--summary")[0])
-    assert set(data) == {"locks", "summary"}
+    # The same shape with and without --summary: JSON always carries the summary.
+    assert set(data) == set(plain) == {"schema", "read_at", "locks", "summary"}
+    rows = plain["locks"]
 
     def timeless(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # Ages and leases move on between the two runs; nothing else does.
-        drop = {"held_for", "lease_left"}
+        drop = {"held_for", "lease_left", "expires_at"}
         return [
             {
                 **{k: v for k, v in item.items() if k not in drop},
@@ -121,8 +122,10 @@ def test_summary_json_is_an_object_with_the_rows_unchanged(contended: Any) -> No
             for item in items
         ]
 
-    # "where ``locks`` is the array printed without ``--summary``"
     assert timeless(data["locks"]) == timeless(rows)
+    assert [(e["template"], e["held"]) for e in data["summary"]] == [
+        (e["template"], e["held"]) for e in plain["summary"]
+    ]
     types = {
         "template": (str, type(None)),
         "kind": str,
@@ -164,10 +167,8 @@ def test_summary_follows_pattern_kind_and_the_common_options(contended: Any) -> 
 
 def test_summary_with_nothing_held(r: redis.Redis) -> None:
     assert run("list", "--summary") == ("No locks held.\n", "")
-    assert json.loads(run("list", "--summary", "--format", "json")[0]) == {
-        "locks": [],
-        "summary": [],
-    }
+    data = json.loads(run("list", "--summary", "--format", "json")[0])
+    assert (data["schema"], data["locks"], data["summary"]) == (1, [], [])
 
 
 def test_summary_escapes_templates_and_names(r: redis.Redis) -> None:

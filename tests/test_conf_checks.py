@@ -94,6 +94,7 @@ def test_clean_settings_have_no_messages() -> None:
         ({"ENABLED": "yes"}, "E010", "'ENABLED'"),
         ({"RENEW": 1}, "E010", "'RENEW'"),
         ({"FAIL_OPEN": None}, "E010", "'FAIL_OPEN'"),
+        ({"OTEL_LOCK_NAMES": "on"}, "E010", "'OTEL_LOCK_NAMES'"),
         ({"THROTTLE_FAIL_OPEN": "false"}, "E010", "'THROTTLE_FAIL_OPEN'"),
         ({"SOCKET_TIMEOUT": 20, "TIMEOUT": 30}, "W001", "SOCKET_TIMEOUT"),
     ],

@@ -66,8 +66,8 @@ def waits(name: str, kind: str, what: str) -> float:
     return sample("redislock_wait_seconds_count", name=name, kind=kind, outcome=what)
 
 
-def holds(name: str, kind: str) -> float:
-    return sample("redislock_hold_seconds_count", name=name, kind=kind)
+def holds(name: str, kind: str, what: str = "released") -> float:
+    return sample("redislock_hold_seconds_count", name=name, kind=kind, outcome=what)
 
 
 def snapshot() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -75,7 +75,8 @@ def snapshot() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     found = {}
     for family in REGISTRY.collect():
         for s in family.samples:
-            if s.name.startswith("redislock_"):
+            # Not the creation times prometheus_client adds: they are no counts.
+            if s.name.startswith("redislock_") and not s.name.endswith("_created"):
                 found[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return found
 
@@ -344,7 +345,10 @@ def test_locked_view_counts_acquire_wait_and_hold_under_its_template(
             (("kind", "lock"), ("name", T), ("outcome", "acquired")),
         ): 2,
         ("redislock_wait_seconds_count", (("kind", "lock"), ("name", T), ("outcome", "busy"))): 1,
-        ("redislock_hold_seconds_count", (("kind", "lock"), ("name", T))): 2,
+        (
+            "redislock_hold_seconds_count",
+            (("kind", "lock"), ("name", T), ("outcome", "released")),
+        ): 2,
     }
     for key, value in expected.items():
         assert changed.get(key) == value, (key, changed)
@@ -484,7 +488,8 @@ def test_throttled_requests_count_under_the_rule_name(
     changed = delta(before, snapshot())
     sem = ("kind", "semaphore")
     assert changed[("redislock_outcomes_total", (sem, ("name", "reports"), ("outcome", "busy")))]
-    assert changed[("redislock_hold_seconds_count", (sem, ("name", "reports")))] == 1
+    released = ("outcome", "released")
+    assert changed[("redislock_hold_seconds_count", (sem, ("name", "reports"), released))] == 1
     assert changed[("redislock_outcomes_total", (sem, ("name", "per-ip"), ("outcome", "acquired")))]
     acquired = ("redislock_outcomes_total", (sem, ("name", "reports"), ("outcome", "acquired")))
     assert changed[acquired] == 1
@@ -606,7 +611,7 @@ def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
     assert 'redislock_outcomes_total{kind="lock",name="job:{n}",outcome="acquired"} 6.0' in text, (
         text
     )
-    assert 'redislock_hold_seconds_count{kind="lock",name="job:{n}"} 6.0' in text
+    assert 'redislock_hold_seconds_count{kind="lock",name="job:{n}",outcome="released"} 6.0' in text
 
 
 # -- OpenTelemetry ------------------------------------------------------------------------------
@@ -666,7 +671,7 @@ def test_otel_spans_around_acquire_and_hold(
     acquired = counted("redislock.outcomes", name=T, kind="lock", outcome="acquired")
     busy = counted("redislock.outcomes", name=T, kind="lock", outcome="busy")
     waited = counted("redislock.wait.duration", name=T, kind="lock", outcome="acquired")
-    held_count = counted("redislock.hold.duration", name=T, kind="lock")
+    held_count = counted("redislock.hold.duration", name=T, kind="lock", outcome="released")
     response = get(f"/{view}/apple/")
     assert response.status_code == 200
     fence = response.json()["fence"]
@@ -679,9 +684,9 @@ def test_otel_spans_around_acquire_and_hold(
     assert acquire.attributes["redislock.kind"] == "lock"
     assert acquire.attributes["redislock.outcome"] == "acquired"
     assert acquire.attributes["redislock.fence"] == fence
-    assert acquire.attributes["redislock.waited"] >= 0
+    assert acquire.attributes["redislock.waited_seconds"] >= 0
     assert hold.attributes["redislock.fence"] == fence
-    assert hold.attributes["redislock.held"] >= 0
+    assert hold.attributes["redislock.held_seconds"] >= 0
     assert acquire.instrumentation_scope is not None
     assert acquire.instrumentation_scope.name == "django_redislock"
     assert acquire.start_time is not None and acquire.end_time is not None
@@ -702,7 +707,9 @@ def test_otel_spans_around_acquire_and_hold(
     assert counted("redislock.wait.duration", name=T, kind="lock", outcome="acquired") == (
         waited + 1
     )
-    assert counted("redislock.hold.duration", name=T, kind="lock") == held_count + 1
+    assert counted("redislock.hold.duration", name=T, kind="lock", outcome="released") == (
+        held_count + 1
+    )
 
 
 def test_otel_acquire_span_is_a_child_of_the_current_span(otel: InMemorySpanExporter) -> None:
@@ -790,11 +797,14 @@ def test_docs_list_exactly_the_prometheus_metrics(throttled: Any) -> None:
     """docs/metrics.rst, Prometheus: the table of metric names."""
     table = DOC.split("\nPrometheus\n==========\n", 1)[1].split("The wait buckets", 1)[0]
     documented = set(re.findall(r"^``(redislock_\w+)``", table, re.M))
-    exposed = set(re.findall(r"^# TYPE (redislock_\w+) ", scrape(), re.M))
+    typed = re.findall(r"^# TYPE (redislock_\w+) (\w+)", scrape(), re.M)
     # The creation times prometheus_client adds to each labelled series.
-    exposed = {n for n in exposed if not n.endswith("_created")}
     # prometheus_client names a counter's family without its _total.
-    exposed = {f"{n}_total" if n == "redislock_outcomes" else n for n in exposed}
+    exposed = {
+        f"{n}_total" if kind == "counter" and not n.endswith("_total") else n
+        for n, kind in typed
+        if not n.endswith("_created")
+    }
     assert documented == exposed
 
 

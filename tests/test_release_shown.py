@@ -220,6 +220,9 @@ def test_command_releases_only_the_holder_its_prompt_showed(
         return "yes"
 
     monkeypatch.setattr("builtins.input", answer)
+    monkeypatch.setattr(
+        "django_redislock.management.commands.redislocks.has_terminal", lambda: True
+    )
     out, err = StringIO(), StringIO()
     if case.replaced:
         with pytest.raises(CommandError) as info:

@@ -117,7 +117,7 @@ def test_command_table_lines(r: redis.Redis) -> None:
     assert prices[:4] == ["prices", "rwlock", "writer", str(w.fence)]
     assert prices[-3:] == ["0", OWNER, "reprice"]
     assert len(lines) == 5
-    data = json.loads(run("list", "--format", "json"))
+    data = json.loads(run("list", "--format", "json"))["locks"]
     assert [(x["name"], x["kind"], x["holders"]) for x in data] == [
         ("catalogue", "rwlock", 2),
         ("prices", "rwlock", 1),

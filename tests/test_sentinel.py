@@ -193,7 +193,10 @@ def test_middleware_and_command_through_sentinel(
     assert held.acquire()
     out = StringIO()
     call_command("redislocks", "list", "--format", "json", stdout=out)
-    assert sorted(row["name"] for row in json.loads(out.getvalue())) == ["listed", "throttle:ok"]
+    assert sorted(row["name"] for row in json.loads(out.getvalue())["locks"]) == [
+        "listed",
+        "throttle:ok",
+    ]
     permit.release()
     held.release()
     assert Client().get("/ok/").status_code == 200

@@ -573,7 +573,7 @@ def test_the_worker_that_runs_a_task_is_listed_as_its_holder(
     def listed_pid() -> int:
         out = StringIO()
         call_command("redislocks", "list", "--pattern", name, "--format", "json", stdout=out)
-        (row,) = json.loads(out.getvalue())
+        (row,) = json.loads(out.getvalue())["locks"]
         return int(row["pid"])
 
     parked = report_owner.apply_async(("2",), queue="nowhere")

@@ -71,6 +71,7 @@ RENAMES = {
     # Functions: the async twin is ``x_async``, a factory ``get_async_x``.
     "get_async_notifier": "get_notifier",
     "run_async": "run",
+    "call_async": "call",
     "run_acked_async": "run_acked",
     "submit_async": "submit",
     "clear_semaphore_async": "clear_semaphore",

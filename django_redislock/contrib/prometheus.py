@@ -6,19 +6,28 @@ on ``prometheus_client``'s default registry:
 
 ``redislock_wait_seconds`` (histogram; ``name``, ``kind``, ``outcome``)
     How long each acquire waited, ``outcome`` ``acquired`` or ``busy``.
-``redislock_hold_seconds`` (histogram; ``name``, ``kind``)
-    How long each lock or permit was held, up to its release.
+``redislock_hold_seconds`` (histogram; ``name``, ``kind``, ``outcome``)
+    How long each lock or permit was held, up to its release (``released``)
+    or to the moment its loss was found (``lost``).
 ``redislock_outcomes_total`` (counter; ``name``, ``kind``, ``outcome``)
     ``acquired``, ``busy``, ``lost``, ``unavailable`` (Redis down, failing
     closed) and ``fail_open`` (Redis down, the code ran unlocked).
+``redislock_losses_total`` (counter; ``name``, ``kind``, ``cause``)
+    Leases lost, by cause: ``expired``, ``force_released``, ``redis_lost``.
+``redislock_idempotency_keys_total``, ``redislock_unique_tasks_total``
+    (counters; ``name``, ``outcome``) Idempotency keys by view, unique
+    tasks' keys by template: ``claimed``, ``replayed``, ``refused``,
+    ``released`` (``signals.count_key``).
 ``redislock_permits_in_use``, ``redislock_permits_limit``, ``redislock_queue_length``
     (gauges; ``name``) Each global throttling rule's semaphore, read from
     Redis at scrape time by ``SemaphoreCollector``.
 
 ``name`` is the lock's template (``"purchase:{product_id}"``), the throttling
 rule's name, a ``metric_name`` given in code, or ``"other"``; ``kind`` is
-``lock`` or ``semaphore``. See ``docs/metrics.rst`` for queries and for
-prometheus_client's multiprocess mode (gunicorn), which these metrics support.
+``lock`` or ``semaphore``. Every series of a name exists from the moment it
+is declared or first used, at 0 (``ops/metrics.py``). See
+``docs/metrics.rst`` for queries and for prometheus_client's multiprocess
+mode (gunicorn), which these metrics support.
 """
 
 from __future__ import annotations
@@ -36,10 +45,27 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from .. import signals
 from ..core.drivers.base import LockBase
 from ..core.exceptions import RedisUnavailable
-from ..ops.metrics import kind_of, label_of, semaphore_levels, unavailable_label
+from ..ops.metrics import (
+    CAUSES,
+    HOLD_OUTCOMES,
+    KINDS,
+    OTHER,
+    WAIT_OUTCOMES,
+    Zeroes,
+    admitted,
+    key_family,
+    kind_of,
+    label_of,
+    levels_within,
+    unavailable_label,
+    width_of,
+)
+from ..ops.metrics import OUTCOMES as OUTCOME_VALUES
+from ..signals import KEY_OUTCOMES
 
 __all__ = [
     "HOLD",
+    "LOSSES",
     "OUTCOMES",
     "WAIT",
     "SemaphoreCollector",
@@ -64,8 +90,8 @@ WAIT = Histogram(
 )
 HOLD = Histogram(
     "redislock_hold_seconds",
-    "Time a lock or permit was held, up to its release.",
-    ["name", "kind"],
+    "Time a lock or permit was held, up to its release or the loss found (outcome).",
+    ["name", "kind", "outcome"],
     buckets=HOLD_BUCKETS,
 )
 OUTCOMES = Counter(
@@ -73,6 +99,23 @@ OUTCOMES = Counter(
     "Acquires by outcome (acquired, busy, unavailable, fail_open) and leases lost.",
     ["name", "kind", "outcome"],
 )
+LOSSES = Counter(
+    "redislock_losses",
+    "Leases lost, by cause (expired, force_released, redis_lost).",
+    ["name", "kind", "cause"],
+)
+KEYS = {
+    "idempotency": Counter(
+        "redislock_idempotency_keys",
+        "Idempotency keys by outcome (claimed, replayed, refused, released), per view.",
+        ["name", "outcome"],
+    ),
+    "unique_task": Counter(
+        "redislock_unique_tasks",
+        "Unique tasks' keys by outcome (claimed, replayed, refused, released), per template.",
+        ["name", "outcome"],
+    ),
+}
 
 # Children by label values: ``labels()`` takes a lock and builds a key on
 # every call; a dict read does neither. Bounded like the names themselves.
@@ -87,31 +130,76 @@ def _child(metric: Any, *values: str) -> Any:
     return child
 
 
+# -- every series of a name, from the start ------------------------------------------------
+def _make_zeroes(name: str, kind: str) -> None:
+    """Every series of ``(name, kind)``, at 0: in multiprocess mode too, where
+    prometheus_client writes each child to the process's file as it is made."""
+    family = key_family(kind)
+    if family is not None:
+        for outcome in KEY_OUTCOMES:
+            _child(KEYS[family], name, outcome)
+        return
+    for outcome in OUTCOME_VALUES:
+        _child(OUTCOMES, name, kind, outcome)
+    for outcome in WAIT_OUTCOMES:
+        _child(WAIT, name, kind, outcome)
+    for outcome in HOLD_OUTCOMES:
+        _child(HOLD, name, kind, outcome)
+    for cause in CAUSES:
+        _child(LOSSES, name, kind, cause)
+
+
+zeroes = Zeroes(_make_zeroes)
+
+
+def _series(lock: LockBase) -> tuple[str, str]:
+    name, kind = label_of(lock), kind_of(lock)
+    zeroes.ensure(name, kind)
+    return name, kind
+
+
 # -- the sink ----------------------------------------------------------------------------
 class _Sink:
     """Hears the lock events (``signals.add_sink``) and counts them."""
 
+    def declared(self, name: str, kind: str) -> None:
+        zeroes.declared(name, kind)
+
     def acquired(self, lock: LockBase, waited: float) -> None:
-        name, kind = label_of(lock), kind_of(lock)
+        name, kind = _series(lock)
         _child(WAIT, name, kind, "acquired").observe(waited)
         _child(OUTCOMES, name, kind, "acquired").inc()
 
     def busy(self, lock: LockBase, waited: float) -> None:
-        name, kind = label_of(lock), kind_of(lock)
+        name, kind = _series(lock)
         _child(WAIT, name, kind, "busy").observe(waited)
         _child(OUTCOMES, name, kind, "busy").inc()
 
     def released(self, lock: LockBase, held: float) -> None:
-        _child(HOLD, label_of(lock), kind_of(lock)).observe(held)
+        name, kind = _series(lock)
+        _child(HOLD, name, kind, "released").observe(held)
 
     def lost(self, lock: LockBase, reason: str) -> None:
-        _child(OUTCOMES, label_of(lock), kind_of(lock), "lost").inc()
+        name, kind = _series(lock)
+        _child(OUTCOMES, name, kind, "lost").inc()
+        loss = lock.loss
+        if loss is not None:
+            # Lost holds are timed too: "should we raise TIMEOUT?" needs them.
+            _child(HOLD, name, kind, "lost").observe(loss.held_seconds)
+            _child(LOSSES, name, kind, loss.cause).inc()
+
+    def key(self, family: str, name: str, outcome: str) -> None:
+        label = admitted(name)
+        zeroes.ensure(label, family)
+        _child(KEYS[family], label, outcome).inc()
 
     def unavailable(
         self, sender: Any, name: str, error: BaseException, fail_open: bool, lock: LockBase | None
     ) -> None:
         label, kind = unavailable_label(sender, name, lock)
-        _child(OUTCOMES, label, kind, "fail_open" if fail_open else "unavailable").inc()
+        zeroes.ensure(label, kind)
+        outcome = "fail_open" if fail_open else "unavailable"
+        _child(OUTCOMES, label, kind, outcome).inc(width_of(lock))
 
 
 sink = _Sink()
@@ -153,7 +241,8 @@ class SemaphoreCollector:
 
     def collect(self) -> Iterator[Metric]:
         try:
-            levels = semaphore_levels()
+            # Within the scrape's own bound, not the socket timeout of lock calls.
+            levels = levels_within()
         except RedisUnavailable as exc:
             logger.warning("could not read the throttling semaphores for metrics: %s", exc)
             return
@@ -177,6 +266,11 @@ def install() -> None:
     if not _registered:
         REGISTRY.register(collector)
         _registered = True
+    # Ad-hoc locks (no metric_name) count as "other": it exists from the start too.
+    for kind in KINDS:
+        zeroes.ensure(OTHER, kind)
+    for name, kind in signals.declared():
+        zeroes.declared(name, kind)
 
 
 def uninstall() -> None:

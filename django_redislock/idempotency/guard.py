@@ -42,7 +42,7 @@ import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connections
 from django.http import HttpResponse, HttpResponseBase
@@ -53,11 +53,20 @@ from ..core.exceptions import RedisUnavailable
 from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace
 from ..locking.transactions import EVERY_ALIAS, in_user_transaction
+from ..signals import count_key
 from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
 from .detached import to_the_end
 from .fingerprint import BadKey, fingerprint, fingerprint_async, key_of
-from .responses import answer, in_progress, problem, running, snapshot, unavailable
+from .responses import (
+    REPLAYED_HEADER,
+    answer,
+    in_progress,
+    problem,
+    running,
+    snapshot,
+    unavailable,
+)
 from .scope import NotAuthenticated, ScopeUnknown, scope_of
 from .settings import Policy
 from .settling import settle_at_commit
@@ -268,15 +277,27 @@ class _Attempt:
             )
 
 
+_Answer = TypeVar("_Answer", HttpResponseBase, "HttpResponseBase | None")
+
+
+def _told(call: Call, answered: _Answer) -> _Answer:
+    """``answered`` (a duplicate's answer, or None), counted for the metrics."""
+    if answered is not None:
+        replayed = answered.has_header(REPLAYED_HEADER)
+        count_key("idempotency", call.label, "replayed" if replayed else "refused")
+    return answered
+
+
 def _under_lock(attempt: _Attempt) -> Steps[Any]:
     """Steps 3, 5 and the undoing: the body both ``redis_locked`` runners step."""
     call, record = attempt.call, attempt.record
     try:
         stored, _ = yield record.read
-        early = answer(call.request, call.policy, call.fingerprint, stored, None)
+        early = _told(call, answer(call.request, call.policy, call.fingerprint, stored, None))
         if early is not None:
             return early
         yield record.write(attempt.marker(), call.policy.ttl)
+        count_key("idempotency", call.label, "claimed")
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     try:
@@ -285,9 +306,11 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         done = snapshot(response, call.request, call.policy, call.fingerprint)
     except BaseException:
         yield attempt.forget()
+        count_key("idempotency", call.label, "released")
         raise
     if done is None:
         yield attempt.forget()
+        count_key("idempotency", call.label, "released")
         return response
     # Stored even if the lease ran out meanwhile: while the marker is this
     # attempt's, no other has run (a duplicate found it and did not). A
@@ -309,7 +332,7 @@ def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
-    return early or in_progress(call.request, call.policy, stored, pttl)
+    return _told(call, early or in_progress(call.request, call.policy, stored, pttl))
 
 
 def _name(request: Any, attempt: _Attempt) -> str:
@@ -370,7 +393,7 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
         stored, pttl = yield record.read
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
+    early = _told(call, answer(call.request, call.policy, call.fingerprint, stored, pttl))
     if early is not None:
         return early
     attempt = _Attempt(call, record, run)

@@ -33,6 +33,7 @@ from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockLost, RedisUnavailable
 from ..http import request_in
+from ..signals import declare
 from ..stepping import sync_from_loop
 from .blocks import redis_lock
 from .context import Key, current_fence, current_lock, pop, push, reenter, task_owner
@@ -213,6 +214,8 @@ def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: LockOpt
     namer = namer_for(key, func)
     label = f"{getattr(func, '__module__', '')}.{describe(func)}"
     lock_kwargs = {**opts.lock_kwargs(label), "metric_name": _metric_name(namer, label)}
+    # Its series exist from now on, at 0: the first loss moves a counter that exists.
+    declare(lock_kwargs["metric_name"], "lock")
     locked = _Locked(func, namer, opts, lock_kwargs)
     if iscoroutinefunction(func):
 

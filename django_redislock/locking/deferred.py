@@ -49,6 +49,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..core.drivers.base import fields_of
 from ..core.drivers.lock import Lock
 from ..core.exceptions import LockLost
 from ..core.io import renewal
@@ -215,7 +216,11 @@ class Deferred:
             try:
                 self._end(alias)
             except Exception:
-                log_release.exception("could not release %r at its transaction's end", self.key[1])
+                log_release.exception(
+                    "could not release %r at its transaction's end",
+                    self.key[1],
+                    extra=fields_of(self.lock),
+                )
 
         return end
 
@@ -247,6 +252,7 @@ class Deferred:
             "is marked for rollback",
             self.lock.name,
             ", ".join(sorted(self._marked)) or "(none open)",
+            extra=fields_of(self.lock),
         )
 
     def _check(
@@ -330,6 +336,7 @@ class Deferred:
             log_release.warning(
                 "could not release %r from another thread; its lease will expire",
                 self.lock.name,
+                extra=fields_of(self.lock),
             )
             return
         release(self.lock, quiet=True)

@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from ..conf import conf
-from ..core.drivers.base import LockBase
+from ..core.drivers.base import LockBase, fields_of
 from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
@@ -27,7 +27,7 @@ def busy(
     kwargs: dict[str, Any],
 ) -> Any:
     if on_busy == "skip":
-        log_busy.info("skipped %r: lock busy", name)
+        log_busy.info("skipped %r: lock busy", name, extra={"lock_name": name, "kind": "lock"})
         return None
     if callable(on_busy):
         return on_busy(*args, **kwargs)
@@ -52,7 +52,12 @@ def unavailable(
     lock: Lock | AsyncLock | None = None,
 ) -> Any:
     """Fail closed: a response for a view, else the exception."""
-    log_unavailable.warning("Redis unavailable for lock %r, not running the call: %s", name, exc)
+    log_unavailable.warning(
+        "Redis unavailable for lock %r, not running the call: %s",
+        name,
+        exc,
+        extra=_unavailable_fields(lock, name, exc, fail_open=False),
+    )
     send_unavailable(sender, name=name, error=exc, fail_open=False, lock=lock)
     if request is not None and on_busy != "raise":
         return unavailable_response(request, name)
@@ -62,8 +67,21 @@ def unavailable(
 def failed_open(
     name: str, exc: RedisUnavailable, sender: type, lock: Lock | AsyncLock | None = None
 ) -> None:
-    log_unavailable.warning("Redis unavailable for lock %r, running unlocked: %s", name, exc)
+    log_unavailable.warning(
+        "Redis unavailable for lock %r, running unlocked: %s",
+        name,
+        exc,
+        extra=_unavailable_fields(lock, name, exc, fail_open=True),
+    )
     send_unavailable(sender, name=name, error=exc, fail_open=True, lock=lock)
+
+
+def _unavailable_fields(
+    lock: Any, name: str, exc: RedisUnavailable, *, fail_open: bool
+) -> dict[str, Any]:
+    """The structured fields of an outage's record: the lock's, and why."""
+    fields = fields_of(lock) if lock is not None else {"lock_name": name, "kind": "lock"}
+    return {**fields, "reason": getattr(exc, "reason", None), "fail_open": fail_open}
 
 
 def lost_response(request: Any, name: str) -> Any:
@@ -106,5 +124,10 @@ def release_failed(lock: Lock | AsyncLock, exc: RedisUnavailable) -> None:
     """A decorated call's release could not reach Redis: its result stands, the
     give-back goes on off its path, and operators hear of it (the log and
     ``redis_unavailable``, the call having run under the lock)."""
-    log_release.warning("could not release %r (%s); its lease will expire", lock.name, exc)
+    log_release.warning(
+        "could not release %r (%s); its lease will expire",
+        lock.name,
+        exc,
+        extra=_unavailable_fields(lock, lock.name, exc, fail_open=False),
+    )
     send_unavailable(type(lock), lock.name, exc, fail_open=False, lock=lock)

@@ -3,6 +3,11 @@
 Above the rows, a "By template" table sums them up per template
 (``core.ops.inspection.summarize``): names carry ids, templates do not.
 
+At scale: the rows come a page at a time (``PAGE_SIZE`` names, in natural
+order: ``cart:2`` before ``cart:10``) under a total, while the summary covers
+every row; the page says when Redis was read, and reloads itself every
+``?refresh=`` seconds when asked (one of ``REFRESH_CHOICES``).
+
 There is no model and no migration: ``install(site)`` adds one URL to an
 ``AdminSite`` (``django_redislock.admin`` does it for ``admin.site``) and an
 entry to its app list. Only active staff reach the page (the admin's own
@@ -40,6 +45,7 @@ from ..core.ops.force import Shown, release, still_held
 from ..core.ops.inspection import KINDS, HeldLock, TemplateSummary, list_locks, summarize
 from ..locking.factories import keyspace
 from .display import duration, owner_text, printable, quoted, template_text
+from .pages import REFRESH_CHOICES, page_links, page_of, read_at, refresh_of
 
 __all__ = ["has_permission", "install"]
 
@@ -58,6 +64,12 @@ def has_permission(user: Any) -> bool:
         return bool(getattr(user, "is_superuser", False))
     func: Callable[[Any], Any] = import_string(check) if isinstance(check, str) else check
     return bool(func(user))
+
+
+def admin_user(request: HttpRequest) -> str:
+    """Who releases from the admin, as the log and the holder name them."""
+    user = request.user
+    return f"admin user {user.get_username()!r} (id {user.pk})"
 
 
 # -- selections -----------------------------------------------------------------
@@ -184,13 +196,24 @@ def _filters(params: Any) -> tuple[str | None, bool]:
     return pattern, params.get("literal") == "1"
 
 
-def _list_url(site: admin.AdminSite, pattern: str | None, literal: bool) -> str:
+def _list_url(
+    site: admin.AdminSite,
+    pattern: str | None,
+    literal: bool,
+    *,
+    page: int = 1,
+    refresh: int = 0,
+) -> str:
     url = reverse(f"{site.name}:{URL_NAME}", current_app=site.name)
     query = {}
     if pattern:
         query["pattern"] = pattern
         if literal:
             query["literal"] = "1"
+    if page > 1:
+        query["p"] = str(page)
+    if refresh:
+        query["refresh"] = str(refresh)
     return url + ("?" + urlencode(query) if query else "")
 
 
@@ -203,12 +226,15 @@ def locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         raise PermissionDenied
     params = request.POST if request.method == "POST" else request.GET
     pattern, literal = _filters(params)
+    refresh = refresh_of(params)
     context: dict[str, Any] = {
         **site.each_context(request),
         "title": "Held locks",
         "pattern": pattern or "",
         "literal": literal,
-        "list_url": _list_url(site, pattern, literal),
+        "refresh": refresh,
+        "refresh_choices": REFRESH_CHOICES,
+        "list_url": _list_url(site, pattern, literal, refresh=refresh),
         "opts": None,
     }
     try:
@@ -222,10 +248,18 @@ def locks_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         return TemplateResponse(
             request,
             "admin/django_redislock/locks.html",
-            {**context, "rows": [], "summary": []},
+            {**context, "rows": [], "summary": [], "refresh": 0},
             status=503,
         )
-    context["rows"] = [_row(row) for row in rows]
+    page = page_of(rows, params.get("p"))
+    context["rows"] = [_row(row) for row in page.object_list]
+    context["page"] = page
+    context["pages"] = page_links(
+        page, lambda n: _list_url(site, pattern, literal, page=n, refresh=refresh)
+    )
+    context["total"] = len(rows)
+    context["read_at"], context["read_at_text"] = read_at(rows)
+    # The summary covers every row, not only this page's.
     context["summary"] = [_summary_row(site, s) for s in summarize(rows)]
     return TemplateResponse(request, "admin/django_redislock/locks.html", context)
 
@@ -242,7 +276,7 @@ def _post(
         chosen = [parse_selection(v) for v in request.POST.getlist("selected")]
     except (ValueError, binascii.Error, UnicodeDecodeError):
         return HttpResponseBadRequest("malformed selection")
-    back = HttpResponseRedirect(_list_url(site, pattern, literal))
+    back = HttpResponseRedirect(_list_url(site, pattern, literal, refresh=refresh_of(request.POST)))
     if not chosen:
         messages.warning(request, "Select at least one lock to release.")
         return back
@@ -256,9 +290,20 @@ def _post(
             gone=[_gone(item) for item in gone],
         )
         return TemplateResponse(request, "admin/django_redislock/confirm_release.html", context)
-    result = release(client, ks, current)
+    who = admin_user(request)
+    result = release(client, ks, current, by=who)
     for row in result.released:
-        logger.warning("released from the admin by %s: %s", request.user, _described(row))
+        logger.warning(
+            "released from the admin by %s: %s",
+            who,
+            _described(row),
+            extra={
+                "lock_name": row.name,
+                "template": row.template,
+                "kind": row.kind,
+                "forced_by": who,
+            },
+        )
         messages.success(request, f"Released {_described(row)}.")
     lost = [_gone(item) for item in gone]
     lost.extend(_gone(Shown.of(row)) for row in result.changed)

@@ -13,9 +13,17 @@ What every backend shares is decided here:
   never its full name, so that the number of series stays bounded. A lock
   without one counts as ``"other"``; past ``MAX_NAMES`` distinct names in a
   process, new ones count as ``"other"`` too, with one warning.
+* **Which series exist from the start** (``OUTCOMES``, ``WAIT_OUTCOMES``,
+  ``HOLD_OUTCOMES``, ``CAUSES``): every name declared (``signals.declare``:
+  a decorator's template, a throttling rule, a unique task) or first seen
+  gets all of its series at 0, so that an alert on ``increase()`` sees the
+  first loss after a deploy.
+* **How many names a lock counts as** (``width_of``): a lock on several
+  names counts once per name, in every metric.
 * **The levels of throttling semaphores** (``semaphore_levels``): permits in
   use and requests queued, read from Redis when a metrics backend asks for
-  them (a scrape), not counted per process.
+  them (a scrape), not counted per process, within ``SCRAPE_TIMEOUT``
+  (``levels_within``) however long Redis takes.
 
 The setting is read when the app loads, and again when ``override_settings``
 changes ``REDISLOCK``.
@@ -26,28 +34,42 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
 from importlib.util import find_spec
 from typing import Any
 
 from django.core.signals import setting_changed
 
+from .. import signals
 from ..checks import Problem, register_problems
 from ..conf import conf
 from ..core.drivers.base import LockBase
 from ..core.drivers.semaphore import SemaphoreBase
+from ..core.engine.loss import CAUSES
+from .levels import SCRAPE_TIMEOUT, Level, levels_within, semaphore_levels
 
 __all__ = [
     "BACKENDS",
+    "CAUSES",
+    "HOLD_OUTCOMES",
+    "KINDS",
     "MAX_NAMES",
     "OTHER",
+    "OUTCOMES",
+    "admitted",
+    "SCRAPE_TIMEOUT",
+    "WAIT_OUTCOMES",
     "Level",
+    "Zeroes",
     "installed",
+    "key_family",
     "kind_of",
     "label_of",
+    "levels_within",
     "metric_problems",
     "semaphore_levels",
     "sync",
+    "width_of",
 ]
 
 logger = logging.getLogger("django_redislock.metrics")
@@ -64,6 +86,13 @@ BACKENDS: dict[str, tuple[str, str, str]] = {
 }
 
 OTHER = "other"
+
+# The values of ``kind`` and ``outcome`` every backend uses.
+KINDS = ("lock", "semaphore")
+OUTCOMES = ("acquired", "busy", "lost", "unavailable", "fail_open")
+WAIT_OUTCOMES = ("acquired", "busy")
+# A hold ends in a release, or in a loss (timed to the moment it was found).
+HOLD_OUTCOMES = ("released", "lost")
 
 # Distinct label values one process admits. Templates and rule names are few;
 # this only stops a metric_name built from per-call data from growing the
@@ -111,6 +140,11 @@ class _Names:
 names = _Names(MAX_NAMES)
 
 
+def admitted(name: str) -> str:
+    """``name`` as a label value, within the process's bound of names."""
+    return names.admit(name)
+
+
 def label_of(lock: LockBase) -> str:
     """The bounded name metrics give ``lock``."""
     name = lock.metric_name
@@ -119,6 +153,58 @@ def label_of(lock: LockBase) -> str:
 
 def kind_of(lock: LockBase) -> str:
     return "semaphore" if isinstance(lock, SemaphoreBase) else "lock"
+
+
+def width_of(lock: Any) -> int:
+    """How many names ``lock`` counts as: one per name of a multi-lock."""
+    names = getattr(lock, "names", None)
+    return len(names) if isinstance(names, tuple) and names else 1
+
+
+def key_family(kind: str) -> str | None:
+    """The key family a declared ``kind`` names (``signals.KEY_FAMILIES``), or None."""
+    return kind if kind in signals.KEY_FAMILIES else None
+
+
+class Zeroes:
+    """The ``(name, kind)`` pairs a backend has made every series of, at 0.
+
+    ``make(name, kind)`` makes them; called once per pair, the first time the
+    pair is declared or seen (``ensure``). A set look-up per event after that.
+    """
+
+    def __init__(self, make: Callable[[str, str], None]) -> None:
+        self._make = make
+        self._made: set[tuple[str, str]] = set()
+        self._mutex = threading.Lock()
+
+    def ensure(self, name: str, kind: str) -> None:
+        key = (name, kind)
+        if key in self._made:
+            return
+        with self._mutex:
+            if key in self._made:
+                return
+            self._make(name, kind)
+            self._made.add(key)
+
+    def declared(self, name: str, kind: str) -> None:
+        """A ``signals.declare``: admitted against the bound of names first."""
+        self.ensure(names.admit(name), kind)
+
+    def clear(self) -> None:
+        with self._mutex:
+            self._made.clear()
+
+
+def declare_rules() -> None:
+    """Declare every global throttling rule known (the setting's, and those of
+    ``concurrency_limited`` views imported): their series start at 0."""
+    from ..throttling.middleware import decorated_rules
+    from ..throttling.rules import current_rules
+
+    for rule in [*current_rules(), *decorated_rules.values()]:
+        signals.declare(rule.name, "semaphore")
 
 
 def unavailable_label(sender: Any, name: str, lock: LockBase | None) -> tuple[str, str]:
@@ -131,54 +217,6 @@ def unavailable_label(sender: Any, name: str, lock: LockBase | None) -> tuple[st
         # The throttling middleware sends the rule's name.
         return names.admit(name), "semaphore"
     return OTHER, "lock"
-
-
-# -- semaphore levels ---------------------------------------------------------------
-@dataclass(frozen=True)
-class Level:
-    """One throttling rule's semaphore, as Redis has it now."""
-
-    name: str
-    in_use: int
-    limit: int
-    waiting: int
-
-
-def semaphore_levels() -> list[Level]:
-    """Permits in use and requests waiting, for every global throttling rule.
-
-    Rules come from ``REDISLOCK["THROTTLE"]`` and from ``concurrency_limited``
-    views this process has imported. A per-client rule has one semaphore per
-    client and is left out: listing them would take a SCAN per scrape. One
-    read-only script per rule; raises ``RedisUnavailable``.
-    """
-    from ..connection import get_client
-    from ..core.ops.inspection import find
-    from ..locking.factories import keyspace
-    from ..throttling.middleware import decorated_rules, semaphore_name
-    from ..throttling.rules import current_rules
-
-    rules = {rule.name: rule for rule in current_rules() if not rule.per_client}
-    for name, rule in list(decorated_rules.items()):
-        if not rule.per_client:
-            rules.setdefault(name, rule)
-    if not rules:
-        return []
-    by_semaphore = {semaphore_name(rule, None): rule for rule in rules.values()}
-    rows, _missing = find(get_client(), keyspace(), by_semaphore, kinds=("semaphore",))
-    found = {row.name: row for row in rows}
-    levels = []
-    for sem_name, rule in by_semaphore.items():
-        row = found.get(sem_name)
-        levels.append(
-            Level(
-                name=rule.name,
-                in_use=len(row.holders) if row is not None else 0,
-                limit=rule.limit,
-                waiting=row.waiters if row is not None else 0,
-            )
-        )
-    return levels
 
 
 # -- switching backends on and off --------------------------------------------------
@@ -218,6 +256,9 @@ def sync() -> None:
                 continue
             module.install()
             _installed[backend] = module
+    # The rules of the settings as they are now (override_settings included).
+    if _installed:
+        declare_rules()
 
 
 def _on_setting_changed(setting: str, **kwargs: Any) -> None:

@@ -17,7 +17,7 @@ from ..core.drivers.lock_async import AsyncLock
 from ..core.engine import scripts
 from ..core.exceptions import LockError, RedisUnavailable
 from ..locking.factories import get_lock
-from ..signals import send_task_duplicate
+from ..signals import count_key, send_task_duplicate
 from .options import Claim, TaskNotUnique, UniqueOptions
 
 __all__ = ["claim", "drop", "give_up", "note", "note_async", "refused", "seconds_until"]
@@ -116,6 +116,7 @@ def claim(
         )
         if lock.acquire(wait=0):
             assert lock.token is not None and lock.fence is not None
+            count_key("unique_task", opts.metric_name, "claimed")
             if task_id is not None:
                 note(lock, lock.token, task_id)
             return lock, Claim(
@@ -143,6 +144,8 @@ def refused(task: Any, opts: UniqueOptions, refusal: TaskNotUnique) -> None:
     send_task_duplicate(
         task, name=refusal.name, task_id=refusal.task_id, on_duplicate=opts.on_duplicate
     )
+    outcome = "replayed" if opts.on_duplicate == "existing" else "refused"
+    count_key("unique_task", opts.metric_name, outcome)
 
 
 def give_up(lock: Lock) -> None:
@@ -151,6 +154,8 @@ def give_up(lock: Lock) -> None:
         lock.release()
     except (LockError, RedisUnavailable) as exc:
         logger.warning("could not free unique key %r after a failed enqueue: %s", lock.name, exc)
+    else:
+        count_key("unique_task", str(lock.metric_name), "released")
 
 
 def drop(lock: Lock, token: str, task_id: str | None) -> None:

@@ -15,6 +15,7 @@ from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockError, RedisUnavailable
 from ..locking.factories import get_async_lock, get_lock
+from ..signals import count_key
 from ..stepping import Steps, run_steps, run_steps_async
 from .claims import note, note_async
 from .options import Claim, UniqueOptions
@@ -142,6 +143,8 @@ class Run:
             yield lock.release
         except (LockError, RedisUnavailable) as exc:
             self._not_released(exc)
+        else:
+            count_key("unique_task", str(lock.metric_name), "released")
 
     # -- sync ---------------------------------------------------------------------------
     def start(self, task_id: str | None = None) -> bool:

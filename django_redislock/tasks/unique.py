@@ -53,6 +53,7 @@ from asgiref.sync import iscoroutinefunction, sync_to_async
 from ..conf import conf
 from ..locking.naming import describe
 from ..locking.options import django_task
+from ..signals import declare
 from .claims import claim, drop, give_up, refused, seconds_until
 from .options import KWARG, Claim, TaskNotUnique, UniqueOptions, make_options
 from .run import Run
@@ -198,6 +199,8 @@ def unique_task(
             label=label,
             who="unique_task()",
         )
+        declare(opts.metric_name, "lock")
+        declare(opts.metric_name, "unique_task")
         fields = {f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.init}  # type: ignore[arg-type]
         fields["func"] = _runner(func, opts, task.takes_context)  # type: ignore[attr-defined]
         return _unique_class(type(task))(**fields)

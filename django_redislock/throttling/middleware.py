@@ -25,11 +25,12 @@ from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_client
+from ..core.drivers.base import fields_of
 from ..core.drivers.semaphore import SemaphoreBase, release_permit
 from ..core.exceptions import LockError, RedisUnavailable
 from ..http import client_ip, error_response, unavailable_response
 from ..locking.factories import get_async_semaphore, get_semaphore
-from ..signals import request_throttled, send_unavailable
+from ..signals import declare, request_throttled, send_unavailable
 from ..stepping import Steps, run_steps, run_steps_async
 from .rules import Rule, current_rules, make_rule, matching_rules
 
@@ -100,6 +101,12 @@ def _timeout(rule: Rule) -> float:
     return rule.timeout if rule.timeout is not None else conf.PERMIT_TIMEOUT
 
 
+def _fields(rule: Rule, **more: Any) -> dict[str, Any]:
+    """The structured fields of a record about ``rule``'s semaphore."""
+    name = semaphore_name(rule, None) if not rule.per_client else None
+    return {"lock_name": name, "template": rule.name, "kind": "semaphore", **more}
+
+
 def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
     status = 429 if rule.per_client else 503
     # Permits usually come back long before they expire, so the earliest
@@ -116,7 +123,13 @@ def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
     ):
         if isinstance(result, Exception):
             logger.error("request_throttled receiver %r failed: %r", receiver, result)
-    logger.info("throttled %s by rule %r (%d)", _label(request), rule.name, status)
+    logger.info(
+        "throttled %s by rule %r (%d)",
+        _label(request),
+        rule.name,
+        status,
+        extra=_fields(rule, status=status),
+    )
     return error_response(
         request,
         status=status,
@@ -137,9 +150,16 @@ def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpRe
             _label(request),
             rule.name,
             exc,
+            extra=_fields(rule, reason=getattr(exc, "reason", None), fail_open=True),
         )
         return None
-    logger.error("Redis unavailable, refusing %s (rule %r): %s", _label(request), rule.name, exc)
+    logger.error(
+        "Redis unavailable, refusing %s (rule %r): %s",
+        _label(request),
+        rule.name,
+        exc,
+        extra=_fields(rule, reason=getattr(exc, "reason", None), fail_open=False),
+    )
     return unavailable_response(request, rule.name, retry_after=1)
 
 
@@ -156,10 +176,17 @@ def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
         for ks, name, token, serial in held:
             try:
                 if not release_permit(get_client(), ks, name, token, serial):
-                    logger.warning("permit of %r had expired before the response was closed", name)
+                    logger.warning(
+                        "permit of %r had expired before the response was closed",
+                        name,
+                        extra={"lock_name": name, "kind": "semaphore", "cause": "expired"},
+                    )
             except (RedisUnavailable, RedisError) as exc:
                 logger.warning(
-                    "could not release permit of %r (it expires by itself): %s", name, exc
+                    "could not release permit of %r (it expires by itself): %s",
+                    name,
+                    exc,
+                    extra={"lock_name": name, "kind": "semaphore"},
                 )
 
     return close
@@ -177,7 +204,7 @@ def _releasing(permits: list[Any]) -> Steps[None]:
         try:
             yield sem.release
         except LockError as exc:  # lost (expired, cleared) or Redis down
-            logger.warning("releasing permit of %r: %s", sem.name, exc)
+            logger.warning("releasing permit of %r: %s", sem.name, exc, extra=fields_of(sem))
 
 
 # -- the request path -----------------------------------------------------------------------
@@ -293,6 +320,7 @@ def concurrency_limited(
     assert rule is not None
     # Known to every process that imported the view, for the metrics' gauges.
     decorated_rules.setdefault(rule.name, rule)
+    declare(rule.name, "semaphore")
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         if iscoroutinefunction(view):

@@ -124,7 +124,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # When, how bad and from where: a bare message says none of it.
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     # Lock loss and Redis trouble are warnings; routine acquire/release is debug.
     "loggers": {"django_redislock": {"handlers": ["console"], "level": "WARNING"}},
 }

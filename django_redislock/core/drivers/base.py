@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 from ..clients import AnyRedisClient
 from ..engine.keys import KeySpace, LockKeys, shows_name
+from ..engine.loss import Loss, Trace, cause_of
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
 from ..exceptions import LockError, LockLost
 
@@ -25,6 +26,7 @@ __all__ = [
     "Observer",
     "after_block",
     "check_seconds",
+    "fields_of",
     "is_seconds",
     "same_token",
 ]
@@ -40,20 +42,66 @@ log_lost = logging.getLogger("django_redislock.lost")
 DEFAULT_GRACE = 2.0
 
 
+def fields_of(lock: Any, **more: Any) -> dict[str, Any]:
+    """The structured fields of a log record about ``lock`` (a handle, or a
+    multi-lock), for ``extra=``: log processors and Sentry see them as
+    attributes of the record, whatever the message says."""
+    fields = getattr(lock, "log_fields", None)
+    if fields is not None:
+        return dict(fields(), **more)
+    template = getattr(lock, "metric_name", None)
+    return {
+        "lock_name": getattr(lock, "name", None),
+        "template": template if isinstance(template, str) else None,
+        "kind": getattr(lock, "kind", "lock"),
+        **more,
+    }
+
+
 class Observer:
-    """Receives lifecycle events. The core logs; the Django layer sends signals."""
+    """Receives lifecycle events. The core logs; the Django layer sends signals.
+
+    Every record carries ``lock.log_fields()`` in ``extra`` (``lock_name``,
+    ``template``, ``kind``, ``owner``, ``label``, ``fence``), and the event's
+    own: ``waited_seconds``, ``held_seconds``, or for a loss ``lock.loss``'s
+    (``cause``, ``held_seconds``, ``ttl_seconds``, ``forced_by``).
+    """
 
     def acquired(self, lock: LockBase, waited: float) -> None:
-        log_acquire.debug("acquired %r fence=%s after %.4fs", lock.name, lock.fence, waited)
+        if log_acquire.isEnabledFor(logging.DEBUG):
+            log_acquire.debug(
+                "acquired %r fence=%s after %.4fs",
+                lock.name,
+                lock.fence,
+                waited,
+                extra=lock.log_fields(waited_seconds=waited),
+            )
 
     def busy(self, lock: LockBase, waited: float) -> None:
-        log_acquire.debug("busy %r after %.4fs", lock.name, waited)
+        if log_acquire.isEnabledFor(logging.DEBUG):
+            log_acquire.debug(
+                "busy %r after %.4fs",
+                lock.name,
+                waited,
+                extra=lock.log_fields(waited_seconds=waited),
+            )
 
     def released(self, lock: LockBase, held: float) -> None:
-        log_release.debug("released %r after %.4fs", lock.name, held)
+        if log_release.isEnabledFor(logging.DEBUG):
+            log_release.debug(
+                "released %r after %.4fs", lock.name, held, extra=lock.log_fields(held_seconds=held)
+            )
 
     def lost(self, lock: LockBase, reason: str) -> None:
-        log_lost.warning("lost %r (fence %s): %s", lock.name, lock.fence, reason)
+        loss = lock.loss
+        more = loss.fields() if loss is not None else {"cause": None}
+        log_lost.warning(
+            "lost %r (fence %s): %s",
+            lock.name,
+            lock.fence,
+            reason,
+            extra=lock.log_fields(**more),
+        )
 
 
 DEFAULT_OBSERVER = Observer()
@@ -127,6 +175,8 @@ class LockBase(Generic[ClientT]):
     # template, a throttling rule): never the lock's own name, which may hold
     # an id per call. None: the Django layer's metrics count it as "other".
     metric_name: str | None = None
+    # What logs and operators call this kind of handle.
+    kind = "lock"
 
     def __init__(
         self,
@@ -194,8 +244,15 @@ class LockBase(Generic[ClientT]):
         # a private number for a permit or a reader; None when unknown.
         self._serial: int | None = None
         self.lost = False
+        # Why and how the lease was lost, once it was (``engine/loss.py``).
+        self.loss: Loss | None = None
         self._valid_until = 0.0
         self._acquired_at = 0.0
+        # Who holds the lease (the thread or task that took it, as its owner
+        # metadata names it; the driver sets it) and its TTL in seconds as
+        # last set: for logs and for the report of a loss.
+        self._who = ""
+        self._ttl_s = self.ttl
         # The number of the acquire attempt in flight (protocol.Acquisition):
         # a lease handed over names it, and only the latest counts.
         self._round = 0
@@ -272,8 +329,28 @@ class LockBase(Generic[ClientT]):
         self.fence = int(fence)
         self._serial = int(fence) or None
         self.lost = False
+        self.loss = None
         self._valid_until = self._validity(sent, ttl_ms)
         self._acquired_at = sent
+        self._ttl_s = ttl_ms / 1000
+
+    def log_fields(self, **more: Any) -> dict[str, Any]:
+        """The structured fields of every record logged about this handle."""
+        template = self.metric_name
+        return {
+            "lock_name": self.name,
+            "template": template if isinstance(template, str) else None,
+            "kind": self.kind,
+            "owner": f"{_hostname()}:{self._pid}/{self._who or '?'}",
+            "label": self.label,
+            "fence": self.fence,
+            **more,
+        }
+
+    @property
+    def _forced_key(self) -> bytes:
+        """Where a force-release leaves its mark for this name (``engine/loss.py``)."""
+        return self.keyspace.forced(self.name)
 
     def _forget(self) -> None:
         self.token = None
@@ -288,12 +365,14 @@ class LockBase(Generic[ClientT]):
     def _label(self) -> str:
         return f"lock {self.name!r}"
 
-    def _settle_release(self, released: int, held: float) -> None:
-        """After the release script: report a loss, or the release."""
+    def _settle_release(
+        self, released: int, held: float, trace: Trace | None = None, valid_until: float = 0.0
+    ) -> None:
+        """After the release script: report a loss, or the release. ``trace``:
+        what the read after a loss found; ``valid_until``: the validity the
+        handle counted before it let the lease go."""
         if not released:
-            self._mark_lost(
-                f"the {self._holding} was gone at release (expired, cleared or lost by Redis)"
-            )
+            self._mark_lost(f"the {self._holding} was gone at release", trace, valid_until)
         if self.lost:
             raise LockLost(f"{self._label()} was lost before it was released")
         self.observer.released(self, held)
@@ -302,31 +381,52 @@ class LockBase(Generic[ClientT]):
         if self.lost:
             raise LockLost(f"{self._label()} was already lost")
 
-    def _settle_extend(self, ok: bool, action: str, token: str, sent: float, ttl_ms: int) -> None:
+    def _settle_extend(
+        self,
+        ok: bool,
+        action: str,
+        token: str,
+        sent: float,
+        ttl_ms: int,
+        trace: Trace | None = None,
+    ) -> None:
         """After the extend or refresh script sent at ``sent``: report a loss,
         or count the lease (unless released meanwhile) from then."""
         if not ok:
-            self._mark_lost(
-                f"the {self._holding} was gone at {action} (expired, cleared or lost by Redis)"
-            )
+            self._mark_lost(f"the {self._holding} was gone at {action}", trace)
             raise LockLost(f"{self._label()} was lost before it could be {action}ed")
         if self.token == token and not self.lost:
             self._valid_until = self._validity(sent, ttl_ms)
+            self._ttl_s = ttl_ms / 1000
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(
+        self, reason: str, trace: Trace | None = None, valid_until: float | None = None
+    ) -> None:
+        """Report the loss once: why (``engine/loss.py``: ``trace`` is what the
+        read after it found, None without one), then to the observer and
+        ``on_lost``. ``valid_until``: the validity counted, if the handle
+        already let it go (a release)."""
+        now = time.monotonic()
+        counted = self._valid_until if valid_until is None else valid_until
         # From here on the handle holds nothing (invariant 11), whatever time
         # its lease had left: `held` is False and `remaining` 0 before anyone
         # hears of it, the decorator's pre-commit check included.
         self._valid_until = 0.0
         if self.lost:
             return
+        fence = self.fence if self.kind == "lock" else None
+        cause, why, by, at = cause_of(trace, now=now, valid_until=counted, fence=fence)
+        held = now - self._acquired_at
+        self.loss = Loss(cause, f"{reason}: {why}", held, self._ttl_s, by, at)
         self.lost = True
-        self.observer.lost(self, reason)
+        self.observer.lost(self, self.loss.reason)
         if self.on_lost is not None:
             try:
                 self.on_lost(self)
             except Exception:
-                log_lost.exception("on_lost callback of %r failed", self.name)
+                log_lost.exception(
+                    "on_lost callback of %r failed", self.name, extra=self.log_fields()
+                )
 
     def _args_acquire(
         self, token: str, ttl_ms: int, who: str, wait_ms: int, address: bytes

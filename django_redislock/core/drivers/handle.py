@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import LockKeys
+from ..engine.loss import Trace, inquiry, trace_of
 from ..engine.protocol import (
     BARGE_DEFER,
     Acquisition,
@@ -41,7 +42,7 @@ from ..exceptions import (
     ReplicationTimeout,
 )
 from ..failures import said_retry
-from ..io import giveback
+from ..io import giveback, transport
 from ..io.notify import get_notifier
 from ._sync_prims import (
     CLEANUP_TIMEOUT,
@@ -165,7 +166,9 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         except (RedisUnavailable, CallTimeout) as exc:
             # A queue entry expires at its deadline, a lease or permit handed
             # to us unheard with its TTL; until then, keep trying off our path.
-            log_acquire.info("could not leave the queue of %r: %r", self.name, exc)
+            log_acquire.info(
+                "could not leave the queue of %r: %r", self.name, exc, extra=self.log_fields()
+            )
             self._give_back_later(token, after=exc)
 
     def _on_acquired(self, ttl_ms: int) -> None:
@@ -288,9 +291,14 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
                         continue
                 if step.move is Move.ACCEPT:
                     self._granted(token, step.fence, acq.sent, ttl_ms)
+                    self._who = who
                     return True
                 if step.move is Move.GIVE_BACK:
-                    log_acquire.warning("acquire reply for %r came after its validity", self.name)
+                    log_acquire.warning(
+                        "acquire reply for %r came after its validity",
+                        self.name,
+                        extra=self.log_fields(),
+                    )
                     self._cancel(token)
                 elif acq.queued:
                     self._cancel(token)  # out of time: leave the queue
@@ -357,8 +365,21 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
             raise
-        self._settle_extend(ok, action, token, sent, ttl_ms)
+        trace = None if ok else self._loss_trace(token)
+        self._settle_extend(ok, action, token, sent, ttl_ms, trace)
         return ttl_ms
+
+    def _loss_trace(self, token: str) -> Trace | None:
+        """After a loss, one bounded read of why (``engine/loss.py``): the
+        force-release mark of ``token`` and the name's state. None when Redis
+        does not answer: the holder's clock alone says then."""
+        try:
+            replies = transport.call(
+                self.client, inquiry(self.keys, self._forced_key, token), self.keys.state
+            )
+        except transport.CallFailed:
+            return None
+        return trace_of(replies)
 
     def _extend_call(self, token: str, ttl_ms: int) -> bool:
         script, args = self._extend_script, self._extend_args(token, ttl_ms)
@@ -389,6 +410,7 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         token = self._check_owner("release")
         self._stop_renewal()
         held = time.monotonic() - self._acquired_at
+        valid_until = self._valid_until
         # Forget first: a renewal in flight that finds the lease gone must see
         # that we let it go, not report it lost.
         self._forget()
@@ -404,4 +426,5 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         finally:
             self._holder = None
             self._gate.release()
-        self._settle_release(released, held)
+        trace = None if released else self._loss_trace(token)
+        self._settle_release(released, held, trace, valid_until)

@@ -52,6 +52,7 @@ from ..exceptions import (
 from ._sync_prims import (
     HOLDER_KIND,
     Renewer,
+    current_name,
     start_renewal,
     stop_renewal,
 )
@@ -149,9 +150,10 @@ class Lock(SyncHandle):
             self._gate.release()
             return False
         self._granted(token, fence, sent, ttl_ms)
+        self._who = current_name()
         self._holder = me
         self._on_acquired(ttl_ms)
-        log_acquire.debug("adopted %r fence=%s", self.name, fence)
+        log_acquire.debug("adopted %r fence=%s", self.name, fence, extra=self.log_fields())
         return True
 
     def detach(self, ttl: float | None = None) -> str:
@@ -178,7 +180,9 @@ class Lock(SyncHandle):
         if token is None or self.lost or self._pid != os.getpid():
             return None
         if self.renew_max is not None and time.monotonic() - self._acquired_at >= self.renew_max:
-            log_renew.info("stopped renewing %r after renew_max", self.name)
+            log_renew.info(
+                "stopped renewing %r after renew_max", self.name, extra=self.log_fields()
+            )
             return None
         ttl_ms = self._ttl_ms_held
         sent = time.monotonic()
@@ -193,7 +197,7 @@ class Lock(SyncHandle):
         if self.token != token:
             return None  # released while we were renewing: nothing to report
         if not ok:
-            self._mark_lost("the lease was gone at renewal (expired, cleared or lost by Redis)")
+            self._mark_lost("the lease was gone at renewal", self._loss_trace(token))
             return None
         if not self.lost:
             self._valid_until = self._validity(sent, ttl_ms)

@@ -179,7 +179,11 @@ class MultiBase(Generic[_L]):
 
     def _stayed_busy(self, busy: _L, started: float) -> None:
         self.retry_after = getattr(busy, "retry_after", None)
-        self.observer.busy(busy, time.monotonic() - started)
+        waited = time.monotonic() - started
+        # Once per name, as an acquire and a release are: a lock on several
+        # names counts once per name in every metric.
+        for lock in self.locks.values():
+            self.observer.busy(lock, waited)
 
     def _released(self, lock: _L) -> None:
         self.observer.released(lock, time.monotonic() - self._acquired_at)

@@ -74,6 +74,8 @@ class ReadWriteLockBase(HoldersBase[ClientT]):
     None when none is known (no writer for longer than the state is kept).
     """
 
+    kind = "rwlock"
+
     def __init__(
         self,
         client: ClientT,

@@ -68,6 +68,8 @@ class SemaphoreBase(HoldersBase[ClientT]):
     holders exists for a fencing token to express.
     """
 
+    kind = "semaphore"
+
     def __init__(
         self,
         client: ClientT,

@@ -10,6 +10,9 @@ Layout, for a lock called ``name`` under the prefix ``P`` (default ``redislock``
                          its queue is ``P:RQ:{T}:<n>`` and its state ``P:RH:{T}:<n>``
     P:I:{T}:<n>   hash   an idempotency record (``KeySpace.idempotency``): the
                          request's fingerprint, its state and its stored response
+    P:F:{T}:<n>   hash   force-release marks of the name, any kind: token ->
+                         {"by", "at"}, for the holder to find (``loss.py``);
+                         written only by a force-release, kept an hour
     P:N:<id>      channel a process's wake-up channel (pub/sub, not a key)
     P:N:{T}:<id>  channel the same on a Cluster: sharded, in the slot of tag T
 
@@ -148,6 +151,12 @@ class KeySpace:
     def rwlock(self, name: str) -> LockKeys:
         """Keys of a read-write lock: holders zset in ``lease``, then queue and state."""
         return self._keys(name, b"RW:", b"RQ:", b"RH:")
+
+    def forced(self, name: str) -> bytes:
+        """The key of the force-release marks of ``name`` (every kind: tokens
+        are unique), in the slot of its other keys."""
+        _, suffix = self._suffix(encode_name(name))
+        return self._prefix_b + b":F:" + suffix
 
     def idempotency(self, scope: str, key: str) -> IdempotencyKeys:
         """Keys of one ``Idempotency-Key`` sent in ``scope`` (whose keys these are).

@@ -10,21 +10,28 @@ showed as ``Shown`` (holder ids, never tokens), and ``still_held`` narrows a
 fresh read to exactly that before ``release``.
 
 The next waiter is woken at once; the former holder finds out at its next
-renewal, extend or release (``LockLost``, and ``held`` turns False).
+renewal, extend or release (``LockLost``, and ``held`` turns False), and
+learns who released it: before each holder is released, its token is marked
+in the name's force-release hash (``engine/loss.py``) with who ran it and
+when, and the mark is taken back if that holder was not released after all.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import failures
 from ..clients import RedisClient
 from ..drivers.base import DEFAULT_GRACE
 from ..engine import scripts
 from ..engine.keys import KeySpace
-from .inspection import KINDS, HeldLock, find, list_locks
+from ..engine.loss import FORCED_KEEP_MS, forced_mark
+from ..io import transport
+from .inspection import KINDS, HeldLock, Holder, find, list_locks
 
 __all__ = ["ClearResult", "Shown", "clear", "release", "select", "still_held"]
 
@@ -95,39 +102,86 @@ def _clear_script(kind: str, keyspace: KeySpace, name: str) -> tuple[Any, tuple[
     return RW_CLEAR, (w.lease, w.queue, w.state)
 
 
+def _marked(client: RedisClient, forced: bytes, commands: list[tuple[Any, ...]]) -> None:
+    """Write or take back force-release marks (one bounded batch)."""
+    try:
+        replies = transport.call(client, commands, forced)
+    except transport.CallFailed as failed:
+        raise failures.unavailable(
+            "marking a force-release", failed.cause, failures.address_of(client)
+        ) from failed.cause
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise failures.unavailable(
+                "marking a force-release", reply, failures.address_of(client)
+            ) from reply
+
+
+def _log_released(row: HeldLock, holder: Holder, by: str) -> None:
+    owner = f"{holder.host or '?'}:{holder.pid if holder.pid is not None else '?'}/{holder.thread}"
+    logger.warning(
+        "force-released %s %r (held by %s pid %s %s %r for %.1fs) by %s",
+        row.kind,
+        row.name,
+        holder.host,
+        holder.pid,
+        holder.thread,
+        holder.label,
+        holder.held_for,
+        by,
+        extra={
+            "lock_name": row.name,
+            "template": holder.template,
+            "kind": row.kind,
+            "owner": owner,
+            "label": holder.label,
+            "fence": row.fence if holder.mode != "read" else None,
+            "held_seconds": holder.held_for,
+            "cause": "force_released",
+            "forced_by": by,
+        },
+    )
+
+
 def release(
     client: RedisClient,
     keyspace: KeySpace,
     rows: Iterable[HeldLock],
     *,
     grace: float = DEFAULT_GRACE,
+    by: str = "an operator",
 ) -> ClearResult:
     """Force-release exactly the holders of these rows, as they were read.
 
     Each holder goes only if its token still holds (a lock's lease, a
     semaphore's permit, a read-write lock's reader or writer); one that came
-    since stays. The next waiter is woken at once.
+    since stays. The next waiter is woken at once. ``by`` says who releases
+    (``manage.py redislocks clear by alice@web-1``, ``admin user 'bob'``):
+    it is logged here, and the holder logs it when it finds out.
     """
     result = ClearResult()
     grace_ms = int(grace * 1000)
     for row in rows:
         script, keys = _clear_script(row.kind, keyspace, row.name)
+        forced = keyspace.forced(row.name)
         done = set()
         for h in row.holders:
             # An empty token would tell the scripts "every holder": never sent.
-            if h.token and int(scripts.run(client, script, keys, (grace_ms, h.token))):
+            if not h.token:
+                continue
+            # Marked first: the holder may find out the moment the script has
+            # run, and must find the mark then. The mark outlives the lease.
+            keep = FORCED_KEEP_MS + int((h.lease_left or 0) * 1000)
+            mark = forced_mark(by, time.time())
+            _marked(client, forced, [("HSET", forced, h.token, mark), ("PEXPIRE", forced, keep)])
+            if int(scripts.run(client, script, keys, (grace_ms, h.token))):
                 done.add(h.ident)
+                _log_released(row, h, by)
+            else:
+                # Not released (it went, or changed hands): no mark for it.
+                _marked(client, forced, [("HDEL", forced, h.token)])
         released = row.only(done)
         if released is not None:
-            logger.warning(
-                "force-released %s %r (held by %s pid %s %s %r)",
-                released.kind,
-                released.name,
-                released.host,
-                released.pid,
-                released.thread,
-                released.label,
-            )
             result.released.append(released)
         changed = row.only({h.ident for h in row.holders} - done)
         if changed is not None:

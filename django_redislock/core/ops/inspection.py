@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from .reading import READ_BATCH, read_many
-from .rows import HeldLock, Holder, holder_id, matches
+from .rows import HeldLock, Holder, holder_id, matches, natural_key
 from .scan import KIND_CODE, KINDS, key_of, name_from_key, scan_keys
 from .summary import BUSIEST, TemplateSummary, summarize
 
@@ -41,6 +41,7 @@ __all__ = [
     "holder_id",
     "list_locks",
     "matches",
+    "natural_key",
     "scan_keys",
     "summarize",
 ]
@@ -93,7 +94,8 @@ def list_locks(
                 batch = []
         if batch:
             read(kind, batch)
-    rows.sort(key=lambda row: (row.name, row.kind))
+    # Names carry ids: ``cart:2`` before ``cart:10``, as a person counts.
+    rows.sort(key=lambda row: (natural_key(row.name), row.kind))
     return rows
 
 

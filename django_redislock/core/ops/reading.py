@@ -133,6 +133,7 @@ def _parse_lock(own: str, key: bytes, reply: Any) -> HeldLock | None:
         limit=1,
         key=key,
         template=template,
+        read_at=int(now) / 1000,
     )
 
 
@@ -161,7 +162,16 @@ def _parse_semaphore(own: str, key: bytes, reply: Any) -> HeldLock | None:
     _stored, limit, waiting, now = reply[:4]
     rest = reply[4:]
     holders = [_timed_holder(now, *rest[i : i + 4]) for i in range(0, len(rest), 4)]
-    return row_of_holders(own, "semaphore", key, holders, waiting, fence=None, limit=_int(limit))
+    return row_of_holders(
+        own,
+        "semaphore",
+        key,
+        holders,
+        waiting,
+        fence=None,
+        limit=_int(limit),
+        read_at=int(now) / 1000,
+    )
 
 
 def _parse_rwlock(own: str, key: bytes, reply: Any) -> HeldLock | None:
@@ -175,7 +185,14 @@ def _parse_rwlock(own: str, key: bytes, reply: Any) -> HeldLock | None:
         )
     writing = any(h.mode == "write" for h in holders)
     return row_of_holders(
-        own, "rwlock", key, holders, waiting, fence=_int(fence) if writing else None, limit=None
+        own,
+        "rwlock",
+        key,
+        holders,
+        waiting,
+        fence=_int(fence) if writing else None,
+        limit=None,
+        read_at=int(now) / 1000,
     )
 
 

@@ -8,12 +8,44 @@ never by its token.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 from typing import Any
 
-__all__ = ["HeldLock", "Holder", "holder_id", "matches", "row_of_holders"]
+__all__ = [
+    "HeldLock",
+    "Holder",
+    "holder_id",
+    "iso_time",
+    "matches",
+    "natural_key",
+    "row_of_holders",
+]
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[tuple[tuple[int, int | str], ...], str]:
+    """Sort key that orders the digits in a name by value: ``cart:2`` before
+    ``cart:10``, as a person reads them. Runs of digits compare as numbers
+    (then by their text, so ``07`` and ``7`` keep a fixed order), the rest as text."""
+    parts = _DIGITS.split(name)
+    # Odd parts are the digit runs; a name that is a prefix of another sorts first.
+    pieces = tuple((1, int(part)) if i % 2 else (0, part) for i, part in enumerate(parts) if part)
+    return pieces, name
+
+
+def iso_time(epoch: float | None) -> str | None:
+    """``2026-11-28T16:00:01.250Z``: an instant for JSON, in UTC to the millisecond."""
+    if epoch is None:
+        return None
+    # Whole milliseconds first: an age counted back from two reads names the same instant.
+    ms = round(epoch * 1000)
+    moment = datetime.fromtimestamp(ms // 1000, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def holder_id(token: str) -> str:
@@ -52,7 +84,9 @@ class Holder:
         """``holder_id`` of its token: safe to put in a page or a form."""
         return holder_id(self.token)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, read_at: float | None = None) -> dict[str, Any]:
+        """JSON-ready form; ``read_at`` (the server's clock when it was read,
+        epoch seconds) makes ``acquired_at`` and ``expires_at`` absolute."""
         return {
             "host": self.host,
             "pid": self.pid,
@@ -60,7 +94,17 @@ class Holder:
             "label": self.label,
             "held_for": self.held_for,
             "lease_left": self.lease_left,
+            **_instants(read_at, self.held_for, self.lease_left),
         }
+
+
+def _instants(read_at: float | None, held_for: float, lease_left: float | None) -> dict[str, Any]:
+    if read_at is None:
+        return {"acquired_at": None, "expires_at": None}
+    return {
+        "acquired_at": iso_time(read_at - held_for),
+        "expires_at": None if lease_left is None else iso_time(read_at + lease_left),
+    }
 
 
 @dataclass(frozen=True)
@@ -91,6 +135,9 @@ class HeldLock:
     # See Holder.template; a semaphore's is that of its longest-held permit
     # that has one.
     template: str | None = None
+    # The server's clock when the row was read (epoch seconds; None when not
+    # known): what its ages and leases are counted from.
+    read_at: float | None = field(compare=False, default=None)
 
     @property
     def token(self) -> str:
@@ -114,6 +161,7 @@ class HeldLock:
             self.waiters,
             fence=self.fence,
             limit=self.limit,
+            read_at=self.read_at,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -131,7 +179,8 @@ class HeldLock:
             "waiters": self.waiters,
             "holders": len(self.holders),
             "limit": self.limit,
-            "permits": [h.as_dict() for h in self.holders],
+            "permits": [h.as_dict(self.read_at) for h in self.holders],
+            **_instants(self.read_at, self.held_for, self.lease_left),
         }
 
 
@@ -153,6 +202,7 @@ def row_of_holders(
     *,
     fence: int | None,
     limit: int | None,
+    read_at: float | None = None,
 ) -> HeldLock | None:
     if not holders:
         return None
@@ -176,4 +226,5 @@ def row_of_holders(
         key=key,
         # Holders from before templates were stored have none: the first that has one.
         template=next((h.template for h in holders if h.template is not None), None),
+        read_at=read_at,
     )

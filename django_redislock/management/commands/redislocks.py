@@ -1,31 +1,74 @@
-"""``manage.py redislocks list|clear``: see and force-release held locks.
+"""``manage.py redislocks list|clear|doctor``: see and force-release held locks,
+and check the Redis they live on.
 
 ``list`` shows one row per held lock, per semaphore with live permits and per
 held read-write lock, with a line for each reader (``--format json`` for
-scripts), and with ``--summary`` first one line per template: how many are
-held, the longest held, the waiters, the busiest names.
+scripts: one object, versioned by ``schema``), and with ``--summary`` first
+one line per template: how many are held, the longest held, the waiters, the
+busiest names.
 ``clear`` force-releases named locks, those matching ``--pattern``, or
-``--all``, after confirmation unless ``--noinput``; ``--dry-run`` only shows
-what would go. A name asked for that is not held is
-reported and makes the command exit non-zero.
+``--all``, after confirmation on a terminal unless ``--noinput``; without a
+terminal it refuses (exit 2) rather than wait for an answer nobody can type.
+``--dry-run`` only shows what would go. A name asked for that is not held is
+reported and makes the command exit 1, and so does declining.
+
+``doctor`` reads the server's eviction policy, persistence, replicas,
+version, latency and clock, and says what docs/guarantees.rst asks of each
+(``ops/doctor.py``); it exits 1 when something breaks a promise.
+
+Output to a pipe closed early (``list | head``) ends the command quietly with
+the status a Unix tool killed by SIGPIPE reports, 141, without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import getpass
 import json
+import os
+import socket
+import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
 
 from ...connection import get_client
 from ...core.clients import RedisClient
 from ...core.exceptions import RedisUnavailable
 from ...core.ops.force import release, select
 from ...core.ops.inspection import KINDS, HeldLock, list_locks, summarize
+from ...core.ops.rows import iso_time
 from ...locking.factories import keyspace
 from ...ops.display import describe, quoted, render_summary, render_table
+from ...ops.doctor import PROBLEM, WARN, examine, render
+
+# The version of ``list --format json``'s shape: raised whenever a key is
+# renamed or removed, or its meaning changes (added keys keep it).
+JSON_SCHEMA = 1
+
+# What a process killed by SIGPIPE exits with, as shells report it (128 + 13).
+CLOSED_PIPE_STATUS = 141
+# ``clear`` refused for want of a terminal to confirm on (a usage error);
+# declining, or a name not held, is 1.
+NO_TERMINAL_STATUS = 2
+
+
+def has_terminal() -> bool:
+    """Whether someone can answer the confirmation: stdin is a terminal."""
+    stdin = sys.stdin
+    return stdin is not None and not stdin.closed and stdin.isatty()
+
+
+def operator() -> str:
+    """Who runs a ``clear``, for the log and for the holders it releases:
+    ``manage.py redislocks clear by alice@web-1 (pid 4242)``."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid (a container), no USER variable
+        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else "?"
+    return f"manage.py redislocks clear by {user}@{socket.gethostname()} (pid {os.getpid()})"
 
 
 def _common_options(parser: CommandParser) -> list[argparse.Action]:
@@ -54,7 +97,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         common = _common_options(parser)
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{list,clear}")
+        sub = parser.add_subparsers(dest="action", required=True, metavar="{list,clear,doctor}")
         ls = sub.add_parser("list", help="Show held locks and semaphores.")
         _accept_common_options(ls, common)
         self._selection(ls)
@@ -62,13 +105,14 @@ class Command(BaseCommand):
             "--format",
             choices=("table", "json"),
             default="table",
-            help="table (people, the default) or json (scripts: one array of objects).",
+            help="table (people, the default) or json (scripts: one object, "
+            '{"schema": 1, "read_at": ..., "locks": [...], "summary": [...]}).',
         )
         ls.add_argument(
             "--summary",
             action="store_true",
-            help="First one line per template (held, longest held, waiters, busiest names); "
-            'in json, an object: {"locks": [...], "summary": [...]}.',
+            help="First one line per template (held, longest held, waiters, busiest names). "
+            "JSON always carries the summary.",
         )
         cl = sub.add_parser("clear", help="Force-release locks and semaphores.")
         _accept_common_options(cl, common)
@@ -83,7 +127,19 @@ class Command(BaseCommand):
             "--no-input",
             action="store_false",
             dest="interactive",
-            help="Do not ask for confirmation.",
+            help="Do not ask for confirmation (needed where no terminal can answer: "
+            "cron, CI, ssh without -t).",
+        )
+        dr = sub.add_parser(
+            "doctor",
+            help="Check the Redis the locks use: eviction, persistence, replicas, version, "
+            "latency, clock.",
+        )
+        _accept_common_options(dr, common)
+        dr.add_argument(
+            "--cache",
+            metavar="ALIAS",
+            help="CACHES alias of the Redis to check (default: REDISLOCK['CACHE']).",
         )
 
     @staticmethod
@@ -108,6 +164,15 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "doctor":
+            try:
+                self._doctor(get_client(options["cache"]))
+                self.stdout.flush()
+            except (RedisUnavailable, RedisError) as exc:
+                raise CommandError(f"Redis is unavailable: {exc}") from exc
+            except BrokenPipeError:
+                closed_pipe()
+            return
         if options["literal"] and options["pattern"] is None:
             raise CommandError("--literal needs --pattern: it says how to read the pattern.")
         kinds = (options["kind"],) if options["kind"] else KINDS
@@ -117,18 +182,36 @@ class Command(BaseCommand):
                 self._list(client, kinds, options)
             else:
                 self._clear(client, kinds, options)
+            # Written out here, not at exit: a reader gone early is met inside
+            # the command, where it can be answered quietly.
+            self.stdout.flush()
         except RedisUnavailable as exc:
             raise CommandError(f"Redis is unavailable: {exc}") from exc
+        except BrokenPipeError:
+            closed_pipe()
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        try:
+            return super().execute(*args, **options)
+        except BrokenPipeError:
+            # Raised while Django wrote or flushed what the command returned.
+            closed_pipe()
 
     def _list(self, client: RedisClient, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
         rows = list_locks(client, keyspace(), options["pattern"], options["literal"], kinds=kinds)
         summary = options["summary"]
         if options["format"] == "json":
-            locks = [row.as_dict() for row in rows]
-            # Without --summary, the array it has always been: scripts keep working.
-            data: Any = locks
-            if summary:
-                data = {"locks": locks, "summary": [s.as_dict() for s in summarize(rows)]}
+            # One shape whatever the options: scripts read the same keys always.
+            data = {
+                "schema": JSON_SCHEMA,
+                # The server's clock at the read (the latest row's, if several
+                # were read); every age and lease is counted from it.
+                "read_at": iso_time(max((row.read_at or 0 for row in rows), default=None)),
+                "locks": [row.as_dict() for row in rows],
+                "summary": [s.as_dict() for s in summarize(rows)],
+            }
+            if data["read_at"] is None:
+                data["read_at"] = iso_time(server_time(client))
             # ASCII escapes keep any name exact, whatever the terminal's encoding.
             self.stdout.write(json.dumps(data, indent=2))
             return
@@ -174,11 +257,18 @@ class Command(BaseCommand):
                 self.stdout.write(f"Would release {describe(row)}.")
             self._fail(missing, [])
             return
-        if options["interactive"] and not self._confirm(rows):
-            self.stdout.write("Nothing released.")
-            self._fail(missing, [])
-            return
-        result = release(client, ks, rows)
+        if options["interactive"]:
+            if not has_terminal():
+                raise CommandError(
+                    "No terminal to confirm on (stdin is not a terminal), so nothing was "
+                    "released. Run it from a terminal, or pass --no-input to release "
+                    "without asking; --dry-run shows what would go.",
+                    returncode=NO_TERMINAL_STATUS,
+                )
+            if not self._confirm(rows):
+                self.stdout.write("Nothing released.")
+                raise CommandError("Declined: nothing was released.")
+        result = release(client, ks, rows, by=operator())
         for row in result.released:
             self.stdout.write(f"Released {describe(row)}.")
         for row in result.changed:
@@ -188,6 +278,19 @@ class Command(BaseCommand):
             )
         self._fail(missing, result.changed)
 
+    def _doctor(self, client: RedisClient) -> None:
+        examined = examine(client)
+        for line in render(examined):
+            self.stdout.write(line)
+        levels = [f.level for _, findings in examined for f in findings]
+        problems, warnings = levels.count(PROBLEM), levels.count(WARN)
+        self.stdout.write(f"{problems} problem(s), {warnings} warning(s).")
+        if problems:
+            raise CommandError(
+                f"{problems} problem(s): Redis does not keep what docs/guarantees.rst asks; "
+                "each line says the fix."
+            )
+
     def _confirm(self, rows: list[HeldLock]) -> bool:
         self.stdout.write("These will be force-released:")
         for row in rows:
@@ -195,7 +298,12 @@ class Command(BaseCommand):
         self.stdout.write(
             "Waiters are woken at once; each former holder finds out at its next extend or release."
         )
-        answer = input("Type 'yes' to continue, or 'no' to cancel: ")
+        self.stdout.flush()
+        try:
+            answer = input("Type 'yes' to continue, or 'no' to cancel: ")
+        except EOFError:  # the terminal closed (Ctrl-D): no answer is no
+            self.stdout.write("")
+            return False
         return answer.strip().lower() == "yes"
 
     @staticmethod
@@ -209,3 +317,28 @@ class Command(BaseCommand):
             raise CommandError(
                 "Not everything asked for was released: " + ", ".join(problems) + "."
             )
+
+
+def server_time(client: RedisClient) -> float | None:
+    """The server's clock (epoch seconds), for a listing with no row to carry it."""
+    try:
+        # Not among the calls RedisClient names: any client of a server has it.
+        seconds, micros = getattr(client, "time")()  # noqa: B009
+    except Exception:
+        return None
+    return int(seconds) + int(micros) / 1e6
+
+
+def closed_pipe() -> None:
+    """The reader of stdout went away (``list | head``): stop quietly.
+
+    Python's advice for a closed pipe: point stdout at /dev/null so that the
+    interpreter's last flush does not fail again on its way out, then exit
+    with the status a Unix tool killed by SIGPIPE reports.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (tests): nothing to flush
+        pass
+    raise SystemExit(CLOSED_PIPE_STATUS)
