@@ -13,8 +13,8 @@ from django.http import HttpRequest
 
 from ..conf import conf
 from ..http import request_in
-from ..locking.transactions import EVERY_ALIAS
-from .guard import SERVED, Call, opted_out, prepare, prepare_async, serve, serve_async
+from ..locking.transactions import EVERY_ALIAS, opted_out
+from .guard import SERVED, Call, prepare, prepare_async, serve, serve_async
 from .settings import check_arguments, policy
 
 __all__ = ["SERVED", "idempotent"]

@@ -42,7 +42,7 @@ import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import connections
 from django.http import HttpResponse, HttpResponseBase
@@ -52,15 +52,15 @@ from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
 from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace
-from ..locking.transactions import EVERY_ALIAS, in_user_transaction
+from ..locking.transactions import in_user_transaction, opted_out
 from ..signals import count_key
 from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
 from .detached import to_the_end
 from .fingerprint import BadKey, fingerprint, fingerprint_async, key_of
 from .responses import (
-    REPLAYED_HEADER,
     answer,
+    counted,
     in_progress,
     problem,
     running,
@@ -71,7 +71,7 @@ from .scope import NotAuthenticated, ScopeUnknown, scope_of
 from .settings import Policy
 from .settling import settle_at_commit
 
-__all__ = ["SERVED", "Call", "opted_out", "prepare", "prepare_async", "serve", "serve_async"]
+__all__ = ["SERVED", "Call", "prepare", "prepare_async", "serve", "serve_async"]
 
 logger = logging.getLogger("django_redislock.idempotency")
 
@@ -93,22 +93,6 @@ class Call:
     label: str  # who holds the lock, for operators: the view, or the middleware
     # Databases whose ATOMIC_REQUESTS the view opted out of (non_atomic_requests).
     non_atomic: frozenset[str] = frozenset()
-
-
-def opted_out(view: Any) -> frozenset[str]:
-    """The aliases ``view`` opted out of ``ATOMIC_REQUESTS`` for, through every wrapper.
-
-    A locked or idempotent wrapper says "every alias" only because it opens
-    the blocks itself; the view under it may still want them.
-    """
-    found: set[str] = set()
-    layer, depth = view, 0
-    while layer is not None and depth < 32:
-        own = getattr(layer, "__dict__", {}).get("_non_atomic_requests")
-        if own is not None and not isinstance(own, type(EVERY_ALIAS)):
-            found.update(own)
-        layer, depth = getattr(layer, "__wrapped__", None), depth + 1
-    return frozenset(found)
 
 
 # -- preparing a call -------------------------------------------------------------------
@@ -258,6 +242,11 @@ class _Attempt:
     def forget(self) -> Callable[[], Any]:
         return self.record.forget(self.id)
 
+    def let_go(self) -> Steps[None]:
+        """The key freed: this attempt's marker removed, if still its own."""
+        yield self.forget()
+        count_key("idempotency", self.call.label, "released")
+
     def stored(self, done: records.Record) -> Steps[None]:
         try:
             ours = yield self.store(done)
@@ -277,23 +266,14 @@ class _Attempt:
             )
 
 
-_Answer = TypeVar("_Answer", HttpResponseBase, "HttpResponseBase | None")
-
-
-def _told(call: Call, answered: _Answer) -> _Answer:
-    """``answered`` (a duplicate's answer, or None), counted for the metrics."""
-    if answered is not None:
-        replayed = answered.has_header(REPLAYED_HEADER)
-        count_key("idempotency", call.label, "replayed" if replayed else "refused")
-    return answered
-
-
 def _under_lock(attempt: _Attempt) -> Steps[Any]:
     """Steps 3, 5 and the undoing: the body both ``redis_locked`` runners step."""
     call, record = attempt.call, attempt.record
     try:
         stored, _ = yield record.read
-        early = _told(call, answer(call.request, call.policy, call.fingerprint, stored, None))
+        early = counted(
+            call.label, answer(call.request, call.policy, call.fingerprint, stored, None)
+        )
         if early is not None:
             return early
         yield record.write(attempt.marker(), call.policy.ttl)
@@ -305,12 +285,10 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         # Rendered here, inside the transaction: a render that fails rolls back.
         done = snapshot(response, call.request, call.policy, call.fingerprint)
     except BaseException:
-        yield attempt.forget()
-        count_key("idempotency", call.label, "released")
+        yield from attempt.let_go()
         raise
     if done is None:
-        yield attempt.forget()
-        count_key("idempotency", call.label, "released")
+        yield from attempt.let_go()
         return response
     # Stored even if the lease ran out meanwhile: while the marker is this
     # attempt's, no other has run (a duplicate found it and did not). A
@@ -332,7 +310,7 @@ def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
     early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
-    return _told(call, early or in_progress(call.request, call.policy, stored, pttl))
+    return counted(call.label, early or in_progress(call.request, call.policy, stored, pttl))
 
 
 def _name(request: Any, attempt: _Attempt) -> str:
@@ -393,7 +371,7 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
         stored, pttl = yield record.read
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = _told(call, answer(call.request, call.policy, call.fingerprint, stored, pttl))
+    early = counted(call.label, answer(call.request, call.policy, call.fingerprint, stored, pttl))
     if early is not None:
         return early
     attempt = _Attempt(call, record, run)

@@ -10,11 +10,12 @@ import json
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from django.http import HttpResponse, HttpResponseBase, JsonResponse
 
 from ..http import retry_after_header, unavailable_response, wants_json
+from ..signals import count_key
 from .records import Record
 from .settings import Policy
 
@@ -22,6 +23,7 @@ __all__ = [
     "OMITTED_HEADER",
     "REPLAYED_HEADER",
     "answer",
+    "counted",
     "in_progress",
     "outcome_unknown",
     "problem",
@@ -33,6 +35,17 @@ logger = logging.getLogger("django_redislock.idempotency")
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 OMITTED_HEADER = "Idempotent-Body-Omitted"
+
+
+_Answer = TypeVar("_Answer", HttpResponseBase, "HttpResponseBase | None")
+
+
+def counted(label: str, answered: _Answer) -> _Answer:
+    """``answered`` (a duplicate's answer, or None), counted for the metrics."""
+    if answered is not None:
+        replayed = answered.has_header(REPLAYED_HEADER)
+        count_key("idempotency", label, "replayed" if replayed else "refused")
+    return answered
 
 
 def problem(request: Any, status: int, code: str, detail: str) -> HttpResponse:

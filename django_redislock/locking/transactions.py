@@ -217,3 +217,19 @@ def connect_early(aliases: Iterable[str]) -> None:
             conn.ensure_connection()
         except Exception as exc:
             log_connect.debug("could not connect to %r before the lock: %s", alias, exc)
+
+
+def opted_out(view: Any) -> frozenset[str]:
+    """The aliases ``view`` opted out of ``ATOMIC_REQUESTS`` for, through every wrapper.
+
+    A locked or idempotent wrapper says "every alias" only because it opens
+    the blocks itself; the view under it may still want them.
+    """
+    found: set[str] = set()
+    layer, depth = view, 0
+    while layer is not None and depth < 32:
+        own = getattr(layer, "__dict__", {}).get("_non_atomic_requests")
+        if own is not None and not isinstance(own, type(EVERY_ALIAS)):
+            found.update(own)
+        layer, depth = getattr(layer, "__wrapped__", None), depth + 1
+    return frozenset(found)
