@@ -69,12 +69,18 @@ def route(queryset: Any, field: str, updates: dict[str, Any], caller: str) -> Ro
     """
     _refuse_what_is_not_a_table_of_rows(queryset, caller)
     fence_holder(queryset, field, caller)
-    query: Any = queryset.query.chain(sql.UpdateQuery)
-    # As update() builds it: an ancestor's field becomes a related update (several tables).
-    query.add_update_values({field: 0, **updates})
-    query.get_initial_alias()
-    one_table = not query.related_updates and query.count_active_tables() == 1
-    where = queryset.query.where
+    query = queryset.query
+    several_tables = False
+    if queryset.model._meta.concrete_model._meta.parents:
+        # As update() builds it: a parent's field becomes a related update of its table.
+        # (Only multi-table inheritance has any; the hot path skips building the query.)
+        writing: Any = query.chain(sql.UpdateQuery)
+        writing.add_update_values({field: 0, **updates})
+        several_tables = bool(writing.related_updates)
+    # Django's own test (pre_sql_setup): a join, even one only an annotation or values()
+    # uses, moves the WHERE into a sub-select.
+    one_table = not several_tables and query.count_active_tables() <= 1
+    where = query.where
     if where.contains_over_clause:
         raise TypeError(
             f"{caller}(): the queryset filters on a window function, which an UPDATE "
