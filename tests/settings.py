@@ -105,8 +105,23 @@ PG: dict[str, Any] = {
     "NAME": os.environ.get("PGDATABASE", "test"),
     "TEST": {"NAME": f"test_django_redislock_{os.getpid()}"},
 }
+# "postgres" runs at READ COMMITTED, Django's default; each other alias is the same test
+# database at a stricter isolation level (TEST MIRROR), through connections of its own, as the
+# MySQL ones below are.
+POSTGRES_ISOLATION_LEVELS = {
+    "postgres_repeatable_read": "REPEATABLE_READ",
+    "postgres_serializable": "SERIALIZABLE",
+}
 if _postgres_reachable():
+    from psycopg import IsolationLevel
+
     DATABASES["postgres"] = PG
+    for _alias, _level in POSTGRES_ISOLATION_LEVELS.items():
+        DATABASES[_alias] = {
+            **PG,
+            "OPTIONS": {"isolation_level": IsolationLevel[_level]},
+            "TEST": {"MIRROR": "postgres"},
+        }
     # The same database through Django's connection pool (Django 5.1+,
     # psycopg_pool): a connection closed by Django goes back to the pool, open.
     try:

@@ -781,21 +781,21 @@ def test_a_unique_field_compared_with_a_column_is_not_one_row(alias: str) -> Non
     ],
 )
 def test_which_querysets_name_one_row(make: Callable[[Any], Any], one: bool) -> None:
-    from django_redislock.locking.fencing import _names_one_row
+    from django_redislock.locking.fence_shapes import names_one_row
 
-    assert _names_one_row(make(Product.objects.all())) is one
+    assert names_one_row(make(Product.objects.all())) is one
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_fenced_update_through_multi_table_inheritance_stays_one_transaction() -> None:
-    """A parent's field and a child's in one call: the general path, all or nothing."""
+    """A parent's field and a child's in one call: the fences locked first, all or nothing."""
     from django.test.utils import CaptureQueriesContext
 
-    from django_redislock.locking.fencing import _names_one_row
+    from django_redislock.locking.fence_shapes import Route, route
 
     card = GiftCard.objects.create(name="card", stock=1, fence=5)
     cards = GiftCard.objects.filter(pk=card.pk)
-    assert not _names_one_row(cards)
+    assert route(cards, "fence", {"stock": 0, "code": "used"}, "fenced_update") is Route.LOCKED
     with CaptureQueriesContext(connections["default"]) as seen:
         assert fenced_update(cards, 7, stock=0, code="used") == 1
     assert [q["sql"].split()[0].upper() for q in seen.captured_queries][0] == "BEGIN"

@@ -10,7 +10,8 @@
   or the lock is lost.
 * ``factories.py``: ``get_lock`` and its kin, core handles configured from
   ``REDISLOCK``; the other folders take their locks and semaphores here.
-* ``fencing.py``: ``fenced_get``, ``fenced_update``, ``FencedQuerySet``.
+* ``fencing.py``: ``fenced_get``, ``fenced_update``, ``FencedQuerySet``;
+  ``fence_shapes.py``: the route each shape of queryset takes to its fences.
 
 Nothing here imports ``throttling``, ``tasks``, ``ops`` or ``idempotency``: they
 build on this folder, not the other way round. Import from the modules; this

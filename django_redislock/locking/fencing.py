@@ -16,7 +16,9 @@ holder's write is refused by the database itself::
 ``fence <= token`` (not ``<``) lets one holder write the same row several
 times. Claiming the row as it is read closes the remaining gap: from the
 claim on, writes of every older holder are refused, so nothing older can
-change what this holder read.
+change what this holder read. How a write reaches the rows that hold the
+fences depends on how Django compiles the queryset's UPDATE: the routes are
+chosen in ``fence_shapes.py``.
 """
 
 from __future__ import annotations
@@ -25,13 +27,11 @@ from typing import Any, TypeGuard, TypeVar
 
 from django.db import connections, models, transaction
 from django.db.models import sql
-from django.db.models.expressions import Col
-from django.db.models.lookups import Exact
 from django.db.models.query import ModelIterable
-from django.db.models.sql.where import AND
 
 from ..conf import conf
 from ..core.exceptions import LockLost
+from .fence_shapes import Route, fence_holder, route
 
 __all__ = ["FencedQuerySet", "FencedQuerySetMixin", "StaleFence", "fenced_get", "fenced_update"]
 
@@ -61,18 +61,34 @@ def fenced_update(
     larger token, nothing is updated and ``StaleFence`` is raised. Returns the
     number of rows updated (0 when ``queryset`` matches no row).
 
-    A queryset that names one row (an exact match on its primary key or
-    another unique field, as ``filter(pk=...)``) costs one statement when the
-    write goes through: the UPDATE, with no transaction of its own; a second
-    one runs only when it updated nothing, to tell "no such row" (0) from "a
-    newer holder wrote" (``StaleFence``). Any other queryset costs two (the
-    UPDATE, then a check for newer tokens) in a transaction of its own when
-    the caller has none. On MySQL and MariaDB the check inside a transaction
-    is a locking read (``SELECT ... FOR UPDATE``), which reads the rows as
-    last committed at every isolation level, REPEATABLE READ included.
+    A queryset on one table that names one row (an exact match on its primary
+    key or another unique field, as ``filter(pk=...)``) costs one statement
+    when the write goes through: the UPDATE, with no transaction of its own; a
+    second one runs only when it updated nothing, to tell "no such row" (0)
+    from "a newer holder wrote" (``StaleFence``). Any other queryset on one
+    table costs two (the UPDATE, then a check for newer tokens) in a
+    transaction of its own when the caller has none. On MySQL and MariaDB the
+    check inside a transaction is a locking read (``SELECT ... FOR UPDATE``),
+    which reads the rows as last committed at every isolation level,
+    REPEATABLE READ included.
+
+    A queryset that joins (a filter, an annotation or a manager's default
+    filter through a relation) or writes through multi-table inheritance is
+    one Django compiles into a sub-select or pre-selected ids, where a fence
+    condition is not re-checked against a newer holder's write: there the
+    keys of its rows are read, the rows that hold their fences are locked
+    (``SELECT ... FOR UPDATE``), and ``update()`` runs only if none holds a
+    newer token, all in one transaction. A shape that names no rows to fence
+    or that ``update()`` cannot write (a slice, ``union()``, ``values()``
+    before an aggregate, ``extra(tables=...)``, a filter on a window
+    function or on an aggregate of its own table) is refused with
+    ``TypeError`` before anything is sent.
+
     Inside a transaction, ``StaleFence`` marks the whole transaction for
     rollback, as a lost lock does: a holder whose lease ran out commits
-    nothing.
+    nothing. At PostgreSQL's REPEATABLE READ and SERIALIZABLE a row changed
+    since the transaction's snapshot is refused by the database itself, with
+    the serialization failure Django raises as ``OperationalError``.
 
     ``fence=None`` is accepted only while ``REDISLOCK['ENABLED']`` is False
     (no lock, so no token): then it is a plain ``update()``.
@@ -84,8 +100,11 @@ def fenced_update(
             f"fenced_update(): {field!r} is the fence field and is set from fence=; "
             "remove it from the updates"
         )
+    way = route(queryset, field, updates, "fenced_update")
+    if way is Route.LOCKED:
+        return _write_locked(queryset, fence, field, updates)
     mine = queryset.filter(**{f"{field}__lte": fence})
-    if _names_one_row(queryset):
+    if way is Route.ONE_ROW:
         # One row: the UPDATE alone is all or nothing, and when it updates
         # that row no row of the queryset can hold a newer token.
         updated = mine.update(**{field: fence}, **updates)
@@ -105,6 +124,41 @@ def fenced_update(
     return updated
 
 
+def _write_locked(
+    queryset: models.QuerySet[Any], fence: int, field: str, updates: dict[str, Any]
+) -> int:
+    """Lock the rows that hold the fences of ``queryset``'s rows, then ``update()``.
+
+    The keys come first, from a plain read (materialised, so that the locking
+    read names rows by key only: with a join, PostgreSQL's FOR UPDATE re-checks
+    only the locked table's row after a wait). The locking read then waits for
+    a newer holder still in its transaction and reads its committed token.
+    Once locked, no other fenced write reaches those rows before this
+    transaction ends, so Django's update() may select them as it likes.
+    """
+    holder = fence_holder(queryset, field, "fenced_update")
+    with transaction.atomic(using=queryset.db, savepoint=False):
+        reading = queryset.order_by().values_list("pk", holder.key)
+        reading.query.select_for_update = False  # the fence rows are the ones to lock
+        keys = dict(reading)
+        if not keys:
+            return 0
+        fences = dict(
+            models.QuerySet(holder.model, using=queryset.db)
+            .filter(pk__in=set(keys.values()))
+            .order_by("pk")  # one order for every caller: no deadlock between two
+            .select_for_update()
+            .values_list("pk", field)
+        )
+        if any(stored > fence for stored in fences.values()):
+            raise _stale(queryset, fence)
+        # A row deleted since the read is gone from the lock's answer: not written.
+        rows = [pk for pk, key in keys.items() if key in fences]
+        if not rows:
+            return 0
+        return queryset.filter(pk__in=rows).update(**{field: fence}, **updates)
+
+
 def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = "fence") -> M:
     """Claim the one row of ``queryset`` for this holder, and return it.
 
@@ -117,24 +171,25 @@ def fenced_get(queryset: models.QuerySet[M], fence: int | None, *, field: str = 
 
     One statement where the database returns the rows an UPDATE wrote
     (``UPDATE ... RETURNING``: PostgreSQL, SQLite 3.35 and later), the
-    queryset names one row (an exact match on its primary key or another
-    unique field, as ``filter(pk=...)``) and it reads plain instances.
-    Otherwise (MySQL, MariaDB, ``values()``, ``annotate()``,
-    ``select_related()``, ``only()``...) ``fenced_update()`` and then, when
-    it claimed a row, ``get()``, whose result it returns. ``fence=None`` is
-    accepted only while ``REDISLOCK['ENABLED']`` is False: then it is a
-    plain ``get()``.
+    queryset is on one table and names one row (an exact match on its
+    primary key or another unique field, as ``filter(pk=...)``) and it reads
+    plain instances. Otherwise (MySQL, MariaDB, ``values()``, ``annotate()``,
+    ``select_related()``, ``only()``, joins, multi-table inheritance...)
+    ``fenced_update()`` and then, when it claimed a row, ``get()``, whose
+    result it returns. A shape ``fenced_update()`` refuses is refused here
+    too, with ``TypeError``. ``fence=None`` is accepted only while
+    ``REDISLOCK['ENABLED']`` is False: then it is a plain ``get()``.
     """
     if not _is_token(fence, "fenced_get"):
         return queryset.get()
     if (
-        _names_one_row(queryset)
+        route(queryset, field, {}, "fenced_get") is Route.ONE_ROW
         and _reads_whole_instances(queryset)
         and _returns_from_update(queryset.db)
     ):
         rows = _claim_returning(queryset.filter(**{f"{field}__lte": fence}), {field: fence})
         if rows:
-            return rows[0]  # one row at most: _names_one_row
+            return rows[0]  # one row at most: Route.ONE_ROW
         if _newer_token_stored(queryset, field, fence):
             raise _refused(queryset, fence)
         raise _does_not_exist(queryset)
@@ -188,9 +243,10 @@ def _is_token(fence: int | None, caller: str) -> TypeGuard[int]:
 
 
 def _reads_whole_instances(queryset: models.QuerySet[Any]) -> bool:
-    """Whether ``get()`` would return a plain instance: no ``values()``,
-    ``annotate()``, ``select_related()``, ``only()``/``defer()`` or ``extra()``,
-    whose results the claim's RETURNING could not give as ``get()`` does."""
+    """Whether ``get()`` would return a plain instance of one table: no
+    ``values()``, ``annotate()``, ``select_related()``, ``only()``/``defer()``
+    or ``extra()``, and no parent's table (multi-table inheritance), whose
+    results the claim's RETURNING could not give as ``get()`` does."""
     query = queryset.query
     return (
         queryset._iterable_class is ModelIterable
@@ -198,6 +254,7 @@ def _reads_whole_instances(queryset: models.QuerySet[Any]) -> bool:
         and not query.select_related
         and not query.extra
         and query.deferred_loading == (frozenset(), True)
+        and not queryset.model._meta.concrete_model._meta.parents
     )
 
 
@@ -240,34 +297,6 @@ def _claim_returning(queryset: models.QuerySet[M], values: dict[str, Any]) -> li
                 values_read[i] = converter(values_read[i], column, connection)
         found.append(queryset.model.from_db(queryset.db, names, values_read))
     return found
-
-
-def _names_one_row(queryset: models.QuerySet[Any]) -> bool:
-    """Whether ``queryset``'s filter pins one row: ``unique_field=value`` ANDed in.
-
-    Read from the query Django built, so nothing is sent. Anything else (OR,
-    negation, ``__in``, a unique field reached through a join or compared
-    with an expression, a model with multi-table inheritance) answers False,
-    which only costs the general path's second statement.
-    """
-    query = queryset.query
-    where = query.where
-    if where.connector != AND or where.negated or query.is_sliced or query.combinator:
-        return False
-    if queryset.model._meta.parents:
-        # Multi-table inheritance: an update of a parent's field is several
-        # statements, which only the general path's transaction keeps together.
-        return False
-    base = query.base_table
-    for child in where.children:
-        if isinstance(child, Exact) and isinstance(child.lhs, Col):
-            column = child.lhs
-            # A value, not an expression: ``pk=F("other")`` compares each row
-            # with itself and can match many.
-            value = child.rhs is not None and not hasattr(child.rhs, "resolve_expression")
-            if column.alias == base and column.target.unique and value:
-                return True
-    return False
 
 
 def _refused(queryset: models.QuerySet[Any], fence: int) -> StaleFence:
