@@ -46,6 +46,7 @@ from ._sync_prims import (
     CLEANUP_TIMEOUT,
     HOLDER_KIND,
     CallTimeout,
+    Cancelled,
     Gate,
     Holder,
     cancel_requests,
@@ -290,9 +291,10 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
                 self._give_back_later(token, after=exc)
             raise
         except BaseException:
-            # Interrupted (or, asyncio, cancelled at some await): the script
-            # may have run and granted us what we asked. Give it back,
-            # whatever happens to us.
+            # Interrupted (a signal's KeyboardInterrupt or SystemExit) or,
+            # asyncio, cancelled at some await: the script may have run and
+            # granted us what we asked. Give it back (one bounded call, then
+            # off our path), and the interrupt goes on as itself.
             self._cancel(token)
             raise
         finally:
@@ -388,6 +390,14 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
             raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
         except RedisUnavailable as exc:
             self._give_back_later(token, after=exc)
+            raise
+        except Cancelled:
+            raise  # asyncio: the release ran to its end all the same
+        except BaseException:
+            # Interrupted before the reply (a signal's KeyboardInterrupt or
+            # SystemExit): the release may not have run. It is given back off
+            # the caller's path, and the interrupt goes on.
+            self._give_back_later(token)
             raise
         finally:
             self._holder = None
