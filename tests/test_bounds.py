@@ -33,8 +33,12 @@ from django_redislock.core import (
     Lock,
     MultiLock,
     ReadWriteLock,
+    RedisUnavailable,
 )
+from django_redislock.core.drivers import rwlock_base as rw_base
+from django_redislock.core.drivers import semaphore_base as sem_base
 from django_redislock.core.drivers.semaphore import Semaphore
+from django_redislock.core.engine import scripts
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.idempotency import idempotent
 from django_redislock.testing import hold_lock, hold_permits
@@ -287,9 +291,110 @@ def test_a_setting_above_its_maximum_fails_the_checks(setting: Setting) -> None:
     assert message.hint
 
 
+# -- the scripts: a bad value from a bare client leaves no key without a TTL ----------------------
+LOCK, SEM, RW = KS.lock("bare"), KS.semaphore("bare"), KS.rwlock("bare")
+# What a caller other than this library might send as milliseconds.
+BAD_MS = ["10000000000000000000", "1e19", "9999999999999", "-5", "1.5", "abc", ""]
+
+
+def _lock_args(token: str, ttl: str = "10000", wait: str = "0", keep: str = "20000") -> tuple:
+    # acquire.lua: token, ttl, name, owner, wait, channel, state ttl, round
+    return (token, ttl, "", "{}", wait, "-", keep, "1")
+
+
+def _sem_args(token: str, ttl: str = "10000", wait: str = "0", limit: str = "1") -> tuple:
+    # sem_acquire.lua: token, ttl, name, owner, wait, channel, grace, unused, limit
+    return (token, ttl, "bare", "{}", wait, "-", "2000", "10000", limit)
+
+
+def _run(client: redis.Redis, script: scripts.Script, keys: Any, args: tuple) -> Any:
+    return scripts.run(client, script, (keys.lease, keys.queue, keys.state), args)
+
+
+def _sem_waiter(client: redis.Redis) -> None:
+    """A holder of the only permit, and a waiter queued behind it (no channel)."""
+    assert _run(client, sem_base.ACQUIRE, SEM, _sem_args("a" * 16))[0] == 1
+    assert _run(client, sem_base.ACQUIRE, SEM, _sem_args("b" * 16, wait="10000"))[0] == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptCase:
+    """``call(client, bad)`` runs a script with ``bad`` as a duration, after
+    ``setup``; ``writes_first``: the script's own removals come before the check."""
+
+    setup: Callable[[redis.Redis], Any]
+    call: Callable[[redis.Redis, str], Any]
+    writes_first: bool = False
+
+
+SCRIPT_CASES = {
+    "acquire ttl": ScriptCase(
+        lambda c: None,
+        lambda c, bad: _run(c, scripts.ACQUIRE, LOCK, _lock_args("a" * 16, ttl=bad)),
+    ),
+    "acquire state ttl": ScriptCase(
+        lambda c: None,
+        lambda c, bad: _run(c, scripts.ACQUIRE, LOCK, _lock_args("a" * 16, keep=bad)),
+    ),
+    "acquire wait, queued": ScriptCase(
+        lambda c: _run(c, scripts.ACQUIRE, LOCK, _lock_args("a" * 16)),
+        lambda c, bad: _run(c, scripts.ACQUIRE, LOCK, _lock_args("b" * 16, wait=bad)),
+    ),
+    "extend ttl": ScriptCase(
+        lambda c: _run(c, scripts.ACQUIRE, LOCK, _lock_args("a" * 16)),
+        lambda c, bad: _run(c, scripts.EXTEND, LOCK, ("a" * 16, bad)),
+    ),
+    "semaphore acquire ttl": ScriptCase(
+        lambda c: None,
+        lambda c, bad: _run(c, sem_base.ACQUIRE, SEM, _sem_args("a" * 16, ttl=bad)),
+    ),
+    "semaphore acquire wait, queued": ScriptCase(
+        lambda c: _run(c, sem_base.ACQUIRE, SEM, _sem_args("a" * 16)),
+        lambda c, bad: _run(c, sem_base.ACQUIRE, SEM, _sem_args("b" * 16, wait=bad)),
+    ),
+    "semaphore release grace, a waiter to wake": ScriptCase(
+        _sem_waiter,
+        lambda c, bad: _run(c, sem_base.RELEASE, SEM, ("a" * 16, bad, "1", "10000", "")),
+        writes_first=True,  # the release's own: the permit goes
+    ),
+    "permit refresh ttl": ScriptCase(
+        lambda c: _run(c, sem_base.ACQUIRE, SEM, _sem_args("a" * 16)),
+        lambda c, bad: _run(c, scripts.HOLDERS_REFRESH, SEM, ("a" * 16, bad, "10000")),
+    ),
+    "read-write acquire ttl": ScriptCase(
+        lambda c: None,
+        lambda c, bad: _run(
+            c, rw_base.ACQUIRE, RW, ("a" * 16, bad, "bare", "{}", "0", "-", "2000", "10000", "w")
+        ),
+    ),
+    "idempotency record ttl": ScriptCase(
+        lambda c: None,
+        lambda c, bad: scripts.run(c, RECORD, (b"bare-record",), (bad, "state", "done")),
+    ),
+}
+RECORD = scripts.load("record_replace", prelude=None)
+
+
+@pytest.mark.parametrize("bad", BAD_MS)
+@pytest.mark.parametrize("case", SCRIPT_CASES, ids=str)
+def test_a_script_refuses_a_bad_duration_before_it_writes(
+    case: str, bad: str, r: redis.Redis
+) -> None:
+    script = SCRIPT_CASES[case]
+    script.setup(r)
+    before = {key: r.dump(key) for key in r.scan_iter()}
+    with pytest.raises(RedisUnavailable, match="a duration must be a whole number of ms"):
+        script.call(r, bad)
+    assert [key for key in r.scan_iter() if r.pttl(key) == -1] == []
+    if not script.writes_first:
+        assert {key: r.dump(key) for key in r.scan_iter()} == before  # nothing written
+
+
 def test_the_maxima_are_the_documented_ones() -> None:
-    """docs/settings.rst, Maxima: a year, a million, 512 MiB."""
+    """docs/settings.rst, Maxima: a year, a million, 512 MiB; the scripts' 12 digits of ms."""
     page = (Path(__file__).resolve().parent.parent / "docs" / "settings.rst").read_text()
     assert (MAX_SECONDS, MAX_COUNT, MAX_BYTES) == (31_536_000, 1_000_000, 512 * 2**20)
-    for shown in ("31,536,000 (a year)", "1,000,000", "536,870,912"):
+    for shown in ("31,536,000 (a year)", "1,000,000", "536,870,912", "12 digits of milliseconds"):
         assert shown in page
+    # A year of milliseconds, with the state's keep time, is well within 12 digits.
+    assert len(str(int(MAX_SECONDS * 1000) + 10_000)) <= 12

@@ -16,6 +16,11 @@ thread asks. The maxima are far above any use and far below those limits:
 * ``MAX_BYTES``, 512 MiB, the largest value Redis stores: a size in bytes
   (an idempotency record's body, the length of its key).
 
+The Lua scripts check the durations they write into an expiry as well
+(at most 12 digits of milliseconds, over 31 years), before they write:
+a value from elsewhere than this library is refused, and leaves no key
+without a TTL (``core/engine/lua/_prelude.lua``).
+
 ``*_problem`` says what is wrong with a value (None when nothing is), in
 words a system check or an error message can use; ``check_*`` raises
 ``TypeError`` (not a number) or ``ValueError`` (out of range) naming the

@@ -4,6 +4,11 @@
 -- slot on a Cluster (MULTI is refused there by some redis-py versions).
 -- KEYS[1] the hash.
 -- ARGV[1] TTL, ms.  ARGV[2..] field, value, field, value, ...
+-- A TTL Redis would refuse only after the write (see the prelude's MS):
+-- refused first, so the hash never stays without one.
+if not string.find(ARGV[1], '^%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$') then
+  return redis.error_reply('ERR a duration must be a whole number of ms, at most 12 digits: ttl')
+end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], unpack(ARGV, 2))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
