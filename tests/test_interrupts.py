@@ -33,9 +33,11 @@ from django.test import RequestFactory, override_settings
 
 from django_redislock import connection, redis_locked
 from django_redislock.core import AsyncLock, Lock
+from django_redislock.core.drivers.base import Observer
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
 from django_redislock.throttling.middleware import concurrency_limited
+from tests.drive import Drive
 from tests.servers import RedisServer
 
 LEASE = 5.0  # every lease and permit; also the bound on each wait for a name
@@ -549,3 +551,33 @@ def test_the_generator_takes_cleanup_that_re_raises_and_every_source() -> None:
     gen_sync.check_source(cleanup, "x_async.py")
     for source, _target in gen_sync.PAIRS:
         gen_sync.check_source((PACKAGE.parent / source).read_text(encoding="utf-8"), str(source))
+
+
+# -- between the grant and the return ---------------------------------------------------------
+class _Interrupted(Observer):
+    """Reports the grant, and is interrupted as it does (a signal landing in a
+    receiver of ``lock_acquired``, say)."""
+
+    def __init__(self, interrupt: type[BaseException]) -> None:
+        self.interrupt = interrupt
+
+    def acquired(self, lock: Any, waited: float) -> None:
+        raise self.interrupt("as the grant was reported")
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, RuntimeError], ids=lambda e: e.__name__)
+async def test_an_interrupt_between_the_grant_and_the_return_lets_the_lock_go(
+    drive: Drive, interrupt: type[BaseException]
+) -> None:
+    # The caller never learns it holds the lock, so it never releases it; a
+    # renewal would keep the name taken for as long as the process lives.
+    lock = drive.Lock(
+        drive.client, NAME, ttl=1, wait=0, renew=True, observer=_Interrupted(interrupt)
+    )
+    with pytest.raises(interrupt):
+        await drive(lock.acquire())
+    assert lock.token is None and not lock.held
+    other = drive.Lock(drive.client, NAME, ttl=1, wait=LEASE)
+    assert await drive(other.acquire())  # given back: free within its lease (and at once)
+    assert await drive(other.owned())
+    await drive(other.release())

@@ -209,8 +209,15 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
             self.observer.busy(self, time.monotonic() - started)
             return False
         self._holder = me
-        self._on_acquired(ttl_ms)
-        self.observer.acquired(self, time.monotonic() - started)
+        try:
+            self._on_acquired(ttl_ms)
+            self.observer.acquired(self, time.monotonic() - started)
+        except BaseException:
+            # Between the grant and the return (an interrupt, a broken
+            # observer): the caller will never release what it does not know
+            # it holds, and a renewal would keep it for ever. Let it go.
+            self._let_go()
+            raise
         return True
 
     def _acquire(self, deadline: float, ttl_ms: int) -> bool:
@@ -300,6 +307,17 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         finally:
             if event is not None and notifier is not None:
                 notifier.unregister(token)
+
+    def _let_go(self) -> None:
+        """Stop holding at once, without waiting for Redis: the renewal
+        stopped, the gate freed, the give-back off the caller's path."""
+        token = self.token
+        self._stop_renewal()
+        self._forget()
+        self._holder = None
+        self._gate.release()
+        if token is not None:
+            self._give_back_later(token)
 
     def _give_back_later(self, token: str, after: BaseException | None = None) -> None:
         """Give back whatever ``token`` may hold, retried off the caller's
