@@ -40,6 +40,7 @@ from django_redislock.core.drivers import semaphore_base as sem_base
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.keys import KeySpace
+from django_redislock.core.ops.summary import summarize
 from django_redislock.idempotency import idempotent
 from django_redislock.testing import hold_lock, hold_permits
 from django_redislock.throttling.middleware import concurrency_limited
@@ -175,6 +176,7 @@ ARGUMENTS = [
     Bound("hold_lock(timeout)", "timeout", SECONDS, lambda c, v: hold_lock("b", timeout=v)),
     Bound("hold_lock(wait)", "wait", SECONDS, lambda c, v: hold_lock("b", wait=v)),
     Bound("hold_permits(limit)", "limit", COUNT, lambda c, v: hold_permits("b", v)),
+    Bound("summarize(busiest)", "busiest", COUNT, lambda c, v: summarize([], busiest=v)),
 ]
 
 
