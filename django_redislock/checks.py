@@ -22,7 +22,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, DJANGO_REDIS_CACHE, cache_backend, cache_locations, conf
-from .core.drivers.base import is_seconds
+from .core import MAX_COUNT, count_problem, is_seconds, seconds_problem, seconds_range
 from .core.engine.keys import validate_prefix
 from .core.io.green import RENEWAL_HINT, green_runtime, renewal_warning
 
@@ -117,21 +117,22 @@ def settings_problems() -> list[Problem]:
         ("REPLICAS_TIMEOUT", False),
         ("UNIQUE_TTL", False),
     ):
-        if not is_seconds(value(key), allow_zero=allow_zero):
-            bound = "0 or more" if allow_zero else "more than 0"
+        problem = seconds_problem(value(key), allow_zero=allow_zero)
+        if problem is not None:
             found.append(
                 Problem(
                     "django_redislock.E003",
-                    f"REDISLOCK[{key!r}] must be a finite number of seconds, {bound}; "
-                    f"got {value(key)!r}.",
+                    f"REDISLOCK[{key!r}] {problem}.",
                     f"Set REDISLOCK[{key!r}] to a number such as {DEFAULTS[key]!r}.",
                 )
             )
-    if value("RENEW_MAX") is not None and not is_seconds(value("RENEW_MAX"), allow_zero=False):
+    renew_max = value("RENEW_MAX")
+    if renew_max is not None and not is_seconds(renew_max, allow_zero=False):
         found.append(
             Problem(
                 "django_redislock.E003",
-                f"REDISLOCK['RENEW_MAX'] must be None or seconds; got {value('RENEW_MAX')!r}.",
+                "REDISLOCK['RENEW_MAX'] must be None or a finite number of seconds, "
+                f"{seconds_range(allow_zero=False)}; got {renew_max!r}.",
                 "Set REDISLOCK['RENEW_MAX'] to a number of seconds, or None for no cap.",
             )
         )
@@ -194,12 +195,12 @@ def settings_problems() -> list[Problem]:
                 "Use 409 (the default), 423 or 503.",
             )
         )
-    replicas = value("REPLICAS")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+    problem = count_problem(value("REPLICAS"), low=0, high=MAX_COUNT)
+    if problem is not None:
         found.append(
             Problem(
                 "django_redislock.E009",
-                f"REDISLOCK['REPLICAS'] must be a whole number, 0 or more; got {replicas!r}.",
+                f"REDISLOCK['REPLICAS'] {problem}.",
                 "Set it to the number of replicas that must acknowledge a new lease, or 0.",
             )
         )

@@ -73,6 +73,10 @@ def test_clean_settings_have_no_messages() -> None:
         ({"REPLICAS_TIMEOUT": 0}, "E003", "'REPLICAS_TIMEOUT'"),
         ({"RENEW_MAX": 0}, "E003", "'RENEW_MAX'"),
         ({"RENEW_MAX": "1h"}, "E003", "'RENEW_MAX'"),
+        # Above the maxima (a year; a million): docs/settings.rst, Maxima.
+        ({"TIMEOUT": 1e16}, "E003", "at most 31536000 (a year)"),
+        ({"UNIQUE_TTL": 31_536_001}, "E003", "'UNIQUE_TTL'"),
+        ({"RENEW_MAX": 3e10}, "E003", "'RENEW_MAX'"),
         ({"PREFIX": "a{b}"}, "E004", "PREFIX"),
         ({"PREFIX": ""}, "E004", "PREFIX"),
         ({"PREFIX": "locks\n"}, "E004", "PREFIX"),
@@ -91,6 +95,7 @@ def test_clean_settings_have_no_messages() -> None:
         ({"REPLICAS": -1}, "E009", "REPLICAS"),
         ({"REPLICAS": 1.5}, "E009", "REPLICAS"),
         ({"REPLICAS": True}, "E009", "REPLICAS"),
+        ({"REPLICAS": 1_000_001}, "E009", "at most 1000000"),
         ({"ENABLED": "yes"}, "E010", "'ENABLED'"),
         ({"RENEW": 1}, "E010", "'RENEW'"),
         ({"FAIL_OPEN": None}, "E010", "'FAIL_OPEN'"),
@@ -207,6 +212,11 @@ def test_settings_are_read_lazily() -> None:
         ([{"name": "a", "limit": 1, "methods": "G E T"}], "E028"),
         ([{"name": "a", "limit": 1, "url_name": ""}], "E029"),
         ([{"name": "a", "limit": 1, "retry_after": -2}], "E030"),
+        # Above the maxima.
+        ([{"name": "a", "limit": 1_000_001}], "E025"),
+        ([{"name": "a", "limit": 1, "wait": 1e16}], "E026"),
+        ([{"name": "a", "limit": 1, "timeout": 1e16}], "E027"),
+        ([{"name": "a", "limit": 1, "retry_after": 1e16}], "E030"),
     ],
 )
 def test_each_rule_problem_has_its_id(throttle: Any, check_id: str) -> None:

@@ -12,9 +12,22 @@ decision is written once. The transformation maps names only:
   docstrings and comments.
 
 What threads and tasks do differently is in ``core/drivers/_async_prims.py`` and
-``core/drivers/_sync_prims.py``, which export the same names: never in a generated
-file. The result goes through ``ruff`` (import order, then format), so that
-it reads like the rest of the code.
+``core/drivers/_sync_prims.py`` (and, for ``core/io``, ``interrupts_async.py`` and
+``interrupts.py``), which export the same names: never in a generated file.
+The result goes through ``ruff`` (import order, then format), so that it
+reads like the rest of the code.
+
+Before it maps a source, the generator refuses what would carry asyncio's
+meaning into sync code (``docs/internals.rst``, "Interrupts"):
+
+* naming ``asyncio`` at all: a cancellation is ``Cancelled``, an asyncio
+  timeout ``CallTimeout``, and so on, from the primitives, whose sync twins
+  say what they mean for threads;
+* a handler of ``BaseException`` (or a bare ``except:``) that does not end by
+  raising what it caught, unchanged, or that can leave any other way: in the
+  sync twin it would catch a signal's ``KeyboardInterrupt`` or ``SystemExit``;
+* ``BaseException`` anywhere but in such a handler or an annotation (a
+  ``suppress(BaseException)``, say).
 
 Usage::
 
@@ -27,6 +40,7 @@ Standard library only, plus the ``ruff`` command the lint run installs.
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import io
 import re
@@ -60,6 +74,7 @@ RENAMES = {
     "rwlock_async": "rwlock",
     "multi_async": "multi",
     "notify_async": "notify",
+    "interrupts_async": "interrupts",
     # Classes.
     "AsyncHandle": "SyncHandle",
     "AsyncHeldInBlock": "HeldInBlock",
@@ -99,6 +114,87 @@ _PROSE = {tokenize.STRING, tokenize.COMMENT}
 _FSTRING_MIDDLE = getattr(tokenize, "FSTRING_MIDDLE", None)
 if _FSTRING_MIDDLE is not None:
     _PROSE.add(_FSTRING_MIDDLE)
+
+
+class Refused(ValueError):
+    """An asyncio source that would not mean the same once made sync."""
+
+
+def _catches_base(handler: ast.ExceptHandler) -> bool:
+    kinds = handler.type
+    if kinds is None:
+        return True  # a bare ``except:``
+    names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+    return any(isinstance(n, ast.Name) and n.id == "BaseException" for n in names)
+
+
+def _leaves_otherwise(body: list[ast.stmt]) -> ast.stmt | None:
+    """A statement of ``body`` (outside nested functions) that could leave a
+    handler other than by its final bare ``raise``."""
+    todo: list[ast.AST] = list(body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, (ast.Return, ast.Break, ast.Continue)) or (
+            isinstance(node, ast.Raise) and node.exc is not None
+        ):
+            return node  # type: ignore[return-value]
+        todo.extend(ast.iter_child_nodes(node))
+    return None
+
+
+def _annotations(tree: ast.AST) -> set[int]:
+    """The ids of every node inside an annotation or an ``except`` clause's type."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        roots: list[ast.AST | None] = []
+        if isinstance(node, (ast.AnnAssign, ast.arg)):
+            roots.append(node.annotation)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            roots.append(node.returns)
+        elif isinstance(node, ast.ExceptHandler):
+            roots.append(node.type)
+        for root in roots:
+            if root is not None:
+                inside.update(id(n) for n in ast.walk(root))
+    return inside
+
+
+def check_source(text: str, name: str) -> None:
+    """Refuse an asyncio source whose sync twin would catch an interrupt, or
+    would need asyncio (see the module's docstring). Raises ``Refused``."""
+    tree = ast.parse(text)
+    allowed = _annotations(tree)
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Name) and node.id == "asyncio":
+            raise Refused(
+                f"{name} line {line}: names asyncio; take the construct from the "
+                "primitives (Cancelled, CallTimeout, complete, Gate...), whose sync twin "
+                "says what it means for threads"
+            )
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+            alias.name.split(".")[0] == "asyncio" for alias in node.names
+        ):
+            raise Refused(f"{name} line {line}: imports asyncio; use the primitives")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "asyncio":
+            raise Refused(f"{name} line {line}: imports from asyncio; use the primitives")
+        if isinstance(node, ast.Name) and node.id == "BaseException" and id(node) not in allowed:
+            raise Refused(
+                f"{name} line {line}: BaseException outside an except clause or an "
+                "annotation: in sync code it would hold back KeyboardInterrupt and SystemExit"
+            )
+        if isinstance(node, ast.ExceptHandler) and _catches_base(node):
+            last = node.body[-1]
+            reraises = isinstance(last, ast.Raise) and last.exc is None
+            if not reraises or _leaves_otherwise(node.body[:-1]) is not None:
+                raise Refused(
+                    f"{name} line {line}: a handler of BaseException must end by raising "
+                    "what it caught, unchanged (a bare raise), and leave no other way: in the "
+                    "sync twin it catches a signal's KeyboardInterrupt or SystemExit. Catch "
+                    "Exception for failures, Cancelled for asyncio's cancellation"
+                )
 
 
 def header(source: Path) -> str:
@@ -168,6 +264,10 @@ def _through_ruff(code: str, target: Path) -> str:
 
 def generate(source: Path, target: Path) -> str:
     text = (ROOT / source).read_text(encoding="utf-8")
+    try:
+        check_source(text, str(source))
+    except Refused as exc:
+        sys.exit(f"gen_sync: {exc}")
     return _through_ruff(header(source) + unasync(text), target)
 
 

@@ -15,8 +15,24 @@ from .exceptions import (
     RedisUnavailable,
     ReplicationTimeout,
 )
+from .validate import (
+    MAX_BYTES,
+    MAX_COUNT,
+    MAX_SECONDS,
+    check_count,
+    check_limit,
+    check_replicas,
+    check_seconds,
+    count_problem,
+    is_seconds,
+    seconds_problem,
+    seconds_range,
+)
 
 __all__ = [
+    "MAX_BYTES",
+    "MAX_COUNT",
+    "MAX_SECONDS",
     "AsyncLock",
     "AsyncMultiLock",
     "AsyncReadWriteLock",
@@ -30,4 +46,12 @@ __all__ = [
     "ReadWriteLock",
     "RedisUnavailable",
     "ReplicationTimeout",
+    "check_count",
+    "check_limit",
+    "check_replicas",
+    "check_seconds",
+    "count_problem",
+    "is_seconds",
+    "seconds_problem",
+    "seconds_range",
 ]

@@ -25,7 +25,7 @@ from ..checks import (
     unknown_keys,
 )
 from ..conf import conf
-from ..core.drivers.base import is_seconds
+from ..core import MAX_BYTES, count_problem, seconds_problem
 
 __all__ = [
     "MIDDLEWARE_PATH",
@@ -119,17 +119,12 @@ def _seconds_error(
 ) -> str | None:
     if value is None and allow_none:
         return None
-    if not is_seconds(value, allow_zero=allow_zero):
-        low = "0 or more" if allow_zero else "more than 0"
-        return f"must be a finite number of seconds, {low}; got {value!r}"
-    return None
+    return seconds_problem(value, allow_zero=allow_zero)
 
 
 def _count_error(value: object, *, allow_zero: bool = False) -> str | None:
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        return f"must be a whole number, {low} or more; got {value!r}"
-    return None
+    # Sizes: a body or a key Redis stores, at most its largest value.
+    return count_problem(value, low=0 if allow_zero else 1, high=MAX_BYTES)
 
 
 def _scope_error(value: object) -> str | None:

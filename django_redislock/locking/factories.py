@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..conf import conf
 from ..connection import check_eviction, get_async_client, get_client
+from ..core import check_replicas, check_seconds
 from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.drivers.multi import MultiLock, lock_names
@@ -94,16 +95,29 @@ def _or(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def _refuse_unknown(factory: str, given: dict[str, Any], known: type) -> None:
+def _refuse_bad(factory: str, given: dict[str, Any], known: type) -> None:
     unknown = sorted(given.keys() - known.__annotations__.keys())
     if unknown:
         # What Python says of a keyword that a signature does not name.
         raise TypeError(f"{factory}() got an unexpected keyword argument {unknown[0]!r}")
+    # Checked here too, so that the error names the factory's own argument
+    # (``timeout``, where the handle says ``ttl``); settings are the checks'.
+    try:
+        for key, allow_zero in _SECONDS:
+            if given.get(key) is not None:
+                check_seconds(key, given[key], allow_zero=allow_zero)
+        if given.get("replicas") is not None:
+            check_replicas(given["replicas"])
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{factory}(): {exc}") from None
+
+
+_SECONDS = (("timeout", False), ("wait", True), ("renew_max", False), ("replicas_timeout", False))
 
 
 def _semaphore_settings(factory: str, name: str, given: SemaphoreKwargs) -> dict[str, Any]:
     """The core's arguments for a permit of ``name``: the caller's, then ``REDISLOCK``'s."""
-    _refuse_unknown(factory, dict(given), SemaphoreKwargs)
+    _refuse_bad(factory, dict(given), SemaphoreKwargs)
     return {
         "ttl": _or(given.get("timeout"), conf.PERMIT_TIMEOUT),
         "wait": _wait("semaphore", (name,), given.get("wait")),
@@ -117,7 +131,7 @@ def _semaphore_settings(factory: str, name: str, given: SemaphoreKwargs) -> dict
 
 def _lock_settings(factory: str, names: tuple[str, ...], given: LockKwargs) -> dict[str, Any]:
     """The core's arguments for a lock on ``names``: the caller's, then ``REDISLOCK``'s."""
-    _refuse_unknown(factory, dict(given), LockKwargs)
+    _refuse_bad(factory, dict(given), LockKwargs)
     return {
         "ttl": _or(given.get("timeout"), conf.TIMEOUT),
         "wait": _wait("lock", names, given.get("wait")),

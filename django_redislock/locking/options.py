@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from ..conf import conf
-from ..core.drivers.base import check_seconds
+from ..core import check_seconds
 from .naming import describe, parse_template
 
 _ON_BUSY_CHOICES = (None, "raise", "skip")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conf import conf
-from ..core.drivers.base import check_seconds
+from ..core import check_seconds
 from ..core.exceptions import LockError
 from ..locking.naming import Namer
 

@@ -77,7 +77,7 @@ def _uncap(key: tuple[str, str], wait: float | None) -> None:
 
 
 def _check_hold_args(what: str, timeout: object, wait: object) -> tuple[float, float | None]:
-    from ..core.drivers.base import check_seconds
+    from ..core import check_seconds
 
     try:
         seconds = check_seconds("timeout", timeout, allow_zero=False)
@@ -250,7 +250,7 @@ class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a functi
         wait: float | None = 0.0,
         alias: str | None = None,
     ) -> None:
-        from ..core.drivers.semaphore import check_limit
+        from ..core import check_limit
 
         self._hold("hold_permits", name, timeout, wait, alias)
         try:

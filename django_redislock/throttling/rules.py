@@ -22,8 +22,7 @@ from django.utils.module_loading import import_string
 
 from ..checks import Problem, register_problems
 from ..conf import conf
-from ..core.drivers.base import is_seconds
-from ..core.drivers.semaphore import check_limit
+from ..core import MAX_COUNT, count_problem, seconds_problem
 
 __all__ = ["PER_CHOICES", "Rule", "current_rules", "make_rule", "matching_rules", "rule_problems"]
 
@@ -151,26 +150,27 @@ def make_rule(
                         "Point it at a callable taking the request and returning a string key.",
                     )
     limit = spec.get("limit")
-    try:
-        check_limit(limit)
-    except (TypeError, ValueError):
+    problem = count_problem(limit, low=1, high=MAX_COUNT, unit="permits")
+    if problem is not None:
         bad(
             "django_redislock.E025",
-            f"'limit' must be a whole number of permits, 1 or more; got {limit!r}.",
+            f"'limit' {problem}.",
             "Set 'limit' to how many requests may run at once, e.g. 'limit': 2.",
         )
     wait = spec.get("wait", 0)
-    if not is_seconds(wait, allow_zero=True):
+    problem = seconds_problem(wait, allow_zero=True)
+    if problem is not None:
         bad(
             "django_redislock.E026",
-            f"'wait' must be a finite number of seconds, 0 or more; got {wait!r}.",
+            f"'wait' {problem}.",
             "Set 'wait' to how long a request may queue for a permit, e.g. 'wait': 0.5.",
         )
     timeout = spec.get("timeout")
-    if timeout is not None and not is_seconds(timeout, allow_zero=False):
+    problem = None if timeout is None else seconds_problem(timeout, allow_zero=False)
+    if problem is not None:
         bad(
             "django_redislock.E027",
-            f"'timeout' must be a number of seconds, more than 0; got {timeout!r}.",
+            f"'timeout' {problem}.",
             "Set 'timeout' to the longest a request may hold its permit, or remove it to use "
             "REDISLOCK['PERMIT_TIMEOUT'].",
         )
@@ -199,10 +199,11 @@ def make_rule(
         else:
             url_names = frozenset(items)
     retry_after = spec.get("retry_after")
-    if retry_after is not None and not is_seconds(retry_after, allow_zero=False):
+    problem = None if retry_after is None else seconds_problem(retry_after, allow_zero=False)
+    if problem is not None:
         bad(
             "django_redislock.E030",
-            f"'retry_after' must be a number of seconds, more than 0; got {retry_after!r}.",
+            f"'retry_after' {problem}.",
             "Set 'retry_after' to the Retry-After a throttled client gets, or remove it.",
         )
     if found:

@@ -23,6 +23,7 @@ from ..io.aio_calls import (
     raise_if_cancelled_since,
     wait_for,
 )
+from ..io.interrupts_async import CallTimeout, Cancelled
 
 __all__ = [
     "CLEANUP_TIMEOUT",
@@ -49,10 +50,6 @@ log_renew = logging.getLogger("django_redislock.renew")
 HOLDER_KIND = "task"
 Holder: TypeAlias = "asyncio.Task[Any]"
 Renewer: TypeAlias = "asyncio.Task[None]"
-
-# A bounded call that ran out of time (``complete``), and a cancelled task.
-CallTimeout = asyncio.TimeoutError
-Cancelled = asyncio.CancelledError
 
 
 async def pause(seconds: float) -> None:

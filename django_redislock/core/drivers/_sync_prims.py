@@ -15,6 +15,8 @@ from typing import Protocol, TypeAlias, TypeVar
 
 from ..io import renewal
 from ..io.aio_calls import CLEANUP_TIMEOUT as CLEANUP_TIMEOUT
+from ..io.interrupts import CallTimeout as CallTimeout
+from ..io.interrupts import Cancelled as Cancelled
 
 # The names are ``_async_prims.__all__``: the generated drivers import them
 # from here where their source imports them from there, and mypy checks both.
@@ -25,15 +27,6 @@ T = TypeVar("T")
 HOLDER_KIND = "thread"
 Holder: TypeAlias = int
 Renewer: TypeAlias = bool
-
-
-class CallTimeout(Exception):
-    """Never raised: a sync call is bounded by its socket timeout, which the
-    transport turns into ``RedisUnavailable``."""
-
-
-class Cancelled(BaseException):
-    """Never raised: a thread is not cancelled at a call."""
 
 
 def pause(seconds: float) -> None:

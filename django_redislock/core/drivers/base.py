@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import secrets
 import socket
@@ -19,15 +18,14 @@ from ..engine.keys import KeySpace, LockKeys, shows_name
 from ..engine.loss import Loss, Trace, cause_of
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
 from ..exceptions import LockError, LockLost
+from ..validate import check_replicas, check_seconds
 
 __all__ = [
     "STATE_KEEP_MS",
     "LockBase",
     "Observer",
     "after_block",
-    "check_seconds",
     "fields_of",
-    "is_seconds",
     "same_token",
 ]
 
@@ -112,27 +110,6 @@ def same_token(current: bytes | str | None, token: str) -> bool:
     if current is None:
         return False
     return (current.decode() if isinstance(current, bytes) else current) == token
-
-
-def is_seconds(value: object, *, allow_zero: bool) -> bool:
-    """Whether ``value`` is a finite number of seconds, more than 0 (or 0 when
-    ``allow_zero``): the one test every duration setting and argument passes."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return math.isfinite(value) and (value > 0 or (allow_zero and value == 0))
-
-
-def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
-    """Validate a duration argument, with an error that names the fix."""
-    # Every handle checks several durations: the common case costs one test.
-    if type(value) is float and 0.0 < value < math.inf:
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {value!r}")
-    if not is_seconds(value, allow_zero=allow_zero):
-        bound = "0 or more" if allow_zero else "more than 0"
-        raise ValueError(f"{what} must be a finite number of seconds, {bound}; got {value!r}")
-    return float(value)
 
 
 def after_block(exc_type: type[BaseException] | None) -> AbstractContextManager[object]:
@@ -223,9 +200,7 @@ class LockBase(Generic[ClientT]):
             raise ValueError(f"drift_factor must be between 0 and 0.5, got {drift_factor!r}")
         self.drift_factor = drift_factor
         self._grace_ms = int(check_seconds("grace", grace, allow_zero=False) * 1000)
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-            raise ValueError(f"replicas must be a whole number, 0 or more; got {replicas!r}")
-        self.replicas = replicas
+        self.replicas = check_replicas(replicas)
         self.replicas_timeout = check_seconds(
             "replicas_timeout", replicas_timeout, allow_zero=False
         )

@@ -48,6 +48,7 @@ from ._sync_prims import (
     CLEANUP_TIMEOUT,
     HOLDER_KIND,
     CallTimeout,
+    Cancelled,
     Gate,
     Holder,
     cancel_requests,
@@ -213,8 +214,15 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
             self.observer.busy(self, time.monotonic() - started)
             return False
         self._holder = me
-        self._on_acquired(ttl_ms)
-        self.observer.acquired(self, time.monotonic() - started)
+        try:
+            self._on_acquired(ttl_ms)
+            self.observer.acquired(self, time.monotonic() - started)
+        except BaseException:
+            # Between the grant and the return (an interrupt, a broken
+            # observer): the caller will never release what it does not know
+            # it holds, and a renewal would keep it for ever. Let it go.
+            self._let_go()
+            raise
         return True
 
     def _acquire(self, deadline: float, ttl_ms: int) -> bool:
@@ -310,14 +318,26 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
                 self._give_back_later(token, after=exc)
             raise
         except BaseException:
-            # Interrupted (or, asyncio, cancelled at some await): the script
-            # may have run and granted us what we asked. Give it back,
-            # whatever happens to us.
+            # Interrupted (a signal's KeyboardInterrupt or SystemExit) or,
+            # asyncio, cancelled at some await: the script may have run and
+            # granted us what we asked. Give it back (one bounded call, then
+            # off our path), and the interrupt goes on as itself.
             self._cancel(token)
             raise
         finally:
             if event is not None and notifier is not None:
                 notifier.unregister(token)
+
+    def _let_go(self) -> None:
+        """Stop holding at once, without waiting for Redis: the renewal
+        stopped, the gate freed, the give-back off the caller's path."""
+        token = self.token
+        self._stop_renewal()
+        self._forget()
+        self._holder = None
+        self._gate.release()
+        if token is not None:
+            self._give_back_later(token)
 
     def _give_back_later(self, token: str, after: BaseException | None = None) -> None:
         """Give back whatever ``token`` may hold, retried off the caller's
@@ -422,6 +442,14 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
             raise RedisUnavailable(f"release of {self.name!r} did not finish in time") from exc
         except RedisUnavailable as exc:
             self._give_back_later(token, after=exc)
+            raise
+        except Cancelled:
+            raise  # asyncio: the release ran to its end all the same
+        except BaseException:
+            # Interrupted before the reply (a signal's KeyboardInterrupt or
+            # SystemExit): the release may not have run. It is given back off
+            # the caller's path, and the interrupt goes on.
+            self._give_back_later(token)
             raise
         finally:
             self._holder = None

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from ..clients import AnyRedisClient
-from .base import DEFAULT_OBSERVER, LockBase, Observer, check_seconds
+from ..validate import check_seconds
+from .base import DEFAULT_OBSERVER, LockBase, Observer
 
 __all__ = ["MultiBase", "lock_names"]
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.keys import KeySpace
+from ..validate import check_limit
 from .base import STATE_KEEP_MS, ClientT, Observer
 from .holders_base import HoldersBase, holder_scripts
 
@@ -50,15 +51,6 @@ DEFAULT_PERMIT_TTL = 60.0
 
 
 ACQUIRE, RELEASE, REFRESH, CANCEL, CLEAR = holder_scripts("semaphore", "sem")
-
-
-def check_limit(limit: object) -> int:
-    """Validate a semaphore limit, with an error that names the fix."""
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be a whole number of permits, not {limit!r}")
-    if limit < 1:
-        raise ValueError(f"limit must be 1 or more permits; got {limit!r}")
-    return limit
 
 
 class SemaphoreBase(HoldersBase[ClientT]):

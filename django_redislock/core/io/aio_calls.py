@@ -100,7 +100,9 @@ async def keep_cancellation(aw: Awaitable[T]) -> T:
     try:
         await asyncio.wait({inner})
     except asyncio.CancelledError:
-        with contextlib.suppress(BaseException):
+        # The call's own outcome, or a second cancellation, gives way to this
+        # one; a KeyboardInterrupt or SystemExit would not.
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await complete(inner, CLEANUP_TIMEOUT)
         raise
     return inner.result()

@@ -236,6 +236,9 @@ def checkout(pool: Any) -> Any:
     try:
         _make_ready(pool, conn)
     except BaseException:
+        # Failed or interrupted mid-connect: a reply of the handshake may be
+        # on its way, and must not greet the next caller. It goes back closed.
+        conn.disconnect()
         pool.release(conn)
         raise
     return conn
@@ -324,6 +327,8 @@ async def checkout_async(pool: Any) -> Any:
     try:
         await fresh(conn, bound)
     except BaseException:
+        # As ``checkout``: it goes back closed (cancelled mid-handshake too).
+        await disconnect_async(conn)
         await pool.release(conn)
         raise
     return conn

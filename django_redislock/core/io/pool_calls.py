@@ -2,12 +2,14 @@
 """One batch of commands on one connection of a pool: written once, a reply each.
 
 Written for asyncio; the sync twin is generated from it by ``tools/gen_sync.py``.
-See ``batch.py`` for the policy.
+See ``batch.py`` for the policy. A call cut short by anything but Redis (a
+cancelled task; in sync code, a signal's ``KeyboardInterrupt`` or
+``SystemExit``) closes its connection, whose reply would otherwise wait for
+the next caller, and goes on as itself: it is not Redis failing.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,7 @@ from . import giveback
 from .batch import CallFailed, Command, packed
 from .checkout import checkout, disconnect
 from .giveback import Pending
+from .interrupts import CallTimeout
 
 __all__ = ["call_on_pool", "exchange"]
 
@@ -27,26 +30,35 @@ def exchange(conn: Any, commands: Sequence[Command]) -> list[Any]:
     """Write ``commands`` on ``conn`` and read one reply each (errors as values)."""
     try:
         conn.send_packed_command(packed(conn, commands), False)
-    except BaseException as exc:
+    except Exception as exc:
         disconnect(conn)
         # A part of the batch may have gone out: one command cut short does
         # not run, but the first of several may be complete.
         raise CallFailed(exc, may_have_run=len(commands) > 1) from exc
+    except BaseException:
+        disconnect(conn)
+        raise
     replies: list[Any] = []
     for _ in commands:
         try:
             replies.append(conn.read_response(disconnect_on_error=False))
         except ResponseError as exc:
             replies.append(exc)
-        except (TimeoutError, RedisTimeoutError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RedisTimeoutError, CallTimeout) as exc:
             failed = CallFailed(exc, may_have_run=True)
             failed.pending = Pending(conn, len(commands) - len(replies), None)
             raise failed from exc
-        except BaseException as exc:
-            # Cancelled mid-read, or the connection broke: the batch may
-            # have run and the connection holds an unread reply.
+        except Exception as exc:
+            # The connection broke: the batch may have run, and the
+            # connection may yet receive its reply.
             disconnect(conn)
             raise CallFailed(exc, may_have_run=True) from exc
+        except BaseException:
+            # Interrupted while waiting for the reply: the same, but the
+            # interrupt goes on as itself. (The caller gives back what the
+            # batch may have taken: docs/internals.rst, "Interrupts".)
+            disconnect(conn)
+            raise
     return replies
 
 

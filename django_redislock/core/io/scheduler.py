@@ -13,6 +13,13 @@ The thread is a daemon, started at the first job and kept for the life of the
 process (an idle one sleeps on a condition). A forked child has none of its
 parent's threads, and the parent's jobs use the parent's connections and
 leases: it starts with an empty schedule and a thread of its own, on demand.
+
+Nothing a job does stops the others. A job that raises is logged
+(``django_redislock.scheduler``) and dropped, and the others go on; a failure
+of the thread's own bookkeeping is logged and the loop goes on. Only what is
+not an ``Exception`` (``SystemExit`` raised in a job, gevent's
+``GreenletExit``) ends the thread, as it must: it is logged, and the next
+``add`` starts a new thread, which runs every job still scheduled.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -28,6 +36,10 @@ from collections.abc import Callable, Hashable
 __all__ = ["Job", "Scheduler", "current"]
 
 logger = logging.getLogger("django_redislock.scheduler")
+
+# The longest the thread sleeps at once: ``threading`` refuses waits beyond
+# its TIMEOUT_MAX (OverflowError), so a job due later is looked at again then.
+_LONGEST_SLEEP = 3600.0
 
 # One step; seconds until the next, or None when the job is done.
 Job = Callable[[], "float | None"]
@@ -52,17 +64,20 @@ class Scheduler:
 
     @property
     def running(self) -> bool:
-        """Whether this process's thread was started."""
-        return self._thread is not None
+        """Whether this process's thread is running."""
+        return self._thread is not None and self._thread.is_alive()
 
     def add(self, job: Job, delay: float = 0.0, *, key: Hashable | None = None) -> None:
         """Run ``job`` in ``delay`` seconds, then whenever it asks to run again."""
+        if not _is_delay(delay):
+            raise ValueError(f"a job's delay must be a finite number of seconds; got {delay!r}")
         with self._cond:
             seq = next(self._seq)
             if key is not None:
                 self._live[key] = seq
             heapq.heappush(self._heap, (time.monotonic() + delay, seq, key, job))
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
+                # The first job, or the thread ended (see the module's docstring).
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
             if self._heap[0][1] == seq:
@@ -92,25 +107,43 @@ class Scheduler:
                 if delay <= 0:
                     _, seq, key, job = heapq.heappop(self._heap)
                     return seq, key, job
-                self._cond.wait(delay)
+                self._cond.wait(min(delay, _LONGEST_SLEEP))
 
     def _run(self) -> None:
-        while True:
-            seq, key, job = self._next()
-            try:
-                again = job()
-            except Exception:  # one job's bug must never stop the ones behind it
-                logger.exception("a background job failed; it stops")
-                again = None
-            with self._cond:
-                if not self._is_live(seq, key):
-                    continue  # withdrawn (or replaced) while it ran
-                if again is None:
-                    if key is not None:
-                        del self._live[key]
-                else:
-                    # Only this thread waits on the condition: no need to wake it.
-                    heapq.heappush(self._heap, (time.monotonic() + again, seq, key, job))
+        try:
+            while True:
+                try:
+                    self._step()
+                except Exception:  # never the thread's end: the other jobs go on
+                    logger.exception("the background thread's bookkeeping failed; it goes on")
+        except BaseException as exc:
+            logger.error("the background thread ended (%r); the next job starts a new one", exc)
+            raise
+
+    def _step(self) -> None:
+        """Run the next job that falls due, and schedule it again if it asks."""
+        seq, key, job = self._next()
+        try:
+            again = job()
+        except Exception:  # one job's bug must never stop the ones behind it
+            logger.exception("a background job failed; it stops")
+            again = None
+        if again is not None and not _is_delay(again):
+            logger.error("a background job asked to run again in %r s; it stops", again)
+            again = None
+        with self._cond:
+            if not self._is_live(seq, key):
+                return  # withdrawn (or replaced) while it ran
+            if again is None:
+                if key is not None:
+                    del self._live[key]
+            else:
+                # Only this thread waits on the condition: no need to wake it.
+                heapq.heappush(self._heap, (time.monotonic() + again, seq, key, job))
+
+
+def _is_delay(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 _scheduler = Scheduler()

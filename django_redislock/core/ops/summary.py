@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..validate import MAX_COUNT, check_count
 from .rows import HeldLock
 
 __all__ = ["BUSIEST", "TemplateSummary", "summarize"]
@@ -65,8 +66,7 @@ def summarize(rows: Iterable[HeldLock], *, busiest: int = BUSIEST) -> list[Templ
     read, in the same pipelined scripts as the rows. Ordered by waiters, then
     by names held, then by template (ad-hoc last among equals).
     """
-    if isinstance(busiest, bool) or not isinstance(busiest, int) or busiest < 0:
-        raise ValueError(f"busiest must be a whole number, 0 or more; got {busiest!r}")
+    check_count("busiest", busiest, low=0, high=MAX_COUNT)
     groups: dict[tuple[str | None, str], list[HeldLock]] = {}
     for row in rows:
         groups.setdefault((row.template, row.kind), []).append(row)

@@ -22,6 +22,12 @@ local holders = KEYS[1]
 clock = redis.call('TIME')
 now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
+-- Whether `n`, a duration the client sent (ms, converted), may go into an
+-- expiry: a whole number of at most 12 digits (MS, the prelude).
+local function whole_ms(n)
+  return n and n >= 0 and n < 1e12 and n % 1 == 0
+end
+
 -- forget(token, mode): drop what the state says of one holder or
 -- reservation (`mode`: its m: field when the caller read it). The kind's
 -- piece makes it.
@@ -82,6 +88,9 @@ end
 -- ms until the state can change by itself, the earliest expiry of a holder
 -- or reservation (the waiter's fallback timer, and Retry-After).
 local function wait_in_line(token, wait, rest, first)
+  if not whole_ms(wait) then
+    error(redis.error_reply(BAD_MS .. 'wait'))
+  end
   if wait > 0 then
     if redis.call('HSET', state, 'w:' .. token, (now_ms + wait) .. '|' .. rest) == 1 then
       redis.call(first and 'LPUSH' or 'RPUSH', queue, token)

@@ -37,6 +37,15 @@ local queue, state = KEYS[2], KEYS[3]
 -- written in by scripts.load. The one way the scripts learn it (a constant
 -- of the protocol, not a caller's choice; see docs/internals.rst, Scripts).
 local KEEP = @STATE_KEEP_MS@
+-- A duration a script writes into an expiry (ms, as the client sent it) must
+-- be 1 to 12 digits, under 32 years (the library sends at most a year:
+-- core/validate.py). A script checks it before it writes: Redis refuses a
+-- larger expiry only after the write, and the key would stay without a TTL.
+-- MS matches such text; a bad one is refused with BAD_MS, naming the
+-- argument. (Semaphores and read-write locks, which convert their numbers,
+-- check the numbers: whole_ms in _holders.lua.)
+local MS = '^%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$'
+local BAD_MS = 'ERR a duration must be a whole number of ms, at most 12 digits: '
 local clock, now_ms -- TIME's reply, and it in ms: read once, when first needed
 
 -- The memory of losses. A release sent again after its reply was lost

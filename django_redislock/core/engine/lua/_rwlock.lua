@@ -40,6 +40,9 @@ end
 -- head is told, so that it learns the reservations' expiry as its timer.
 -- Returns whether `self` was admitted, and whether the queue ran dry.
 local function promote(grace, self, grant_self)
+  if not whole_ms(grace) then
+    error(redis.error_reply(BAD_MS .. 'grace')) -- before it reserves anything
+  end
   local mine = false
   local reserved = 0
   local dry = false

@@ -21,8 +21,12 @@
 -- Numbers arrive as text and stay text where they can (see the prelude).
 -- Returns the fence, as text, when acquired; when busy, the ms until the
 -- state can change by itself (the holder's lease end) as an integer: the
--- waiter's fallback timer.
+-- waiter's fallback timer. An error (BAD_MS, in the prelude) for a ttl, state
+-- ttl or wait that is not a duration, before anything is written.
 
+if not (string.find(ARGV[2], MS) and string.find(ARGV[7], MS)) then
+  return redis.error_reply(BAD_MS .. 'ttl, state ttl')
+end
 local token, limit = ARGV[1], ARGV[9]
 -- q f d e h and, barging, the caller's own waiter entry (whether it is
 -- queued) and b.
@@ -47,6 +51,9 @@ end
 contended()
 
 local function enqueue()
+  if not string.find(ARGV[5], MS) then
+    return redis.error_reply(BAD_MS .. 'wait')
+  end
   local wait = tonumber(ARGV[5])
   if wait > 0 then
     local entry = (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'

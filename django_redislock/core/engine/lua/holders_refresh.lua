@@ -2,14 +2,18 @@
 -- one script for both) to ttl ms from now, if it still holds it.
 -- KEYS: holders, queue, state (see _holders.lua). ARGV[1] token, ARGV[2] ttl
 -- ms, ARGV[3] unused (callers send STATE_KEEP_MS; the scripts know it as KEEP).
--- Returns 1 when extended, 0 when the caller held no live permit or turn.
+-- Returns 1 when extended, 0 when the caller held no live permit or turn; an
+-- error (BAD_MS, the prelude) for a ttl that is not a duration.
 local token = ARGV[1]
+local ttl = tonumber(ARGV[2])
+if not whole_ms(ttl) then
+  return redis.error_reply(BAD_MS .. 'ttl')
+end
 local score = redis.call('ZSCORE', holders, token)
 if not score or tonumber(score) <= now_ms
     or redis.call('HEXISTS', state, 'r:' .. token) == 1 then
   return 0
 end
-local ttl = tonumber(ARGV[2])
 redis.call('ZADD', holders, now_ms + ttl, token)
 outlive(ttl + KEEP, holders, state)
 return 1

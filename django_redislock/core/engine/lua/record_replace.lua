@@ -9,6 +9,11 @@
 -- ARGV[1] TTL, ms.  ARGV[2] the attempt that must hold the hash (its field
 -- a), or '' for none.  ARGV[3..] field, value, field, value, ...
 -- Returns 1 if the hash was replaced, 0 if it was another attempt's or gone.
+-- A TTL Redis would refuse only after the write (see the prelude's MS):
+-- refused first, so the hash never stays without one.
+if not string.find(ARGV[1], '^%d%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?%d?$') then
+  return redis.error_reply('ERR a duration must be a whole number of ms, at most 12 digits: ttl')
+end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'a') ~= ARGV[2] then
   return 0
 end

@@ -12,11 +12,17 @@
 -- Returns {1, fence, serial} when admitted (fence, as text: the writer's own
 -- for a writer, the last writer's for a reader, '0' when none is known; the
 -- serial its release sends, see the memory of losses in the prelude), and
--- {0, ms} when not: ms is the waiter's fallback timer.
+-- {0, ms} when not: ms is the waiter's fallback timer. An error (BAD_MS, the
+-- prelude) for a ttl, wait or grace that is not a duration, before what needs
+-- it is written.
 
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local mode = ARGV[9]
+-- The wait and grace are checked where they are used (whole_ms).
+if not whole_ms(ttl) then
+  return redis.error_reply(BAD_MS .. 'ttl')
+end
 
 purge()
 

@@ -11,12 +11,17 @@
 -- ARGV[9] limit      the caller's limit; it becomes the current limit
 -- Returns {1, serial} when a permit was granted (the serial its release
 -- sends, see the memory of losses in the prelude), and {0, ms} when none is
--- free: ms is the waiter's fallback timer.
+-- free: ms is the waiter's fallback timer. An error (BAD_MS, the prelude) for
+-- a ttl, wait or grace that is not a duration, before what needs it is written.
 
 local token = ARGV[1]
 local ttl = tonumber(ARGV[2])
 local wait = tonumber(ARGV[5])
 local limit = tonumber(ARGV[9])
+-- The wait and grace are checked where they are used (whole_ms).
+if not whole_ms(ttl) then
+  return redis.error_reply(BAD_MS .. 'ttl')
+end
 
 purge()
 if redis.call('HSET', state, 'n', ARGV[3], 'l', limit) > 0 then
