@@ -357,6 +357,20 @@ async def test_aenqueue_refuses_too() -> None:
     assert info.value.task_id == str(first.id)
 
 
+def test_celery_times_read_a_naive_datetime_as_utc() -> None:
+    """docs/tasks.rst: a naive ``expires`` (or ``eta``) is UTC, as Celery reads it."""
+    import datetime
+
+    from django_redislock.tasks.claims import seconds_until
+
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=100)
+    naive = later.replace(tzinfo=None)
+    assert 99 < seconds_until(naive, naive_as_utc=True) <= 100
+    assert 99 < seconds_until(naive.isoformat(), naive_as_utc=True) <= 100
+    assert 99 < seconds_until(later.isoformat()) <= 100
+    assert seconds_until("not a time") == 0.0
+
+
 # -- arguments, checked at import ------------------------------------------------------------
 def _plain(feed_id: int) -> None:
     pass
