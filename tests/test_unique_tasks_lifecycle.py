@@ -58,6 +58,7 @@ QUEUE = "unique-lifecycle"
 LONG = 60.0  # the running lease: renewed while a task runs
 TTL = 300.0  # the pending ttl
 BOUND = 20.0  # how long a test waits for a key to go: well below both
+KEEP = 120.0  # unique_keep_for of ``receipt``
 
 app = celery.Celery("unique_lifecycle", set_as_current=False)
 app.conf.task_default_queue = QUEUE
@@ -126,14 +127,23 @@ def requeued_on_timeout(self: Any, name: str) -> str:
 @app.task(
     unique_key="job:{name}",
     retry_on_worker_lost=True,  # Celery 5.7+
-    default_retry_delay=3,
+    default_retry_delay=8,
     max_retries=1,
-    **{**UNIQUE, "unique_lease": 1.0},
+    **{**UNIQUE, "unique_lease": 4.0},
 )
 def retried_when_lost(self: Any, name: str) -> str:
     if _report(self, name) == 1:
         _wait_for_go(name)
     return name
+
+
+@app.task(unique_key="receipt:{order}", unique_keep_for=KEEP, max_retries=1, **UNIQUE)
+def receipt(self: Any, order: int, fail: bool = False, retry: bool = False) -> int:
+    if fail:
+        raise ValueError(order)
+    if retry and not self.request.retries:
+        raise self.retry(countdown=0)
+    return order
 
 
 @app.task
@@ -477,6 +487,27 @@ def test_a_duplicate_in_a_canvas_completes(
         CANVASES[shape](case)
     finally:
         case.go()
+
+
+# -- kept after a successful run ---------------------------------------------------------
+def test_keep_for_keeps_the_key_after_a_success_only(worker: Worker, r_locks: redis.Redis) -> None:
+    first = receipt.delay(1)
+    assert first.get(timeout=BOUND) == 1
+    lease = get_lock("unique:receipt:1").keys.lease
+    # Kept for unique_keep_for after the success: a late delay() is refused
+    # and handed the finished task, whose result is there.
+    assert KEEP * 1000 - 10_000 < r_locks.pttl(lease) <= KEEP * 1000
+    again = receipt.delay(1)
+    assert again.id == first.id and again.get(timeout=BOUND) == 1
+    # A failure lets the key go at once, as without the option.
+    failed = receipt.delay(2, fail=True)
+    with pytest.raises(ValueError):
+        failed.get(timeout=BOUND)
+    assert not r_locks.exists(get_lock("unique:receipt:2").keys.lease)
+    # A retry keeps it until it runs, and the retry's success keeps it for KEEP.
+    retried = receipt.delay(3, retry=True)
+    assert retried.get(timeout=BOUND) == 3
+    assert r_locks.pttl(get_lock("unique:receipt:3").keys.lease) > KEEP * 1000 - 10_000
 
 
 # -- a run stopped by a signal it can handle -------------------------------------------------

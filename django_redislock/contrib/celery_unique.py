@@ -11,9 +11,9 @@
 
 The options are those of ``unique_task`` (``django_redislock.tasks``), named
 ``unique_*``: ``unique_key``, ``unique_until``, ``unique_on_duplicate``,
-``unique_ttl``, ``unique_lease``, ``unique_alias``. They are checked when
-Celery creates the task class: at import with a finalized app, else when the
-app finalizes (a worker's start, or the task's first use).
+``unique_ttl``, ``unique_lease``, ``unique_alias``, ``unique_keep_for``. They
+are checked when Celery creates the task class: at import with a finalized
+app, else when the app finalizes (a worker's start, or the task's first use).
 
 The claim travels in the message headers (``redislock_unique``). A retry
 sends the same task id; whatever sends it (``raise self.retry()``,
@@ -81,6 +81,7 @@ class UniqueTask(Task):
     unique_ttl: float | None = None
     unique_lease: float | None = None
     unique_alias: str | None = None
+    unique_keep_for: float | None = None
     #: The checked options, made with the class (None: not a unique task).
     unique_options: ClassVar[UniqueOptions | None] = None
 
@@ -103,6 +104,7 @@ class UniqueTask(Task):
             alias=cls.unique_alias,
             label=cls.__dict__.get("name") or f"{func.__module__}.{describe(func)}",
             who=f"UniqueTask {cls.__name__}",
+            keep_for=cls.unique_keep_for,
         )
 
     # -- sending --------------------------------------------------------------------------
@@ -240,9 +242,11 @@ class UniqueTask(Task):
         # Where apply_async finds it when the run sends its own retry.
         setattr(request, RUN, run)
         retry_in: float | None = None
-        redelivered = False
+        succeeded = redelivered = False
         try:
-            return super().__call__(*args, **kwargs)
+            result = super().__call__(*args, **kwargs)
+            succeeded = True
+            return result
         except Retry as exc:
             retry_in = _seconds_until(exc.when)
             raise
@@ -257,7 +261,7 @@ class UniqueTask(Task):
             raise
         finally:
             setattr(request, RUN, None)
-            run.finish(retry_in, redelivered=redelivered)
+            run.finish(retry_in, succeeded=succeeded, redelivered=redelivered)
 
 
 def _options_of(task: Any) -> UniqueOptions | None:

@@ -74,6 +74,8 @@ class UniqueOptions:
     lease: float | None
     alias: str | None
     label: str
+    # Seconds the key is kept after a successful run (None: let go at once).
+    keep_for: float | None = None
 
     @property
     def pending_ttl(self) -> float:
@@ -131,6 +133,7 @@ def make_options(
     alias: str | None,
     label: str,
     who: str,
+    keep_for: float | None = None,
 ) -> UniqueOptions:
     """Check every argument now (at import), with errors that name the fix."""
     if not (isinstance(key, str) and key) and not callable(key):
@@ -150,10 +153,15 @@ def make_options(
     try:
         checked = {
             name: None if value is None else check_seconds(name, value, allow_zero=False)
-            for name, value in (("ttl", ttl), ("lease", lease))
+            for name, value in (("ttl", ttl), ("lease", lease), ("keep_for", keep_for))
         }
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{who}: {exc}") from None
+    if keep_for is not None and until == "enqueue":
+        raise ValueError(
+            f"{who}: keep_for keeps the key after a successful run, and with "
+            "until='enqueue' the run does not hold it; use until='finish' or 'start'"
+        )
     if alias is not None and not isinstance(alias, str):
         raise TypeError(f"{who}: alias must be a CACHES alias (str) or None; got {alias!r}")
     target = _without_first(func) if skip_first else func
@@ -169,6 +177,7 @@ def make_options(
         lease=checked["lease"],
         alias=alias,
         label=label,
+        keep_for=checked["keep_for"],
     )
 
 

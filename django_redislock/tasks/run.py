@@ -37,6 +37,7 @@ class Run:
         self.alias = opts.alias if opts is not None else None
         self.metric_name = opts.metric_name if opts is not None else None
         self.label = label
+        self.keep_for = opts.keep_for if opts is not None else None
         # The adopted lease, while the run holds it (an AsyncLock for an async task).
         self.lock: Lock | AsyncLock | None = None
         # Seconds until the retry this run sent may run; None: none was sent.
@@ -97,11 +98,13 @@ class Run:
         # thrown away, and its key must not outlive it.
         return min(ttl, self.retry_limit) if self.retry_limit > 0 else None
 
-    def _kept(self, retry_in: float | None, redelivered: bool) -> float | None:
+    def _kept(self, retry_in: float | None, succeeded: bool, redelivered: bool) -> float | None:
         """How long the key outlives this run (None: it is let go now)."""
         handed = self._hands_on(retry_in)
         if handed is not None:
             return handed
+        if succeeded and self.keep_for is not None:
+            return self.keep_for  # at most once per keep_for (the option's promise)
         if redelivered and self.claim.until == "finish":
             # The same message comes again (a Celery message not yet
             # acknowledged, or rejected back to its queue): it adopts the
@@ -145,16 +148,16 @@ class Run:
         self.lock = lock
         return True
 
-    def _finishing(self, retry_in: float | None, redelivered: bool) -> Steps[None]:
+    def _finishing(self, retry_in: float | None, succeeded: bool, redelivered: bool) -> Steps[None]:
         lock, self.lock = self.lock, None
         if lock is None:
             return
-        handed = self._kept(retry_in, redelivered)
+        handed = self._kept(retry_in, succeeded, redelivered)
         if handed is None:
             yield from self._releasing(lock)
             return
         # Held on: a retry or a redelivery carries the same claim and adopts
-        # it in turn.
+        # it in turn; a key kept after a success runs out by itself.
         try:
             yield functools.partial(lock.detach, ttl=handed)
         except (LockError, RedisUnavailable) as exc:
@@ -174,10 +177,13 @@ class Run:
         who = threading.current_thread().name
         return run_steps(self._starting(lock, task_id, who, note))
 
-    def finish(self, retry_in: float | None = None, *, redelivered: bool = False) -> None:
+    def finish(
+        self, retry_in: float | None = None, *, succeeded: bool = False, redelivered: bool = False
+    ) -> None:
         """The run ended. ``retry_in``: it asked for a retry in that many
-        seconds; ``redelivered``: its message will be delivered again."""
-        run_steps(self._finishing(retry_in, redelivered))
+        seconds; ``succeeded``: it returned (``keep_for`` applies);
+        ``redelivered``: its message will be delivered again."""
+        run_steps(self._finishing(retry_in, succeeded, redelivered))
 
     # -- asyncio ------------------------------------------------------------------------
     async def start_async(self, task_id: str | None = None) -> bool:
@@ -188,7 +194,7 @@ class Run:
         return await run_steps_async(self._starting(lock, task_id, who, note_async))
 
     async def finish_async(
-        self, retry_in: float | None = None, *, redelivered: bool = False
+        self, retry_in: float | None = None, *, succeeded: bool = False, redelivered: bool = False
     ) -> None:
         """``finish`` for a coroutine task."""
-        await run_steps_async(self._finishing(retry_in, redelivered))
+        await run_steps_async(self._finishing(retry_in, succeeded, redelivered))
