@@ -45,7 +45,7 @@ from celery.utils import uuid
 
 from ..conf import conf
 from ..locking.naming import describe
-from ..tasks import celery_lifecycle
+from ..tasks import celery_lifecycle, local
 from ..tasks.claims import (
     Holder,
     claim,
@@ -161,6 +161,10 @@ class UniqueTask(Task):
 
     def _send(self, args: Any, kwargs: Any, task_id: str | None, headers: Any, options: Any) -> Any:
         options["headers"] = headers
+        if local.here.active:
+            # The test kit (django_redislock.testing): run here and now, as
+            # Celery's eager mode runs a task, never through a broker.
+            return self.apply(args, kwargs, task_id=task_id or uuid(), **options)
         return super().apply_async(args, kwargs, task_id=task_id, **options)
 
     def _held_for(self, payload: Any, delay: float, limit: float | None) -> None:

@@ -7,4 +7,5 @@
 * ``unique.py``: ``unique_task``, the glue for Django's tasks. Celery's is
   ``django_redislock.contrib.celery_unique``, and ``celery_lifecycle.py``
   the worker's side of the ends a run never sees (revoked, expired, lost).
+* ``local.py``: unique tasks run where they are enqueued, for the test kit.
 """

@@ -19,6 +19,7 @@ from ..core.engine import scripts
 from ..core.exceptions import LockError, RedisUnavailable
 from ..locking.factories import get_lock
 from ..signals import send_task_duplicate
+from . import local
 from .options import Claim, TaskNotUnique, UniqueOptions
 
 __all__ = [
@@ -198,6 +199,7 @@ def claim(
                 ttl=opts.pending_ttl,
                 alias=opts.alias,
             )
+            local.here.noted(taken)
             return lock, taken
         held, existing = _existing(lock)
         if held:
