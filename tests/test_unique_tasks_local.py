@@ -1,4 +1,4 @@
-"""Unique tasks in a project's tests (``local_unique_tasks``).
+"""Unique tasks in a project's tests (``local_unique_tasks``), and enqueued from a locked view.
 
 No broker and no worker here: under the test kit a Celery unique task runs in
 the test's thread, and a Django one goes to the backend the settings name.
@@ -8,6 +8,7 @@ in a pytest of its own, with the leftovers check on.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,11 @@ import pytest
 
 celery = pytest.importorskip("celery")
 
-from django.test import override_settings  # noqa: E402
+from django.db import connections, transaction  # noqa: E402
+from django.http import HttpRequest, HttpResponse  # noqa: E402
+from django.test import RequestFactory, override_settings  # noqa: E402
 
-from django_redislock import get_lock  # noqa: E402
+from django_redislock import current_fence, get_lock, redis_locked  # noqa: E402
 from django_redislock.contrib.celery_unique import UniqueTask  # noqa: E402
 from django_redislock.tasks.options import TaskNotUnique  # noqa: E402
 from django_redislock.tasks.unique import unique_task  # noqa: E402
@@ -28,6 +31,7 @@ from django_redislock.testing import (  # noqa: E402
     leftovers,
     local_unique_tasks,
 )
+from tests.test_docs_claims import page  # noqa: E402
 from tests.test_testing_kit import (  # noqa: E402, F401 - a fixture
     EXAMPLES,
     child_env,
@@ -169,3 +173,41 @@ def test_the_fixture_and_the_documented_example_leave_nothing_behind(
     assert "3 passed, 1 error" in run.stdout, run.stdout + run.stderr
     assert "::test_without_the_fixture - AssertionError" in run.stdout
     assert "lock 'unique:receipt:9': held by" in run.stdout
+
+
+# -- enqueued from a locked view ----------------------------------------------------------
+@redis_locked("order:{order_id}", wait=0)
+def pay(request: HttpRequest, order_id: int) -> HttpResponse:
+    send_receipt.delay_on_commit(order_id, fence=current_fence())
+    return HttpResponse("paid")
+
+
+@redis_locked("order:{report_id}", wait=0)
+def report(request: HttpRequest, report_id: int) -> HttpResponse:
+    transaction.on_commit(functools.partial(build_report.enqueue, report_id, fence=current_fence()))
+    return HttpResponse("queued")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("atomic_requests", [True, False])
+def test_an_on_commit_hook_of_a_locked_view_runs_under_the_lock(
+    atomic_requests: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/tasks.rst: a hook the view registers runs at its commit, before
+    the release (at once outside a transaction): the task is queued while the
+    lock is held, with its fence."""
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", atomic_requests)
+    request = RequestFactory().post("/")
+    with local_unique_tasks():
+        assert pay(request, order_id=1).status_code == 200
+    with override_settings(TASKS={"default": {"BACKEND": IMMEDIATE}}):
+        assert report(request, report_id=2).status_code == 200
+    (celery_held, celery_fence), (django_held, django_fence) = ran
+    assert celery_held and django_held
+    assert isinstance(celery_fence, int) and isinstance(django_fence, int)
+    assert_no_locks_left()
+
+
+def test_the_page_names_the_helpers_it_offers() -> None:
+    text = " ".join(page("tasks").split())
+    assert "``delay_on_commit()``" in text and "``apply_async_on_commit()``" in text

@@ -37,11 +37,13 @@ that whatever waits for that id gets an answer.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 from celery import Task, states
 from celery.exceptions import Reject, Retry
 from celery.utils import uuid
+from django.db import transaction
 
 from ..conf import conf
 from ..locking.naming import describe
@@ -227,6 +229,15 @@ class UniqueTask(Task):
         if run is None or task_id is None or task_id != getattr(request, "id", None):
             return None
         return run
+
+    def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """``delay`` when the current transaction commits (at once outside one),
+        as Celery's ``DjangoTask`` offers."""
+        transaction.on_commit(functools.partial(self.delay, *args, **kwargs))
+
+    def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """``apply_async`` when the current transaction commits (at once outside one)."""
+        transaction.on_commit(functools.partial(self.apply_async, *args, **kwargs))
 
     # -- running --------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
