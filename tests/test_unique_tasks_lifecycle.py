@@ -218,6 +218,14 @@ class Case:
         )
         assert replies, f"the worker did not answer; its log:\n{self.worker.tail()}"
 
+    def revoke(self, result: Any, **options: Any) -> None:
+        """``result.revoke(...)``, once the worker has it (its reply: asked of
+        this worker alone, so that it comes without waiting for others)."""
+        replies = app.control.revoke(
+            result.id, destination=[self.worker.name], reply=True, timeout=BOUND, **options
+        )
+        assert replies, f"the worker did not answer; its log:\n{self.worker.tail()}"
+
     def started(self) -> dict[str, Any]:
         return pop_json(self.r, f"started:{self.name}", self.worker)  # type: ignore[no-any-return]
 
@@ -280,7 +288,7 @@ def expires_on_a_retry(case: Case) -> None:
 def revoked_while_queued(case: Case) -> None:
     queue = case.parked()
     first = job.apply_async((case.name,), queue=queue)
-    first.revoke(wait=True, timeout=BOUND)
+    case.revoke(first)
     case.consume(queue)  # the worker reaches the message and discards it
     case.freed()
     with pytest.raises(TaskRevokedError):
@@ -291,7 +299,7 @@ def revoked_then_enqueued_again(case: Case) -> None:
     first = job.apply_async((case.name,), queue=case.parked())
     # The worker has the revoke (and records it in the result backend)
     # before the message reaches it: a delay() is a new task at once.
-    first.revoke(wait=True, timeout=BOUND)
+    case.revoke(first)
     _until_state(first, "REVOKED")
     again = job.delay(case.name)
     assert again.id != first.id
@@ -301,7 +309,7 @@ def revoked_then_enqueued_again(case: Case) -> None:
 def revoked_and_terminated(case: Case) -> None:
     first = job.delay(case.name, block=True)
     case.started()
-    first.revoke(terminate=True, signal="SIGKILL", wait=True, timeout=BOUND)
+    case.revoke(first, terminate=True, signal="SIGKILL")
     case.freed()
     assert job.delay(case.name).get(timeout=BOUND) == case.name
 
@@ -541,6 +549,22 @@ def test_an_interrupted_run_keeps_the_key_for_its_next_delivery(
         assert LONG * 1000 < r_locks.pttl(lease) <= TTL * 1000
     else:
         assert not r_locks.exists(lease)
+
+
+def test_an_expires_set_on_the_task_ends_the_key_too(r_locks: redis.Redis) -> None:
+    """docs/tasks.rst: ``expires`` "given to ``apply_async`` or set on the task"."""
+    bare = celery.Celery("task_expires", set_as_current=False)
+    bare.conf.update(broker_url="memory://", result_backend=None)
+
+    @bare.task(base=UniqueTask, unique_key="expiring:{n}", unique_ttl=TTL, expires=2, shared=False)
+    def expiring(n: int) -> int:
+        return n
+
+    expiring.delay(1)  # to a broker nothing consumes
+    assert 0 < r_locks.pttl(get_lock("unique:expiring:1").keys.lease) <= 2000
+    expiring.apply_async((2,), expires=60)  # given to apply_async: that one
+    assert 2000 < r_locks.pttl(get_lock("unique:expiring:2").keys.lease) <= 60_000
+    bare.close()
 
 
 def test_without_a_result_backend_a_duplicate_is_refused_as_usual() -> None:
