@@ -192,7 +192,7 @@ def r_locks(redis_server: Any) -> Iterator[redis.Redis]:
 
 
 class Case:
-    """What a test of a row gets: the worker, the lock Redis, and helpers."""
+    """What a test of a row gets: the worker, the lock Redis, and what it does with them."""
 
     def __init__(self, worker: Worker, r: redis.Redis, name: str) -> None:
         self.worker = worker

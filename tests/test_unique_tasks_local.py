@@ -208,6 +208,6 @@ def test_an_on_commit_hook_of_a_locked_view_runs_under_the_lock(
     assert_no_locks_left()
 
 
-def test_the_page_names_the_helpers_it_offers() -> None:
+def test_the_page_names_the_methods_it_offers() -> None:
     text = " ".join(page("tasks").split())
     assert "``delay_on_commit()``" in text and "``apply_async_on_commit()``" in text
