@@ -512,6 +512,9 @@ def test_testing_page_shows_only_code_that_runs_here() -> None:
         EXAMPLES / "test_with_unittest.py",
         EXAMPLES / "pytest.ini",
         ROOT / "tests" / "testapp" / "views_locked.py",
+        # Run by tests/test_unique_tasks_local.py.
+        EXAMPLES / "test_unique_tasks.py",
+        ROOT / "tests" / "testapp" / "tasks.py",
     }
     shown = set()
     for path, options in includes:

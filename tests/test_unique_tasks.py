@@ -119,6 +119,13 @@ if task is not None:
         (row,) = list_locks(_locks(), keyspace(), f"unique:owned:{n}", literal=True)
         return row.thread
 
+    @unique_task("receipt:{order_id}", keep_for=60)
+    @task
+    def send_receipt(order_id: int, fail: bool = False) -> int:
+        if fail:
+            raise RuntimeError("the mail server is down")
+        return order_id
+
     @unique_task("owned:{n}", ttl=60, lease=5)
     @task
     async def aheld_by(n: int) -> str:
@@ -357,6 +364,35 @@ async def test_aenqueue_refuses_too() -> None:
     assert info.value.task_id == str(first.id)
 
 
+def test_keep_for_keeps_the_key_after_a_success(r: redis.Redis) -> None:
+    """docs/tasks.rst: ``keep_for`` keeps the key after a run that succeeded;
+    one that failed lets it go."""
+    first = send_receipt.enqueue(1)
+    assert first.status == "SUCCESSFUL"
+    assert 59_000 < r.pttl(get_lock("unique:receipt:1").keys.lease) <= 60_000
+    # Refused: the immediate backend keeps no results to hand back, so the
+    # refusal names the task.
+    with pytest.raises(TaskNotUnique) as info:
+        send_receipt.enqueue(1)
+    assert info.value.task_id == str(first.id)
+    assert send_receipt.enqueue(2, fail=True).status == "FAILED"
+    assert not _lease(r, "unique:receipt:2")
+
+
+def test_celery_times_read_a_naive_datetime_as_utc() -> None:
+    """docs/tasks.rst: a naive ``expires`` (or ``eta``) is UTC, as Celery reads it."""
+    import datetime
+
+    from django_redislock.tasks.claims import seconds_until
+
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=100)
+    naive = later.replace(tzinfo=None)
+    assert 99 < seconds_until(naive, naive_as_utc=True) <= 100
+    assert 99 < seconds_until(naive.isoformat(), naive_as_utc=True) <= 100
+    assert 99 < seconds_until(later.isoformat()) <= 100
+    assert seconds_until("not a time") == 0.0
+
+
 # -- arguments, checked at import ------------------------------------------------------------
 def _plain(feed_id: int) -> None:
     pass
@@ -376,6 +412,16 @@ def test_a_bad_template_fails_when_decorating() -> None:
         unique_task("import:{feed_id}", ttl=0)(plain)
     with pytest.raises(TypeError, match=r"goes above @task"):
         unique_task("import:{feed_id}")(_plain)
+
+
+def test_keep_for_is_checked_when_decorating() -> None:
+    plain = task(_plain)
+    with pytest.raises(ValueError, match="keep_for must be a finite number of seconds"):
+        unique_task("import:{feed_id}", keep_for=0)(plain)
+    with pytest.raises(TypeError, match="keep_for must be a number of seconds"):
+        unique_task("import:{feed_id}", keep_for="1d")(plain)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="until='enqueue' the run does not hold it"):
+        unique_task("import:{feed_id}", until="enqueue", keep_for=60)(plain)
 
 
 # -- claims of docs/tasks.rst -----------------------------------------------------------------

@@ -1,26 +1,20 @@
 """Unique Celery tasks (``UniqueTask``) with a real worker.
 
-The broker (and result backend) is a private redis-server of this module; the
-locks live in the session's private Redis, as for every test. The worker is a
-``celery worker -P solo`` subprocess that this module starts and stops by its
-PID; it imports this module to find the tasks (the module sets Django up there).
-Tasks tell the test where they are through lists in the lock Redis.
+The worker is a ``celery worker -P solo`` subprocess of this module
+(tests/celery_harness.py starts it, its broker, and stops both); it imports
+this module to find the tasks (the module sets Django up there). Tasks tell
+the test where they are through lists in the lock Redis.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +26,6 @@ import redis  # noqa: E402
 from celery.signals import task_postrun  # noqa: E402
 from django.apps import apps  # noqa: E402
 from django.core.management import call_command  # noqa: E402
-from kombu.exceptions import VersionMismatch  # noqa: E402
 
 if not apps.ready:  # in the worker: this module is its task module
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
@@ -44,40 +37,17 @@ from django_redislock.core.ops.inspection import list_locks  # noqa: E402
 from django_redislock.locking.factories import keyspace  # noqa: E402
 from django_redislock.signals import task_duplicate  # noqa: E402
 from django_redislock.tasks.options import HEADER, TaskNotUnique  # noqa: E402
-from tests.servers import RedisServer, free_port  # noqa: E402
+from tests import celery_harness as harness  # noqa: E402
+from tests.celery_harness import Worker, free_within, holder, locks  # noqa: E402
+from tests.servers import RedisServer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-BROKER_ENV = "REDISLOCK_TEST_CELERY_BROKER"
 QUEUE = "unique-tests"
 LEASE = 1.0  # the running lease of the tasks below: renewed while they run
 
 app = celery.Celery("unique_tests", set_as_current=False)
-
-
-def _configure(broker: str) -> None:
-    app.conf.update(
-        broker_url=broker,
-        result_backend=broker.rsplit("/", 1)[0] + "/1",
-        task_default_queue=QUEUE,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=False,
-        worker_hijack_root_logger=False,
-        result_expires=300,
-    )
-
-
-if os.environ.get(BROKER_ENV):
-    _configure(os.environ[BROKER_ENV])
-
-
-def _locks() -> redis.Redis:
-    """The session's lock Redis, where tasks report to the test."""
-    return redis.Redis(unix_socket_path=os.environ["REDISLOCK_TEST_SOCKET"], socket_timeout=40)
-
-
-def _holder(name: str) -> str | None:
-    token = _locks().hget(get_lock(name).keys.lease, "t")
-    return token.decode() if token else None
+app.conf.task_default_queue = QUEUE
+if harness.in_worker():
+    harness.configure(app, os.environ[harness.BROKER_ENV])
 
 
 @app.task(
@@ -89,14 +59,14 @@ def _holder(name: str) -> str | None:
     max_retries=5,
 )
 def import_feed(self: Any, feed_id: int, retries: int = 0, block: bool = False) -> int:
-    c = _locks()
+    c = locks()
     c.rpush(
         f"started:{feed_id}",
         json.dumps(
             {
                 "attempt": self.request.retries,
                 "id": self.request.id,
-                "token": _holder(f"unique:import:{feed_id}"),
+                "token": holder(f"unique:import:{feed_id}"),
             }
         ),
     )
@@ -118,8 +88,8 @@ def build_report(report_id: int) -> int:
     base=UniqueTask, bind=True, unique_key="sync:{account}", unique_until="start", max_retries=2
 )
 def sync_account(self: Any, account: str) -> int:
-    c = _locks()
-    c.rpush(f"synced:{account}", json.dumps(_holder(f"unique:sync:{account}")))
+    c = locks()
+    c.rpush(f"synced:{account}", json.dumps(holder(f"unique:sync:{account}")))
     if self.request.retries < 1:
         raise self.retry(countdown=0)
     return int(self.request.retries)
@@ -127,7 +97,7 @@ def sync_account(self: Any, account: str) -> int:
 
 @app.task(base=UniqueTask, unique_key="mail:{user_id}", unique_until="enqueue")
 def send_mail(user_id: int) -> str | None:
-    return _holder(f"unique:mail:{user_id}")
+    return holder(f"unique:mail:{user_id}")
 
 
 @app.task
@@ -149,11 +119,9 @@ class Flaky(Exception):
 
 def _attempt(task: Any, job: str) -> bool:
     """Report this attempt; True on the first one (ask for a retry), else wait for go."""
-    c = _locks()
+    c = locks()
     name = f"unique:retry:{job}"
-    c.rpush(
-        f"attempts:{job}", json.dumps({"attempt": task.request.retries, "token": _holder(name)})
-    )
+    c.rpush(f"attempts:{job}", json.dumps({"attempt": task.request.retries, "token": holder(name)}))
     if task.request.retries == 0 and not task.request.kwargs.get("again"):
         return True
     c.blpop([f"go:{job}"], timeout=30)
@@ -233,12 +201,12 @@ FIRST_RETURNS = {
 @task_postrun.connect
 def _attempt_ended(sender: Any = None, args: Any = None, **kwargs: Any) -> None:
     if sender is not None and sender.name in {t.name for t in RETRY_TASKS.values()}:
-        _locks().rpush(f"ended:{args[0]}", "1")
+        locks().rpush(f"ended:{args[0]}", "1")
 
 
 @app.task(base=UniqueTask, bind=True, unique_key="owner:{job}", unique_lease=LEASE)
 def report_owner(self: Any, job: str) -> None:
-    c = _locks()
+    c = locks()
     c.rpush(f"running:{job}", str(os.getpid()))
     c.blpop([f"go:{job}"], timeout=30)
 
@@ -246,86 +214,18 @@ def report_owner(self: Any, job: str) -> None:
 # -- the broker and the worker ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def broker() -> Iterator[RedisServer]:
-    server = RedisServer(port=free_port(), unix=False).start()
-    _configure(server.url)
-    try:
-        with app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1)
-    except VersionMismatch as exc:
-        # kombu 5.6+ wants redis-py 6.1+ for its Redis transport (the redis5 envs).
-        server.cleanup()
-        pytest.skip(f"Celery's Redis broker cannot run with this redis-py: {exc}")
-    yield server
-    # Results unsubscribe from the backend when collected: while it still runs.
-    gc.collect()
-    app.close()
-    server.cleanup()
+    yield from harness.start_broker(app)
 
 
-class Worker:
-    def __init__(self, broker: RedisServer, redis_socket: str, queue: str = QUEUE) -> None:
-        self.queue = queue
-        self.log = broker.dir / f"worker-{time.monotonic_ns()}.log"
-        env = {
-            **os.environ,
-            BROKER_ENV: broker.url,
-            "REDISLOCK_TEST_SOCKET": redis_socket,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "PYTHONPATH": str(ROOT),
-        }
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "tests.test_unique_tasks_celery:app",
-                    "worker",
-                    "-P",
-                    "solo",
-                    "-Q",
-                    queue,
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "--loglevel",
-                    "INFO",
-                    "-n",
-                    f"unique-{os.getpid()}-{time.monotonic_ns()}@localhost",
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            # Ready when it answers a task (the start is included in the bound).
-            assert ping.apply_async(queue=queue).get(timeout=30) == "pong"
-        except BaseException:
-            self.stop()
-            raise
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-    def kill(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+def _worker(broker: RedisServer, redis_socket: str, queue: str = QUEUE) -> Worker:
+    return Worker(
+        "tests.test_unique_tasks_celery:app", broker, redis_socket, queue=queue, ping=ping
+    )
 
 
 @pytest.fixture(scope="module")
 def worker(broker: RedisServer, redis_server: Any) -> Iterator[Worker]:
-    w = Worker(broker, redis_server.socket_path)
+    w = _worker(broker, redis_server.socket_path)
     yield w
     w.stop()
 
@@ -350,19 +250,7 @@ def duplicates() -> Iterator[list[dict[str, Any]]]:
 
 
 def _started(r: redis.Redis, feed_id: int, worker: Worker) -> dict[str, Any]:
-    found = r.blpop([f"started:{feed_id}"], timeout=30)
-    assert found is not None, f"the task never started; worker log:\n{worker.tail()}"
-    return json.loads(found[1])  # type: ignore[no-any-return]
-
-
-def _free_within(r: redis.Redis, name: str, bound: float) -> float:
-    """Seconds until ``name``'s lease is gone, at most ``bound`` (then it fails)."""
-    key = get_lock(name).keys.lease
-    start = time.monotonic()
-    while r.exists(key):
-        assert time.monotonic() - start < bound, f"{name!r} still held after {bound}s"
-        time.sleep(0.02)
-    return time.monotonic() - start
+    return harness.pop_json(r, f"started:{feed_id}", worker)  # type: ignore[no-any-return]
 
 
 # -- tests ---------------------------------------------------------------------------------
@@ -410,7 +298,7 @@ def test_retries_keep_ownership(worker: Worker, r_locks: redis.Redis) -> None:
 def test_until_enqueue_frees_the_key_as_the_run_starts(worker: Worker) -> None:
     """docs/tasks.rst, ``"enqueue"``: "when a worker starts the run"."""
     assert send_mail.delay(1).get(timeout=20) is None  # free while it ran
-    assert _holder("unique:mail:1") is None
+    assert holder("unique:mail:1") is None
 
 
 def test_until_start_a_retry_runs_without_the_key(worker: Worker, r_locks: redis.Redis) -> None:
@@ -418,14 +306,14 @@ def test_until_start_a_retry_runs_without_the_key(worker: Worker, r_locks: redis
     assert sync_account.delay("acme").get(timeout=30) == 1
     held = [json.loads(r_locks.lpop("synced:acme") or b"0") for _ in range(2)]
     assert held[0] is not None and held[1] is None
-    assert _holder("unique:sync:acme") is None
+    assert holder("unique:sync:acme") is None
 
 
 def test_another_task_cannot_release_the_key(worker: Worker, r_locks: redis.Redis) -> None:
     # Queued where no worker listens: it holds the key and never runs.
     parked = import_feed.apply_async((3,), queue="nowhere")
     name = "unique:import:3"
-    token = _holder(name)
+    token = holder(name)
     assert token is not None
     assert r_locks.hget(get_lock(name).keys.lease, "j") == parked.id.encode()
     assert HEADER == "redislock_unique"  # docs/tasks.rst names it
@@ -434,7 +322,7 @@ def test_another_task_cannot_release_the_key(worker: Worker, r_locks: redis.Redi
     other = import_feed.apply_async((3,), headers={HEADER: forged})
     assert other.get(timeout=20) == 3
     # ...and cannot release it.
-    assert _holder(name) == token
+    assert holder(name) == token
 
 
 def test_a_task_that_never_starts_frees_the_key_within_its_ttl(
@@ -444,7 +332,7 @@ def test_a_task_that_never_starts_frees_the_key_within_its_ttl(
     with pytest.raises(TaskNotUnique) as info:
         build_report.apply_async((4,), queue="nowhere")
     assert info.value.task_id == first.id
-    waited = _free_within(r_locks, "unique:report:4", 10)
+    waited = free_within(r_locks, "unique:report:4", 10)
     assert waited < 1.0 + 0.5  # the ttl, and a margin for a loaded host
     assert build_report.apply_async((4,), queue="nowhere").id != first.id
 
@@ -459,17 +347,17 @@ def test_a_killed_worker_frees_the_key_within_the_lease(
     broker: RedisServer, redis_server: Any, r_locks: redis.Redis
 ) -> None:
     # A worker of its own, on a queue of its own: the module's worker must not take the task.
-    doomed = Worker(broker, redis_server.socket_path, queue="doomed")
+    doomed = _worker(broker, redis_server.socket_path, queue="doomed")
     try:
         import_feed.apply_async((5,), {"block": True}, queue="doomed")
         _started(r_locks, 5, doomed)
         name = "unique:import:5"
-        token = _holder(name)
+        token = holder(name)
         # Renewed while it runs: still held after more than one lease.
         time.sleep(LEASE * 1.5)
-        assert _holder(name) == token
+        assert holder(name) == token
         doomed.kill()
-        waited = _free_within(r_locks, name, 10)
+        waited = free_within(r_locks, name, 10)
         assert waited < LEASE + 0.5
     finally:
         doomed.stop()
@@ -518,19 +406,16 @@ def test_eager_mode_runs_under_the_key(r_locks: redis.Redis) -> None:
 
     @eager.task(base=UniqueTask, unique_key="eager:{n}", shared=False, name="eager.run")
     def run(n: int) -> int:
-        seen.append(_holder(f"unique:eager:{n}"))
+        seen.append(holder(f"unique:eager:{n}"))
         return n
 
     assert run.delay(1).get() == 1
     assert seen[0] is not None
-    assert _holder("unique:eager:1") is None
+    assert holder("unique:eager:1") is None
     eager.close()
 
 
-def _pop(r: redis.Redis, key: str, worker: Worker) -> bytes:
-    found = r.blpop([key], timeout=30)
-    assert found is not None, f"nothing on {key!r}; worker log:\n{worker.tail()}"
-    return found[1]  # type: ignore[no-any-return]
+_pop = harness.pop
 
 
 @pytest.mark.parametrize("how", list(RETRY_TASKS))
@@ -548,7 +433,7 @@ def test_every_kind_of_retry_keeps_the_key_until_it_has_run(
         _pop(r_locks, f"ended:{job}", worker)
         # The first attempt is over and its retry is queued: the key is still
         # the claim's, and a duplicate is given the task that will retry.
-        assert _holder(name) == seen["token"]
+        assert holder(name) == seen["token"]
         assert job_task.delay(job).id == first.id
         assert [d["task_id"] for d in duplicates] == [first.id]
         retried = json.loads(_pop(r_locks, f"attempts:{job}", worker))
@@ -560,11 +445,11 @@ def test_every_kind_of_retry_keeps_the_key_until_it_has_run(
     # success: which value shows depends on how the retry was asked for.)
     assert job_task.AsyncResult(first.id).get(timeout=30) in {job, FIRST_RETURNS.get(how)}
     # The retry ended without asking for another: the key is free.
-    assert _holder(name) is None
+    assert holder(name) is None
     assert r_locks.llen(f"attempts:{job}") == 0
 
 
-def test_the_worker_that_runs_a_task_is_listed_as_its_holder(
+def test_the_worker_that_runs_a_task_is_listed_as_itsholder(
     worker: Worker, r_locks: redis.Redis
 ) -> None:
     """docs/operating.rst: a unique task's key names its enqueuer, then its worker."""

@@ -5,5 +5,7 @@
 * ``claims.py``: the enqueuer's side (take the key, hand it to the task).
 * ``run.py``: the worker's side (adopt the key, let it go).
 * ``unique.py``: ``unique_task``, the glue for Django's tasks. Celery's is
-  ``django_redislock.contrib.celery_unique``.
+  ``django_redislock.contrib.celery_unique``, and ``celery_lifecycle.py``
+  the worker's side of the ends a run never sees (revoked, expired, lost).
+* ``local.py``: unique tasks run where they are enqueued, for the test kit.
 """

@@ -5,6 +5,7 @@ See ``unique.py`` for the whole protocol.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -18,9 +19,22 @@ from ..core.engine import scripts
 from ..core.exceptions import LockError, RedisUnavailable
 from ..locking.factories import get_lock
 from ..signals import count_key, send_task_duplicate
+from . import local
 from .options import Claim, TaskNotUnique, UniqueOptions
 
-__all__ = ["claim", "drop", "give_up", "note", "note_async", "refused", "seconds_until"]
+__all__ = [
+    "Holder",
+    "claim",
+    "drop",
+    "give_up",
+    "held_by",
+    "keep",
+    "let_go",
+    "note",
+    "note_async",
+    "refused",
+    "seconds_until",
+]
 
 logger = logging.getLogger("django_redislock.unique")
 
@@ -34,9 +48,21 @@ ID_WAIT = 1.0
 _NOTE = scripts.load("unique_note", prelude=None, repeatable=True)
 
 
-def seconds_until(when: Any) -> float:
-    """Seconds from now until ``when`` (seconds, or a datetime); 0 if past or None."""
+def seconds_until(when: Any, *, naive_as_utc: bool = False) -> float:
+    """Seconds from now until ``when``; 0 if past, None or not a time.
+
+    ``when``: seconds, a datetime, or a datetime in ISO 8601 (as a Celery
+    retry carries its ``expires``). A naive datetime is local time, or UTC
+    with ``naive_as_utc`` (Celery's reading of one).
+    """
+    if isinstance(when, str):
+        try:
+            when = datetime.datetime.fromisoformat(when)
+        except ValueError:
+            return 0.0
     if isinstance(when, datetime.datetime):
+        if when.tzinfo is None and naive_as_utc:
+            when = when.replace(tzinfo=datetime.timezone.utc)
         now = datetime.datetime.now(when.tzinfo) if when.tzinfo else datetime.datetime.now()
         return max(0.0, (when - now).total_seconds())
     if isinstance(when, (int, float)) and not isinstance(when, bool):
@@ -91,8 +117,46 @@ def _existing(lock: Lock) -> tuple[bool, str | None]:
         delay = min(delay * 2, 0.05)
 
 
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """What a unique key's lease says of the task that holds it."""
+
+    token: str
+    fence: int | None
+    task_id: str | None
+    # A worker's run adopted it (the unique_note script's `r`): the task ran,
+    # or runs.
+    ran: bool
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else None if value is None else str(value)
+
+
+def held_by(opts: UniqueOptions, name: str) -> Holder | None:
+    """Who holds the unique key ``name`` now; None if nobody does."""
+    lock = get_lock(name, wait=0, alias=opts.alias)
+    try:
+        token, fence, task_id, ran = lock.client.hmget(lock.keys.lease, ["t", "f", "j", "r"])
+    except RedisError as exc:
+        raise RedisUnavailable(f"could not read unique key {name!r}: {exc}") from exc
+    if token is None:
+        return None
+    fence_text = _text(fence)
+    return Holder(
+        token=_text(token) or "",
+        fence=int(fence_text) if fence_text and fence_text.isdigit() else None,
+        task_id=_text(task_id),
+        ran=ran is not None,
+    )
+
+
 def claim(
-    opts: UniqueOptions, name: str, delay: float = 0.0, task_id: str | None = None
+    opts: UniqueOptions,
+    name: str,
+    delay: float = 0.0,
+    task_id: str | None = None,
+    limit: float | None = None,
 ) -> tuple[Lock | None, Claim | TaskNotUnique]:
     """Take the key ``name`` for a task about to be enqueued.
 
@@ -100,9 +164,17 @@ def claim(
     drops ``lock`` (or releases it if the enqueue failed). ``(None,
     TaskNotUnique)`` when a task holds it. ``delay``: seconds before the task
     may run (a countdown), added to the lease so that it cannot run out first.
+    ``limit``: seconds after which the task will never run (Celery's
+    ``expires``): the lease ends then at the latest, so that a task the broker
+    or the worker throws away does not keep its key beyond it.
     Raises ``RedisUnavailable``: unique tasks fail closed.
     """
     ttl = opts.pending_ttl + delay
+    if limit is not None:
+        # An expiry already past still sends the message (Celery discards
+        # it): the key is then taken for a moment, to refuse it if a task
+        # holds it, and held by nothing after.
+        ttl = min(ttl, max(limit, 0.001))
     # Twice at most: a key let go between our acquire and our read is free.
     for _ in range(2):
         lock = get_lock(
@@ -119,14 +191,17 @@ def claim(
             count_key("unique_task", opts.metric_name, "claimed")
             if task_id is not None:
                 note(lock, lock.token, task_id)
-            return lock, Claim(
+            taken = Claim(
                 name=name,
                 token=lock.token,
                 fence=lock.fence,
                 until=opts.until,
                 lease=opts.run_lease,
                 ttl=opts.pending_ttl,
+                alias=opts.alias,
             )
+            local.here.noted(taken)
+            return lock, taken
         held, existing = _existing(lock)
         if held:
             return None, TaskNotUnique(name, existing)
@@ -166,3 +241,44 @@ def drop(lock: Lock, token: str, task_id: str | None) -> None:
     """
     if task_id is not None:
         note(lock, token, task_id)
+
+
+def _handle(name: str, alias: str | None, ttl: float) -> Lock:
+    return get_lock(name, timeout=ttl, wait=0, renew=False, alias=alias)
+
+
+def let_go(name: str, token: str, fence: int, alias: str | None, why: str) -> bool:
+    """Free the unique key ``name`` if ``token`` still holds it: the task it
+    was taken for will not run (again). Returns whether it was freed.
+
+    For the process that learns of it (a worker told of a revoke, a lost
+    pool process, a time limit), not the run, which frees its own.
+    """
+    # Adopted for a moment (the lease cut to a few seconds), then released:
+    # both compare the token, so a key that went to another task is left alone.
+    lock = _handle(name, alias, 5.0)
+    try:
+        if not lock.adopt(token, fence):
+            return False
+        lock.release()
+    except (LockError, RedisUnavailable, ValueError) as exc:
+        logger.warning("could not free unique key %r (%s): %s", name, why, exc)
+        return False
+    logger.info("freed unique key %r: %s", name, why)
+    return True
+
+
+def keep(name: str, token: str, fence: int, alias: str | None, ttl: float, why: str) -> bool:
+    """Keep the unique key ``name`` for ``ttl`` seconds if ``token`` still
+    holds it (its task's message will be delivered again); then its next run
+    adopts it. Returns whether it was kept."""
+    lock = _handle(name, alias, ttl)
+    try:
+        # The handle is dropped holding the lease: nothing releases it (see drop).
+        kept = lock.adopt(token, fence, ttl=ttl)
+    except (LockError, RedisUnavailable, ValueError) as exc:
+        logger.warning("could not keep unique key %r (%s): %s", name, why, exc)
+        return False
+    if kept:
+        logger.info("kept unique key %r for %gs: %s", name, ttl, why)
+    return kept

@@ -15,6 +15,7 @@ from ..core.exceptions import LockError
 from ..locking.naming import Namer
 
 __all__ = [
+    "DUPLICATE",
     "HEADER",
     "KWARG",
     "ON_DUPLICATE",
@@ -33,6 +34,9 @@ ON_DUPLICATE = ("existing", "raise")
 # Where the claim travels: a keyword argument of a Django task, a Celery header.
 KWARG = "_redislock_unique"
 HEADER = "redislock_unique"
+# The header of a refused duplicate sent under an id its caller fixed (a
+# canvas's frozen signature): the worker fails it with TaskNotUnique.
+DUPLICATE = "redislock_duplicate"
 # Lock names of unique tasks start with this, apart from redis_locked's: a
 # task may be both unique and serialised by the same template.
 PREFIX = "unique:"
@@ -48,8 +52,14 @@ class TaskNotUnique(LockError):
     def __init__(self, name: str, task_id: str | None) -> None:
         self.name = name
         self.task_id = task_id
-        held_by = f"task {task_id}" if task_id else "a task whose id is not known yet"
-        super().__init__(f"unique key {name!r} is held by {held_by}; not enqueued again")
+        # The arguments are what rebuilds it: Celery stores a task's exception
+        # as its type and args (JSON) or pickles it, and a duplicate in a
+        # canvas fails with this one.
+        super().__init__(name, task_id)
+
+    def __str__(self) -> str:
+        held_by = f"task {self.task_id}" if self.task_id else "a task whose id is not known yet"
+        return f"unique key {self.name!r} is held by {held_by}; not enqueued again"
 
 
 # -- options --------------------------------------------------------------------------
@@ -64,6 +74,8 @@ class UniqueOptions:
     lease: float | None
     alias: str | None
     label: str
+    # Seconds the key is kept after a successful run (None: let go at once).
+    keep_for: float | None = None
 
     @property
     def pending_ttl(self) -> float:
@@ -121,6 +133,7 @@ def make_options(
     alias: str | None,
     label: str,
     who: str,
+    keep_for: float | None = None,
 ) -> UniqueOptions:
     """Check every argument now (at import), with errors that name the fix."""
     if not (isinstance(key, str) and key) and not callable(key):
@@ -140,10 +153,15 @@ def make_options(
     try:
         checked = {
             name: None if value is None else check_seconds(name, value, allow_zero=False)
-            for name, value in (("ttl", ttl), ("lease", lease))
+            for name, value in (("ttl", ttl), ("lease", lease), ("keep_for", keep_for))
         }
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{who}: {exc}") from None
+    if keep_for is not None and until == "enqueue":
+        raise ValueError(
+            f"{who}: keep_for keeps the key after a successful run, and with "
+            "until='enqueue' the run does not hold it; use until='finish' or 'start'"
+        )
     if alias is not None and not isinstance(alias, str):
         raise TypeError(f"{who}: alias must be a CACHES alias (str) or None; got {alias!r}")
     target = _without_first(func) if skip_first else func
@@ -159,6 +177,7 @@ def make_options(
         lease=checked["lease"],
         alias=alias,
         label=label,
+        keep_for=checked["keep_for"],
     )
 
 
@@ -173,10 +192,13 @@ class Claim:
     until: str
     lease: float
     ttl: float
+    # The CACHES alias of the key's Redis, when not the default: a worker
+    # that does not know the task can still let its key go.
+    alias: str | None = None
 
     def payload(self) -> dict[str, Any]:
         # JSON-friendly and short: it is stored with every queued message.
-        return {
+        payload: dict[str, Any] = {
             "n": self.name,
             "t": self.token,
             "f": self.fence,
@@ -184,6 +206,9 @@ class Claim:
             "l": self.lease,
             "p": self.ttl,
         }
+        if self.alias is not None:
+            payload["a"] = self.alias
+        return payload
 
     @classmethod
     def from_payload(cls, payload: Any) -> Claim | None:
@@ -195,6 +220,7 @@ class Claim:
                 until=str(payload["u"]),
                 lease=float(payload["l"]),
                 ttl=float(payload["p"]),
+                alias=None if payload.get("a") is None else str(payload["a"]),
             )
         except (KeyError, TypeError, ValueError):
             logger.warning("ignoring a malformed unique-task claim %r", payload)

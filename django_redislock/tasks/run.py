@@ -38,15 +38,21 @@ class Run:
         self.alias = opts.alias if opts is not None else None
         self.metric_name = opts.metric_name if opts is not None else None
         self.label = label
+        self.keep_for = opts.keep_for if opts is not None else None
         # The adopted lease, while the run holds it (an AsyncLock for an async task).
         self.lock: Lock | AsyncLock | None = None
         # Seconds until the retry this run sent may run; None: none was sent.
         self.retry_in: float | None = None
+        # Seconds until that retry expires (Celery's ``expires``), if it does.
+        self.retry_limit: float | None = None
 
-    def retrying(self, delay: float) -> None:
+    def retrying(self, delay: float, limit: float | None = None) -> None:
         """This run sent its own retry (the same task id and claim), to run in
-        ``delay`` seconds: the key goes with it, however the run then ends."""
+        ``delay`` seconds and never after ``limit`` seconds (its expiry): the
+        key goes with it, however the run then ends."""
         self.retry_in = delay if self.retry_in is None else max(self.retry_in, delay)
+        if limit is not None:
+            self.retry_limit = limit if self.retry_limit is None else min(self.retry_limit, limit)
 
     def _lock_kwargs(self) -> dict[str, Any]:
         return {
@@ -84,13 +90,32 @@ class Run:
         ``self.retry(throw=False)`` returns normally) or by the ``Retry`` it
         raised (an eager retry sends no message)."""
         delays = [d for d in (retry_in, self.retry_in) if d is not None]
-        if delays and self.claim.until == "finish":
-            return self.claim.ttl + max(delays)
+        if not delays or self.claim.until != "finish":
+            return None
+        ttl = self.claim.ttl + max(delays)
+        if self.retry_limit is None:
+            return ttl
+        # No longer than the retry's message lives: an expired retry is
+        # thrown away, and its key must not outlive it.
+        return min(ttl, self.retry_limit) if self.retry_limit > 0 else None
+
+    def _kept(self, retry_in: float | None, succeeded: bool, redelivered: bool) -> float | None:
+        """How long the key outlives this run (None: it is let go now)."""
+        handed = self._hands_on(retry_in)
+        if handed is not None:
+            return handed
+        if succeeded and self.keep_for is not None:
+            return self.keep_for  # at most once per keep_for (the option's promise)
+        if redelivered and self.claim.until == "finish":
+            # The same message comes again (a Celery message not yet
+            # acknowledged, or rejected back to its queue): it adopts the
+            # key, as a task still queued would, within the pending ttl.
+            return self.claim.ttl
         return None
 
     def _not_handed(self, exc: BaseException) -> None:
         logger.warning(
-            "could not hand unique key %r to the retry of %s: %s",
+            "could not keep unique key %r of %s after the run: %s",
             self.claim.name,
             self.label,
             exc,
@@ -124,15 +149,16 @@ class Run:
         self.lock = lock
         return True
 
-    def _finishing(self, retry_in: float | None) -> Steps[None]:
+    def _finishing(self, retry_in: float | None, succeeded: bool, redelivered: bool) -> Steps[None]:
         lock, self.lock = self.lock, None
         if lock is None:
             return
-        handed = self._hands_on(retry_in)
+        handed = self._kept(retry_in, succeeded, redelivered)
         if handed is None:
             yield from self._releasing(lock)
             return
-        # The retry carries the same claim and adopts the key in turn.
+        # Held on: a retry or a redelivery carries the same claim and adopts
+        # it in turn; a key kept after a success runs out by itself.
         try:
             yield functools.partial(lock.detach, ttl=handed)
         except (LockError, RedisUnavailable) as exc:
@@ -154,9 +180,13 @@ class Run:
         who = threading.current_thread().name
         return run_steps(self._starting(lock, task_id, who, note))
 
-    def finish(self, retry_in: float | None = None) -> None:
-        """The run ended; ``retry_in``: it asked for a retry in that many seconds."""
-        run_steps(self._finishing(retry_in))
+    def finish(
+        self, retry_in: float | None = None, *, succeeded: bool = False, redelivered: bool = False
+    ) -> None:
+        """The run ended. ``retry_in``: it asked for a retry in that many
+        seconds; ``succeeded``: it returned (``keep_for`` applies);
+        ``redelivered``: its message will be delivered again."""
+        run_steps(self._finishing(retry_in, succeeded, redelivered))
 
     # -- asyncio ------------------------------------------------------------------------
     async def start_async(self, task_id: str | None = None) -> bool:
@@ -166,6 +196,8 @@ class Run:
         who = current.get_name() if current is not None else "?"
         return await run_steps_async(self._starting(lock, task_id, who, note_async))
 
-    async def finish_async(self, retry_in: float | None = None) -> None:
+    async def finish_async(
+        self, retry_in: float | None = None, *, succeeded: bool = False, redelivered: bool = False
+    ) -> None:
         """``finish`` for a coroutine task."""
-        await run_steps_async(self._finishing(retry_in))
+        await run_steps_async(self._finishing(retry_in, succeeded, redelivered))

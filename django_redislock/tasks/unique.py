@@ -31,6 +31,10 @@ is an ordinary ``Lock``; what is particular is who holds it:
   ``Retry`` it raised, and hands the key on however it then ends. The key
   goes when a run ends without asking for one (success or final failure).
 
+``keep_for`` keeps the key that many seconds after a run that succeeded
+(with ``until="finish"`` or ``"start"``): at most one run per key in that
+time. A failed run lets it go, as without it.
+
 A duplicate gets the existing task's result handle (``on_duplicate="existing"``)
 or ``TaskNotUnique`` (``"raise"``; also when the existing task cannot be
 fetched); either way ``task_duplicate`` is sent and the refusal is logged
@@ -133,10 +137,13 @@ def _runner(func: Callable[..., Any], opts: UniqueOptions, takes_context: bool) 
             if this is None:
                 return await func(*args, **kwargs)
             await this.start_async(task_id)
+            succeeded = False
             try:
-                return await func(*args, **kwargs)
+                result = await func(*args, **kwargs)
+                succeeded = True
+                return result
             finally:
-                await this.finish_async()
+                await this.finish_async(succeeded=succeeded)
 
         arun._redislock_unique = opts  # type: ignore[attr-defined]
         return arun
@@ -147,10 +154,13 @@ def _runner(func: Callable[..., Any], opts: UniqueOptions, takes_context: bool) 
         if this is None:
             return func(*args, **kwargs)
         this.start(task_id)
+        succeeded = False
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            succeeded = True
+            return result
         finally:
-            this.finish()
+            this.finish(succeeded=succeeded)
 
     run._redislock_unique = opts  # type: ignore[attr-defined]
     return run
@@ -164,6 +174,7 @@ def unique_task(
     ttl: float | None = None,
     lease: float | None = None,
     alias: str | None = None,
+    keep_for: float | None = None,
 ) -> Callable[[_F], _F]:
     """Make a Django task unique by ``key`` while it is queued or running.
 
@@ -176,6 +187,8 @@ def unique_task(
     never starts keeps the key (default ``REDISLOCK['UNIQUE_TTL']``, plus any
     ``run_after``); ``lease``: the running lease, renewed while the task runs
     (default ``REDISLOCK['TIMEOUT']``): a dead worker frees the key within it.
+    ``keep_for``: seconds the key is kept after a successful run (at most one
+    run per key in that time; a failed run lets it go at once).
     """
 
     def decorate(task: _F) -> _F:
@@ -198,6 +211,7 @@ def unique_task(
             alias=alias,
             label=label,
             who="unique_task()",
+            keep_for=keep_for,
         )
         declare(opts.metric_name, "lock")
         declare(opts.metric_name, "unique_task")

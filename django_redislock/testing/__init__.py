@@ -1,6 +1,6 @@
 """Tools for testing a project that uses django-redislock.
 
-Four things a test of locked code needs, each as a context manager for any
+What a test of locked code needs, each as a context manager for any
 test runner, as a ``unittest`` mixin (``RedisLockTestMixin``) and as pytest
 fixtures (``django_redislock.testing.plugin``, loaded by pytest on its own
 once the package is installed):
@@ -20,6 +20,9 @@ once the package is installed):
   current prefix.
 * **Locks switched off** (``locks_disabled``), as with
   ``REDISLOCK['ENABLED'] = False``.
+* **Unique tasks run here** (``local_unique_tasks``): a Celery unique task
+  runs at once instead of going to a broker, and the keys unique tasks took
+  are let go when the block ends.
 
 Importing this module reads no settings and imports nothing from Django:
 the work is done when one of its tools is used.
@@ -33,6 +36,7 @@ from typing import ClassVar
 from .holding import hold_lock, hold_permits
 from .leftovers import assert_no_locks_left, leftovers
 from .settings import isolated_prefix, locks_disabled, redislock_settings, unique_prefix
+from .unique import local_unique_tasks
 
 __all__ = [
     "RedisLockTestMixin",
@@ -41,6 +45,7 @@ __all__ = [
     "hold_permits",
     "isolated_prefix",
     "leftovers",
+    "local_unique_tasks",
     "locks_disabled",
     "redislock_settings",
     "unique_prefix",

@@ -21,6 +21,10 @@ Fixtures:
 ``redislock_no_leftovers``
     The test runs under its own prefix, and fails at teardown if it left a
     lock, a permit or a waiter behind (``assert_no_locks_left``).
+``redislock_unique_tasks``
+    Unique tasks run in the test's process (``local_unique_tasks``); the keys
+    they took are let go when the test ends, before any fixture's teardown
+    (so before the leftovers check, whatever order the fixtures come in).
 
 Ini options (``pytest.ini``, ``[tool.pytest.ini_options]``, ...):
 
@@ -132,3 +136,25 @@ def _redislock_ini_options(request: pytest.FixtureRequest) -> None:
     if not settings.configured:
         return
     request.getfixturevalue("redislock_no_leftovers" if check else "redislock_prefix")
+
+
+@pytest.fixture
+def redislock_unique_tasks() -> Iterator[None]:
+    """Unique tasks run in the test's process (``local_unique_tasks``): a
+    Celery ``UniqueTask`` at once rather than through a broker; the keys they
+    took are let go when the test ends."""
+    from . import local_unique_tasks
+
+    with local_unique_tasks():
+        yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Let go of the unique keys of a test that used ``redislock_unique_tasks``
+    before any fixture is torn down: the leftovers check, torn down before or
+    after that fixture, must not find them."""
+    if "redislock_unique_tasks" in getattr(item, "fixturenames", ()):
+        from .unique import let_go_of_unique_keys
+
+        let_go_of_unique_keys()

@@ -10,12 +10,12 @@ import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["isolated_prefix", "locks_disabled", "redislock_settings", "unique_prefix"]
+__all__ = ["Block", "isolated_prefix", "locks_disabled", "redislock_settings", "unique_prefix"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class _Block(contextlib.AbstractContextManager[Any]):
+class Block(contextlib.AbstractContextManager[Any]):
     """A context manager that also decorates functions and coroutine functions
     (``contextlib.ContextDecorator`` would leave a coroutine's block before the
     coroutine runs)."""
@@ -43,7 +43,7 @@ class _Block(contextlib.AbstractContextManager[Any]):
         return inner  # type: ignore[return-value]
 
 
-class redislock_settings(_Block):  # noqa: N801 - used like override_settings
+class redislock_settings(Block):  # noqa: N801 - used like override_settings
     """Change some ``REDISLOCK`` settings, keeping the others.
 
     ``override_settings(REDISLOCK={...})`` replaces the whole dict, and with
@@ -114,7 +114,7 @@ def unique_prefix(base: str | None = None) -> str:
     return prefix if len(prefix) <= 64 else tail
 
 
-class isolated_prefix(_Block):  # noqa: N801 - used like a function
+class isolated_prefix(Block):  # noqa: N801 - used like a function
     """Give the block a key prefix of its own (``unique_prefix()`` unless given).
 
     Every lock, semaphore and wake-up channel the block uses lives under it,
