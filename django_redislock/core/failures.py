@@ -89,7 +89,7 @@ def said_retry(exc: object) -> bool:
     """Whether ``exc`` is (or a ``RedisUnavailable`` raised from) a reply by
     which Redis says that the command did not run, and may if sent again."""
     seen: set[int] = set()
-    while isinstance(exc, BaseException) and id(exc) not in seen:
+    while isinstance(exc, Exception) and id(exc) not in seen:
         if isinstance(exc, _RETRY_LATER):
             return True
         seen.add(id(exc))

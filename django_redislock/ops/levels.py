@@ -90,7 +90,7 @@ class _LevelReader:
         def run() -> None:
             try:
                 found.append(semaphore_levels())
-            except BaseException as exc:  # reported to the scrape
+            except Exception as exc:  # reported to the scrape
                 found.append(exc)
             finally:
                 done.set()
@@ -105,7 +105,7 @@ class _LevelReader:
             thread.start()
         if not done.wait(timeout):
             raise RedisUnavailable(f"Redis did not answer within {timeout:g}s (SCRAPE_TIMEOUT)")
-        if isinstance(found[0], BaseException):
+        if isinstance(found[0], Exception):
             raise found[0]
         return list(found[0])
 
