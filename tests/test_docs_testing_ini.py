@@ -22,6 +22,8 @@ from tests.test_testing_kit import child_env, entry_point_path  # noqa: F401 - a
 ROOT = Path(__file__).resolve().parents[1]
 INI = ROOT / "docs" / "examples" / "testing" / "pytest.ini"
 
+pytestmark = pytest.mark.program
+
 TESTS = """\
 from django_redislock import get_lock
 

@@ -22,7 +22,7 @@ from tests.test_testing_kit import child_env, entry_point_path  # noqa: F401 - a
 
 # Each test starts a runner of its own; bounds for a host loaded by other suites.
 RUN_TIMEOUT = 300
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2 * RUN_TIMEOUT)]
+pytestmark = [pytest.mark.program, pytest.mark.slow, pytest.mark.timeout(2 * RUN_TIMEOUT)]
 
 MODELS = """\
 from django.db import models

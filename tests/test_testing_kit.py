@@ -353,6 +353,7 @@ def test_entry_point_is_declared_as_the_module() -> None:
 
 
 @pytest.mark.slow  # a pytest or test runner of its own
+@pytest.mark.program
 def test_documented_pytest_examples_pass_with_the_entry_point(entry_point_path: Path) -> None:
     # No -p: the fixtures come from the entry point alone.
     run = run_pytest(
@@ -371,6 +372,7 @@ def test_documented_pytest_examples_pass_with_the_entry_point(entry_point_path: 
 
 
 @pytest.mark.slow  # a pytest or test runner of its own
+@pytest.mark.program
 def test_plugin_is_loaded_once_from_entry_point_and_conftest(
     entry_point_path: Path, tmp_path: Path
 ) -> None:
@@ -395,6 +397,7 @@ def test_plugin_is_loaded_once_from_entry_point_and_conftest(
 
 
 @pytest.mark.slow  # a pytest or test runner of its own
+@pytest.mark.program
 def test_plugin_is_harmless_without_django(entry_point_path: Path, tmp_path: Path) -> None:
     project = tmp_path / "plain"
     project.mkdir()
@@ -414,6 +417,7 @@ def test_plugin_is_harmless_without_django(entry_point_path: Path, tmp_path: Pat
 
 
 @pytest.mark.slow  # a pytest or test runner of its own
+@pytest.mark.program
 def test_no_leftovers_fixture_and_ini_option_fail_a_leaking_test(
     entry_point_path: Path, tmp_path: Path
 ) -> None:
@@ -441,6 +445,7 @@ def test_no_leftovers_fixture_and_ini_option_fail_a_leaking_test(
 
 
 @pytest.mark.slow  # a pytest or test runner of its own
+@pytest.mark.program
 def test_prefixes_differ_across_xdist_workers(entry_point_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("xdist")
     project = tmp_path / "xdist"
@@ -467,6 +472,7 @@ def test_prefixes_differ_across_xdist_workers(entry_point_path: Path, tmp_path: 
 
 
 @pytest.mark.slow  # a pytest or test runner of its own
+@pytest.mark.program
 def test_documented_unittest_examples_pass_in_djangos_runner(tmp_path: Path) -> None:
     # A test database of its own: the suite's sits beside the Redis socket.
     (tmp_path / "child_settings.py").write_text(

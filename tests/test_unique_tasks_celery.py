@@ -41,6 +41,8 @@ from tests import celery_harness as harness  # noqa: E402
 from tests.celery_harness import Worker, free_within, holder, locks  # noqa: E402
 from tests.servers import RedisServer  # noqa: E402
 
+pytestmark = pytest.mark.program
+
 QUEUE = "unique-tests"
 LEASE = 1.0  # the running lease of the tasks below: renewed while they run
 

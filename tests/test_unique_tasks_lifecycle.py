@@ -54,6 +54,8 @@ from tests.celery_harness import Worker, free_within, holder, locks, pop_json  #
 from tests.servers import RedisServer  # noqa: E402
 from tests.test_docs_claims import page  # noqa: E402
 
+pytestmark = pytest.mark.program
+
 QUEUE = "unique-lifecycle"
 LONG = 60.0  # the running lease: renewed while a task runs
 TTL = 300.0  # the pending ttl
