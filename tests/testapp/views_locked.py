@@ -46,8 +46,22 @@ def purchase_own_atomic(request: HttpRequest, db: str, product_id: int) -> HttpR
         return _buy(db, product_id)
 
 
+# The unlocked control's buyers meet here between their read and their write
+# (the test sets it): every one of them reads the same stock, so the control
+# oversells whatever the scheduling.
+UNLOCKED_MEETING: threading.Barrier | None = None
+
+
 def purchase_unlocked(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
-    return _buy(db, product_id)
+    meeting = UNLOCKED_MEETING
+    assert meeting is not None, "the test sets UNLOCKED_MEETING"
+    product = Product.objects.using(db).get(pk=product_id)
+    if product.stock <= 0:
+        return JsonResponse({"bought": False}, status=410)
+    meeting.wait()
+    Product.objects.using(db).filter(pk=product_id).update(stock=product.stock - 1)
+    Order.objects.using(db).create(product_id=product_id)
+    return JsonResponse({"bought": True})
 
 
 def purchase_naive(request: HttpRequest, db: str, product_id: int) -> HttpResponse:
