@@ -27,7 +27,9 @@ from .core.engine.keys import validate_prefix
 from .core.io.green import RENEWAL_HINT, green_runtime, renewal_warning
 
 __all__ = [
+    "SETTING_CHECKS",
     "Problem",
+    "SettingCheck",
     "check_settings",
     "middleware_entries",
     "middleware_index",
@@ -88,8 +90,134 @@ def unknown_keys(check_id: str, what: str, raw: dict[Any, Any], known: Any) -> l
 
 
 # -- REDISLOCK itself ------------------------------------------------------------------
-def _is_callable_or_path(value: object) -> bool:
-    return value is None or callable(value) or (isinstance(value, str) and "." in value)
+# Each key's check is one row: its ID, a validator that says what is wrong with a
+# value (or None), and the hint. The message is "REDISLOCK[key] <what is wrong>.".
+# Checks that read two keys, or other settings, follow the table.
+@dataclass(frozen=True)
+class SettingCheck:
+    id: str
+    problem: Callable[[Any], str | None]
+    hint: str
+
+
+def _seconds(*, allow_zero: bool = False, allow_none: bool = False) -> Callable[[Any], str | None]:
+    def problem(value: Any) -> str | None:
+        if allow_none and value is None:
+            return None
+        if allow_none and not is_seconds(value, allow_zero=allow_zero):
+            return (
+                "must be None or a finite number of seconds, "
+                f"{seconds_range(allow_zero=allow_zero)}; got {value!r}"
+            )
+        return seconds_problem(value, allow_zero=allow_zero)
+
+    return problem
+
+
+def _prefix_problem(value: Any) -> str | None:
+    try:
+        validate_prefix(value)
+    except ValueError as exc:
+        return f"is invalid: {exc}"
+    return None
+
+
+def _callable_problem(value: Any) -> str | None:
+    if value is None or callable(value) or (isinstance(value, str) and "." in value):
+        return None
+    return f"must be a callable or a dotted path; got {value!r}"
+
+
+def _status_problem(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
+        return None
+    return f"must be an HTTP error status; got {value!r}"
+
+
+def _bool_problem(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be True or False; got {value!r}"
+
+
+def _replicas_problem(value: Any) -> str | None:
+    return count_problem(value, low=0, high=MAX_COUNT)
+
+
+def _connect_early_problem(value: Any) -> str | None:
+    databases = getattr(django_settings, "DATABASES", {})
+    if isinstance(value, bool) or (
+        isinstance(value, (list, tuple))
+        and all(isinstance(alias, str) and alias in databases for alias in value)
+    ):
+        return None
+    return f"must be True, False or a list of DATABASES aliases; got {value!r}"
+
+
+def _seconds_row(key: str, *, allow_zero: bool = False) -> SettingCheck:
+    return SettingCheck(
+        "django_redislock.E003",
+        _seconds(allow_zero=allow_zero),
+        f"Set REDISLOCK[{key!r}] to a number such as {DEFAULTS[key]!r}.",
+    )
+
+
+def _callable_row(key: str) -> SettingCheck:
+    return SettingCheck(
+        "django_redislock.E007",
+        _callable_problem,
+        f"Set REDISLOCK[{key!r}] to 'package.module.name', or remove it.",
+    )
+
+
+def _bool_row(key: str) -> SettingCheck:
+    return SettingCheck(
+        "django_redislock.E010",
+        _bool_problem,
+        f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
+    )
+
+
+SETTING_CHECKS: dict[str, SettingCheck] = {
+    "TIMEOUT": _seconds_row("TIMEOUT"),
+    "WAIT": _seconds_row("WAIT", allow_zero=True),
+    "SOCKET_TIMEOUT": _seconds_row("SOCKET_TIMEOUT"),
+    "CONNECT_TIMEOUT": _seconds_row("CONNECT_TIMEOUT"),
+    "PERMIT_TIMEOUT": _seconds_row("PERMIT_TIMEOUT"),
+    "REPLICAS_TIMEOUT": _seconds_row("REPLICAS_TIMEOUT"),
+    "UNIQUE_TTL": _seconds_row("UNIQUE_TTL"),
+    "RENEW_MAX": SettingCheck(
+        "django_redislock.E003",
+        _seconds(allow_none=True),
+        "Set REDISLOCK['RENEW_MAX'] to a number of seconds, or None for no cap.",
+    ),
+    "PREFIX": SettingCheck(
+        "django_redislock.E004",
+        _prefix_problem,
+        "Use a plain prefix such as 'redislock' or 'myproject:locks'.",
+    ),
+    "CLIENT": _callable_row("CLIENT"),
+    "BUSY_RESPONSE": _callable_row("BUSY_RESPONSE"),
+    "UNAVAILABLE_RESPONSE": _callable_row("UNAVAILABLE_RESPONSE"),
+    "THROTTLE_RESPONSE": _callable_row("THROTTLE_RESPONSE"),
+    "ADMIN_PERMISSION": _callable_row("ADMIN_PERMISSION"),
+    "BUSY_STATUS": SettingCheck(
+        "django_redislock.E008", _status_problem, "Use 409 (the default), 423 or 503."
+    ),
+    "REPLICAS": SettingCheck(
+        "django_redislock.E009",
+        _replicas_problem,
+        "Set it to the number of replicas that must acknowledge a new lease, or 0.",
+    ),
+    "ENABLED": _bool_row("ENABLED"),
+    "RENEW": _bool_row("RENEW"),
+    "FAIL_OPEN": _bool_row("FAIL_OPEN"),
+    "THROTTLE_FAIL_OPEN": _bool_row("THROTTLE_FAIL_OPEN"),
+    "OTEL_LOCK_NAMES": _bool_row("OTEL_LOCK_NAMES"),
+    "CONNECT_EARLY": SettingCheck(
+        "django_redislock.E012",
+        _connect_early_problem,
+        "Set it to False (the default), True, or aliases from DATABASES such as ['default'].",
+    ),
+}
 
 
 def settings_problems() -> list[Problem]:
@@ -108,126 +236,11 @@ def settings_problems() -> list[Problem]:
     def value(key: str) -> Any:
         return raw.get(key, DEFAULTS[key])
 
-    for key, allow_zero in (
-        ("TIMEOUT", False),
-        ("WAIT", True),
-        ("SOCKET_TIMEOUT", False),
-        ("CONNECT_TIMEOUT", False),
-        ("PERMIT_TIMEOUT", False),
-        ("REPLICAS_TIMEOUT", False),
-        ("UNIQUE_TTL", False),
-    ):
-        problem = seconds_problem(value(key), allow_zero=allow_zero)
+    for key, check in SETTING_CHECKS.items():
+        problem = check.problem(value(key))
         if problem is not None:
-            found.append(
-                Problem(
-                    "django_redislock.E003",
-                    f"REDISLOCK[{key!r}] {problem}.",
-                    f"Set REDISLOCK[{key!r}] to a number such as {DEFAULTS[key]!r}.",
-                )
-            )
-    renew_max = value("RENEW_MAX")
-    if renew_max is not None and not is_seconds(renew_max, allow_zero=False):
-        found.append(
-            Problem(
-                "django_redislock.E003",
-                "REDISLOCK['RENEW_MAX'] must be None or a finite number of seconds, "
-                f"{seconds_range(allow_zero=False)}; got {renew_max!r}.",
-                "Set REDISLOCK['RENEW_MAX'] to a number of seconds, or None for no cap.",
-            )
-        )
-    try:
-        validate_prefix(value("PREFIX"))
-    except ValueError as exc:
-        found.append(
-            Problem(
-                "django_redislock.E004",
-                f"REDISLOCK['PREFIX'] is invalid: {exc}.",
-                "Use a plain prefix such as 'redislock' or 'myproject:locks'.",
-            )
-        )
-    if not isinstance(value("CACHE"), str) or (
-        value("CLIENT") is None and value("CACHE") not in getattr(django_settings, "CACHES", {})
-    ):
-        found.append(
-            Problem(
-                "django_redislock.E005",
-                f"REDISLOCK['CACHE'] = {value('CACHE')!r} names no entry of CACHES.",
-                "Add a Redis cache (django-redis, or Django's own RedisCache) under that "
-                "alias to CACHES, or set REDISLOCK['CACHE'] to an existing alias.",
-            )
-        )
-    else:
-        cache = getattr(django_settings, "CACHES", {}).get(value("CACHE"), {})
-        if value("CLIENT") is None and cache_backend(cache) is None:
-            backend = cache.get("BACKEND", "") if isinstance(cache, dict) else cache
-            found.append(
-                Problem(
-                    "django_redislock.E006",
-                    f"CACHES[{value('CACHE')!r}] uses {backend!r}, which is not a Redis cache "
-                    "the library can read its connection from.",
-                    "Use BACKEND 'django_redis.cache.RedisCache' (django-redis) or "
-                    f"{DJANGO_REDIS_CACHE!r} (Django's own) for that alias, or point "
-                    "REDISLOCK['CACHE'] at one that does (or set REDISLOCK['CLIENT']).",
-                )
-            )
-    for key in (
-        "CLIENT",
-        "BUSY_RESPONSE",
-        "UNAVAILABLE_RESPONSE",
-        "THROTTLE_RESPONSE",
-        "ADMIN_PERMISSION",
-    ):
-        if not _is_callable_or_path(value(key)):
-            found.append(
-                Problem(
-                    "django_redislock.E007",
-                    f"REDISLOCK[{key!r}] must be a callable or a dotted path; got {value(key)!r}.",
-                    f"Set REDISLOCK[{key!r}] to 'package.module.name', or remove it.",
-                )
-            )
-    status = value("BUSY_STATUS")
-    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
-        found.append(
-            Problem(
-                "django_redislock.E008",
-                f"REDISLOCK['BUSY_STATUS'] must be an HTTP error status; got {status!r}.",
-                "Use 409 (the default), 423 or 503.",
-            )
-        )
-    problem = count_problem(value("REPLICAS"), low=0, high=MAX_COUNT)
-    if problem is not None:
-        found.append(
-            Problem(
-                "django_redislock.E009",
-                f"REDISLOCK['REPLICAS'] {problem}.",
-                "Set it to the number of replicas that must acknowledge a new lease, or 0.",
-            )
-        )
-    for key in ("ENABLED", "RENEW", "FAIL_OPEN", "THROTTLE_FAIL_OPEN", "OTEL_LOCK_NAMES"):
-        if not isinstance(value(key), bool):
-            found.append(
-                Problem(
-                    "django_redislock.E010",
-                    f"REDISLOCK[{key!r}] must be True or False; got {value(key)!r}.",
-                    f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
-                )
-            )
-    early = value("CONNECT_EARLY")
-    databases = getattr(django_settings, "DATABASES", {})
-    if not isinstance(early, bool) and (
-        not isinstance(early, (list, tuple))
-        or not all(isinstance(alias, str) and alias in databases for alias in early)
-    ):
-        found.append(
-            Problem(
-                "django_redislock.E012",
-                "REDISLOCK['CONNECT_EARLY'] must be True, False or a list of DATABASES "
-                f"aliases; got {early!r}.",
-                "Set it to False (the default), True, or aliases from DATABASES such as "
-                "['default'].",
-            )
-        )
+            found.append(Problem(check.id, f"REDISLOCK[{key!r}] {problem}.", check.hint))
+    found.extend(_cache_problems(value("CACHE"), value("CLIENT")))
     if (
         value("SOCKET_TIMEOUT") is not None
         and is_seconds(value("TIMEOUT"), allow_zero=False)
@@ -243,6 +256,34 @@ def settings_problems() -> list[Problem]:
             )
         )
     return found
+
+
+def _cache_problems(alias: Any, client: Any) -> list[Problem]:
+    """REDISLOCK['CACHE'] against CACHES, unless REDISLOCK['CLIENT'] gives the client."""
+    caches = getattr(django_settings, "CACHES", {})
+    if not isinstance(alias, str) or (client is None and alias not in caches):
+        return [
+            Problem(
+                "django_redislock.E005",
+                f"REDISLOCK['CACHE'] = {alias!r} names no entry of CACHES.",
+                "Add a Redis cache (django-redis, or Django's own RedisCache) under that "
+                "alias to CACHES, or set REDISLOCK['CACHE'] to an existing alias.",
+            )
+        ]
+    cache = caches.get(alias, {})
+    if client is not None or cache_backend(cache) is not None:
+        return []
+    backend = cache.get("BACKEND", "") if isinstance(cache, dict) else cache
+    return [
+        Problem(
+            "django_redislock.E006",
+            f"CACHES[{alias!r}] uses {backend!r}, which is not a Redis cache "
+            "the library can read its connection from.",
+            "Use BACKEND 'django_redis.cache.RedisCache' (django-redis) or "
+            f"{DJANGO_REDIS_CACHE!r} (Django's own) for that alias, or point "
+            "REDISLOCK['CACHE'] at one that does (or set REDISLOCK['CLIENT']).",
+        )
+    ]
 
 
 # -- renewal on green threads ----------------------------------------------------------
