@@ -186,6 +186,31 @@ class SentinelTopology:
 
         wait_until("the replica to be in sync", linked, timeout)
 
+    def wait_settled(self, timeout: float = 60) -> None:
+        """Wait until the replica is in sync and every sentinel sees it as a
+        healthy replica of the primary they all name (after a failover, the
+        old primary is made a replica only some seconds later)."""
+        self.wait_replicated(timeout)
+
+        def settled() -> bool:
+            ports = set()
+            for sentinel in self.sentinels:
+                with sentinel.client(socket_timeout=1) as c:
+                    ports.add(
+                        int(c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
+                    )
+                    replicas = c.execute_command("SENTINEL", "REPLICAS", SERVICE)
+                healthy = [
+                    r
+                    for r in (r if isinstance(r, dict) else _pairs(r) for r in replicas)
+                    if r[b"flags"] == b"slave" and r[b"master-link-status"] == b"ok"
+                ]
+                if len(healthy) != 1:
+                    return False
+            return len(ports) == 1
+
+        wait_until("every sentinel to see a healthy replica", settled, timeout)
+
     def failover(self, timeout: float = 30) -> tuple[str, int]:
         """Force a failover through the sentinels and wait for the new primary."""
         old = self.primary_address()
@@ -211,6 +236,11 @@ class SentinelTopology:
             with contextlib.suppress(Exception):
                 process.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    """A map of a flat list of names and values (RESP2's form of one)."""
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
 
 
 class ClusterTopology:

@@ -17,6 +17,14 @@ Waiters still bound every sleep by the time the lock's state can change by
 itself (the holder's lease or a reservation running out), so a lost message,
 a dropped connection or a crashed holder costs at most that, never a hang.
 When the channel comes back after a loss, every local waiter looks again.
+
+Through Sentinel, the channel follows the primary: while anyone waits, the
+housekeeping thread asks the sentinels once a second (``FOLLOW_INTERVAL``)
+where the primary is, and when it is no longer where the channel is
+subscribed, the reader subscribes anew there (the sentinels' answer also has
+the pool drop its idle connections to the old one), and every local waiter
+looks again. Waiters queue with the mode letter ``c`` there (``plain_address``):
+a count of receivers proves nothing while a listener may sit on a replica.
 """
 
 from __future__ import annotations
@@ -31,15 +39,19 @@ from typing import Any
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
+from ..topology import is_sentinel
 from .notify_sharded import ShardedNotifier
 from .wakeup import (
+    FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     LIVENESS_INTERVAL,
     Handed,
     Liveness,
     Reconnect,
     Wakeup,
+    moved_from,
     parse_wakeup,
+    plain_address,
     registered,
 )
 
@@ -61,8 +73,14 @@ class Notifier:
         self._client = client
         self.process_id = secrets.token_hex(8)
         self.channel = keyspace.channel(self.process_id)
-        # The form the lock scripts take: p = PUBLISH on this channel.
-        self.address = b"p" + self.channel
+        # The form the lock scripts take: PUBLISH on this channel, p or c
+        # (a Sentinel client: its count of receivers proves nothing).
+        self.address = plain_address(client, self.channel)
+        # A Sentinel client's channel follows the primary (_housekeep); the
+        # primary's address once the sentinels named another than the
+        # channel's, for the reader to subscribe there.
+        self._sentinel = is_sentinel(client)
+        self._moved: Any = None
         self._slots: dict[str, Wakeup] = {}
         self._mutex = threading.Lock()
         # Set when leadership is given up, for wait_ready() callers.
@@ -259,6 +277,7 @@ class Notifier:
                 pubsub.close()
 
     def _subscribed(self) -> None:
+        self._moved = None  # subscribed anew: where the sentinels say the primary is
         now = time.monotonic()
         self._liveness.heard(now)
         self._retry_at = 0.0
@@ -287,8 +306,12 @@ class Notifier:
         pubsub, self._pubsub = self._pubsub, None
         self._close(pubsub)
         self._failed(exc)
-        # Waiters must not sleep on a channel nobody is reading.
-        self._wake_all()
+        if not self._sentinel:
+            # Waiters must not sleep on a channel nobody is reading.
+            self._wake_all()
+        # Through Sentinel a lost channel may be a primary gone: a look now
+        # would meet it and fail at once. The reader subscribes again where
+        # the sentinels say, and the confirmation wakes every waiter to look.
 
     def _read(self, event: Wakeup, deadline: float) -> None:
         """Read the channel until ``event`` fires or ``deadline`` passes."""
@@ -307,10 +330,27 @@ class Notifier:
                             if not event.fired:
                                 event.clear()
                 continue  # connected: subscribing may have fired our own event
+            if self._moved is not None:
+                self._follow()
+                continue
+            until = min(deadline, self._liveness.next_check())
+            if self._sentinel:
+                # Back within a second to see whether the primary moved.
+                until = min(until, now + FOLLOW_INTERVAL)
             try:
-                self._read_once(min(deadline, self._liveness.next_check()) - now)
+                self._read_once(until - now)
             except Exception as exc:
                 self._drop(exc)
+
+    def _follow(self) -> None:
+        """The sentinels named another primary than the channel's: subscribe
+        there. No back-off, nothing to warn of; the confirmation wakes every
+        waiter to look again (grants may have gone unheard meanwhile)."""
+        primary, self._moved = self._moved, None
+        logger.info("the primary moved to %s:%s: the wake-up channel follows", *primary)
+        pubsub, self._pubsub = self._pubsub, None
+        self._close(pubsub)
+        self._retry_at = 0.0
 
     def _read_once(self, timeout: float) -> None:
         message = self._pubsub.get_message(timeout=max(0.0, timeout))
@@ -342,24 +382,39 @@ class Notifier:
                 self._housekeeper.start()
 
     def _housekeep(self) -> None:
-        """Close the channel once nobody has waited for IDLE_TIMEOUT."""
+        """Close the channel once nobody has waited for IDLE_TIMEOUT; through
+        Sentinel, see once a second that it is subscribed on the primary."""
         while True:
-            time.sleep(HOUSEKEEPING_INTERVAL)
+            time.sleep(FOLLOW_INTERVAL if self._sentinel else HOUSEKEEPING_INTERVAL)
             with self._mutex:
+                pubsub = self._pubsub
+                waiting = bool(self._slots)
                 # Nobody leads, so nobody reads: the channel may be taken here,
                 # where register_if_ready() cannot slip in between.
-                if self._leading or self._slots:
-                    continue
-                if time.monotonic() - self._idle_since < IDLE_TIMEOUT:
-                    continue
-                pubsubs = (self._pubsub, self._pending)
-                self._pubsub = self._pending = None
-                # Closed on purpose: the next subscription recovers nothing.
-                self._connected_before = False
-                self._housekeeper = None
-            for pubsub in pubsubs:
-                self._close(pubsub)
+                busy = self._leading or waiting
+                if not busy and time.monotonic() - self._idle_since >= IDLE_TIMEOUT:
+                    pubsubs = (self._pubsub, self._pending)
+                    self._pubsub = self._pending = None
+                    # Closed on purpose: the next subscription recovers nothing.
+                    self._connected_before = False
+                    self._housekeeper = None
+                    break
+            if self._sentinel and waiting and pubsub is not None:
+                self._see_primary(pubsub)
+        for pubsub in pubsubs:
+            self._close(pubsub)
+
+    def _see_primary(self, pubsub: Any) -> None:
+        """Ask the sentinels where the primary is (off every waiter's path,
+        bounded by the sentinels' timeouts); if not where ``pubsub`` is
+        subscribed, have the reader follow it (``_follow``)."""
+        try:
+            primary = self._client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        except Exception as exc:  # no sentinel answers: the channel stays where it is
+            logger.debug("could not ask the sentinels for the primary: %s", exc)
             return
+        if pubsub is self._pubsub and moved_from(pubsub.connection, primary):
+            self._moved = primary
 
 
 _registry: dict[tuple[int, str], tuple[Any, Notifier | ShardedNotifier]] = {}

@@ -3,7 +3,9 @@
 The asyncio counterpart of ``notify.py``: hundreds of waiting tasks cost one
 connection. The reader sets the event of the task whose turn came (with the
 lease, when it was handed over) and, when the channel comes back after an
-outage, wakes every task to look again.
+outage, wakes every task to look again. Through Sentinel it follows the
+primary as ``notify.py`` describes: while anyone waits, a task asks the
+sentinels once a second where the primary is.
 """
 
 from __future__ import annotations
@@ -18,15 +20,19 @@ from typing import Any
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
+from ..topology import is_sentinel
 from .aio_calls import wait_for
 from .notify_sharded_async import AsyncShardedNotifier
 from .wakeup import (
+    FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     AsyncWakeup,
     Handed,
     Liveness,
     Reconnect,
+    moved_from,
     parse_wakeup,
+    plain_address,
     registered,
 )
 
@@ -41,7 +47,8 @@ class AsyncNotifier:
     def __init__(self, client: AsyncRedisClient, keyspace: KeySpace) -> None:
         self._client = client
         self.channel = keyspace.channel(secrets.token_hex(8))
-        self.address = b"p" + self.channel
+        self.address = plain_address(client, self.channel)
+        self._sentinel = is_sentinel(client)
         self._slots: dict[str, AsyncWakeup] = {}
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -95,9 +102,10 @@ class AsyncNotifier:
         while True:
             pubsub = self._client.pubsub()
             delay: float | None = None  # set when the connection failed
+            follow = False  # the primary moved: subscribe there at once
             try:
                 await pubsub.subscribe(self.channel)
-                await self._listen(pubsub)
+                follow = await self._listen(pubsub)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -110,42 +118,87 @@ class AsyncNotifier:
                 self._ready.clear()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
-                self._wake_all()
+                # Followed the primary, or lost the channel through Sentinel
+                # (the primary may be gone: a look would fail at once): the
+                # confirmation of the next subscription wakes every task.
+                if not (follow or self._sentinel):
+                    self._wake_all()
+            if follow:
+                continue
             if delay is None or self._idle() or not self._slots:
                 return
             await asyncio.sleep(delay)
 
-    async def _listen(self, pubsub: Any) -> None:
+    async def _listen(self, pubsub: Any) -> bool:
+        """Read until idle (False) or, through Sentinel, until the primary
+        moved elsewhere than ``pubsub``'s server (True)."""
         liveness = Liveness(time.monotonic())
-        while True:
-            message = await pubsub.get_message(timeout=1.0)
-            now = time.monotonic()
-            if message is None:
-                if liveness.ping_due(now):
-                    if self._idle():
-                        return
-                    await pubsub.ping()
-                    liveness.ping_sent = now
-                continue
-            liveness.heard(now)
-            kind = message["type"]
-            if kind == "message":
-                token, handed = parse_wakeup(message["data"])
-                event = self._slots.get(token)
-                if event is not None:
-                    event.handed = handed
+        looking: asyncio.Task[bool] | None = None  # asking the sentinels
+        looked_at = time.monotonic()
+        try:
+            while True:
+                if looking is not None and looking.done():
+                    if not looking.cancelled() and looking.result():
+                        return True
+                    looking = None
+                if (
+                    self._sentinel
+                    and looking is None
+                    and self._slots
+                    and time.monotonic() - looked_at >= FOLLOW_INTERVAL
+                ):
+                    looked_at = time.monotonic()
+                    # A task of its own: a slow sentinel must not hold up the reading.
+                    looking = asyncio.get_running_loop().create_task(self._moved(pubsub))
+                if await self._listen_once(pubsub, liveness):
+                    return False
+        finally:
+            if looking is not None:
+                looking.cancel()
+
+    async def _moved(self, pubsub: Any) -> bool:
+        """Whether the sentinels name another primary than ``pubsub``'s server."""
+        try:
+            primary = await self._client.connection_pool.get_master_address()  # type: ignore[attr-defined]
+        except Exception as exc:  # no sentinel answers: the channel stays where it is
+            log_notify.debug("could not ask the sentinels for the primary: %s", exc)
+            return False
+        if moved_from(pubsub.connection, primary):
+            log_notify.info("the primary moved to %s:%s: the wake-up channel follows", *primary)
+            return True
+        return False
+
+    async def _listen_once(self, pubsub: Any, liveness: Liveness) -> bool:
+        """Read one message (or a second's silence); True when idle."""
+        message = await pubsub.get_message(timeout=1.0)
+        now = time.monotonic()
+        if message is None:
+            if liveness.ping_due(now):
+                if self._idle():
+                    return True
+                await pubsub.ping()
+                liveness.ping_sent = now
+            return False
+        liveness.heard(now)
+        kind = message["type"]
+        if kind == "message":
+            token, handed = parse_wakeup(message["data"])
+            event = self._slots.get(token)
+            if event is not None:
+                event.handed = handed
+                event.set()
+        elif kind == "subscribe":
+            failures = self._reconnect.up(now)
+            if failures:
+                log_notify.info("wake-up channel back after %d attempt(s)", failures)
+            self._ready.set()
+            for event in list(self._slots.values()):
+                # Back after an outage, wake-ups may have been missed; and
+                # whoever queued without the channel can now queue with it.
+                if self._connected_before or event.needs_channel:
                     event.set()
-            elif kind == "subscribe":
-                failures = self._reconnect.up(now)
-                if failures:
-                    log_notify.info("wake-up channel back after %d attempt(s)", failures)
-                self._ready.set()
-                for event in list(self._slots.values()):
-                    # Back after an outage, wake-ups may have been missed; and
-                    # whoever queued without the channel can now queue with it.
-                    if self._connected_before or event.needs_channel:
-                        event.set()
-                self._connected_before = True
+            self._connected_before = True
+        return False
 
 
 _notifiers: weakref.WeakKeyDictionary[

@@ -20,13 +20,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ..topology import is_cluster
+from ..topology import is_cluster, is_sentinel
 from .aio_calls import wait_for
 
 if TYPE_CHECKING:
     from ..engine.keys import KeySpace
 
 __all__ = [
+    "FOLLOW_INTERVAL",
     "IDLE_TIMEOUT",
     "LIVENESS_INTERVAL",
     "Liveness",
@@ -35,7 +36,9 @@ __all__ = [
     "Handed",
     "Reconnect",
     "Wakeup",
+    "moved_from",
     "parse_wakeup",
+    "plain_address",
     "registered",
 ]
 
@@ -45,6 +48,11 @@ __all__ = [
 LIVENESS_INTERVAL = 5.0
 # A channel (or a Cluster node's listener) with no waiters for this long is closed.
 IDLE_TIMEOUT = 60.0
+# How often a Sentinel client's channel, while anyone waits on it, asks the
+# sentinels where the primary is, and subscribes there if it moved: the
+# sentinels drop a demoted primary's listeners only seconds after they named
+# the new one, and a stopped primary says nothing at all.
+FOLLOW_INTERVAL = 1.0
 
 # Reconnection back-off bounds, seconds (Reconnect).
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
@@ -73,6 +81,32 @@ def parse_wakeup(data: bytes | str) -> tuple[str, Handed | None]:
     if fence.isdigit() and round_.isdigit():
         return token, Handed(int(fence), int(round_))
     return token, None
+
+
+def plain_address(client: Any, channel: bytes) -> bytes:
+    """How the scripts wake a waiter on ``channel``, a plain pub/sub channel
+    of ``client``'s server: the mode letter (see ``_prelude.lua``), then the
+    channel.
+
+    ``p``: PUBLISH, whose count of receivers is the server's own listeners,
+    and no listener anywhere else hears it: none means the waiter's process is
+    gone. ``c`` for a Sentinel client: its listener may sit on a server that
+    is (or has just become) a replica, which hears through replication
+    whatever the primary publishes while the primary counts nobody. There, as
+    on a Cluster, no count stands for liveness and a waiter not seen
+    listening on the primary is handed a claim to confirm.
+    """
+    return (b"c" if is_sentinel(client) else b"p") + channel
+
+
+def moved_from(connection: Any, primary: Any) -> bool:
+    """Whether the server ``connection`` is connected to is not ``primary``,
+    an address (host, port) as the sentinels name it."""
+    if connection is None or primary is None:
+        return False
+    host, port = primary
+    here = (str(getattr(connection, "host", "")), str(getattr(connection, "port", "")))
+    return here != (str(host.decode() if isinstance(host, bytes) else host), str(port))
 
 
 class Reconnect:

@@ -189,9 +189,10 @@ local function contended()
   -- holds the lock the moment it wakes, with no second round trip. The
   -- message also names the acquire attempt (round) that queued the waiter:
   -- a lease handed in answer to an older attempt is never taken as it is.
-  -- On a Cluster, a waiter whose process is not seen listening on this node
-  -- (its listener may be on a replica, after a failover, and hear the
-  -- message all the same; see wake()) is handed a claim instead: the lease
+  -- On a Cluster or through Sentinel ('s', 'c'), a waiter whose process is
+  -- not seen listening on this node (its listener may be on a replica, after
+  -- a failover, and hear the message all the same; see wake()) is handed a
+  -- claim instead: the lease
   -- for CLAIM ms, and "<token>:<fence>", which names no round, so that it
   -- asks again (acquire finds the lease its own and restarts it for its TTL)
   -- before it counts as held. A dead waiter costs its claim, not its TTL.
@@ -242,9 +243,10 @@ local function contended()
         local mode = string.sub(info, s1 + 1, s1 + 1)
         if (mode == 's' or mode == 'c') and redis.call('PUBSUB',
             mode == 's' and 'SHARDNUMSUB' or 'NUMSUB', string.sub(info, s1 + 2, s2 - 1))[2] == 0 then
-          -- A Cluster's waiter whose process is not seen listening on this
-          -- node (the count of this node's listeners of its channel): a
-          -- claim (see above). A single server's count comes with wake().
+          -- A Cluster's or Sentinel client's waiter whose process is not seen
+          -- listening on this node (the count of this node's listeners of
+          -- its channel): a claim (see above). A single server's count comes
+          -- with wake().
           round = nil
           if tonumber(ttl) > CLAIM then
             ttl = CLAIM

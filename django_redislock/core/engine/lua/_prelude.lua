@@ -12,8 +12,9 @@
 -- A waiter entry is "<deadline ms>|..."; the kind says what follows, and
 -- where in it the waiter's wake-up channel is: "<p|s|c|-><channel>", p for
 -- PUBLISH on a single server, s for SPUBLISH (a Cluster's channel of the
--- lock's slot), c for PUBLISH on a Cluster node without sharded pub/sub, -
--- for none (the waiter looks again at its next retry). A token is in the
+-- lock's slot), c for PUBLISH where the count of receivers proves nothing
+-- (a Cluster node without sharded pub/sub, or a Sentinel client's primary),
+-- - for none (the waiter looks again at its next retry). A token is in the
 -- queue exactly when the state has its waiter entry.
 --
 -- Every key has a TTL. Each script that writes a key raises its TTL to cover
@@ -129,11 +130,12 @@ local function common()
   -- Send `message` on the wake-up channel at `at` in waiter entry `info`,
   -- which ends before `stop` (nil: at the end of the entry). Whether anyone
   -- may have heard: a waiter without a channel ('-') counts as heard, and so
-  -- does one on a Cluster ('s', 'c'). There a node counts only its own
-  -- listeners, while Redis delivers the message to every node of the shard
-  -- (SPUBLISH) or of the Cluster (PUBLISH): after a failover a live process
-  -- may listen on a replica, hear its wake-up and act on it. Only a single
-  -- server's count ('p') says that the waiter's process is gone.
+  -- does one on a Cluster or through Sentinel ('s', 'c'). There a server
+  -- counts only its own listeners, while Redis delivers the message to every
+  -- node of the shard (SPUBLISH), of the Cluster (PUBLISH), or to a
+  -- primary's replicas: a live process may listen on a replica, hear its
+  -- wake-up and act on it. Only a single server's count ('p') says that the
+  -- waiter's process is gone.
   local function wake(info, at, stop, message)
     local mode = string.sub(info, at, at)
     if mode == '-' then
