@@ -33,6 +33,7 @@ from prometheus_client import REGISTRY, generate_latest
 from django_redislock import connection, redis_lock, redis_locked, signals
 from django_redislock.middleware import concurrency_limited
 from django_redislock.ops import metrics as rl_metrics
+from tests.helpers import end_process
 from tests.servers import RedisServer, free_port
 from tests.test_metrics import otel, otel_points  # noqa: F401  (otel: a fixture)
 
@@ -293,13 +294,7 @@ class Gunicorn:
         raise RuntimeError(f"gunicorn not ready:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc)
         self.out.close()
 
 
