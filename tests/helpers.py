@@ -15,6 +15,8 @@ from django_redislock import get_lock
 if TYPE_CHECKING:
     from django_redislock.core.drivers.lock import Lock
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def is_free(name: str) -> bool:
     """Whether a caller that tries once gets the lock ``name`` (and gives it back)."""
@@ -66,3 +68,18 @@ def start_project(where: Path, *, timeout: float) -> None:
         capture_output=True,
         timeout=timeout,
     )
+
+
+def run_python(*args: str, env: dict[str, str], timeout: float) -> str:
+    """Run ``python *args`` from the checkout's root; its output, once it exited 0
+    (else the test fails with the end of its error output)."""
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
