@@ -29,6 +29,7 @@ import redis
 from kombu.exceptions import VersionMismatch
 
 from django_redislock import get_lock
+from tests.helpers import end_process
 from tests.servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,13 +149,7 @@ class Worker:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc)
 
 
 def pop(r: redis.Redis, key: str, worker: Worker) -> bytes:

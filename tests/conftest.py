@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
@@ -13,6 +14,9 @@ from redis.cluster import RedisCluster
 from tests.drive import DRIVERS, Drive
 from tests.servers import RedisServer, redis_binary, server_label
 from tests.topologies import ClusterTopology, close_async_cluster, cluster_client, cluster_drive
+
+if TYPE_CHECKING:
+    from django.test import Client
 
 # The test kit's fixtures, as an installed package would load them (entry point pytest11).
 pytest_plugins = ["django_redislock.testing.plugin"]
@@ -83,6 +87,15 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
+def r_locks(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A sync client of the session's Redis that waits 40 s for a reply, as long
+    as a Celery worker may take to answer for a task."""
+    client = redis.Redis(unix_socket_path=redis_server.socket_path, socket_timeout=40)
+    yield client
+    client.close()
+
+
+@pytest.fixture
 def redis_factory() -> Iterator[type[RedisServer]]:
     """Start extra private servers (ports, persistence, ...); all stopped after."""
     started: list[RedisServer] = []
@@ -95,6 +108,29 @@ def redis_factory() -> Iterator[type[RedisServer]]:
     yield Factory
     for server in started:
         server.cleanup()
+
+
+@pytest.fixture
+def fresh_clients() -> Iterator[None]:
+    """The library's cached clients made anew around the test: they follow CACHES
+    at creation, so a test that overrides it starts clean (a module opts in with
+    ``pytestmark = pytest.mark.usefixtures("fresh_clients")``)."""
+    from django_redislock import connection
+
+    connection.reset()
+    yield
+    connection.reset()
+
+
+@pytest.fixture
+def superuser_client(django_user_model: Any) -> Client:
+    """A test client logged in as a new superuser, ``root``."""
+    from django.test import Client
+
+    account = django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(account)
+    return client
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import pytest
@@ -11,14 +9,14 @@ import redis
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_redislock import connection
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
 from django_redislock.core.ops.inspection import list_locks
 from django_redislock.ops.admin import has_permission, parse_selection, selection
+from tests.helpers import start_waiter
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_clients")]
 
 KS = KeySpace("redislock")
 
@@ -31,13 +29,6 @@ def hold(client: redis.Redis, name: str, *, ttl: float = 600, label: str = "") -
     lock = Lock(client, name, ttl=ttl, wait=0, keyspace=KS, label=label)
     assert lock.acquire()
     return lock
-
-
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
 
 
 @pytest.fixture
@@ -208,19 +199,7 @@ def test_malformed_or_empty_selection(url: str, superuser: Any, r: redis.Redis) 
 def test_release_wakes_the_waiter(url: str, superuser: Any, r: redis.Redis) -> None:
     holder = hold(r, "job", ttl=600)
     waiter = Lock(r, "job", ttl=5, wait=60, keyspace=KS)
-    got = threading.Event()
-
-    def wait() -> None:
-        if waiter.acquire():
-            got.set()
-            waiter.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    deadline = time.monotonic() + 10
-    while list_locks(r, KS)[0].waiters != 1:
-        assert time.monotonic() < deadline, "the waiter never queued"
-        time.sleep(0.01)
+    t, got = start_waiter(waiter, lambda: list_locks(r, KS)[0].waiters == 1)
     (row,) = list_locks(r, KS)
     response = logged_in(superuser).post(url, {"selected": selection(row), "confirm": "yes"})
     assert response.status_code == 302

@@ -23,13 +23,13 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from django_redislock import LockLost, connection, redis_lock
+from django_redislock import LockLost, redis_lock
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.ops.admin import short_fence
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_clients")]
 
 KS = KeySpace("redislock")
 COLUMNS = ["", "Name", "Kind", "Fence", "Held for", "Lease left", "Waiters", "Owner", "Label"]
@@ -39,19 +39,9 @@ LONG_THREAD = "ThreadPoolExecutor-export-workers-with-a-rather-long-name_0"
 LONG_TEMPLATE = "report:{request.user.organisation.pk}:" + "w" * 80
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
-
-
 @pytest.fixture
-def page_client(django_user_model: Any) -> Client:
-    account = django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
-    client = Client()
-    client.force_login(account)
-    return client
+def page_client(superuser_client: Client) -> Client:
+    return superuser_client
 
 
 def _take_permit(r: redis.Redis, label: str, thread_name: str) -> Semaphore:

@@ -12,39 +12,27 @@ import re
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 from django.test import Client
 from django.urls import reverse
 
-from django_redislock import connection
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.ops.pages import PAGE_SIZE, REFRESH_CHOICES
 from tests.test_admin_layout import CHROMIUM, chromium_dom
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_clients")]
 
 KS = KeySpace("redislock")
 URL = "/admin/django_redislock/locks/"
 NAME = re.compile(r'<td class="name"><code>([^<]*)</code></td>')
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
-
-
 @pytest.fixture
-def page(django_user_model: Any) -> Client:
-    account = django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
-    client = Client()
-    client.force_login(account)
-    return client
+def page(superuser_client: Client) -> Client:
+    return superuser_client
 
 
 @pytest.fixture

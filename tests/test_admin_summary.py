@@ -11,31 +11,20 @@ import redis
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_redislock import connection
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
 from tests.test_summary import WAIT, Waiters, queued
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_clients")]
 
 KS = KeySpace("redislock")
 COLUMNS = ["Template", "Kind", "Held", "Holders", "Longest held", "Waiters", "Busiest names"]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
-
-
 @pytest.fixture
-def page(django_user_model: Any) -> Client:
-    account = django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
-    client = Client()
-    client.force_login(account)
-    return client
+def page(superuser_client: Client) -> Client:
+    return superuser_client
 
 
 class _Summary(HTMLParser):

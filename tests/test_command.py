@@ -6,7 +6,6 @@ import json
 import os
 import re
 import socket
-import threading
 import time
 from datetime import datetime
 from io import StringIO
@@ -17,11 +16,11 @@ import redis
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from django_redislock import connection
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
+from tests.helpers import start_waiter
 
 KS = KeySpace("redislock")
 COMMAND = "django_redislock.management.commands.redislocks"
@@ -66,12 +65,7 @@ def snapshot(r: redis.Redis) -> dict[bytes, bytes | None]:
     return {key: r.dump(key) for key in r.scan_iter()}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    # Cached clients follow CACHES at creation: tests that override it start clean.
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 def test_list_empty() -> None:
@@ -455,19 +449,9 @@ def test_kind_option(r: redis.Redis) -> None:
 def test_clear_wakes_waiter_and_holder_learns(r: redis.Redis) -> None:
     holder = hold(r, "job", ttl=600)
     waiter = Lock(r, "job", ttl=5, wait=60, keyspace=KS)
-    got = threading.Event()
-
-    def wait() -> None:
-        if waiter.acquire():
-            got.set()
-            waiter.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    deadline = time.monotonic() + 10
-    while json.loads(run("list", "--format", "json")[0])["locks"][0]["waiters"] != 1:
-        assert time.monotonic() < deadline, "the waiter never queued"
-        time.sleep(0.01)
+    t, got = start_waiter(
+        waiter, lambda: json.loads(run("list", "--format", "json")[0])["locks"][0]["waiters"] == 1
+    )
     run("clear", "job", "--noinput")
     # Ten minutes were left on the lease: only the wake-up gets the waiter in.
     assert got.wait(30)

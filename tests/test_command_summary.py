@@ -12,7 +12,6 @@ import pytest
 import redis
 from django.core.management import call_command
 
-from django_redislock import connection
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
@@ -38,11 +37,7 @@ def cells(header: str, line: str) -> list[str]:
     return [line[bounds[i] : bounds[i + 1]].strip() for i in range(len(starts))]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,12 +18,7 @@ from django_redislock.locking.factories import get_async_lock, get_lock, keyspac
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.servers import free_port
 
-
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Iterator[None]:
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 def _caches_for(server: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from django.test import Client, override_settings
 from django_redislock import LockLost, current_lock, get_lock, redis_lock, redis_locked
 from django_redislock.fencing import FencedQuerySet, StaleFence, fenced_get, fenced_update
 from django_redislock.signals import lock_lost, lock_released
+from tests.helpers import is_free
 from tests.test_decorators import force_release, make_get
 from tests.testapp import views_locked
 from tests.testapp.models import GiftCard, Order, Product
@@ -56,14 +57,6 @@ db_all = pytest.mark.django_db(transaction=True, databases=ALL_DBS)
 
 STOCK = 5
 BUYERS = 10
-
-
-def is_free(name: str) -> bool:
-    lock = get_lock(name, wait=0)
-    if lock.acquire():
-        lock.release()
-        return True
-    return False
 
 
 @pytest.fixture(params=["client", "async_client"])

@@ -36,6 +36,7 @@ from django_redislock.signals import (
     lock_released,
     redis_unavailable,
 )
+from tests.helpers import is_free
 from tests.helpers_oracles import signal_sent
 from tests.servers import free_port
 from tests.testapp import views_locked
@@ -93,14 +94,6 @@ def held(redislock_hold: Callable[..., Any]) -> Callable[..., Any]:
     """Hold named locks from elsewhere for the test's duration (the test kit's
     hold, with the callers' waits left as they are)."""
     return lambda name, timeout=30: redislock_hold(name, timeout=timeout, wait=None)
-
-
-def is_free(name: str) -> bool:
-    lock = get_lock(name, wait=0)
-    if lock.acquire():
-        lock.release()
-        return True
-    return False
 
 
 def force_release(name: str) -> None:

@@ -22,7 +22,8 @@ from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 from django.urls import path
 
-from django_redislock import get_lock, redis_locked
+from django_redislock import redis_locked
+from tests.helpers import is_free
 from tests.test_decorators import close_async_clients
 from tests.testapp.models import Product
 
@@ -35,14 +36,6 @@ class HookFailed(Exception):
 
 def fail() -> None:
     raise HookFailed("an on_commit hook failed")
-
-
-def is_free(name: str) -> bool:
-    lock = get_lock(name, wait=0)
-    if lock.acquire():
-        lock.release()
-        return True
-    return False
 
 
 @redis_locked("charge:{n}", timeout=1, wait=0)

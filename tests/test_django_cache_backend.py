@@ -10,7 +10,6 @@ session's private Redis, or servers of its own.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,11 +27,7 @@ BACKEND = "django.core.cache.backends.redis.RedisCache"
 FAST = {"SOCKET_TIMEOUT": 0.3, "CONNECT_TIMEOUT": 0.3, "TIMEOUT": 5, "WAIT": 0}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Iterator[None]:
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 def django_cache(location: Any, **options: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import start_project
 from tests.servers import RedisServer
 from tests.test_testing_kit import child_env, entry_point_path  # noqa: F401 - a fixture
 
@@ -43,13 +44,7 @@ def test_a_lock_left_behind_fails():
 def project(tmp_path: Path, redis_server: RedisServer) -> Path:
     """A new ``mysite`` project with the page's pytest.ini next to manage.py."""
     where = tmp_path / "mysite"
-    where.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "django", "startproject", "mysite", str(where)],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    start_project(where, timeout=60)
     with (where / "mysite" / "settings.py").open("a") as settings:
         settings.write(
             '\nINSTALLED_APPS += ["django_redislock"]\n'

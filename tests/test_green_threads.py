@@ -38,6 +38,7 @@ from django_redislock import LockLost, get_async_lock
 from django_redislock.checks import check_settings
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.io.green import green_runtime
+from tests.helpers import end_process
 from tests.servers import RedisServer, free_port
 from tests.test_decorators import close_async_clients
 
@@ -333,13 +334,7 @@ class GreenServer:
             conn.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc)
         self.out.close()
 
 

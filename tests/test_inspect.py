@@ -19,6 +19,7 @@ from django_redislock.core.exceptions import LockLost
 from django_redislock.core.ops.force import clear
 from django_redislock.core.ops.inspection import HeldLock, list_locks, matches
 from django_redislock.ops.display import duration, printable, width
+from tests.helpers import start_waiter
 from tests.servers import cli_binary, free_port
 
 KS = KeySpace("redislock")
@@ -173,19 +174,7 @@ def test_clear_leaves_a_new_holder_alone(r: redis.Redis) -> None:
 def test_clear_wakes_the_waiter_and_the_holder_learns(r: redis.Redis) -> None:
     holder = hold(r, "job", ttl=600)
     waiter = Lock(r, "job", ttl=5, wait=60, keyspace=KS)
-    got = threading.Event()
-
-    def wait() -> None:
-        if waiter.acquire():
-            got.set()
-            waiter.release()
-
-    t = threading.Thread(target=wait)
-    t.start()
-    deadline = time.monotonic() + 10
-    while list_locks(r, KS)[0].waiters != 1:
-        assert time.monotonic() < deadline, "the waiter never queued"
-        time.sleep(0.01)
+    t, got = start_waiter(waiter, lambda: list_locks(r, KS)[0].waiters == 1)
     started = time.monotonic()
     clear(r, KS, names=["job"])
     # The holder's lease had ten minutes left: only the wake-up explains this.

@@ -35,6 +35,7 @@ import pytest
 
 from django_redislock.core import Lock
 from django_redislock.core.engine.keys import KeySpace
+from tests.helpers import end_process
 from tests.helpers_oracles import wait_until
 from tests.servers import RedisServer, free_port
 
@@ -137,13 +138,7 @@ class Site:
 
     def stop(self) -> None:
         self.server.resume()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
+        end_process(self.proc, grace=30, kill_wait=30)
         self.redis.close()
 
 

@@ -26,7 +26,7 @@ from django.core.management import call_command
 from django.test import Client, override_settings
 from prometheus_client import REGISTRY
 
-from django_redislock import LockLost, connection, get_lock
+from django_redislock import LockLost, get_lock
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.engine.loss import FORCED_KEEP_MS
@@ -41,11 +41,7 @@ KS = KeySpace("redislock")
 HOST = socket.gethostname()
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 def lost_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ from django_redislock.core.ops.inspection import find
 from django_redislock.locking.factories import get_lock, get_semaphore, keyspace
 from django_redislock.middleware import concurrency_limited
 from django_redislock.ops import metrics as rl_metrics
+from tests.helpers import run_python
 from tests.servers import free_port
 from tests.test_decorators import close_async_clients
 
@@ -192,16 +192,8 @@ print(json.dumps({
 
 def run_child(redislock: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings")
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(redislock)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_python("-c", _CHILD, json.dumps(redislock), env=env, timeout=60)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def test_disabled_metrics_import_nothing_and_connect_no_receiver() -> None:
@@ -594,16 +586,7 @@ def test_multiprocess_mode_sums_every_process(tmp_path: Path) -> None:
     )
 
     def child(mode: str) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-c", _MULTIPROCESS_CHILD, mode],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc.stdout
+        return run_python("-c", _MULTIPROCESS_CHILD, mode, env=env, timeout=60)
 
     child("lock")
     child("lock")

@@ -33,6 +33,7 @@ from prometheus_client import REGISTRY, generate_latest
 from django_redislock import connection, redis_lock, redis_locked, signals
 from django_redislock.middleware import concurrency_limited
 from django_redislock.ops import metrics as rl_metrics
+from tests.helpers import end_process, run_python
 from tests.servers import RedisServer, free_port
 from tests.test_metrics import otel, otel_points  # noqa: F401  (otel: a fixture)
 
@@ -226,17 +227,9 @@ def test_multiprocess_mode_exports_the_zeroes_of_another_process(tmp_path: Path)
         os.environ, DJANGO_SETTINGS_MODULE="tests.settings", PROMETHEUS_MULTIPROC_DIR=str(tmp_path)
     )
     for child in (_DECLARING_CHILD, _SCRAPING_CHILD):
-        done = subprocess.run(
-            [sys.executable, "-c", child],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-    found = values(done.stdout, "mp:{n}", "lock")
-    assert found == dict.fromkeys(series_of("mp:{n}", "lock"), 0.0), done.stdout
+        out = run_python("-c", child, env=env, timeout=120)
+    found = values(out, "mp:{n}", "lock")
+    assert found == dict.fromkeys(series_of("mp:{n}", "lock"), 0.0), out
 
 
 # -- a real gunicorn ------------------------------------------------------------------------------
@@ -293,13 +286,7 @@ class Gunicorn:
         raise RuntimeError(f"gunicorn not ready:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        end_process(self.proc)
         self.out.close()
 
 

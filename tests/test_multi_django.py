@@ -24,18 +24,11 @@ from django_redislock import (
 )
 from django_redislock.core import AsyncMultiLock, MultiLock
 from django_redislock.fencing import fenced_update
+from tests.helpers import is_free
 from tests.test_db_consistency import ALL_DBS
 from tests.testapp.models import Order, Product
 
 RACE_PAUSE = 0.01
-
-
-def is_free(name: str) -> bool:
-    lock = get_lock(name, wait=0)
-    if lock.acquire():
-        lock.release()
-        return True
-    return False
 
 
 # -- redis_lock([...]) -------------------------------------------------------------------

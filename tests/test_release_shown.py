@@ -18,7 +18,6 @@ from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from django_redislock import connection
 from django_redislock.core import KeySpace, ReadWriteLock
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
@@ -73,20 +72,13 @@ def change(r: redis.Redis, case: Case, first: Any) -> Any:
     return take(r, case, case.second, "second")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 # -- the admin page ---------------------------------------------------------------------
 @pytest.fixture
-def admin(django_user_model: Any) -> Client:
-    root = django_user_model.objects.create_user("root", is_staff=True, is_superuser=True)
-    client = Client()
-    client.force_login(root)
-    return client
+def admin(superuser_client: Client) -> Client:
+    return superuser_client
 
 
 URL = "/admin/django_redislock/locks/"

@@ -16,7 +16,6 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
-from django_redislock import connection
 from django_redislock.core import KeySpace, ReadWriteLock
 from django_redislock.core.exceptions import LockLost
 from django_redislock.core.ops.force import release
@@ -29,11 +28,7 @@ OWNER = f"{socket.gethostname()}:{os.getpid()}/MainThread"
 TIME = re.compile(r"^(\d+s|\d+m\d\ds)$")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Any:
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 def hold(client: redis.Redis, mode: str, name: str = "doc", label: str = "") -> ReadWriteLock:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
 
-from django_redislock import connection, redis_lock, redis_locked
+from django_redislock import redis_lock, redis_locked
 from django_redislock.core.drivers import base
 from django_redislock.core.drivers.lock import Lock
 from django_redislock.core.drivers.semaphore import Semaphore
@@ -31,11 +31,7 @@ KS = KeySpace("redislock")
 WAIT = 30.0
 
 
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Iterator[None]:
-    connection.reset()
-    yield
-    connection.reset()
+pytestmark = pytest.mark.usefixtures("fresh_clients")
 
 
 def take(r: redis.Redis, name: str, template: str | None = None, *, label: str = "") -> Lock:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import start_project
 from tests.servers import RedisServer
 from tests.test_testing_kit import child_env, entry_point_path  # noqa: F401 - a fixture
 
@@ -161,13 +162,7 @@ redislock_check_leftovers = true
 def project(tmp_path: Path, redis_server: RedisServer) -> Path:
     """``startproject mysite`` with an app ``shop``, its tests for both runners."""
     where = tmp_path / "mysite"
-    where.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "django", "startproject", "mysite", str(where)],
-        check=True,
-        capture_output=True,
-        timeout=RUN_TIMEOUT,
-    )
+    start_project(where, timeout=RUN_TIMEOUT)
     with (where / "mysite" / "settings.py").open("a") as settings:
         settings.write(
             '\nINSTALLED_APPS += ["django_redislock", "shop"]\n'

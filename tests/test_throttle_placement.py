@@ -11,18 +11,16 @@ same security headers as any page: ``X-Frame-Options`` (XFrameOptionsMiddleware)
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.test import override_settings
 
-from django_redislock import connection
 from django_redislock.locking.factories import get_semaphore
 from django_redislock.throttling.checks import check_throttle_setup
 from tests.test_decorators import Get, make_get
 
-pytestmark = pytest.mark.urls("tests.urls_throttle")
+pytestmark = [pytest.mark.urls("tests.urls_throttle"), pytest.mark.usefixtures("fresh_clients")]
 
 MW = "django_redislock.middleware.ConcurrencyLimitMiddleware"
 # Django's startproject MIDDLEWARE, in its order.
@@ -53,13 +51,6 @@ RULES = [
 @pytest.fixture(params=["client", "async_client"])
 def get(request: pytest.FixtureRequest) -> Get:
     return make_get(request)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Iterator[None]:
-    connection.reset()
-    yield
-    connection.reset()
 
 
 def _refused(get: Get, middleware: list[str], path: str, held: str) -> Any:

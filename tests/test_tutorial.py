@@ -56,6 +56,7 @@ from pathlib import Path
 import pytest
 
 from django_redislock.core.engine.keys import KeySpace
+from tests.helpers import end_process
 from tests.servers import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -411,13 +412,8 @@ class Reader:
             time.sleep(0.1)
 
     def stop_server(self) -> None:
-        if self.server is not None and self.server.poll() is None:
-            self.server.terminate()
-            try:
-                self.server.wait(15)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
-                self.server.wait(10)
+        if self.server is not None:
+            end_process(self.server)
         self.server = None
 
     # what the pages say happened

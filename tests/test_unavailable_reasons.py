@@ -14,11 +14,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import override_settings
 
-from django_redislock import RedisUnavailable, connection, get_async_lock, get_lock
+from django_redislock import RedisUnavailable, get_async_lock, get_lock
 from tests.servers import RedisServer, free_port
 from tests.test_decorators import Get, close_async_clients, make_get
 
-pytestmark = pytest.mark.urls("tests.urls_locked")
+pytestmark = [pytest.mark.urls("tests.urls_locked"), pytest.mark.usefixtures("fresh_clients")]
 
 FAST = {"SOCKET_TIMEOUT": 0.3, "CONNECT_TIMEOUT": 0.3, "TIMEOUT": 5, "WAIT": 0}
 OLD_WORDS = "could not be reached in time"
@@ -31,13 +31,6 @@ def _caches(
 
 
 DJANGO_BACKEND = "django.core.cache.backends.redis.RedisCache"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_clients() -> Iterator[None]:
-    connection.reset()
-    yield
-    connection.reset()
 
 
 @pytest.fixture

@@ -233,13 +233,6 @@ def worker(broker: RedisServer, redis_server: Any) -> Iterator[Worker]:
 
 
 @pytest.fixture
-def r_locks(redis_server: Any) -> Iterator[redis.Redis]:
-    client = redis.Redis(unix_socket_path=redis_server.socket_path, socket_timeout=40)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def duplicates() -> Iterator[list[dict[str, Any]]]:
     sent: list[dict[str, Any]] = []
 

@@ -186,13 +186,6 @@ def worker(broker: RedisServer, redis_server: Any) -> Iterator[Worker]:
     w.stop()
 
 
-@pytest.fixture
-def r_locks(redis_server: Any) -> Iterator[redis.Redis]:
-    client = redis.Redis(unix_socket_path=redis_server.socket_path, socket_timeout=40)
-    yield client
-    client.close()
-
-
 class Case:
     """What a test of a row gets: the worker, the lock Redis, and what it does with them."""
 

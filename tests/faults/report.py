@@ -50,6 +50,42 @@ LONG = {
 }
 
 
+# What the tests cover: the page's claims and the tests that back them.
+TESTS_TABLE = [
+    ".. list-table::",
+    "   :header-rows: 1",
+    "   :widths: 40 60",
+    "",
+    "   * - Claim",
+    "     - Tests",
+    "   * - The quick scenarios above, with their targets",
+    "     - ``tests/faults``",
+    "   * - The paused holder's stale token is refused by ``fenced_update``",
+    "     - ``tests/faults`` ``test_paused_holder_fence_rejected_by_fenced_update``",
+    "   * - A gunicorn worker SIGKILLed mid-request gives its permit back when the",
+    "       permit's TTL runs out",
+    "     - ``tests/test_throttle_servers.py``",
+    "   * - Several names: the loss of one is reported, Redis down leaves none held,",
+    "       no deadlock nor overlap, a cancelled call leaves nothing held",
+    "     - ``tests/test_multi_lock.py``",
+    "   * - Read-write locks under the same faults",
+    "     - ``tests/test_rwlock_faults.py``",
+    "   * - Read-write locks: random interleavings checked in Redis after every step",
+    "     - ``tests/test_rwlock_model.py``",
+    "   * - Barging: exclusion, fences and the bound on a waiter's wait, at every step",
+    "     - ``tests/test_barging.py``, ``tests/test_barging_random.py``",
+    "   * - A release whose reply is lost: no ``LockLost`` for a release that did run",
+    "     - ``tests/faults`` ``test_flaky_connection``; ``tests/test_lock.py``",
+    "       ``test_a_repeated_release_reports_success_never_a_new_holders_lease``",
+    "   * - Every interleaving the model tried",
+    "     - ``tests/test_model.py``",
+    "   * - What the model found, each with a regression test",
+    "     - ``tests/test_edges.py``, ``tests/test_semaphore_edges.py``",
+    "   * - The library reports a lost lease",
+    "     - ``tests/test_docs_claims.py``",
+]
+
+
 def run(params: dict[str, Any], seed: int, log: Any) -> dict[str, Any]:
     from . import scenarios as s
     from .harness import ServerPool
@@ -350,7 +386,7 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         f"{p.get('rejected')} of {p.get('attempted')}. Its release raised ``LockLost`` "
         f"{p.get('stale_release_lost')} times and left the new holder's lease intact "
         f"{p.get('new_lease_intact')} times. The same stale token is refused by "
-        "``django_redislock.fencing.fenced_update`` (``StaleFence``; test suite).",
+        "``django_redislock.fencing.fenced_update`` (``StaleFence``).",
         "",
         "Late reply",
         f"  The acquire's reply arrives after the lease could have ended but before the "
@@ -406,7 +442,7 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         f"{rq.get('longest', 0):.2f} s against {rq.get('promised', 0):.2f} s (one "
         "bounded call); never a 500. A gunicorn worker "
         "SIGKILLed mid-request under the throttling middleware gives its permit back "
-        "when the permit's TTL runs out (``tests/test_throttle_servers.py``).",
+        "when the permit's TTL runs out.",
         "",
         "Redis restarted",
         f"  With ``appendfsync always`` the lease survives a SIGKILL of Redis: extend "
@@ -480,21 +516,21 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "name by name. The loss of one name is reported (``LockLost``, ``lost``) and the "
         "others are given back; Redis down leaves none held; callers that list the names "
         "in opposite orders under load never deadlock nor overlap; a cancelled acquire or"
-        " release leaves nothing held (``tests/test_multi_lock.py``).",
+        " release leaves nothing held.",
         "",
         "Read-write locks",
         "  A late reply is not an acquisition, lost replies leave nothing and report no "
         "false loss, every call against a frozen Redis ends within its bound, and a "
         "holder of a Redis restarted empty learns its loss, for readers and writers alike"
-        " (``tests/test_rwlock_faults.py``); random interleavings are checked in Redis "
-        "after every step (``tests/test_rwlock_model.py``). Only a writer has a fence: a "
+        "; random interleavings are checked in Redis "
+        "after every step. Only a writer has a fence: a "
         "reader whose lease ran out is not kept out of the data by anything.",
         "",
         "Barging (``fair=False``)",
         "  The same exclusion and fences as the default order (every grant gets a new, "
         "larger token), with fair and barging handles mixed on one name; random "
         "interleavings check mutual exclusion and the bound on a waiter's wait at every "
-        "step (``tests/test_barging.py``, ``tests/test_barging_random.py``).",
+        "step.",
         "",
         "What we do not promise, shown",
         "-----------------------------",
@@ -548,11 +584,10 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
             fl.get("dropped_release_library", []).count("LockLost")
             + fl.get("dropped_release_retrying", []).count("LockLost")
         )
-        + " (``tests/faults`` ``test_flaky_connection``; ``tests/test_lock.py`` "
-        "``test_a_repeated_release_reports_success_never_a_new_holders_lease``).",
+        + ".",
         "",
         "Every interleaving the model tried",
-        "  ``tests/test_model.py`` drives handles on a few names and a semaphore through "
+        "  The model-based test drives handles on a few names and a semaphore through "
         "random interleavings of acquire, waiting (paused at each step of its wait loop), "
         "release, extend, renewal, expiry, force-clear, lost replies, Redis frozen and "
         "restarted empty, and checks after every step: no two handles believe they hold a "
@@ -568,15 +603,21 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
         "still reported as held, a semaphore release retried after a lost reply "
         "reported as ``LockLost``, and an extend to a shorter TTL whose reply was lost "
         "leaving the handle counting on its old, longer lease; each has a regression "
-        "test (``tests/test_edges.py``, ``tests/test_semaphore_edges.py``). CI runs 10,000 "
+        "test. CI runs 10,000 "
         "steps; ``REDISLOCK_MODEL_STEPS=N`` runs more.",
         "",
         "A holder that ignores the loss",
         "  The library reports a lost lease (``on_lost``, ``lock_lost``, ``held`` turning "
-        "False, ``LockLost`` at the next extend or release; "
-        "``tests/test_docs_claims.py``) but cannot stop the holder's code. Work that "
+        "False, ``LockLost`` at the next extend or release) "
+        "but cannot stop the holder's code. Work that "
         "carries on after the report overlaps the next holder's; fence "
         "the writes that matter.",
+        "",
+        "What the tests cover",
+        "--------------------",
+        "",
+        # One row a claim above, with the tests that back it (kept beside the prose).
+        "\n".join(TESTS_TABLE),
         "",
     ]
     return "\n".join(_wrap(part) for part in parts)
