@@ -44,7 +44,16 @@ from ..core.exceptions import RedisUnavailable
 from ..core.ops.force import Shown, release, still_held
 from ..core.ops.inspection import KINDS, HeldLock, TemplateSummary, list_locks, summarize
 from ..locking.factories import keyspace
-from .display import duration, owner_text, printable, quoted, template_text
+from .display import (
+    duration,
+    owner_text,
+    printable,
+    quoted,
+    renewed_text,
+    template_text,
+    waited_text,
+    waiter_owner_text,
+)
 from .pages import REFRESH_CHOICES, page_links, page_of, read_at, refresh_of
 
 __all__ = ["has_permission", "install"]
@@ -77,9 +86,12 @@ def admin_user(request: HttpRequest) -> str:
 # shown (``Holder.ident``, comma-separated) and the name in base64, because a
 # browser rewrites line breaks in form values and cannot send lone surrogates
 # at all, and lock names may contain both.
-def selection(row: HeldLock) -> str:
+def selection(row: HeldLock, idents: list[str] | None = None) -> str:
+    """The checkbox value of ``row`` as shown, or of only the holders ``idents``
+    (one permit of a semaphore, one reader)."""
     name = base64.urlsafe_b64encode(encode_name(row.name)).decode()
-    return f"{row.kind}:{','.join(sorted(h.ident for h in row.holders))}:{name}"
+    chosen = sorted(h.ident for h in row.holders) if idents is None else sorted(idents)
+    return f"{row.kind}:{','.join(chosen)}:{name}"
 
 
 def parse_selection(value: str) -> Shown:
@@ -122,7 +134,11 @@ class Row:
     fence: str
     held_for: str
     lease_left: str
+    renewed: str
     holders: list[dict[str, str]]
+    # The first waiters, oldest first, and how many more wait.
+    waiters: list[dict[str, str]]
+    more_waiting: int
 
     @property
     def holder_kind(self) -> str:
@@ -142,15 +158,31 @@ def _row(lock: HeldLock) -> Row:
         fence=short_fence(lock.fence),
         held_for=duration(lock.held_for),
         lease_left=duration(lock.lease_left),
+        renewed=renewed_text(lock.holders[0]),
         holders=[
             {
                 "owner": owner_text(h),
                 "label": printable(h.label),
                 "held_for": duration(h.held_for),
                 "lease_left": duration(h.lease_left),
+                "renewed": renewed_text(h),
+                "ident": h.ident,
+                # Releases this holder alone (one permit, one reader).
+                "value": selection(lock, [h.ident]),
             }
             for h in lock.holders
         ],
+        waiters=[
+            {
+                "owner": waiter_owner_text(w),
+                "label": printable(w.label),
+                "waited": waited_text(w),
+                "gives_up_in": duration(w.gives_up_in),
+                "ident": w.ident,
+            }
+            for w in lock.waiting
+        ],
+        more_waiting=max(0, lock.waiters - len(lock.waiting)),
     )
 
 

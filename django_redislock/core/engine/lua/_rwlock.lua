@@ -17,7 +17,7 @@
 -- `mode` 'r' needs no look at x.
 function forget(token, mode)
   redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 'm:' .. token,
-    's:' .. token)
+    's:' .. token, 'e:' .. token)
   if mode ~= 'r' and redis.call('HGET', state, 'x') == token then
     redis.call('HDEL', state, 'x')
   end

@@ -5,7 +5,8 @@
 -- by an acquirer). A waiter entry is w:<token>=<deadline ms>|<p|s|c|-><channel>.
 
 function forget(token)
-  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 's:' .. token)
+  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 's:' .. token,
+    'e:' .. token)
 end
 
 -- After `count` reservations were made: wake the next `count` live waiters
