@@ -265,20 +265,46 @@ def test_ten_thousand_waiters_stay_fast_to_list(r: redis.Redis) -> None:
     holder.release()
 
 
-def test_semaphore_waiters_are_listed(r: redis.Redis) -> None:
-    sem = Semaphore(r, "one", 1, ttl=300, wait=0, keyspace=KS)
-    assert sem.acquire()
-    other = Semaphore(r, "one", 1, ttl=300, wait=20, keyspace=KS)
-    thread = threading.Thread(target=take_and_release, args=(other,))
-    thread.start()
+@pytest.mark.parametrize("kind", ["semaphore", "rwlock"])
+def test_semaphore_and_rwlock_waiters_are_listed_with_owner(r: redis.Redis, kind: str) -> None:
+    def make(label: str, wait: float) -> Any:
+        if kind == "semaphore":
+            return Semaphore(r, "one", 1, ttl=300, wait=wait, keyspace=KS, label=label)
+        return ReadWriteLock(r, "one", "write", ttl=300, wait=wait, keyspace=KS, label=label)
+
+    held = make("holder", 0)
+    assert held.acquire()
+    others = [make(f"waiter {i}", 20) for i in range(2)]
+    threads = []
+    served: list[str] = []
+
+    def serve(lock: Any) -> None:
+        if lock.acquire():
+            served.append(lock.label)
+            lock.release()
+
     try:
-        wait_until(lambda: only(r, "one", "semaphore").waiters == 1)
-        (waiter,) = only(r, "one", "semaphore").waiting
-        # A semaphore's waiter entry holds its deadline, not its owner.
-        assert waiter.waited is None and 0 < waiter.gives_up_in <= 20
+        for i, other in enumerate(others):
+            thread = threading.Thread(target=serve, args=(other,), name=f"w{i}")
+            thread.start()
+            threads.append(thread)
+            wait_until(lambda n=i + 1: only(r, "one", kind).waiters == n)
+            time.sleep(0.3)
+        waiting = only(r, "one", kind).waiting
+        assert [(w.label, w.thread, w.pid) for w in waiting] == [
+            ("waiter 0", "w0", os.getpid()),
+            ("waiter 1", "w1", os.getpid()),
+        ]
+        first, second = (w.waited for w in waiting)
+        assert first is not None and second is not None and first > second > 0.2
+        assert all(0 < w.gives_up_in <= 20 for w in waiting)
     finally:
-        sem.release()
-        thread.join(20)
+        held.release()
+        for thread in threads:
+            thread.join(30)
+    # Served in turn, each woken on the channel its entry names (the owner
+    # after it in the entry is not part of the channel).
+    assert served == ["waiter 0", "waiter 1"]
 
 
 # -- one permit, force-released by its ID ---------------------------------------------------

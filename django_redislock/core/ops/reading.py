@@ -117,14 +117,10 @@ def _read_replies(
     return list(replies)
 
 
-def _lock_waiter(now: int, token: bytes, entry: bytes) -> Waiter:
-    """A lock's waiter, from its entry <deadline>|<channel>|<ttl>|<round>|<owner>."""
-    parts = entry.split(b"|", 4)
-    deadline = _int(parts[0]) or now
-    owner = parts[4] if len(parts) == 5 else b""
-    data = _owner_data(owner)
+def _waiter(now: int, token: bytes, deadline_text: bytes, owner: bytes) -> Waiter:
+    deadline = _int(deadline_text) or now
     host, pid, thread, label, _template = _owner(owner)
-    asked = data.get("w")
+    asked = _owner_data(owner).get("w")
     # Each attempt writes its deadline anew as the server's now plus what is
     # left of the call's wait, so the deadline less the whole wait (the
     # owner's "w") is when the call began to wait, on the server's clock.
@@ -138,11 +134,18 @@ def _lock_waiter(now: int, token: bytes, entry: bytes) -> Waiter:
     )
 
 
+def _lock_waiter(now: int, token: bytes, entry: bytes) -> Waiter:
+    """A lock's waiter, from its entry <deadline>|<channel>|<ttl>|<round>|<owner>."""
+    parts = entry.split(b"|", 4)
+    return _waiter(now, token, parts[0], parts[4] if len(parts) == 5 else b"")
+
+
 def _holders_waiter(now: int, token: bytes, entry: bytes) -> Waiter:
-    """A semaphore's or read-write lock's waiter: its entry holds only its
-    deadline and channel, neither owner nor wait."""
-    deadline = _int(entry.split(b"|", 1)[0]) or now
-    return Waiter(token.decode("latin-1"), "", None, "", "", None, _seconds(deadline - now))
+    """A semaphore's or read-write lock's waiter, from its entry
+    <deadline>|<mode and channel>|<owner> (no owner when written by an
+    earlier version)."""
+    parts = entry.split(b"|", 2)
+    return _waiter(now, token, parts[0], parts[2] if len(parts) == 3 else b"")
 
 
 def _waiters(now: int, listed: Any, parse: Any) -> tuple[Waiter, ...]:
