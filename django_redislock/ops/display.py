@@ -250,7 +250,7 @@ def waited_text(waiter: Waiter) -> str:
 
 def waiter_owner_text(waiter: Waiter) -> str:
     """A waiter's ``host:pid/thread``, or ``?`` when its entry does not name it
-    (a semaphore's or read-write lock's waiter)."""
+    (queued by an earlier version)."""
     return owner_text(waiter) if waiter.host or waiter.pid is not None else "?"
 
 

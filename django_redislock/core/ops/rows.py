@@ -143,8 +143,8 @@ class Waiter:
     thread: str
     label: str
     # Seconds since its call began to wait (server clock); None when its
-    # entry does not say (a semaphore's or read-write lock's waiter, or one
-    # written before the wait was stored).
+    # entry does not say (written by an earlier version, or a call that
+    # did not say how long it would wait).
     waited: float | None
     # Seconds until it gives up waiting.
     gives_up_in: float
