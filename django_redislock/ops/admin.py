@@ -24,7 +24,7 @@ import base64
 import binascii
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -305,7 +305,7 @@ def _post(
     literal: bool,
 ) -> HttpResponse:
     try:
-        chosen = [parse_selection(v) for v in request.POST.getlist("selected")]
+        chosen = _merged(parse_selection(v) for v in request.POST.getlist("selected"))
     except (ValueError, binascii.Error, UnicodeDecodeError):
         return HttpResponseBadRequest("malformed selection")
     back = HttpResponseRedirect(_list_url(site, pattern, literal, refresh=refresh_of(request.POST)))
@@ -342,6 +342,16 @@ def _post(
     for what in lost:
         messages.warning(request, f"Not released: {what} was released or changed hands meanwhile.")
     return back
+
+
+def _merged(items: Iterable[Shown]) -> list[Shown]:
+    """One selection per name and kind: a row's box and one of its permits'
+    boxes ticked together name the same holders once."""
+    holders: dict[tuple[str, str], frozenset[str]] = {}
+    for item in items:
+        key = (item.kind, item.name)
+        holders[key] = holders.get(key, frozenset()) | item.holders
+    return [Shown(kind, name, idents) for (kind, name), idents in holders.items()]
 
 
 def _gone(item: Shown) -> str:
