@@ -374,3 +374,13 @@ def test_a_newer_permit_is_never_cleared_by_the_old_id(r: redis.Redis) -> None:
         assert not r.hexists(KS.forced("pool"), newer.token)
     finally:
         newer.release()
+
+
+def test_holder_goes_with_one_name_and_waiters_is_not_negative(r: redis.Redis) -> None:
+    for args, message in [
+        (("clear", "a", "b", "--holder", "0" * 16), "--holder needs exactly one NAME"),
+        (("clear", "--all", "--holder", "0" * 16), "--holder goes with one NAME"),
+        (("list", "--waiters", "-1"), "--waiters must be 0 or more"),
+    ]:
+        with pytest.raises(CommandError, match=message):
+            call_command("redislocks", *args, stdout=StringIO(), stderr=StringIO())

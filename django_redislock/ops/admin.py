@@ -16,6 +16,8 @@ login), and then only users allowed by ``REDISLOCK['ADMIN_PERMISSION']``
 confirmation page that shows what will go. Each page carries the holders it
 showed (``core.ops.force.Shown``: their ids, never their tokens) and releases only
 those: a holder that came after the page was shown, of any kind, is left alone.
+A semaphore's permits and a read-write lock's readers have a checkbox each, to
+release one alone. Each name's first waiters follow its holders.
 """
 
 from __future__ import annotations

@@ -5,12 +5,15 @@ and check the Redis they live on.
 held read-write lock, with a line for each reader (``--format json`` for
 scripts: one object, versioned by ``schema``), and with ``--summary`` first
 one line per template: how many are held, the longest held, the waiters, the
-busiest names.
+busiest names. Each holder shows when it was last renewed and its id; each
+name's first waiters (``--waiters N``) follow the table, oldest first.
 ``clear`` force-releases named locks, those matching ``--pattern``, or
 ``--all``, after confirmation on a terminal unless ``--noinput``; without a
 terminal it refuses (exit 2) rather than wait for an answer nobody can type.
-``--dry-run`` only shows what would go. A name asked for that is not held is
-reported and makes the command exit 1, and so does declining.
+``--dry-run`` only shows what would go. ``clear NAME --holder ID`` releases
+only the holders of NAME with those ids (one permit of a semaphore). A name
+asked for that is not held is reported and makes the command exit 1, and so
+does declining.
 
 ``doctor`` reads the server's eviction policy, persistence, replicas,
 version, latency and clock, and says what docs/guarantees.rst asks of each
