@@ -72,7 +72,7 @@ HOLDER = textwrap.dedent(
     from django_redislock.core.drivers.lock import Lock
     from django_redislock.core.engine.keys import KeySpace
     client = redis.Redis(unix_socket_path=sys.argv[1], socket_timeout=5)
-    lock = Lock(client, "job:7", ttl=3, wait=0, renew=True, keyspace=KeySpace("redislock"),
+    lock = Lock(client, "job:7", ttl=9, wait=0, renew=True, keyspace=KeySpace("redislock"),
                 label="nightly job")
     assert lock.acquire()
     print("held", flush=True)
@@ -88,10 +88,10 @@ def test_a_killed_holders_last_renewal_stops_advancing(r: redis.Redis) -> None:
         assert proc.stdout is not None and proc.stdout.readline() == "held\n"
         holder = only(r, "job:7").holders[0]
         assert holder.renew and not holder.renewal_late
-        # Renewed every third of its 3 s TTL while its process lives: the
-        # last renewal moves on, and is never more than about a second old.
+        # Renewed every third of its 9 s TTL while its process lives: the
+        # last renewal moves on.
         seen = set()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while len(seen) < 2:
             assert time.monotonic() < deadline, "the holder never renewed"
             row = only(r, "job:7")
@@ -100,20 +100,24 @@ def test_a_killed_holders_last_renewal_stops_advancing(r: redis.Redis) -> None:
                 seen.add(round(row.read_at - row.holders[0].renewed_ago, 2))
             time.sleep(0.2)
         live = json.loads(run("list", "--format", "json")[0])["locks"][0]
-        assert live["renew"] is True and live["renewal_late"] is False
-        assert live["renewed_at"] is not None and live["renewed_ago"] < 1.5
+        assert live["renew"] is True and live["renewed_at"] is not None
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
+        time.sleep(0.1)  # a renewal the process wrote before it died has run
         first = only(r, "job:7")
         renewed_at = first.read_at - first.holders[0].renewed_ago
-        time.sleep(1.6)
-        later = only(r, "job:7")
+        # Half the TTL after the last renewal (which came at most a third of
+        # it before the kill), the lease says it is late: a third of the TTL
+        # or more before it runs out, by which the row would be gone.
+        deadline = time.monotonic() + 9
+        while not (later := only(r, "job:7")).holders[0].renewal_late:
+            assert time.monotonic() < deadline, "never late"
+            time.sleep(0.1)
         assert later.holders[0].ident == first.holders[0].ident
-        # The same instant: nobody renews it any more, and it says so before
-        # the lease runs out.
+        # The same instant: nobody renews it any more.
         assert later.read_at - later.holders[0].renewed_ago == pytest.approx(renewed_at, abs=0.002)
-        assert later.holders[0].renewed_ago > 1.5 and later.lease_left is not None
-        assert later.holders[0].renewal_late
+        assert later.holders[0].renewed_ago > 4.5 and later.lease_left is not None
+        assert later.lease_left > 0
         table = run("list")[0].splitlines()
         assert "ago (late)" in table[1] and "nightly job" in table[1]
     finally:
