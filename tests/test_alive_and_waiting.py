@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -328,6 +329,8 @@ def test_clear_one_permit_by_its_id(r: redis.Redis, caplog: pytest.LogCaptureFix
         with caplog.at_level(logging.WARNING, logger="django_redislock"):
             out, err = run("clear", "throttle", "--holder", victim_id, "--noinput")
         assert out.startswith("Released semaphore 'throttle' (1/3 permits") and err == ""
+        owner = f"{socket.gethostname()}:{os.getpid()}/MainThread"
+        assert out.splitlines()[1] == f"  holder {victim_id}: {owner}"
         left = only(r, "throttle", "semaphore")
         assert {h.ident for h in left.holders} == ids - {victim_id}
         # Exactly one permit came free: one more caller is admitted, not three.

@@ -44,7 +44,14 @@ from ...core.ops.force import release, select
 from ...core.ops.inspection import KINDS, WAITERS_SHOWN, HeldLock, list_locks, summarize
 from ...core.ops.rows import iso_time
 from ...locking.factories import keyspace
-from ...ops.display import describe, quoted, render_summary, render_table, render_waiters
+from ...ops.display import (
+    describe,
+    owner_text,
+    quoted,
+    render_summary,
+    render_table,
+    render_waiters,
+)
 from ...ops.doctor import PROBLEM, WARN, examine, render
 
 # The version of ``list --format json``'s shape: raised whenever a key is
@@ -318,6 +325,10 @@ class Command(BaseCommand):
         result = release(client, ks, rows, by=operator())
         for row in result.released:
             self.stdout.write(f"Released {describe(row)}.")
+            if options["holder"]:
+                # Which holders went, by the ids they were asked for by.
+                for h in row.holders:
+                    self.stdout.write(f"  holder {h.ident}: {owner_text(h)}")
         for row in result.changed:
             self.stderr.write(
                 f"Not released: {row.kind} {quoted(row.name)} changed hands or was released "
