@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -10,9 +14,10 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from django_redislock.core.drivers.lock import Lock
+from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.ops.inspection import list_locks
+from django_redislock.core.ops.inspection import holder_id, list_locks
 from django_redislock.ops.admin import has_permission, parse_selection, selection
 from tests.helpers import start_waiter
 
@@ -218,3 +223,76 @@ def test_redis_down_shows_an_error(url: str, superuser: Any, redis_factory: Any)
         response = logged_in(superuser).get(url)
     assert response.status_code == 503
     assert "Redis is unavailable" in response.content.decode()
+
+
+def test_one_permit_is_released_from_its_own_checkbox(
+    url: str, superuser: Any, r: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    sems = [Semaphore(r, "throttle", 3, ttl=600, wait=0, keyspace=KS) for _ in range(3)]
+    for sem in sems:
+        assert sem.acquire()
+    victim = sems[1]
+    ident = holder_id(victim.token or "")
+    client = logged_in(superuser)
+    page = client.get(url).content.decode()
+    # Each permit has a box of its own, naming that permit alone.
+    values = re.findall(r'name="selected" value="([^"]+)"', page)
+    (box,) = [v for v in values if v.startswith(f"semaphore:{ident}:")]
+    confirm = client.post(url, {"selected": box}).content.decode()
+    assert f'<code class="ident">{ident}</code>' in confirm
+    assert confirm.count('<code class="ident">') == 1
+    with caplog.at_level(logging.WARNING, logger="django_redislock"):
+        response = client.post(url, {"selected": box, "confirm": "yes"}, follow=True)
+    assert "Released semaphore &#x27;throttle&#x27;" in response.content.decode()
+    (row,) = list_locks(r, KS)
+    assert {h.ident for h in row.holders} == {holder_id(s.token or "") for s in sems} - {ident}
+    with pytest.raises(LockLost):
+        victim.extend()
+    assert victim.loss is not None and victim.loss.cause == "force_released"
+    assert victim.loss.forced_by == f"admin user 'root' (id {superuser.pk})"
+    audit = [x for x in caplog.records if x.name == "django_redislock.inspect"]
+    assert [x.forced_by for x in audit] == [victim.loss.forced_by]  # type: ignore[attr-defined]
+    for sem in (sems[0], sems[2]):
+        sem.extend()
+        sem.release()
+
+
+def test_a_row_and_its_permit_ticked_together_release_once(
+    url: str, superuser: Any, r: redis.Redis
+) -> None:
+    sems = [Semaphore(r, "pool", 2, ttl=600, wait=0, keyspace=KS) for _ in range(2)]
+    for sem in sems:
+        assert sem.acquire()
+    (row,) = list_locks(r, KS)
+    one = selection(row, [row.holders[0].ident])
+    response = logged_in(superuser).post(
+        url, {"selected": [selection(row), one], "confirm": "yes"}, follow=True
+    )
+    page = response.content.decode()
+    assert "Not released" not in page and list_locks(r, KS) == []
+
+
+def test_the_page_shows_renewal_and_waiters(url: str, superuser: Any, r: redis.Redis) -> None:
+    holder = Lock(r, "job", ttl=600, wait=0, keyspace=KS, renew=True)
+    assert holder.acquire()
+    waiter = Lock(r, "job", ttl=5, wait=60, keyspace=KS, label="second in line")
+
+    def wait() -> None:
+        if waiter.acquire():
+            waiter.release()
+
+    t = threading.Thread(target=wait, name="in-line")
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while list_locks(r, KS)[0].waiters != 1:
+            assert time.monotonic() < deadline, "the waiter never queued"
+            time.sleep(0.01)
+        page = logged_in(superuser).get(url).content.decode()
+        assert '<td class="renewed">not yet</td>' in page
+        (waiting,) = re.findall(r'<tr class="waiter">(.*?)</tr>', page, re.S)
+        assert "/in-line" in waiting and "second in line" in waiting
+        assert re.search(r'<td class="held-for" title="waited">\d+s</td>', waiting)
+    finally:
+        holder.release()
+        t.join(30)

@@ -32,7 +32,18 @@ from django_redislock.ops.admin import short_fence
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_clients")]
 
 KS = KeySpace("redislock")
-COLUMNS = ["", "Name", "Kind", "Fence", "Held for", "Lease left", "Waiters", "Owner", "Label"]
+COLUMNS = [
+    "",
+    "Name",
+    "Kind",
+    "Fence",
+    "Held for",
+    "Lease left",
+    "Renewed",
+    "Waiters",
+    "Owner",
+    "Label",
+]
 LONG_NAME = "report:" + "x" * 90
 LONG_LABEL = "POST /exports/" + "y" * 100 + "/csv"
 LONG_THREAD = "ThreadPoolExecutor-export-workers-with-a-rather-long-name_0"

@@ -25,7 +25,11 @@ from tests.helpers import start_waiter
 KS = KeySpace("redislock")
 COMMAND = "django_redislock.management.commands.redislocks"
 OWNER = f"{socket.gethostname()}:{os.getpid()}/MainThread"
-HEADER = "NAME       KIND       HOLDERS  FENCE             HELD FOR  LEASE LEFT  WAITERS  "
+HEADER = (
+    "NAME       KIND       HOLDERS  FENCE             HELD FOR  LEASE LEFT  RENEWED  WAITERS  "
+    "ID                "
+)
+HOLDER_ID = re.compile(r"^[0-9a-f]{16}  $")
 TIME = re.compile(r"^(\d+s|\d+m\d\ds)$")
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
@@ -90,6 +94,8 @@ def test_list_table_exact(r: redis.Redis) -> None:
     assert lines[0] == header
     assert len(lines) == 5
     rows = [cells(header, line) for line in lines[1:]]
+    # RENEWED: nobody renews these (renew=False) nor extended them; ID: each
+    # holder's, compared by shape.
     expected = [
         [
             "exports    ",
@@ -98,7 +104,9 @@ def test_list_table_exact(r: redis.Redis) -> None:
             "-                 ",
             None,
             None,
+            "         ",
             "0        ",
+            "                  ",
             "1 holder",
             "",
         ],
@@ -109,7 +117,9 @@ def test_list_table_exact(r: redis.Redis) -> None:
             "                  ",
             None,
             None,
+            "off      ",
             "         ",
+            None,
             OWNER + "  ",
             "export csv",
         ],
@@ -120,7 +130,9 @@ def test_list_table_exact(r: redis.Redis) -> None:
             f"{b.fence:<18}",
             None,
             None,
+            "off      ",
             "0        ",
+            None,
             OWNER,
             "",
         ],
@@ -131,7 +143,9 @@ def test_list_table_exact(r: redis.Redis) -> None:
             f"{a.fence:<18}",
             None,
             None,
+            "off      ",
             "0        ",
+            None,
             OWNER + "  ",
             "POST /products/7/buy",
         ],
@@ -143,7 +157,17 @@ def test_list_table_exact(r: redis.Redis) -> None:
         assert int(held.rstrip()[:-1]) < 60
         assert left.rstrip().startswith(("4m", "5m00s"))
         got[4] = got[5] = None  # type: ignore[call-overload]
+        if want[8] is None:
+            assert HOLDER_ID.match(got[8]), got[8]
+            got[8] = None  # type: ignore[call-overload]
         assert got == want
+    # The IDs are those of the JSON's holders, which ``clear --holder`` takes.
+    ids = {
+        p["id"]
+        for x in json.loads(run("list", "--format", "json")[0])["locks"]
+        for p in x["permits"]
+    }
+    assert {row[8].strip() for row in (cells(header, line) for line in lines[2:])} == ids
     sem.release()
 
 
@@ -175,6 +199,11 @@ def test_list_json_schema(r: redis.Redis) -> None:
         "holders": int,
         "limit": int,
         "permits": list,
+        "renew": bool,
+        "renewed_ago": type(None),
+        "renewed_at": type(None),
+        "renewal_late": bool,
+        "waiting": list,
     }
     read_at = instant(top["read_at"])
     # The server's clock and this one are the same machine's.
@@ -192,6 +221,11 @@ def test_list_json_schema(r: redis.Redis) -> None:
         assert expires - acquired == pytest.approx(300, abs=0.002)
         for permit in item["permits"]:
             assert set(permit) == {
+                "id",
+                "renew",
+                "renewed_ago",
+                "renewed_at",
+                "renewal_late",
                 "host",
                 "pid",
                 "thread",

@@ -373,8 +373,13 @@ def test_the_documented_redislocks_options_are_the_real_ones() -> None:
     # "``--pattern``, ``--literal``, ``--kind`` and ``--cache`` work as for ``list``."
     assert "``--pattern``, ``--literal``, ``--kind`` and ``--cache``\nwork as for ``list``" in text
     shared = {"--pattern", "--literal", "--kind", "--cache"}
-    assert clear == shared | {"--all", "--dry-run", "--noinput", "--no-input"}
-    for option in ("``--noinput`` (or\n``--no-input``)", "``--dry-run``", "``--all``"):
+    assert clear == shared | {"--all", "--dry-run", "--noinput", "--no-input", "--holder"}
+    for option in (
+        "``--noinput`` (or\n``--no-input``)",
+        "``--dry-run``",
+        "``--all``",
+        "``--holder ID``",
+    ):
         assert option in text, option
 
 

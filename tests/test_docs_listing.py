@@ -30,17 +30,25 @@ from tests.test_library_logging import _run
 ROOT = Path(__file__).resolve().parents[1]
 OPERATING = (ROOT / "docs" / "operating.rst").read_text()
 TIME = re.compile(r"^(\d+s|\d+m\d\ds)$")
-OWNER = re.compile(r"^[^\s:]+:\d+/\S+$")
+OWNER = re.compile(r"^[^\s:]+:\d+/\S.*$")
+IDENT = re.compile(r"^[0-9a-f]{16}$")
 HOLDERS = re.compile(r"^\d+ holders?$")
 
 
 def sample() -> list[str]:
-    """The lines the docs show under ``$ python manage.py redislocks list``."""
+    """The lines the docs show under ``$ python manage.py redislocks list``:
+    the table, a blank line, then the waiters (the block ends at the next
+    blank line)."""
     block = OPERATING.split("    $ python manage.py redislocks list\n", 1)[1]
     lines = []
+    blanks = 0
     for line in block.splitlines():
         if not line.strip():
-            break
+            blanks += 1
+            if blanks == 2:
+                break
+            lines.append("")
+            continue
         assert line.startswith("    "), line
         lines.append(line[4:])
     return lines
@@ -61,8 +69,10 @@ def shape(column: str, cell: str) -> str:
     value = cell.strip()
     if not value:
         return ""
-    if column in ("HELD FOR", "LEASE LEFT"):
+    if column in ("HELD FOR", "LEASE LEFT", "WAITED", "GIVES UP IN"):
         return "time" if TIME.match(value) else value
+    if column == "ID" and IDENT.match(value):
+        return "id"
     if column == "FENCE" and value.isdigit():
         return "token"
     if column == "OWNER" and OWNER.match(value):
@@ -152,6 +162,18 @@ def test_the_list_sample_is_what_the_command_prints(settings: Any) -> None:
 
     documented = sample()
     assert len(printed) == len(documented), "\n".join(printed)
+    # Two tables: the holders, then (after a blank line and a title) the waiters.
+    cut = printed.index("")
+    assert documented.index("") == cut and printed[cut + 1] == documented[cut + 1]
+    tables = [
+        (printed[:cut], documented[:cut]),
+        (printed[cut + 2 :], documented[cut + 2 :]),
+    ]
+    for table, doc_table in tables:
+        same_table(table, doc_table)
+
+
+def same_table(printed: list[str], documented: list[str]) -> None:
     ours, theirs = columns(printed[0]), columns(documented[0])
     names = printed[0].split()
     assert documented[0].split() == names  # the same columns, in the same order

@@ -225,6 +225,11 @@ def test_as_dict_is_json_with_stable_keys(r: redis.Redis) -> None:
             "holders",
             "limit",
             "permits",
+            "renew",
+            "renewed_ago",
+            "renewed_at",
+            "renewal_late",
+            "waiting",
         ]
     )
 

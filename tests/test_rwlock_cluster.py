@@ -47,8 +47,9 @@ async def test_writer_woken_in_the_slot_on_every_primary(cdrive: Drive) -> None:
         await drive.until(lambda keys=keys: rc.llen(keys.queue) == 1, 10)
         token = rc.lindex(keys.queue, 0)
         entry = rc.hget(keys.state, b"w:" + token)
-        address = entry.split(b"|", 1)[1][2:]  # after the mode and the channel mode
-        assert entry.split(b"|", 1)[1][1:2] == MODE
+        # <deadline>|<mode><channel mode><channel>|<owner>
+        address = entry.split(b"|", 2)[1][2:]
+        assert entry.split(b"|", 2)[1][1:2] == MODE
         assert rc.keyslot(address) == rc.keyslot(keys.lease)
         # Writer preference: a reader that could share waits behind the writer.
         assert not await drive(drive.ReadWriteLock(drive.client, name, "read", wait=0).acquire())

@@ -97,7 +97,9 @@ def test_command_table_lines(r: redis.Redis) -> None:
         "FOR",
         "LEASE",
         "LEFT",
+        "RENEWED",
         "WAITERS",
+        "ID",
         "OWNER",
         "LABEL",
     ]
@@ -105,12 +107,13 @@ def test_command_table_lines(r: redis.Redis) -> None:
     assert catalogue[:4] == ["catalogue", "rwlock", "2", "readers"] and catalogue[4] == "-"
     assert catalogue[-3:] == ["0", "2", "readers"]
     readers = [line.split() for line in lines[2:4]]
-    assert sorted(len(x) for x in readers) == [3, 4]  # held for, lease left, owner (label)
-    assert all(TIME.match(x[0]) and x[2] == OWNER for x in readers)
-    assert any(x[3:] == ["browse"] for x in readers)
+    # held for, lease left, renewed, id, owner (label)
+    assert sorted(len(x) for x in readers) == [5, 6]
+    assert all(TIME.match(x[0]) and x[2] == "off" and x[4] == OWNER for x in readers)
+    assert any(x[5:] == ["browse"] for x in readers)
     prices = lines[4].split()
     assert prices[:4] == ["prices", "rwlock", "writer", str(w.fence)]
-    assert prices[-3:] == ["0", OWNER, "reprice"]
+    assert prices[-5:-3] == ["off", "0"] and prices[-2:] == [OWNER, "reprice"]
     assert len(lines) == 5
     data = json.loads(run("list", "--format", "json"))["locks"]
     assert [(x["name"], x["kind"], x["holders"]) for x in data] == [

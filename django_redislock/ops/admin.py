@@ -16,6 +16,8 @@ login), and then only users allowed by ``REDISLOCK['ADMIN_PERMISSION']``
 confirmation page that shows what will go. Each page carries the holders it
 showed (``core.ops.force.Shown``: their ids, never their tokens) and releases only
 those: a holder that came after the page was shown, of any kind, is left alone.
+A semaphore's permits and a read-write lock's readers have a checkbox each, to
+release one alone. Each name's first waiters follow its holders.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import base64
 import binascii
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -44,7 +46,16 @@ from ..core.exceptions import RedisUnavailable
 from ..core.ops.force import Shown, release, still_held
 from ..core.ops.inspection import KINDS, HeldLock, TemplateSummary, list_locks, summarize
 from ..locking.factories import keyspace
-from .display import duration, owner_text, printable, quoted, template_text
+from .display import (
+    duration,
+    owner_text,
+    printable,
+    quoted,
+    renewed_text,
+    template_text,
+    waited_text,
+    waiter_owner_text,
+)
 from .pages import REFRESH_CHOICES, page_links, page_of, read_at, refresh_of
 
 __all__ = ["has_permission", "install"]
@@ -77,9 +88,12 @@ def admin_user(request: HttpRequest) -> str:
 # shown (``Holder.ident``, comma-separated) and the name in base64, because a
 # browser rewrites line breaks in form values and cannot send lone surrogates
 # at all, and lock names may contain both.
-def selection(row: HeldLock) -> str:
+def selection(row: HeldLock, idents: list[str] | None = None) -> str:
+    """The checkbox value of ``row`` as shown, or of only the holders ``idents``
+    (one permit of a semaphore, one reader)."""
     name = base64.urlsafe_b64encode(encode_name(row.name)).decode()
-    return f"{row.kind}:{','.join(sorted(h.ident for h in row.holders))}:{name}"
+    chosen = sorted(h.ident for h in row.holders) if idents is None else sorted(idents)
+    return f"{row.kind}:{','.join(chosen)}:{name}"
 
 
 def parse_selection(value: str) -> Shown:
@@ -122,7 +136,11 @@ class Row:
     fence: str
     held_for: str
     lease_left: str
+    renewed: str
     holders: list[dict[str, str]]
+    # The first waiters, oldest first, and how many more wait.
+    waiters: list[dict[str, str]]
+    more_waiting: int
 
     @property
     def holder_kind(self) -> str:
@@ -142,15 +160,31 @@ def _row(lock: HeldLock) -> Row:
         fence=short_fence(lock.fence),
         held_for=duration(lock.held_for),
         lease_left=duration(lock.lease_left),
+        renewed=renewed_text(lock.holders[0]),
         holders=[
             {
                 "owner": owner_text(h),
                 "label": printable(h.label),
                 "held_for": duration(h.held_for),
                 "lease_left": duration(h.lease_left),
+                "renewed": renewed_text(h),
+                "ident": h.ident,
+                # Releases this holder alone (one permit, one reader).
+                "value": selection(lock, [h.ident]),
             }
             for h in lock.holders
         ],
+        waiters=[
+            {
+                "owner": waiter_owner_text(w),
+                "label": printable(w.label),
+                "waited": waited_text(w),
+                "gives_up_in": duration(w.gives_up_in),
+                "ident": w.ident,
+            }
+            for w in lock.waiting
+        ],
+        more_waiting=max(0, lock.waiters - len(lock.waiting)),
     )
 
 
@@ -273,7 +307,7 @@ def _post(
     literal: bool,
 ) -> HttpResponse:
     try:
-        chosen = [parse_selection(v) for v in request.POST.getlist("selected")]
+        chosen = _merged(parse_selection(v) for v in request.POST.getlist("selected"))
     except (ValueError, binascii.Error, UnicodeDecodeError):
         return HttpResponseBadRequest("malformed selection")
     back = HttpResponseRedirect(_list_url(site, pattern, literal, refresh=refresh_of(request.POST)))
@@ -310,6 +344,16 @@ def _post(
     for what in lost:
         messages.warning(request, f"Not released: {what} was released or changed hands meanwhile.")
     return back
+
+
+def _merged(items: Iterable[Shown]) -> list[Shown]:
+    """One selection per name and kind: a row's box and one of its permits'
+    boxes ticked together name the same holders once."""
+    holders: dict[tuple[str, str], frozenset[str]] = {}
+    for item in items:
+        key = (item.kind, item.name)
+        holders[key] = holders.get(key, frozenset()) | item.holders
+    return [Shown(kind, name, idents) for (kind, name), idents in holders.items()]
 
 
 def _gone(item: Shown) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from ..core.ops.inspection import HeldLock, Holder, TemplateSummary
+from ..core.ops.inspection import HeldLock, Holder, TemplateSummary, Waiter
 
 __all__ = [
     "COLUMNS",
@@ -23,6 +23,10 @@ __all__ = [
     "quoted",
     "render_summary",
     "render_table",
+    "render_waiters",
+    "renewed_text",
+    "waited_text",
+    "waiter_owner_text",
     "template_text",
     "width",
 ]
@@ -85,7 +89,21 @@ def quoted(text: str) -> str:
     return "'" + printable(text).replace("'", "\\'") + "'"
 
 
-def owner_text(row: HeldLock | Holder) -> str:
+def renewed_text(holder: Holder) -> str:
+    """When a lease, permit or turn was last renewed: ``4s ago``; ``off``
+    when nobody renews it (renew=False) and it was never extended; ``not yet``
+    when it is renewed but has not been so far; `` (late)`` added when a
+    renewal is overdue (``Holder.renewal_late``: its process may be gone)."""
+    if holder.renewed_ago is not None:
+        text = f"{duration(holder.renewed_ago)} ago"
+    elif holder.renew:
+        text = "not yet"
+    else:
+        return "off"
+    return text + " (late)" if holder.renewal_late else text
+
+
+def owner_text(row: HeldLock | Holder | Waiter) -> str:
     """``host:pid/thread`` of a holder, escaped for display."""
     pid = "?" if row.pid is None else str(row.pid)
     return printable(f"{row.host or '?'}:{pid}/{row.thread or '?'}")
@@ -110,7 +128,9 @@ COLUMNS = (
     "FENCE",
     "HELD FOR",
     "LEASE LEFT",
+    "RENEWED",
     "WAITERS",
+    "ID",
     "OWNER",
     "LABEL",
 )
@@ -133,7 +153,9 @@ def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
                     str(row.fence),
                     duration(row.held_for),
                     duration(row.lease_left),
+                    renewed_text(row.holders[0]),
                     str(row.waiters),
+                    row.holders[0].ident,
                     owner_text(row),
                     printable(row.label),
                 )
@@ -149,7 +171,9 @@ def table_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
                 "-",
                 duration(row.held_for),
                 duration(row.lease_left),
+                "",
                 str(row.waiters),
+                "",
                 f"{count} holder" + ("" if count == 1 else "s"),
                 "",
             )
@@ -168,7 +192,9 @@ def _holder_rows(row: HeldLock) -> list[tuple[str, ...]]:
             "",
             duration(h.held_for),
             duration(h.lease_left),
+            renewed_text(h),
             "",
+            h.ident,
             owner_text(h),
             printable(h.label),
         )
@@ -190,7 +216,9 @@ def _rwlock_rows(row: HeldLock) -> list[tuple[str, ...]]:
         "-" if row.fence is None else str(row.fence),
         duration(row.held_for),
         duration(row.lease_left),
+        renewed_text(row.holders[0]) if writing else "",
         str(row.waiters),
+        row.holders[0].ident if writing else "",
         owner_text(row) if writing else _readers(len(row.holders)),
         printable(row.label) if writing else "",
     )
@@ -210,6 +238,51 @@ def _aligned(columns: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]
 
 def render_table(rows: list[HeldLock]) -> list[str]:
     return _aligned(COLUMNS, table_rows(rows))
+
+
+WAITER_COLUMNS = ("NAME", "KIND", "WAITED", "GIVES UP IN", "ID", "OWNER", "LABEL")
+
+
+def waited_text(waiter: Waiter) -> str:
+    """How long a waiter has waited, or ``?`` when its entry does not say."""
+    return "?" if waiter.waited is None else duration(waiter.waited)
+
+
+def waiter_owner_text(waiter: Waiter) -> str:
+    """A waiter's ``host:pid/thread``, or ``?`` when its entry does not name it
+    (queued by an earlier version)."""
+    return owner_text(waiter) if waiter.host or waiter.pid is not None else "?"
+
+
+def waiter_rows(rows: list[HeldLock]) -> list[tuple[str, ...]]:
+    """Cells of the waiters table: each name's first waiters, oldest first,
+    then a line counting the rest."""
+    cells: list[tuple[str, ...]] = []
+    for row in rows:
+        for w in row.waiting:
+            cells.append(
+                (
+                    printable(row.name),
+                    row.kind,
+                    waited_text(w),
+                    duration(w.gives_up_in),
+                    w.ident,
+                    waiter_owner_text(w),
+                    printable(w.label),
+                )
+            )
+        rest = row.waiters - len(row.waiting)
+        if rest > 0:
+            cells.append(
+                (printable(row.name), row.kind, f"and {rest} more waiting", "", "", "", "")
+            )
+    return cells
+
+
+def render_waiters(rows: list[HeldLock]) -> list[str]:
+    """The waiters table (no lines when nobody waits)."""
+    body = waiter_rows(rows)
+    return _aligned(WAITER_COLUMNS, body) if body else []
 
 
 SUMMARY_COLUMNS = ("TEMPLATE", "KIND", "HELD", "HOLDERS", "LONGEST HELD", "WAITERS", "BUSIEST")

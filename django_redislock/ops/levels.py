@@ -54,7 +54,8 @@ def semaphore_levels() -> list[Level]:
     if not rules:
         return []
     by_semaphore = {semaphore_name(rule, None): rule for rule in rules.values()}
-    rows, _missing = find(get_client(), keyspace(), by_semaphore, kinds=("semaphore",))
+    # Counts only: no waiter is listed (a scrape must stay cheap).
+    rows, _missing = find(get_client(), keyspace(), by_semaphore, kinds=("semaphore",), waiters=0)
     found = {row.name: row for row in rows}
     levels = []
     for sem_name, rule in by_semaphore.items():

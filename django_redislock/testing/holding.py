@@ -123,7 +123,7 @@ def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
         from ..core.ops.inspection import find
         from ..locking.factories import keyspace
 
-        rows, _missing = find(get_client(alias), keyspace(), [name], kinds=(kind,))
+        rows, _missing = find(get_client(alias), keyspace(), [name], kinds=(kind,), waiters=0)
         if rows:
             row = rows[0]
             detail = f" (held by {describe_owner(row.label, row.host, row.pid, row.thread)})"

@@ -67,7 +67,7 @@ def leftovers(*, alias: str | None = None) -> list[str]:
     settle_transactions()
     ours = hold_tokens()
     lines: list[str] = []
-    for row in list_locks(client, space):
+    for row in list_locks(client, space, waiters=0):
         holders = [h for h in row.holders if h.token not in ours]
         if not holders and not row.waiters:
             continue

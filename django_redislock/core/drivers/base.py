@@ -130,13 +130,29 @@ def _hostname() -> str:
 # handle made per call (as the decorator makes them) would never reuse its own.
 # Bounded: thread names, labels and templates are few, but need not be.
 @lru_cache(maxsize=1024)
-def _owner_json(pid: int, who: str, label: str, template: str | None = None) -> str:
+def _owner_json(
+    pid: int,
+    who: str,
+    label: str,
+    template: str | None = None,
+    renew: bool = False,
+    wait_ms: int = 0,
+) -> str:
     data: dict[str, Any] = {"host": _hostname(), "pid": pid, "thread": who, "label": label}
     if template is not None:
         # The lock's template (``metric_name``), so operators can group names
         # that carry ids: one short key, and nothing at all for ad-hoc locks.
         # Readers treat an owner without it (an older entry) as ad-hoc.
         data["t"] = template
+    if renew:
+        # Renewed in the background (renew=True): operators are shown when it
+        # was last renewed, and "off" for a lease nobody renews.
+        data["r"] = 1
+    if wait_ms:
+        # The wait its call asked for, ms: a queued waiter's entry holds its
+        # deadline (server clock), and the deadline less this is when the
+        # call began to wait, so operators see how long each has waited.
+        data["w"] = wait_ms
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -231,6 +247,9 @@ class LockBase(Generic[ClientT]):
         # The number of the acquire attempt in flight (protocol.Acquisition):
         # a lease handed over names it, and only the latest counts.
         self._round = 0
+        # The wait the acquire in progress asked for, ms (0: none): in the
+        # owner metadata it writes (``_owner_json``).
+        self._asked_wait_ms = 0
         self._init_driver()
         self._pid = os.getpid()
 
@@ -253,7 +272,12 @@ class LockBase(Generic[ClientT]):
         template = self.metric_name
         # Set by the caller after construction: anything but a str is left out.
         return _owner_json(
-            os.getpid(), who, self.label, template if isinstance(template, str) else None
+            os.getpid(),
+            who,
+            self.label,
+            template if isinstance(template, str) else None,
+            self.renew,
+            self._asked_wait_ms,
         )
 
     def owner_metadata(self, who: str) -> str:

@@ -202,6 +202,7 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         ttl_ms = self._ttl_ms(ttl)
         me = self._claim()
         started = time.monotonic()
+        self._asked_wait_ms = int(wait_s * 1000)
         if not await self._gate.acquire(wait_s):
             self.observer.busy(self, time.monotonic() - started)
             return False

@@ -74,7 +74,8 @@ def still_held(
     rows: list[HeldLock] = []
     gone: list[Shown] = []
     for item in shown:
-        found, _missing = find(client, keyspace, [item.name], kinds=(item.kind,))
+        # Its holders only: releasing needs no waiter listed.
+        found, _missing = find(client, keyspace, [item.name], kinds=(item.kind,), waiters=0)
         row = found[0].only(item.holders) if found else None
         left = item.holders - {h.ident for h in row.holders} if row is not None else item.holders
         if row is not None:
@@ -205,8 +206,8 @@ def select(
     if chosen != 1:
         raise ValueError("choose exactly one of names=, pattern= or all=True")
     if names:
-        return find(client, keyspace, names, kinds=kinds)
-    return list_locks(client, keyspace, pattern, literal, kinds=kinds), []
+        return find(client, keyspace, names, kinds=kinds, waiters=0)
+    return list_locks(client, keyspace, pattern, literal, kinds=kinds, waiters=0), []
 
 
 def clear(

@@ -26,8 +26,8 @@ from collections.abc import Iterable
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
-from .reading import READ_BATCH, read_many
-from .rows import HeldLock, Holder, holder_id, matches, natural_key
+from .reading import READ_BATCH, WAITERS_SHOWN, read_many
+from .rows import HeldLock, Holder, Waiter, holder_id, matches, natural_key
 from .scan import KIND_CODE, KINDS, key_of, name_from_key, scan_keys
 from .summary import BUSIEST, TemplateSummary, summarize
 
@@ -36,7 +36,9 @@ __all__ = [
     "KINDS",
     "HeldLock",
     "Holder",
+    "WAITERS_SHOWN",
     "TemplateSummary",
+    "Waiter",
     "find",
     "holder_id",
     "list_locks",
@@ -62,16 +64,19 @@ def list_locks(
     literal: bool = False,
     *,
     kinds: Iterable[str] = KINDS,
+    waiters: int = WAITERS_SHOWN,
 ) -> list[HeldLock]:
     """Every held lock, semaphore with live permits and held read-write lock, by name.
 
     ``pattern`` filters the readable names (a glob, or an exact name with
-    ``literal=True``). Raises ``RedisUnavailable`` when Redis cannot be read.
+    ``literal=True``); each row lists its first ``waiters`` waiters, oldest
+    first, and counts them all. Raises ``RedisUnavailable`` when Redis
+    cannot be read.
     """
     rows: list[HeldLock] = []
 
     def read(kind: str, batch: list[bytes]) -> None:
-        for row in read_many(client, keyspace, kind, batch):
+        for row in read_many(client, keyspace, kind, batch, waiters=waiters):
             if row is not None and matches(row.name, pattern, literal=literal):
                 rows.append(row)
 
@@ -100,7 +105,12 @@ def list_locks(
 
 
 def find(
-    client: RedisClient, keyspace: KeySpace, names: Iterable[str], *, kinds: Iterable[str] = KINDS
+    client: RedisClient,
+    keyspace: KeySpace,
+    names: Iterable[str],
+    *,
+    kinds: Iterable[str] = KINDS,
+    waiters: int = WAITERS_SHOWN,
 ) -> tuple[list[HeldLock], list[str]]:
     """Rows for exactly these names (no SCAN), and the names held as no kind."""
     chosen = _check_kinds(kinds)
@@ -109,7 +119,9 @@ def find(
     for name in dict.fromkeys(names):
         found = False
         for kind in chosen:
-            (row,) = read_many(client, keyspace, kind, [key_of(keyspace, kind, name)])
+            (row,) = read_many(
+                client, keyspace, kind, [key_of(keyspace, kind, name)], waiters=waiters
+            )
             # The key is computed from the name; the stored name must agree.
             if row is not None and row.name == name:
                 rows.append(row)

@@ -16,10 +16,10 @@ from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
 from ..topology import is_cluster
-from .rows import HeldLock, Holder, row_of_holders
+from .rows import HeldLock, Holder, Waiter, row_of_holders
 from .scan import own_name
 
-__all__ = ["READ_BATCH", "read_many"]
+__all__ = ["READ_BATCH", "WAITERS_SHOWN", "read_many"]
 
 logger = logging.getLogger("django_redislock.inspect")
 
@@ -27,13 +27,16 @@ INSPECT_LOCK = scripts.load("inspect_lock", prelude="shared")
 INSPECT_HOLDERS = scripts.load("inspect_holders", prelude="shared")
 
 
-def _owner(raw: bytes) -> tuple[str, int | None, str, str, str | None]:
+def _owner_data(raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw.decode("utf-8", "surrogatepass")) if raw else {}
     except (ValueError, UnicodeDecodeError):
         data = {}
-    if not isinstance(data, dict):
-        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def _owner(raw: bytes) -> tuple[str, int | None, str, str, str | None]:
+    data = _owner_data(raw)
     pid = data.get("pid")
     template = data.get("t")
     return (
@@ -71,22 +74,29 @@ def _siblings(keyspace: KeySpace, kind: str, key: bytes) -> tuple[bytes, bytes, 
     return key, p + b":SQ:" + suffix, p + b":SH:" + suffix
 
 
-# The inspect script of each kind, and its arguments.
-_SCRIPTS = {
+# The inspect script of each kind, and its arguments (the number of waiters
+# to list follows).
+_SCRIPTS: dict[str, tuple[scripts.Script, tuple[bytes, ...]]] = {
     "lock": (INSPECT_LOCK, ()),
     "semaphore": (INSPECT_HOLDERS, (b"l", b"")),
     "rwlock": (INSPECT_HOLDERS, (b"f", b"m:")),
 }
+
+# Waiters listed per name, oldest first, unless asked otherwise; the rest are
+# counted. The queue is walked on the server to count its live waiters, but
+# only these cross the wire, so a name with 10,000 waiters stays cheap to show.
+WAITERS_SHOWN = 10
 
 # Keys read per pipeline on a single server: one round trip for many locks.
 READ_BATCH = 200
 
 
 def _read_replies(
-    client: RedisClient, keyspace: KeySpace, kind: str, keys: list[bytes]
+    client: RedisClient, keyspace: KeySpace, kind: str, keys: list[bytes], waiters: int
 ) -> list[Any]:
     """The inspect script's reply for each key, in order."""
-    script, args = _SCRIPTS[kind]
+    script, kind_args = _SCRIPTS[kind]
+    args = (*kind_args, str(max(0, int(waiters))).encode())
     if is_cluster(client) or len(keys) < 2:
         # A Cluster pipeline would split by node anyway; keep it simple there.
         return [scripts.run(client, script, _siblings(keyspace, kind, k), args) for k in keys]
@@ -107,8 +117,55 @@ def _read_replies(
     return list(replies)
 
 
+def _waiter(now: int, token: bytes, deadline_text: bytes, owner: bytes) -> Waiter:
+    deadline = _int(deadline_text) or now
+    host, pid, thread, label, _template = _owner(owner)
+    asked = _owner_data(owner).get("w")
+    # Each attempt writes its deadline anew as the server's now plus what is
+    # left of the call's wait, so the deadline less the whole wait (the
+    # owner's "w") is when the call began to wait, on the server's clock.
+    waited = (
+        _seconds(now - (deadline - asked))
+        if isinstance(asked, int) and not isinstance(asked, bool)
+        else None
+    )
+    return Waiter(
+        token.decode("latin-1"), host, pid, thread, label, waited, _seconds(deadline - now)
+    )
+
+
+def _lock_waiter(now: int, token: bytes, entry: bytes) -> Waiter:
+    """A lock's waiter, from its entry <deadline>|<channel>|<ttl>|<round>|<owner>."""
+    parts = entry.split(b"|", 4)
+    return _waiter(now, token, parts[0], parts[4] if len(parts) == 5 else b"")
+
+
+def _holders_waiter(now: int, token: bytes, entry: bytes) -> Waiter:
+    """A semaphore's or read-write lock's waiter, from its entry
+    <deadline>|<mode and channel>|<owner> (no owner when written by an
+    earlier version)."""
+    parts = entry.split(b"|", 2)
+    return _waiter(now, token, parts[0], parts[2] if len(parts) == 3 else b"")
+
+
+def _waiters(now: int, listed: Any, parse: Any) -> tuple[Waiter, ...]:
+    listed = list(listed or ())
+    return tuple(parse(now, listed[i], listed[i + 1]) for i in range(0, len(listed) - 1, 2))
+
+
+def _renewed_ago(now: int, token: bytes, renewed: bytes) -> float | None:
+    """A lease's ``x`` (<token>:<server us>) as seconds ago, when it is this
+    token's: a lease handed on in place may keep the previous holder's."""
+    mine, _, micros = (renewed or b"").partition(b":")
+    us = _int(micros)
+    if mine != token or us is None:
+        return None
+    return _seconds(now - us // 1000)
+
+
 def _parse_lock(own: str, key: bytes, reply: Any) -> HeldLock | None:
-    token, fence, _stored, owner, pttl, waiting, now = reply
+    token, fence, _stored, owner, pttl, waiting, now = reply[:7]
+    renewed, listed = (reply[7], reply[8]) if len(reply) > 8 else (b"", [])
     host, pid, thread, label, template = _owner(owner)
     fence_us = _int(fence)
     # A fence is the server's microsecond clock at the grant (a little more
@@ -116,7 +173,16 @@ def _parse_lock(own: str, key: bytes, reply: Any) -> HeldLock | None:
     held_for = _seconds(now - fence_us // 1000) if fence_us is not None else 0.0
     lease_left = None if int(pttl) < 0 else _seconds(int(pttl))
     holder = Holder(
-        host, pid, thread, label, held_for, lease_left, token.decode("latin-1"), template
+        host,
+        pid,
+        thread,
+        label,
+        held_for,
+        lease_left,
+        token.decode("latin-1"),
+        template,
+        renew=_owner_data(owner).get("r") == 1,
+        renewed_ago=_renewed_ago(now, token, renewed),
     )
     return HeldLock(
         name=own,
@@ -134,16 +200,24 @@ def _parse_lock(own: str, key: bytes, reply: Any) -> HeldLock | None:
         key=key,
         template=template,
         read_at=int(now) / 1000,
+        waiting=_waiters(now, listed, _lock_waiter),
     )
 
 
 def _timed_holder(
-    now: int, token: bytes, expiry: Any, owner: bytes, acquired: Any, mode: str | None = None
+    now: int,
+    token: bytes,
+    expiry: Any,
+    owner: bytes,
+    acquired: Any,
+    renewed: Any,
+    mode: str | None = None,
 ) -> Holder:
     """One holder of a semaphore or read-write lock: a member of its holders
     set (score: its expiry) with owner and acquisition time in its state."""
     host, pid, thread, label, template = _owner(owner)
     acquired_ms = _int(acquired)
+    renewed_ms = _int(renewed)
     expiry_ms = _int(float(expiry))
     return Holder(
         host,
@@ -155,13 +229,15 @@ def _timed_holder(
         token.decode("latin-1"),
         template,
         mode,
+        renew=_owner_data(owner).get("r") == 1,
+        renewed_ago=None if renewed_ms is None else _seconds(now - renewed_ms),
     )
 
 
 def _parse_semaphore(own: str, key: bytes, reply: Any) -> HeldLock | None:
-    _stored, limit, waiting, now = reply[:4]
-    rest = reply[4:]
-    holders = [_timed_holder(now, *rest[i : i + 4]) for i in range(0, len(rest), 4)]
+    _stored, limit, waiting, now, listed = reply[:5]
+    rest = reply[5:]
+    holders = [_timed_holder(now, *rest[i : i + 5]) for i in range(0, len(rest), 5)]
     return row_of_holders(
         own,
         "semaphore",
@@ -171,17 +247,20 @@ def _parse_semaphore(own: str, key: bytes, reply: Any) -> HeldLock | None:
         fence=None,
         limit=_int(limit),
         read_at=int(now) / 1000,
+        listed=_waiters(now, listed, _holders_waiter),
     )
 
 
 def _parse_rwlock(own: str, key: bytes, reply: Any) -> HeldLock | None:
-    _stored, fence, waiting, now = reply[:4]
-    rest = reply[4:]
+    _stored, fence, waiting, now, listed = reply[:5]
+    rest = reply[5:]
     holders = []
-    for i in range(0, len(rest), 5):
-        token, expiry, owner, acquired, mode = rest[i : i + 5]
+    for i in range(0, len(rest), 6):
+        token, expiry, owner, acquired, renewed, mode = rest[i : i + 6]
         holders.append(
-            _timed_holder(now, token, expiry, owner, acquired, "write" if mode == b"w" else "read")
+            _timed_holder(
+                now, token, expiry, owner, acquired, renewed, "write" if mode == b"w" else "read"
+            )
         )
     writing = any(h.mode == "write" for h in holders)
     return row_of_holders(
@@ -193,6 +272,7 @@ def _parse_rwlock(own: str, key: bytes, reply: Any) -> HeldLock | None:
         fence=_int(fence) if writing else None,
         limit=None,
         read_at=int(now) / 1000,
+        listed=_waiters(now, listed, _holders_waiter),
     )
 
 
@@ -214,7 +294,14 @@ def _parse(keyspace: KeySpace, kind: str, key: bytes, reply: Any) -> HeldLock | 
 
 
 def read_many(
-    client: RedisClient, keyspace: KeySpace, kind: str, keys: list[bytes]
+    client: RedisClient,
+    keyspace: KeySpace,
+    kind: str,
+    keys: list[bytes],
+    *,
+    waiters: int = WAITERS_SHOWN,
 ) -> list[HeldLock | None]:
-    replies = _read_replies(client, keyspace, kind, keys)
+    """Rows of these keys (None: not held), each with its first ``waiters``
+    waiters listed."""
+    replies = _read_replies(client, keyspace, kind, keys, waiters)
     return [_parse(keyspace, kind, key, reply) for key, reply in zip(keys, replies, strict=True)]

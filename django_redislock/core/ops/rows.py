@@ -18,6 +18,7 @@ from typing import Any
 __all__ = [
     "HeldLock",
     "Holder",
+    "Waiter",
     "holder_id",
     "iso_time",
     "matches",
@@ -78,16 +79,37 @@ class Holder:
     # A read-write lock's holder: "read" or "write"; None for other kinds.
     # (Not in ``as_dict``: a row's ``fence`` is set exactly when a writer holds.)
     mode: str | None = None
+    # Whether its holder renews it in the background (renew=True); False
+    # also for an owner written before this was stored.
+    renew: bool = False
+    # Seconds since it was last renewed or extended, by the server's clock;
+    # None when it never was.
+    renewed_ago: float | None = None
 
     @property
     def ident(self) -> str:
         """``holder_id`` of its token: safe to put in a page or a form."""
         return holder_id(self.token)
 
+    @property
+    def renewal_late(self) -> bool:
+        """A renewed lease whose renewal is overdue: its process may be gone.
+
+        Renewal runs every third of the TTL; this says True once half the
+        TTL (as last set: the time since plus the time left) has passed
+        without one. A stopped or killed holder turns late before its lease
+        runs out; a live one only when it cannot reach Redis.
+        """
+        if not self.renew or self.lease_left is None:
+            return False
+        since = self.held_for if self.renewed_ago is None else self.renewed_ago
+        return since > (since + self.lease_left) / 2
+
     def as_dict(self, read_at: float | None = None) -> dict[str, Any]:
         """JSON-ready form; ``read_at`` (the server's clock when it was read,
         epoch seconds) makes ``acquired_at`` and ``expires_at`` absolute."""
         return {
+            "id": self.ident,
             "host": self.host,
             "pid": self.pid,
             "thread": self.thread,
@@ -95,6 +117,51 @@ class Holder:
             "held_for": self.held_for,
             "lease_left": self.lease_left,
             **_instants(read_at, self.held_for, self.lease_left),
+            **_renewal(read_at, self),
+        }
+
+
+def _renewal(read_at: float | None, holder: Holder) -> dict[str, Any]:
+    renewed_at = None
+    if read_at is not None and holder.renewed_ago is not None:
+        renewed_at = iso_time(read_at - holder.renewed_ago)
+    return {
+        "renew": holder.renew,
+        "renewed_ago": holder.renewed_ago,
+        "renewed_at": renewed_at,
+        "renewal_late": holder.renewal_late,
+    }
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One caller queued for a name, as its entry in the queue says."""
+
+    token: str = field(repr=False, compare=False)
+    host: str
+    pid: int | None
+    thread: str
+    label: str
+    # Seconds since its call began to wait (server clock); None when its
+    # entry does not say (written by an earlier version, or a call that
+    # did not say how long it would wait).
+    waited: float | None
+    # Seconds until it gives up waiting.
+    gives_up_in: float
+
+    @property
+    def ident(self) -> str:
+        return holder_id(self.token)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.ident,
+            "host": self.host,
+            "pid": self.pid,
+            "thread": self.thread,
+            "label": self.label,
+            "waited": self.waited,
+            "gives_up_in": self.gives_up_in,
         }
 
 
@@ -138,6 +205,9 @@ class HeldLock:
     # The server's clock when the row was read (epoch seconds; None when not
     # known): what its ages and leases are counted from.
     read_at: float | None = field(compare=False, default=None)
+    # The first live waiters, oldest first (at most the number asked for:
+    # ``waiters`` counts them all).
+    waiting: tuple[Waiter, ...] = field(compare=False, default=())
 
     @property
     def token(self) -> str:
@@ -162,6 +232,7 @@ class HeldLock:
             fence=self.fence,
             limit=self.limit,
             read_at=self.read_at,
+            listed=self.waiting,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -181,6 +252,10 @@ class HeldLock:
             "limit": self.limit,
             "permits": [h.as_dict(self.read_at) for h in self.holders],
             **_instants(self.read_at, self.held_for, self.lease_left),
+            # The longest-held holder's, as the owner fields are.
+            **_renewal(self.read_at, self.holders[0]),
+            # The first waiters, oldest first; ``waiters`` counts them all.
+            "waiting": [w.as_dict() for w in self.waiting],
         }
 
 
@@ -203,6 +278,7 @@ def row_of_holders(
     fence: int | None,
     limit: int | None,
     read_at: float | None = None,
+    listed: tuple[Waiter, ...] = (),
 ) -> HeldLock | None:
     if not holders:
         return None
@@ -227,4 +303,5 @@ def row_of_holders(
         # Holders from before templates were stored have none: the first that has one.
         template=next((h.template for h in holders if h.template is not None), None),
         read_at=read_at,
+        waiting=listed,
     )

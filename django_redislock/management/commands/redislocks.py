@@ -5,12 +5,15 @@ and check the Redis they live on.
 held read-write lock, with a line for each reader (``--format json`` for
 scripts: one object, versioned by ``schema``), and with ``--summary`` first
 one line per template: how many are held, the longest held, the waiters, the
-busiest names.
+busiest names. Each holder shows when it was last renewed and its id; each
+name's first waiters (``--waiters N``) follow the table, oldest first.
 ``clear`` force-releases named locks, those matching ``--pattern``, or
 ``--all``, after confirmation on a terminal unless ``--noinput``; without a
 terminal it refuses (exit 2) rather than wait for an answer nobody can type.
-``--dry-run`` only shows what would go. A name asked for that is not held is
-reported and makes the command exit 1, and so does declining.
+``--dry-run`` only shows what would go. ``clear NAME --holder ID`` releases
+only the holders of NAME with those ids (one permit of a semaphore). A name
+asked for that is not held is reported and makes the command exit 1, and so
+does declining.
 
 ``doctor`` reads the server's eviction policy, persistence, replicas,
 version, latency and clock, and says what docs/guarantees.rst asks of each
@@ -38,10 +41,17 @@ from ...connection import get_client
 from ...core.clients import RedisClient
 from ...core.exceptions import RedisUnavailable
 from ...core.ops.force import release, select
-from ...core.ops.inspection import KINDS, HeldLock, list_locks, summarize
+from ...core.ops.inspection import KINDS, WAITERS_SHOWN, HeldLock, list_locks, summarize
 from ...core.ops.rows import iso_time
 from ...locking.factories import keyspace
-from ...ops.display import describe, quoted, render_summary, render_table
+from ...ops.display import (
+    describe,
+    owner_text,
+    quoted,
+    render_summary,
+    render_table,
+    render_waiters,
+)
 from ...ops.doctor import PROBLEM, WARN, examine, render
 
 # The version of ``list --format json``'s shape: raised whenever a key is
@@ -109,6 +119,14 @@ class Command(BaseCommand):
             '{"schema": 1, "read_at": ..., "locks": [...], "summary": [...]}).',
         )
         ls.add_argument(
+            "--waiters",
+            type=int,
+            default=WAITERS_SHOWN,
+            metavar="N",
+            help=f"List each name's first N waiters, oldest first (default {WAITERS_SHOWN}; "
+            "0: only count them); the rest are counted.",
+        )
+        ls.add_argument(
             "--summary",
             action="store_true",
             help="First one line per template (held, longest held, waiters, busiest names). "
@@ -119,6 +137,15 @@ class Command(BaseCommand):
         cl.add_argument("names", nargs="*", metavar="NAME", help="Exact names to release.")
         self._selection(cl)
         cl.add_argument("--all", action="store_true", help="Release everything held.")
+        cl.add_argument(
+            "--holder",
+            action="append",
+            default=[],
+            metavar="ID",
+            help="Release only this holder (a semaphore's permit, a reader) of the NAME "
+            "given: its ID as `list` shows it. Repeat for several. A holder that came "
+            "since has another ID and is never released.",
+        )
         cl.add_argument(
             "--dry-run", action="store_true", help="Show what would be released; change nothing."
         )
@@ -198,7 +225,16 @@ class Command(BaseCommand):
             closed_pipe()
 
     def _list(self, client: RedisClient, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
-        rows = list_locks(client, keyspace(), options["pattern"], options["literal"], kinds=kinds)
+        if options["waiters"] < 0:
+            raise CommandError("--waiters must be 0 or more.")
+        rows = list_locks(
+            client,
+            keyspace(),
+            options["pattern"],
+            options["literal"],
+            kinds=kinds,
+            waiters=options["waiters"],
+        )
         summary = options["summary"]
         if options["format"] == "json":
             # One shape whatever the options: scripts read the same keys always.
@@ -224,9 +260,17 @@ class Command(BaseCommand):
             self.stdout.write("")
         for line in render_table(rows):
             self.stdout.write(line)
+        waiting = render_waiters(rows)
+        if waiting:
+            self.stdout.write("")
+            self.stdout.write("Waiting, oldest first:")
+            for line in waiting:
+                self.stdout.write(line)
 
     def _clear(self, client: RedisClient, kinds: tuple[str, ...], options: dict[str, Any]) -> None:
         names, pattern, everything = options["names"], options["pattern"], options["all"]
+        if options["holder"] and (pattern is not None or everything):
+            raise CommandError("--holder goes with one NAME, not with --pattern or --all.")
         if sum((bool(names), pattern is not None, everything)) != 1:
             raise CommandError(
                 "Say what to release: NAME [NAME ...], or --pattern GLOB, or --all "
@@ -245,8 +289,18 @@ class Command(BaseCommand):
             )
         except ValueError as exc:  # an empty name, for one
             raise CommandError(str(exc)) from exc
+        gone: list[str] = []
+        if options["holder"]:
+            rows, gone = self._holders(rows, names, options["holder"])
         for name in missing:
             self.stderr.write(f"Not held: {quoted(name)}.")
+        for ident in gone:
+            self.stderr.write(
+                f"Not held: holder {ident} of {quoted(names[0])} (released or expired since "
+                "it was listed, or never one of its holders)."
+            )
+        # A holder asked for by its ID and gone counts as a name not held.
+        missing = [*missing, *gone]
         if not rows:
             if not missing:
                 self.stdout.write("Nothing to release.")
@@ -271,12 +325,30 @@ class Command(BaseCommand):
         result = release(client, ks, rows, by=operator())
         for row in result.released:
             self.stdout.write(f"Released {describe(row)}.")
+            if options["holder"]:
+                # Which holders went, by the ids they were asked for by.
+                for h in row.holders:
+                    self.stdout.write(f"  holder {h.ident}: {owner_text(h)}")
         for row in result.changed:
             self.stderr.write(
                 f"Not released: {row.kind} {quoted(row.name)} changed hands or was released "
                 "after it was read; run the command again to see its new holder."
             )
         self._fail(missing, result.changed)
+
+    @staticmethod
+    def _holders(
+        rows: list[HeldLock], names: list[str], idents: list[str]
+    ) -> tuple[list[HeldLock], list[str]]:
+        """Only the holders named by ``--holder`` (their IDs as listed) of
+        the one NAME given, and the IDs that hold it no more."""
+        if len(names) != 1:
+            raise CommandError("--holder needs exactly one NAME: the one whose holders it names.")
+        wanted = set(idents)
+        kept = [row.only(wanted) for row in rows]
+        found = {h.ident for row in kept if row is not None for h in row.holders}
+        gone = list(dict.fromkeys(ident for ident in idents if ident not in found))
+        return [row for row in kept if row is not None], gone
 
     def _doctor(self, client: RedisClient) -> None:
         examined = examine(client)

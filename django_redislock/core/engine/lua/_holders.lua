@@ -14,7 +14,9 @@
 --                       o:<token>=owner JSON, a:<token>=acquired ms,
 --                       s:<token>=serial (holders),
 --                       r:<token>=1 (reservation not yet claimed),
---                       w:<token>=<deadline ms>|... (waiters; the kind's entry)
+--                       w:<token>=<deadline ms>|<the kind's part>|<owner>
+--                       (waiters; the owner JSON, as ARGV[4] of acquire, is
+--                       for operators, and ends the entry: it may hold '|')
 
 local holders = KEYS[1]
 -- Every script of these kinds reads the clock (expiries are server ms): read
@@ -82,8 +84,14 @@ local function hold(token, ttl, owner, serial, horizon, fields)
   outlive(ttl + KEEP, holders, state)
 end
 
+-- Where the kind's part of waiter entry `info` ends (its second '|'), for
+-- wake()'s `stop`: the owner follows.
+local function owner_at(info, sep)
+  return string.find(info, '|', sep + 1, true)
+end
+
 -- Not admitted: queue `token` (at the back, or the front when `first`) with
--- waiter entry "<deadline>|<rest>" if it will wait (`wait` ms > 0), or keep
+-- waiter entry "<deadline>|<rest>|<owner>" (ARGV[4]) if it will wait (`wait` ms > 0), or keep
 -- its place with the new entry. Returns the acquire script's reply {0, ms}:
 -- ms until the state can change by itself, the earliest expiry of a holder
 -- or reservation (the waiter's fallback timer, and Retry-After).
@@ -92,7 +100,8 @@ local function wait_in_line(token, wait, rest, first)
     error(redis.error_reply(BAD_MS .. 'wait'))
   end
   if wait > 0 then
-    if redis.call('HSET', state, 'w:' .. token, (now_ms + wait) .. '|' .. rest) == 1 then
+    local entry = (now_ms + wait) .. '|' .. rest .. '|' .. ARGV[4]
+    if redis.call('HSET', state, 'w:' .. token, entry) == 1 then
       redis.call(first and 'LPUSH' or 'RPUSH', queue, token)
     end
     outlive(wait + KEEP, queue, state)

@@ -6,7 +6,7 @@
 -- The state's own fields: f=the last writer's fence, x=the token of the
 -- writer holding (or reserved), m:<token>=r|w per holder (its mode). A
 -- writer's serial is its fence. A waiter entry is
--- w:<token>=<deadline ms>|<r|w><p|s|c|-><channel>.
+-- w:<token>=<deadline ms>|<r|w><p|s|c|-><channel>|<owner>.
 --
 -- Admission: a writer is admitted when nobody holds the name, a reader when no
 -- writer holds it; either only when nobody is queued ahead of it. The queue is
@@ -17,7 +17,7 @@
 -- `mode` 'r' needs no look at x.
 function forget(token, mode)
   redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 'm:' .. token,
-    's:' .. token)
+    's:' .. token, 'e:' .. token)
   if mode ~= 'r' and redis.call('HGET', state, 'x') == token then
     redis.call('HDEL', state, 'x')
   end
@@ -67,7 +67,7 @@ local function promote(grace, self, grant_self)
       if head == self then
         grant_self()
         mine = true
-      elseif common().wake(info, sep + 2, nil, head) then
+      elseif common().wake(info, sep + 2, owner_at(info, sep), head) then
         redis.call('ZADD', holders, now_ms + grace, head)
         redis.call('HSET', state, 'r:' .. head, '1', 'm:' .. head, mode)
         if mode == 'w' then
@@ -91,7 +91,8 @@ local function promote(grace, self, grant_self)
     local head = redis.call('LINDEX', queue, 0)
     local info = head and head ~= self and redis.call('HGET', state, 'w:' .. head)
     if info then
-      common().wake(info, string.find(info, '|', 1, true) + 2, nil, head)
+      local sep = string.find(info, '|', 1, true)
+      common().wake(info, sep + 2, owner_at(info, sep), head)
     end
   end
   return mine, dry

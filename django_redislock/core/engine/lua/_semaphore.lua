@@ -2,10 +2,12 @@
 --
 -- KEYS: holders (one member per permit), queue, state (see _holders.lua)
 -- The state's own fields: l=the current limit (the one most recently stated
--- by an acquirer). A waiter entry is w:<token>=<deadline ms>|<p|s|c|-><channel>.
+-- by an acquirer). A waiter entry is
+-- w:<token>=<deadline ms>|<p|s|c|-><channel>|<owner>.
 
 function forget(token)
-  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 's:' .. token)
+  redis.call('HDEL', state, 'o:' .. token, 'a:' .. token, 'r:' .. token, 's:' .. token,
+    'e:' .. token)
 end
 
 -- After `count` reservations were made: wake the next `count` live waiters
@@ -25,7 +27,7 @@ local function alert(count, self)
     end
     local info = redis.call('HGET', state, 'w:' .. token)
     local sep = info and common().alive(info)
-    if sep and (token == self or common().wake(info, sep + 1, nil, token)) then
+    if sep and (token == self or common().wake(info, sep + 1, owner_at(info, sep), token)) then
       i = i + 1
       count = count - 1
     else
@@ -71,7 +73,7 @@ local function promote(grace, self, limit)
       -- Nobody listens on its channel: its process died (or is reconnecting,
       -- and will queue again). A reservation would only keep the permit idle
       -- until it ran out: the next waiter gets it.
-      elseif common().wake(info, sep + 1, nil, head) then
+      elseif common().wake(info, sep + 1, owner_at(info, sep), head) then
         redis.call('ZADD', holders, now_ms + grace, head)
         redis.call('HSET', state, 'r:' .. head, '1')
         outlive(grace + KEEP, holders, state)

@@ -15,5 +15,8 @@ if not score or tonumber(score) <= now_ms
   return 0
 end
 redis.call('ZADD', holders, now_ms + ttl, token)
+-- For operators only (inspect_holders.lua): when this holder last renewed
+-- or extended, server ms; forget() drops it with the holder's other fields.
+redis.call('HSET', state, 'e:' .. token, now_ms)
 outlive(ttl + KEEP, holders, state)
 return 1
