@@ -90,7 +90,7 @@ class Open:
 class Plain(Open, APIView):
     @LIMIT
     @idempotent
-    @redis_locked("drf:{pk}")
+    @redis_locked("drf:{pk}", wait=0)
     def post(self, request: Any, pk: str) -> Response:
         return _handle(request, pk)
 
@@ -99,7 +99,7 @@ class Orders(Open, viewsets.ViewSet):
     @action(detail=True, methods=["post"])
     @LIMIT
     @idempotent
-    @redis_locked("drf:{pk}")
+    @redis_locked("drf:{pk}", wait=0)
     def ship(self, request: Any, pk: str) -> Response:
         return _handle(request, pk)
 
@@ -107,7 +107,7 @@ class Orders(Open, viewsets.ViewSet):
 class Generic(Open, generics.GenericAPIView):
     @LIMIT
     @idempotent
-    @redis_locked("drf:{pk}")
+    @redis_locked("drf:{pk}", wait=0)
     def post(self, request: Any, pk: str) -> Response:
         return _handle(request, pk)
 
@@ -117,7 +117,7 @@ class Generic(Open, generics.GenericAPIView):
 @permission_classes([AllowAny])
 @concurrency_limited("drf-refusals", LIMIT_OF)
 @idempotent
-@redis_locked("drf:{pk}")
+@redis_locked("drf:{pk}", wait=0)
 def function(request: Any, pk: str) -> Response:
     return _handle(request, pk)
 
