@@ -55,7 +55,7 @@ PROBLEM_JSON = "application/problem+json"
 
 # Each problem type is documented under this address, one anchor per code
 # (docs/views.rst, "Refusals"): RFC 9457 wants a type a person can look up.
-TYPE_BASE = "https://django-redislock.readthedocs.io/en/latest/views.html#refusal-"
+TYPE_BASE = "https://django-redislock.readthedocs.io/en/latest/views.html#"
 
 
 @dataclasses.dataclass(frozen=True)

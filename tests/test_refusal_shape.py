@@ -138,3 +138,17 @@ def test_html_for_a_browser_and_text_when_asked(post: Any, held: Any) -> None:  
     assert text.status_code == 409
     assert text["Content-Type"] == "text/plain; charset=utf-8"
     assert text.content == b"This resource is busy; try again shortly.\n"
+
+
+def test_every_code_has_its_anchor_in_the_docs() -> None:
+    """docs/views.rst, Refusals: each problem ``type`` is an address that exists."""
+    from pathlib import Path
+
+    from django_redislock.http import _KINDS
+    from django_redislock.idempotency.responses import _TITLES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "views.rst").read_text()
+    codes = [code for code, _, _ in _KINDS.values()] + list(_TITLES)
+    for code in codes:
+        assert f"_`{code}`" in page, code
+    assert TYPE_BASE.endswith("/views.html#")
