@@ -247,3 +247,13 @@ def test_drf_default_handler_gives_detail_and_code() -> None:
         response = _post("/function/1/", {"n": 2}, {"Idempotency-Key": "x"})
     assert response.status_code == 422
     assert list(response.json()) == ["detail"]
+
+
+def test_the_response_settings_leave_drf_views_to_the_exception_handler(held: Any) -> None:  # noqa: F811
+    """``BUSY_RESPONSE`` shapes answers outside DRF views only."""
+    held("drf:1", timeout=20)
+    custom = {**settings.REDISLOCK, "BUSY_RESPONSE": "tests.test_decorators.custom_busy"}
+    with override_settings(REDISLOCK=custom):
+        response = _post("/apiview/1/")
+    assert response.status_code == 409
+    assert _error(response)["code"] == "lock_busy"
