@@ -39,9 +39,11 @@ __all__ = [
     "client_ip",
     "error_response",
     "in_drf_view",
+    "is_drf_view",
     "preferred_type",
     "problem_body",
     "refuse",
+    "rendered_by_drf_view",
     "request_in",
     "retry_after_header",
     "unavailable_response",
@@ -127,6 +129,47 @@ def in_drf_view(request: Any) -> bool:
     """
     module = sys.modules.get("rest_framework.request")
     return module is not None and isinstance(request, module.Request)
+
+
+# Set on Django's request while a DRF view's refusals made before its
+# dispatch (by a middleware, or a decorator around as_view()) are raised to
+# be rendered by that view (``rendered_by_drf_view``).
+_BY_DRF_VIEW = "_redislock_by_drf_view"
+
+
+def is_drf_view(view: Any) -> bool:
+    """Whether ``view`` is a DRF view function (``as_view()``, ``@api_view``)."""
+    module = sys.modules.get("rest_framework.views")
+    cls = getattr(view, "cls", None)
+    return module is not None and isinstance(cls, type) and issubclass(cls, module.APIView)
+
+
+def rendered_by_drf_view(
+    view: Any,
+    request: HttpRequest,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    call: Callable[[], Any],
+) -> Any:
+    """``call()``, whose refusals, if ``view`` is DRF's, its exception handling renders.
+
+    For code that runs before the view's dispatch (the idempotency middleware,
+    ``@idempotent`` around ``as_view()``): there is no DRF ``Request`` yet, so a
+    refusal is raised up to here and handed to the view as DRF would
+    (``contrib.drf.response_for``).
+    """
+    if not is_drf_view(view):
+        return call()
+    from .contrib.drf import Refused, response_for
+
+    outer = getattr(request, _BY_DRF_VIEW, False)  # the middleware's, around a decorator's
+    setattr(request, _BY_DRF_VIEW, True)
+    try:
+        return call()
+    except Refused as exc:
+        return response_for(view, request, exc, args, kwargs)
+    finally:
+        setattr(request, _BY_DRF_VIEW, outer)
 
 
 # What a refusal can be sent as, best first when the client likes several equally.
@@ -247,7 +290,7 @@ def refuse(
     ``handler``'s response, if a setting names one, else a response in the
     shape the client prefers.
     """
-    if in_drf_view(request):
+    if in_drf_view(request) or getattr(request, _BY_DRF_VIEW, False):
         from .contrib.drf import refused
 
         raise refused(refusal)

@@ -4,7 +4,9 @@ A project's own ``EXCEPTION_HANDLER`` (here one that wraps every error in an
 envelope of its own) renders a busy lock, Redis unavailable, each idempotency
 refusal and a throttled request like any other DRF error, with ``Retry-After``
 from ``wait``; in every form of DRF view: ``APIView``, a viewset's ``@action``,
-``@api_view`` and a generic view. Nothing to opt into. DRF runs no async
+``@api_view`` and a generic view; for the idempotency refusals also before
+DRF's dispatch (the middleware, ``@idempotent`` around ``as_view()``), where
+the view's own exception handling is called. Nothing to opt into. DRF runs no async
 handler, so these are sync only.
 """
 
@@ -37,7 +39,7 @@ from django_redislock.contrib.drf import (
     LockUnavailable,
 )
 from django_redislock.core.drivers.semaphore import Semaphore
-from django_redislock.idempotency import idempotent
+from django_redislock.idempotency import MIDDLEWARE_PATH, idempotent
 from tests.test_decorators import dead_redis, held  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.urls("tests.test_refusals_drf")
@@ -122,6 +124,13 @@ def function(request: Any, pk: str) -> Response:
     return _handle(request, pk)
 
 
+class Bare(Open, APIView):
+    """Served by the idempotency middleware, or by @idempotent around as_view()."""
+
+    def post(self, request: Any, pk: str) -> Response:
+        return _handle(request, pk)
+
+
 router = SimpleRouter()
 router.register("viewset", Orders, basename="orders")
 
@@ -129,6 +138,10 @@ urlpatterns = [
     path("apiview/<pk>/", Plain.as_view()),
     path("generic/<pk>/", Generic.as_view()),
     path("function/<pk>/", function),
+    path("mw/<pk>/", Bare.as_view()),
+    path("outer/<pk>/", idempotent(Bare.as_view())),
+    path("locked/<pk>/", redis_locked("drf:{pk}", wait=0)(Bare.as_view())),
+    path("limited/<pk>/", concurrency_limited("drf-refusals", LIMIT_OF)(Bare.as_view())),
     path("", include(router.urls)),
 ]
 
@@ -138,6 +151,8 @@ FORMS = {
     "generic": "/generic/1/",
     "function": "/function/1/",
 }
+# Keys checked before DRF's dispatch: by the middleware, or around as_view().
+BEFORE_DISPATCH = {"middleware": "/mw/1/", "outer": "/outer/1/"}
 
 
 def _post(url: str, data: Any = None, headers: Any = None) -> Any:
@@ -150,13 +165,23 @@ def _post(url: str, data: Any = None, headers: Any = None) -> Any:
 @pytest.fixture(autouse=True)
 def _project_handler() -> Iterator[None]:
     duplicates.clear()
-    with override_settings(REST_FRAMEWORK={"EXCEPTION_HANDLER": f"{__name__}.envelope"}):
+    with override_settings(
+        REST_FRAMEWORK={"EXCEPTION_HANDLER": f"{__name__}.envelope"},
+        MIDDLEWARE=[*settings.MIDDLEWARE, MIDDLEWARE_PATH],
+        REDISLOCK={**settings.REDISLOCK, "IDEMPOTENCY": {"PATHS": ["^/mw/"]}},
+    ):
         yield
 
 
 @pytest.fixture(params=list(FORMS))
 def url(request: pytest.FixtureRequest) -> str:
     return FORMS[request.param]
+
+
+@pytest.fixture(params=[*FORMS, *BEFORE_DISPATCH])
+def keyed_url(request: pytest.FixtureRequest) -> str:
+    """Every form for the idempotency refusals, the middleware's too."""
+    return {**FORMS, **BEFORE_DISPATCH}[request.param]
 
 
 def _error(response: Any) -> dict[str, Any]:
@@ -167,9 +192,15 @@ def _error(response: Any) -> dict[str, Any]:
     return error
 
 
-def test_a_busy_lock_is_the_projects_409(url: str, held: Any) -> None:  # noqa: F811
+@pytest.fixture(params=[*FORMS, "locked"])
+def locked_url(request: pytest.FixtureRequest) -> str:
+    """Every form for a lock's refusals, a lock around the whole as_view() too."""
+    return {**FORMS, "locked": "/locked/1/"}[request.param]
+
+
+def test_a_busy_lock_is_the_projects_409(locked_url: str, held: Any) -> None:  # noqa: F811
     held("drf:1", timeout=20)
-    response = _post(url)
+    response = _post(locked_url)
     assert response.status_code == 409
     assert 1 <= int(response["Retry-After"]) <= 20
     error = _error(response)
@@ -177,25 +208,25 @@ def test_a_busy_lock_is_the_projects_409(url: str, held: Any) -> None:  # noqa: 
     assert error["message"] == "This resource is busy; try again shortly."
 
 
-def test_redis_unavailable_is_the_projects_503(url: str, dead_redis: None) -> None:  # noqa: F811
-    response = _post(url)
+def test_redis_unavailable_is_the_projects_503(locked_url: str, dead_redis: None) -> None:  # noqa: F811
+    response = _post(locked_url)
     assert response.status_code == 503
     assert int(response["Retry-After"]) >= 1
     error = _error(response)
     assert (error["kind"], error["code"]) == (LockUnavailable.__name__, "lock_unavailable")
 
 
-def test_a_key_reused_for_another_body_is_the_projects_422(url: str) -> None:
-    assert _post(url, {"n": 1}, {"Idempotency-Key": "k"}).status_code == 201
-    response = _post(url, {"n": 2}, {"Idempotency-Key": "k"})
+def test_a_key_reused_for_another_body_is_the_projects_422(keyed_url: str) -> None:
+    assert _post(keyed_url, {"n": 1}, {"Idempotency-Key": "k"}).status_code == 201
+    response = _post(keyed_url, {"n": 2}, {"Idempotency-Key": "k"})
     assert response.status_code == 422
     assert not response.has_header("Retry-After")  # the same key will never do
     error = _error(response)
     assert (error["kind"], error["code"]) == (IdempotencyRefused.__name__, "idempotency_key_reused")
 
 
-def test_a_duplicate_in_flight_is_the_projects_409(url: str) -> None:
-    first = _post(url, {"duplicate": True}, {"Idempotency-Key": "d"})
+def test_a_duplicate_in_flight_is_the_projects_409(keyed_url: str) -> None:
+    first = _post(keyed_url, {"duplicate": True}, {"Idempotency-Key": "d"})
     assert first.status_code == 201
     (duplicate,) = duplicates
     assert duplicate.status_code == 409
@@ -204,9 +235,9 @@ def test_a_duplicate_in_flight_is_the_projects_409(url: str) -> None:
     assert (error["kind"], error["code"]) == (IdempotencyRefused.__name__, "idempotency_key_in_use")
 
 
-def test_an_unknown_scope_is_the_projects_500(url: str) -> None:
+def test_an_unknown_scope_is_the_projects_500(keyed_url: str) -> None:
     """Credentials no authentication class read: the key cannot be scoped per user."""
-    response = _post(url, {}, {"Idempotency-Key": "s", "X-Api-Key": "alice"})
+    response = _post(keyed_url, {}, {"Idempotency-Key": "s", "X-Api-Key": "alice"})
     assert response.status_code == 500
     error = _error(response)
     assert (error["kind"], error["code"]) == (
@@ -216,14 +247,15 @@ def test_an_unknown_scope_is_the_projects_500(url: str) -> None:
     assert "X-Api-Key header" in error["message"]
 
 
-def test_a_missing_key_where_one_is_required_is_the_projects_400(url: str) -> None:
-    required = {**settings.REDISLOCK, "IDEMPOTENCY": {"REQUIRED": True}}
+def test_a_missing_key_where_one_is_required_is_the_projects_400(keyed_url: str) -> None:
+    required = {**settings.REDISLOCK, "IDEMPOTENCY": {"PATHS": ["^/mw/"], "REQUIRED": True}}
     with override_settings(REDISLOCK=required):
-        response = _post(url)
+        response = _post(keyed_url)
     assert response.status_code == 400
     assert _error(response)["code"] == "idempotency_key_missing"
 
 
+@pytest.mark.parametrize("url", [*FORMS.values(), "/limited/1/"])
 def test_a_throttled_request_is_the_projects_throttle(url: str, r: redis.Redis) -> None:
     occupiers = [Semaphore(r, "throttle:drf-refusals", LIMIT_OF, ttl=20, wait=0) for _ in "ab"]
     assert all(occupier.acquire() for occupier in occupiers)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest, HttpResponseBase
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -42,6 +43,7 @@ __all__ = [
     "api_exception",
     "exception_handler",
     "refused",
+    "response_for",
 ]
 
 
@@ -132,6 +134,34 @@ def refused(refusal: Refusal) -> Refused:
     exc = kind(refusal.detail, refusal.code, wait=refusal.retry_after, status=refusal.status)
     exc.refusal = refusal
     return exc
+
+
+def response_for(
+    view: Any,
+    request: HttpRequest,
+    exc: exceptions.APIException,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> HttpResponseBase:
+    """``exc`` answered by the DRF view ``view`` (an ``as_view()`` function) as
+    its dispatch would answer it: the view's exception handling and the
+    project's ``EXCEPTION_HANDLER``, its renderers and content negotiation.
+
+    For a refusal made before the view ran (its authentication, permissions
+    and throttles have not: they answer nothing here). The response renders
+    as the view's would, when Django's handler renders it.
+    """
+    instance = view.cls(**view.initkwargs)
+    actions = getattr(view, "actions", None)
+    if actions:  # a viewset: its action, as ViewSetMixin.as_view() binds it
+        instance.action_map = actions
+    instance.args, instance.kwargs = args, kwargs
+    drf_request = instance.initialize_request(request, *args, **kwargs)
+    instance.request = drf_request
+    instance.headers = instance.default_response_headers
+    instance.format_kwarg = instance.get_format_suffix(**kwargs)
+    response = instance.handle_exception(exc)
+    return instance.finalize_response(drf_request, response, *args, **kwargs)
 
 
 def api_exception(exc: BaseException) -> exceptions.APIException | None:
