@@ -289,3 +289,20 @@ def test_the_response_settings_leave_drf_views_to_the_exception_handler(held: An
         response = _post("/apiview/1/")
     assert response.status_code == 409
     assert _error(response)["code"] == "lock_busy"
+
+
+def test_the_middleware_under_asgi_renders_through_the_drf_view() -> None:
+    """An ASGI request: the middleware serves the sync DRF view in a thread, and
+    hands its refusal to the view's exception handling there."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    async def post(body: str) -> Any:
+        return await AsyncClient().post(
+            "/mw/1/", body, content_type="application/json", headers={"Idempotency-Key": "a"}
+        )
+
+    assert async_to_sync(post)('{"n": 1}').status_code == 201
+    response = async_to_sync(post)('{"n": 2}')
+    assert response.status_code == 422
+    assert _error(response)["code"] == "idempotency_key_reused"
