@@ -306,3 +306,25 @@ def test_the_middleware_under_asgi_renders_through_the_drf_view() -> None:
     response = async_to_sync(post)('{"n": 2}')
     assert response.status_code == 422
     assert _error(response)["code"] == "idempotency_key_reused"
+
+
+def test_a_refusal_raised_for_drf_is_counted() -> None:
+    """Raising ends the call: the metrics count the refusal before it is raised."""
+    from prometheus_client import REGISTRY
+
+    from django_redislock import connection
+
+    labels = {"name": f"idempotent:{__name__}.function", "outcome": "refused"}
+
+    def refused() -> float:
+        return REGISTRY.get_sample_value("redislock_idempotency_keys_total", labels) or 0.0
+
+    connection.reset()
+    try:
+        with override_settings(REDISLOCK={**settings.REDISLOCK, "METRICS": ["prometheus"]}):
+            before = refused()
+            assert _post("/function/1/", {"n": 1}, {"Idempotency-Key": "m"}).status_code == 201
+            assert _post("/function/1/", {"n": 2}, {"Idempotency-Key": "m"}).status_code == 422
+            assert refused() == before + 1
+    finally:
+        connection.reset()
