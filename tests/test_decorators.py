@@ -143,7 +143,9 @@ def test_busy_view_gets_409_with_retry_after(get: Get, view: str, held: Any) -> 
     response = get(f"/{view}/apple/")
     assert response.status_code == 409
     assert 1 <= int(response["Retry-After"]) <= 30
-    assert response["Content-Type"].startswith("text/plain")
+    # A client that accepts anything (the test client sends no Accept) gets JSON.
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["code"] == "lock_busy"
     assert response["Cache-Control"] == "no-store"
 
 

@@ -220,7 +220,7 @@ def test_the_extras_the_docs_name_exist() -> None:
     assert extras == {
         "hiredis": "redis[hiredis]",
         "celery": "celery>=5.3",
-        "drf": "djangorestframework>=3.15",
+        "drf": "djangorestframework>=3.15,<3.19",
         "prometheus": "prometheus_client>=0.20",
         "opentelemetry": "opentelemetry-api>=1.27",
     }
@@ -229,9 +229,30 @@ def test_the_extras_the_docs_name_exist() -> None:
         assert f"``[{name}]``" in installation, name
         assert f"``{name}``" in README, name
     assert "Celery 5.3 or newer" in installation
-    assert "Django REST framework 3.15 or newer" in installation
+    assert "Django REST framework 3.15 to 3.18" in installation
     assert "prometheus_client 0.20 or newer" in installation
     assert "OpenTelemetry API 1.27 or newer" in installation
+
+
+def test_ci_runs_the_oldest_and_the_newest_drf_it_supports() -> None:
+    """README Requirements and tox.ini: the ``drf`` extra's range (3.15 to 3.18);
+    the ci label runs its oldest (the ``drf315`` factor) in one environment and
+    its newest (no pin below the extra's cap) in another, with none of its own."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    extra = setup["options.extras_require"]["drf"].strip()
+    assert "* Django REST framework 3.15 to 3.18, if you use it" in README
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    deps = tox["testenv"]["deps"]
+    assert f"\n{extra}\n" in f"\n{deps}\n".replace("    ", ""), "every env: the extra's range"
+    assert "\ndrf315: djangorestframework>=3.15,<3.16\n" in deps.replace("    ", "") + "\n"
+    ci = [env.strip() for env in tox["tox"]["labels"].split("=", 1)[1].split(",")]
+    runs_tests = [env for env in ci if env.startswith("py")]
+    oldest = [env for env in runs_tests if env.endswith("-drf315")]
+    assert oldest == ["py310-django52-redis5-drf315"]
+    assert "py313-django61-redis8" in runs_tests  # newest Django, newest DRF
+    assert len(ci) == 7
 
 
 def test_the_readme_links_to_pages_that_exist() -> None:

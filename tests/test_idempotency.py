@@ -507,9 +507,12 @@ def test_other_methods_and_disabled_run_as_undecorated(r: redis.Redis) -> None:
     assert len(runs) == 4
 
 
-def test_text_answers_without_json() -> None:
+def test_text_answers_when_asked_for() -> None:
     response = Client().post(
-        "/plain/", "x", content_type="text/plain", headers={"Idempotency-Key": ""}
+        "/plain/",
+        "x",
+        content_type="text/plain",
+        headers={"Idempotency-Key": "", "Accept": "text/plain"},
     )
     assert response.status_code == 400
     assert response["Content-Type"] == "text/plain; charset=utf-8"

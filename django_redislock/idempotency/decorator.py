@@ -12,7 +12,7 @@ from django.db import connections, transaction
 from django.http import HttpRequest
 
 from ..conf import conf
-from ..http import request_in
+from ..http import rendered_by_drf_view, request_in
 from ..locking.transactions import EVERY_ALIAS, opted_out
 from .guard import SERVED, Call, prepare, prepare_async, serve, serve_async
 from .settings import check_arguments, policy
@@ -82,6 +82,11 @@ def _wrap(view: Callable[..., Any], overrides: dict[str, Any]) -> Any:
 
     @functools.wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        request = _need_request(view, args)
+        # Around a DRF view's as_view(): its refusals through its exception handling.
+        return rendered_by_drf_view(view, request, args[1:], kwargs, lambda: run(*args, **kwargs))
+
+    def run(*args: Any, **kwargs: Any) -> Any:
         request = _need_request(view, args)
         served = _served_already(request)
         prepared = None

@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.db import connections
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpResponseBase
 
 from ..connection import get_async_client, get_client
 from ..core.engine.keys import IdempotencyKeys
@@ -96,7 +96,7 @@ class Call:
 
 
 # -- preparing a call -------------------------------------------------------------------
-def _key_or_answer(request: Any, policy: Policy) -> str | HttpResponse | None:
+def _key_or_answer(request: Any, policy: Policy) -> str | HttpResponseBase | None:
     if (request.method or "").upper() not in policy.methods:
         return None
     try:
@@ -115,7 +115,7 @@ def _key_or_answer(request: Any, policy: Policy) -> str | HttpResponse | None:
     return key
 
 
-def _scope_refused(request: Any, exc: ScopeUnknown) -> HttpResponse:
+def _scope_refused(request: Any, exc: ScopeUnknown) -> HttpResponseBase:
     logger.error("refused a request with an idempotency key: %s", exc)
     return problem(request, 500, "idempotency_scope_unknown", str(exc))
 
@@ -140,7 +140,7 @@ def _scoped(
     view: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any] | None,
-) -> tuple[str, str] | HttpResponse | None:
+) -> tuple[str, str] | HttpResponseBase | None:
     """(scope, key), or what ``prepare`` answers without them."""
     key = _key_or_answer(request, policy)
     if not isinstance(key, str):
@@ -162,7 +162,7 @@ def prepare(
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     label: str,
-) -> Call | HttpResponse | None:
+) -> Call | HttpResponseBase | None:
     """The call to serve, an answer (400, or a refusal), or None: run the view as it is."""
     found = _scoped(request, policy, view, args, kwargs)
     if not isinstance(found, tuple):
@@ -178,7 +178,7 @@ async def prepare_async(
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     label: str,
-) -> Call | HttpResponse | None:
+) -> Call | HttpResponseBase | None:
     """``prepare`` in an event loop: a scope that needs the database is computed
     in a thread, and so is the fingerprint of a large body."""
     found = await sync_from_loop(_scoped)(request, policy, view, args, kwargs)
@@ -272,7 +272,7 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
     try:
         stored, _ = yield record.read
         early = counted(
-            call.label, answer(call.request, call.policy, call.fingerprint, stored, None)
+            call.label, call.request, answer(call.policy, call.fingerprint, stored, None)
         )
         if early is not None:
             return early
@@ -309,8 +309,8 @@ def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
         stored, pttl = yield attempt.record.read
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = answer(call.request, call.policy, call.fingerprint, stored, pttl)
-    return counted(call.label, early or in_progress(call.request, call.policy, stored, pttl))
+    early = answer(call.policy, call.fingerprint, stored, pttl)
+    return counted(call.label, call.request, early or in_progress(call.policy, stored, pttl))
 
 
 def _name(request: Any, attempt: _Attempt) -> str:
@@ -371,7 +371,7 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
         stored, pttl = yield record.read
     except RedisUnavailable as exc:
         return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = counted(call.label, answer(call.request, call.policy, call.fingerprint, stored, pttl))
+    early = counted(call.label, call.request, answer(call.policy, call.fingerprint, stored, pttl))
     if early is not None:
         return early
     attempt = _Attempt(call, record, run)

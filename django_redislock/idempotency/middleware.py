@@ -23,6 +23,7 @@ from django.http import HttpRequest
 
 from ..checks import middleware_entries, middleware_index
 from ..conf import conf
+from ..http import rendered_by_drf_view
 from ..stepping import Steps, run_steps, run_steps_async
 from .guard import SERVED, Call, prepare, prepare_async, serve, serve_async
 from .settings import MIDDLEWARE_PATH, Policy, middleware_hooks_after, policy
@@ -103,7 +104,8 @@ class IdempotencyMiddleware:
         if served is None:
             return None
         run = async_to_sync(run_steps_async) if iscoroutinefunction(view) else run_steps
-        return run(served)
+        # A DRF view's refusals go through its exception handling.
+        return rendered_by_drf_view(view, request, args, kwargs, lambda: run(served))
 
     async def _process_view_async(
         self, request: HttpRequest, view: View, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -114,8 +116,10 @@ class IdempotencyMiddleware:
         if iscoroutinefunction(view):
             return await run_steps_async(served)
         # A sync view, its transaction and its lock, in the thread Django
-        # would have run it in.
-        return await sync_to_async(run_steps, thread_sensitive=True)(served)
+        # would have run it in; a DRF view's refusals through its exception handling.
+        return await sync_to_async(rendered_by_drf_view, thread_sensitive=True)(
+            view, request, args, kwargs, lambda: run_steps(served)
+        )
 
 
 def _refuse_atomic_requests(view: View) -> None:

@@ -1,7 +1,7 @@
 """What a request with a key is answered, and what of a response is stored.
 
-Errors are ``{"error": ..., "detail": ...}`` JSON when the client asks for
-JSON, plain text otherwise, always with ``Cache-Control: no-store``.
+A refusal is a ``Refusal`` until it is answered (``counted``): in the
+library's one shape (``http.refuse``), or raised inside a DRF view.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import json
 import logging
 import math
 import time
-from typing import Any, TypeVar
+from typing import Any
 
-from django.http import HttpResponse, HttpResponseBase, JsonResponse
+from django.http import HttpResponse, HttpResponseBase
 
-from ..http import retry_after_header, unavailable_response, wants_json
+from ..http import Refusal, refuse, retry_after_header, unavailable_response
 from ..signals import count_key
 from .records import Record
 from .settings import Policy
@@ -27,6 +27,7 @@ __all__ = [
     "in_progress",
     "outcome_unknown",
     "problem",
+    "refusal",
     "snapshot",
     "unavailable",
 ]
@@ -37,33 +38,47 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 OMITTED_HEADER = "Idempotent-Body-Omitted"
 
 
-_Answer = TypeVar("_Answer", HttpResponseBase, "HttpResponseBase | None")
-
-
-def counted(label: str, answered: _Answer) -> _Answer:
-    """``answered`` (a duplicate's answer, or None), counted for the metrics."""
-    if answered is not None:
-        replayed = answered.has_header(REPLAYED_HEADER)
-        count_key("idempotency", label, "replayed" if replayed else "refused")
+def counted(label: str, request: Any, answered: HttpResponseBase | Refusal | None) -> Any:
+    """``answered`` (a duplicate's answer, or None), counted for the metrics,
+    then given: a replay as it is, a refusal in the library's shape (raised
+    inside a DRF view, so it is counted first)."""
+    if answered is None:
+        return None
+    if isinstance(answered, Refusal):
+        count_key("idempotency", label, "refused")
+        return refuse(request, answered)
+    replayed = answered.has_header(REPLAYED_HEADER)
+    count_key("idempotency", label, "replayed" if replayed else "refused")
     return answered
 
 
-def problem(request: Any, status: int, code: str, detail: str) -> HttpResponse:
-    response: HttpResponse
-    if wants_json(request):
-        response = JsonResponse({"error": code, "detail": detail}, status=status)
-    else:
-        response = HttpResponse(
-            detail + "\n", status=status, content_type="text/plain; charset=utf-8"
-        )
-    response["Cache-Control"] = "no-store"
-    return response
+_TITLES = {
+    "idempotency_key_missing": "Idempotency key missing",
+    "idempotency_key_invalid": "Idempotency key invalid",
+    "idempotency_key_reused": "Idempotency key reused",
+    "idempotency_key_in_use": "Request with this key in progress",
+    "idempotency_outcome_unknown": "Outcome of this key unknown",
+    "idempotency_scope_unknown": "Idempotency scope unknown",
+}
 
 
-def _mismatch(request: Any, policy: Policy) -> HttpResponse:
+def refusal(status: int, code: str, detail: str, retry_after: float | None = None) -> Refusal:
+    return Refusal(
+        status=status,
+        code=code,
+        title=_TITLES[code],
+        detail=detail,
+        retry_after=None if retry_after is None else int(retry_after_header(retry_after)),
+    )
+
+
+def problem(request: Any, status: int, code: str, detail: str) -> HttpResponseBase:
+    return refuse(request, refusal(status, code, detail))
+
+
+def _mismatch(policy: Policy) -> Refusal:
     logger.info("%s reused for another request: 422", policy.header)
-    return problem(
-        request,
+    return refusal(
         422,
         "idempotency_key_reused",
         f"This {policy.header} was already used for a different request (another method, "
@@ -93,17 +108,15 @@ def retry_hint(record: Record, pttl: int, now_ms: float | None = None) -> float:
     return hint if pttl <= 0 else min(hint, max(SOON, pttl / 1000))
 
 
-def in_progress(request: Any, policy: Policy, record: Record, pttl: int) -> HttpResponse:
+def in_progress(policy: Policy, record: Record, pttl: int) -> Refusal:
     logger.info("%s duplicate while the first request runs: 409", policy.header)
-    response = problem(
-        request,
+    return refusal(
         409,
         "idempotency_key_in_use",
         f"A request with this {policy.header} is still being processed; retry after "
         "Retry-After seconds to get its response.",
+        retry_hint(record, pttl),
     )
-    response["Retry-After"] = retry_after_header(retry_hint(record, pttl))
-    return response
 
 
 def _replay(policy: Policy, record: Record) -> HttpResponse:
@@ -118,13 +131,12 @@ def _replay(policy: Policy, record: Record) -> HttpResponse:
     return response
 
 
-def outcome_unknown(request: Any, policy: Policy) -> HttpResponse:
+def outcome_unknown(policy: Policy) -> Refusal:
     logger.warning(
         "%s of a request whose outcome is unknown (its holder is gone, nothing stored): 409",
         policy.header,
     )
-    return problem(
-        request,
+    return refusal(
         409,
         "idempotency_outcome_unknown",
         f"A request with this {policy.header} started earlier, and its outcome was not "
@@ -134,8 +146,8 @@ def outcome_unknown(request: Any, policy: Policy) -> HttpResponse:
 
 
 def answer(
-    request: Any, policy: Policy, fingerprint: str, record: Record, pttl: int | None
-) -> HttpResponse | None:
+    policy: Policy, fingerprint: str, record: Record, pttl: int | None
+) -> HttpResponse | Refusal | None:
     """What a request gets from the record and the lease alone (None: it may run,
     or the request that holds the key answers it).
 
@@ -145,14 +157,14 @@ def answer(
     if not record:
         return None  # never used, or freed by a failed attempt
     if record.get(b"fp", b"").decode() != fingerprint:
-        return _mismatch(request, policy)
+        return _mismatch(policy)
     if record.get(b"state") == b"done":
         return _replay(policy, record)
     if pttl is None or pttl < 0:
         # Marked running, and its request no longer holds the key: it died, or
         # outlived its lease, or could not record how it ended. Its view may
         # have done its work: running it again is what the key is for preventing.
-        return outcome_unknown(request, policy)
+        return outcome_unknown(policy)
     return None
 
 

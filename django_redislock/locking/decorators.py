@@ -32,7 +32,7 @@ from ..conf import conf
 from ..core.drivers.lock import Lock
 from ..core.drivers.lock_async import AsyncLock
 from ..core.exceptions import LockLost, RedisUnavailable
-from ..http import request_in
+from ..http import is_drf_view, rendered_by_drf_view, request_in
 from ..signals import declare
 from ..stepping import sync_from_loop
 from .blocks import redis_lock
@@ -227,9 +227,22 @@ def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: LockOpt
         # _non_atomic_requests (copied by wraps) keeps that behaviour intact.
         return async_wrapper
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return _call(wrapper, locked, args, kwargs)
+    if is_drf_view(func):
+        # Around a DRF view's as_view(): its refusals, made before its dispatch,
+        # through its exception handling.
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = request_in(args)
+            if request is None:
+                return _call(wrapper, locked, args, kwargs)
+            call = functools.partial(_call, wrapper, locked, args, kwargs)
+            return rendered_by_drf_view(func, request, args[1:], kwargs, call)
+
+    else:
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return _call(wrapper, locked, args, kwargs)
 
     wrapper._non_atomic_requests = EVERY_ALIAS  # type: ignore[attr-defined]
     return wrapper

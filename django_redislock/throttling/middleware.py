@@ -28,7 +28,13 @@ from ..connection import get_client
 from ..core.drivers.base import fields_of
 from ..core.drivers.semaphore import SemaphoreBase, release_permit
 from ..core.exceptions import LockError, RedisUnavailable
-from ..http import client_ip, error_response, unavailable_response
+from ..http import (
+    client_ip,
+    error_response,
+    is_drf_view,
+    rendered_by_drf_view,
+    unavailable_response,
+)
 from ..locking.factories import get_async_semaphore, get_semaphore
 from ..signals import declare, request_throttled, send_unavailable
 from ..stepping import Steps, run_steps, run_steps_async
@@ -230,7 +236,12 @@ def _limited(
             )
             acquired = yield sem.acquire
         except (RedisUnavailable, RedisError) as exc:
-            refusal = _unavailable(request, rule, exc)
+            try:
+                refusal = _unavailable(request, rule, exc)
+            except BaseException:
+                # Raised for DRF's exception handler: the permits taken go back first.
+                yield from _releasing(permits)
+                raise
             if refusal is not None:
                 yield from _releasing(permits)
                 return refusal
@@ -339,7 +350,11 @@ def concurrency_limited(
             if not conf.ENABLED:
                 return view(request, *args, **kwargs)
             served = _limited(request, [rule], lambda r: view(r, *args, **kwargs), False)
+            if by_drf:  # around a DRF view's as_view(): refused through its handling
+                return rendered_by_drf_view(view, request, args, kwargs, lambda: run_steps(served))
             return run_steps(served)
+
+        by_drf = is_drf_view(view)
 
         return wrapper
 
