@@ -13,6 +13,7 @@ The checks are registered by ``RedisLockConfig.ready()``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -177,6 +178,7 @@ def settings_problems() -> list[Problem]:
         "UNAVAILABLE_RESPONSE",
         "THROTTLE_RESPONSE",
         "ADMIN_PERMISSION",
+        "CALLER",
     ):
         if not _is_callable_or_path(value(key)):
             found.append(
@@ -186,6 +188,19 @@ def settings_problems() -> list[Problem]:
                     f"Set REDISLOCK[{key!r}] to 'package.module.name', or remove it.",
                 )
             )
+    headers = value("CREDENTIAL_HEADERS")
+    if not isinstance(headers, (list, tuple)) or not all(
+        isinstance(h, str) and re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", h) for h in headers
+    ):
+        found.append(
+            Problem(
+                "django_redislock.E080",
+                "REDISLOCK['CREDENTIAL_HEADERS'] must be a list of HTTP header names; "
+                f"got {headers!r}.",
+                "Use e.g. ['Authorization', 'X-Api-Key'] (the default), or [] to trust the "
+                "address of every request no authentication accepts.",
+            )
+        )
     status = value("BUSY_STATUS")
     if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
         found.append(

@@ -38,6 +38,7 @@ _MESSAGES = {
     "busy": "This resource is busy; try again shortly.",
     "unavailable": "The lock service is unavailable; try again shortly.",
     "throttled": "Too many concurrent requests; try again shortly.",
+    "caller_unknown": "The server cannot tell who sent this request, so it is not served.",
 }
 
 

@@ -23,15 +23,16 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponseBase
 from redis.exceptions import RedisError
 
+from ..caller import CallerUnknown, NotAuthenticated, ask_as_view, caller_of, view_of
 from ..conf import conf
 from ..connection import get_client
 from ..core.drivers.base import fields_of
 from ..core.drivers.semaphore import SemaphoreBase, release_permit
 from ..core.exceptions import LockError, RedisUnavailable
-from ..http import client_ip, error_response, unavailable_response
+from ..http import client_ip, error_response, request_in, unavailable_response
 from ..locking.factories import get_async_semaphore, get_semaphore
 from ..signals import declare, request_throttled, send_unavailable
-from ..stepping import Steps, run_steps, run_steps_async
+from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from .rules import Rule, current_rules, make_rule, matching_rules
 
 __all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited"]
@@ -46,10 +47,9 @@ decorated_rules: dict[str, Rule] = {}
 
 
 # -- keys ----------------------------------------------------------------------------
-def _user_key(user: Any, request: HttpRequest) -> str:
-    if user is not None and getattr(user, "is_authenticated", False):
-        return f"u:{user.pk}"
-    return f"ip:{client_ip(request)}"
+# Where a request goes: the view, its args and kwargs (a decorator knows them;
+# the middleware resolves the URL, only for a rule that asks who the caller is).
+Target = tuple[Any, tuple[Any, ...], dict[str, Any]]
 
 
 def semaphore_name(rule: Rule, key: str | None) -> str:
@@ -58,37 +58,43 @@ def semaphore_name(rule: Rule, key: str | None) -> str:
     return f"throttle:{rule.name}:{rule.per}:{key}"
 
 
-def _key(rule: Rule, request: HttpRequest) -> str | None | object:
+def _target(request: HttpRequest, target: Target | None) -> Target:
+    return view_of(request) if target is None else target
+
+
+def _key(rule: Rule, request: HttpRequest, target: Target | None) -> str | None | object:
     if rule.per == "global":
         return None
     if rule.per == "ip":
         return client_ip(request)
+    view, args, kwargs = _target(request, target)
     if rule.per == "user":
-        return _user_key(getattr(request, "user", None), request)
+        return caller_of(request, view, args, kwargs)
     assert rule.key_func is not None
-    if iscoroutinefunction(rule.key_func):
+    func = rule.key_func
+    if iscoroutinefunction(func):
         from asgiref.sync import async_to_sync
 
-        key = async_to_sync(rule.key_func)(request)
-    else:
-        key = rule.key_func(request)
+        func = async_to_sync(func)
+    key = ask_as_view(func, request, view, args, kwargs)
     return _ANONYMOUS if key is None else str(key)
 
 
-async def _key_async(rule: Rule, request: HttpRequest) -> str | None | object:
+async def _key_async(
+    rule: Rule, request: HttpRequest, target: Target | None
+) -> str | None | object:
     if rule.per == "global":
         return None
     if rule.per == "ip":
         return client_ip(request)
     if rule.per == "user":
-        auser = getattr(request, "auser", None)
-        user = await auser() if auser is not None else getattr(request, "user", None)
-        return _user_key(user, request)
+        # Authentication may need the database: on the loop until it does.
+        return await sync_from_loop(_key)(rule, request, target)
+    if not iscoroutinefunction(rule.key_func):
+        return await sync_to_async(_key)(rule, request, target)
+    # A coroutine of the project's own: it is given the request as it is.
     assert rule.key_func is not None
-    if iscoroutinefunction(rule.key_func):
-        key = await rule.key_func(request)
-    else:
-        key = await sync_to_async(rule.key_func)(request)
+    key = await rule.key_func(request)
     return _ANONYMOUS if key is None else str(key)
 
 
@@ -138,6 +144,23 @@ def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
         name=rule.name,
         handler=conf.THROTTLE_RESPONSE,
     )
+
+
+def _caller_unknown(request: HttpRequest, rule: Rule, exc: CallerUnknown) -> HttpResponseBase:
+    """A request the rule cannot count per client: refused, never counted per address."""
+    logger.error(
+        "refused %s: rule %r counts per %s, but %s",
+        _label(request),
+        rule.name,
+        rule.per,
+        exc,
+        extra=_fields(rule, status=500),
+    )
+    response = error_response(
+        request, status=500, retry_after=None, reason="caller_unknown", name=rule.name
+    )
+    del response["Retry-After"]  # not a matter of time
+    return response
 
 
 def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpResponseBase | None:
@@ -209,15 +232,29 @@ def _releasing(permits: list[Any]) -> Steps[None]:
 
 # -- the request path -----------------------------------------------------------------------
 def _limited(
-    request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], Any], asynchronous: bool
+    request: HttpRequest,
+    rules: list[Rule],
+    call: Callable[[HttpRequest], Any],
+    asynchronous: bool,
+    target: Target | None = None,
 ) -> Steps[HttpResponseBase]:
-    """A permit of each rule, then the response: one body for both kinds of request."""
+    """A permit of each rule, then the response: one body for both kinds of request.
+
+    ``target``: the view the request goes to, as a decorator knows it; None
+    for the middleware, which resolves the URL when a rule asks who the caller is.
+    """
     key_of = _key_async if asynchronous else _key
     semaphore = get_async_semaphore if asynchronous else get_semaphore
     permits: list[Any] = []
     for rule in rules:
         try:
-            key = yield functools.partial(key_of, rule, request)
+            try:
+                key = yield functools.partial(key_of, rule, request, target)
+            except NotAuthenticated:
+                continue  # the view's own authentication answers (401, 403), running nothing
+            except CallerUnknown as exc:
+                yield from _releasing(permits)
+                return _caller_unknown(request, rule, exc)
             if key is _ANONYMOUS:
                 continue  # the key callable exempted this request
             sem = semaphore(
@@ -261,8 +298,10 @@ class ConcurrencyLimitMiddleware:
 
     Place it last in ``MIDDLEWARE``: a 503 or 429 it makes passes back only
     through the middleware above it, so there it gets their headers
-    (``X-Frame-Options`` and the like), and ``per: "user"`` rules see
-    ``request.user`` (it must come after ``AuthenticationMiddleware``).
+    (``X-Frame-Options`` and the like). ``per: "user"`` rules count the caller
+    the view will see (``django_redislock.caller``): a session's user (it
+    must come after ``AuthenticationMiddleware``), or the user a DRF view's
+    own authentication classes accept, run here before the permit is taken.
     """
 
     sync_capable = True
@@ -296,6 +335,14 @@ class ConcurrencyLimitMiddleware:
         return matching_rules(request, rules) if rules else []
 
 
+def _after(request: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The URL's positional arguments: what follows the request (and ``self``)."""
+    for index, arg in enumerate(args[:2]):
+        if arg is request:
+            return args[index + 1 :]
+    return args
+
+
 def concurrency_limited(
     name: str,
     limit: int,
@@ -309,7 +356,10 @@ def concurrency_limited(
 
     The same semantics as a ``THROTTLE`` rule named ``name`` (and sharing its
     semaphore if a rule has that name). Bad arguments raise ``ValueError`` here,
-    at decoration time. Works on sync and async function views.
+    at decoration time. Works on sync and async function views, on a whole
+    view (``concurrency_limited(...)(MyView.as_view())``), and on the handler
+    methods of class-based views: Django's ``View``, DRF's ``APIView`` and
+    viewset actions (DRF has authenticated the caller by then).
     """
     spec: dict[str, Any] = {"name": name, "limit": limit, "per": per, "wait": wait}
     if timeout is not None:
@@ -323,22 +373,29 @@ def concurrency_limited(
     declare(rule.name, "semaphore")
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        # A view whose request comes first (a function view, a whole view
+        # class's as_view()), or a handler method whose request comes after
+        # self (Django's View, DRF's APIView, a viewset action).
         if iscoroutinefunction(view):
 
             @functools.wraps(view)
-            async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                if not conf.ENABLED:
-                    return await view(request, *args, **kwargs)
-                served = _limited(request, [rule], lambda r: view(r, *args, **kwargs), True)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                request = request_in(args)
+                if not conf.ENABLED or request is None:
+                    return await view(*args, **kwargs)
+                target = (view, _after(request, args), kwargs)
+                served = _limited(request, [rule], lambda r: view(*args, **kwargs), True, target)
                 return await run_steps_async(served)
 
             return async_wrapper
 
         @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            if not conf.ENABLED:
-                return view(request, *args, **kwargs)
-            served = _limited(request, [rule], lambda r: view(r, *args, **kwargs), False)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = request_in(args)
+            if not conf.ENABLED or request is None:
+                return view(*args, **kwargs)
+            target = (view, _after(request, args), kwargs)
+            served = _limited(request, [rule], lambda r: view(*args, **kwargs), False, target)
             return run_steps(served)
 
         return wrapper
