@@ -113,19 +113,23 @@ def _fields(rule: Rule, **more: Any) -> dict[str, Any]:
     return {"lock_name": name, "template": rule.name, "kind": "semaphore", **more}
 
 
-def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
-    status = 429 if rule.per_client else 503
+def retry_after_of(rule: Rule) -> float:
+    """The Retry-After a request refused by ``rule`` gets (seconds)."""
     # Permits usually come back long before they expire, so the earliest
     # expiry (often the whole permit TTL) would tell clients to stay away far
     # too long: one second unless the rule says otherwise.
-    retry_after = rule.retry_after if rule.retry_after is not None else DEFAULT_RETRY_AFTER
+    return rule.retry_after if rule.retry_after is not None else DEFAULT_RETRY_AFTER
+
+
+def announce_throttled(sender: Any, request: Any, rule: Rule, status: int) -> None:
+    """``request_throttled`` and the log record of a refused request."""
     # send_robust: a failing receiver must not turn a 503 into a 500.
     for receiver, result in request_throttled.send_robust(
-        ConcurrencyLimitMiddleware,
+        sender,
         rule=rule.name,
         request=request,
         status=status,
-        retry_after=retry_after,
+        retry_after=retry_after_of(rule),
     ):
         if isinstance(result, Exception):
             logger.error("request_throttled receiver %r failed: %r", receiver, result)
@@ -136,6 +140,12 @@ def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
         status,
         extra=_fields(rule, status=status),
     )
+
+
+def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
+    status = 429 if rule.per_client else 503
+    retry_after = retry_after_of(rule)
+    announce_throttled(ConcurrencyLimitMiddleware, request, rule, status)
     return error_response(
         request,
         status=status,
