@@ -296,3 +296,20 @@ def test_bad_scopes_are_reported_by_the_checks(scopes: Any, check_id: str, text:
 def test_good_scopes_pass_the_checks() -> None:
     found = [m.id for m in run_checks() if m.id.startswith("django_redislock")]
     assert found == []
+
+
+@pytest.mark.parametrize(("fail_open", "status"), [(True, 200), (False, 503)])
+def test_redis_down_fails_open_unless_asked_not_to(
+    fail_open: bool, status: int, send: Any, users: dict[str, dict[str, str]]
+) -> None:
+    down = {
+        "THROTTLE_SCOPES": SCOPES,
+        "CLIENT": "tests.test_middleware.dead_client",
+        "THROTTLE_FAIL_OPEN": fail_open,
+    }
+    with override_settings(REDISLOCK=down):
+        connection.reset()
+        response = send("/export/", auth(users["alice"]))
+    assert response.status_code == status
+    if not fail_open:
+        assert response["Retry-After"] == "1"

@@ -44,6 +44,7 @@ from ..locking.factories import get_semaphore
 from ..stepping import run_steps
 from .middleware import (
     _ANONYMOUS,
+    _Asker,
     _key,
     _label,
     _on_close,
@@ -90,7 +91,7 @@ class ConcurrencyThrottle(BaseThrottle):
         if rule is None:
             return True  # a scope of DRF's rate throttles only
         try:
-            key = _key(rule, request, (None, (), {}))
+            key = _key(rule, request, _Asker(request, (None, (), {})))
         except NotAuthenticated:
             return True  # DRF's own authentication answers
         except CallerUnknown as exc:

@@ -58,40 +58,60 @@ def semaphore_name(rule: Rule, key: str | None) -> str:
     return f"throttle:{rule.name}:{rule.per}:{key}"
 
 
-def _target(request: HttpRequest, target: Target | None) -> Target:
-    return view_of(request) if target is None else target
+class _Asker:
+    """Who sent one request: the view resolved and the caller asked at most
+    once, however many of the request's rules count per user (the view's
+    authentication may query the database)."""
+
+    def __init__(self, request: HttpRequest, target: Target | None) -> None:
+        self.request = request
+        self._target = target
+        self._caller: str | Exception | None = None
+
+    @property
+    def target(self) -> Target:
+        if self._target is None:
+            self._target = view_of(self.request)
+        return self._target
+
+    def caller(self) -> str:
+        if self._caller is None:
+            try:
+                self._caller = caller_of(self.request, *self.target)
+            except (CallerUnknown, NotAuthenticated) as exc:
+                self._caller = exc
+        if isinstance(self._caller, Exception):
+            raise self._caller
+        return self._caller
 
 
-def _key(rule: Rule, request: HttpRequest, target: Target | None) -> str | None | object:
+def _key(rule: Rule, request: HttpRequest, asker: _Asker) -> str | None | object:
     if rule.per == "global":
         return None
     if rule.per == "ip":
         return client_ip(request)
-    view, args, kwargs = _target(request, target)
     if rule.per == "user":
-        return caller_of(request, view, args, kwargs)
+        return asker.caller()
     assert rule.key_func is not None
     func = rule.key_func
     if iscoroutinefunction(func):
         from asgiref.sync import async_to_sync
 
         func = async_to_sync(func)
-    key = ask_as_view(func, request, view, args, kwargs)
+    key = ask_as_view(func, request, *asker.target)
     return _ANONYMOUS if key is None else str(key)
 
 
-async def _key_async(
-    rule: Rule, request: HttpRequest, target: Target | None
-) -> str | None | object:
+async def _key_async(rule: Rule, request: HttpRequest, asker: _Asker) -> str | None | object:
     if rule.per == "global":
         return None
     if rule.per == "ip":
         return client_ip(request)
     if rule.per == "user":
         # Authentication may need the database: on the loop until it does.
-        return await sync_from_loop(_key)(rule, request, target)
+        return await sync_from_loop(_key)(rule, request, asker)
     if not iscoroutinefunction(rule.key_func):
-        return await sync_to_async(_key)(rule, request, target)
+        return await sync_to_async(_key)(rule, request, asker)
     # A coroutine of the project's own: it is given the request as it is.
     assert rule.key_func is not None
     key = await rule.key_func(request)
@@ -256,10 +276,11 @@ def _limited(
     key_of = _key_async if asynchronous else _key
     semaphore = get_async_semaphore if asynchronous else get_semaphore
     permits: list[Any] = []
+    asker = _Asker(request, target)
     for rule in rules:
         try:
             try:
-                key = yield functools.partial(key_of, rule, request, target)
+                key = yield functools.partial(key_of, rule, request, asker)
             except NotAuthenticated:
                 continue  # the view's own authentication answers (401, 403), running nothing
             except CallerUnknown as exc:
