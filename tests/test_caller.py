@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import AsyncClient, Client, override_settings
 from django.urls import include, path
 from django.views import View
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import viewsets
 from rest_framework.authentication import (
     BaseAuthentication,
@@ -39,6 +40,7 @@ from rest_framework.views import APIView
 
 from django_redislock import connection
 from django_redislock.caller import CallerUnknown, caller_of
+from django_redislock.idempotency import REPLAYED_HEADER, idempotent
 from django_redislock.middleware import concurrency_limited
 from django_redislock.testing import hold_permits
 from tests.test_decorators import close_async_clients
@@ -95,6 +97,16 @@ def plain(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"ok": True})
 
 
+@csrf_exempt
+@idempotent
+def charge(request: HttpRequest) -> HttpResponse:
+    charges.append(request.headers.get("X-Api-Key", ""))
+    return JsonResponse({"charge": len(charges)}, status=201)
+
+
+charges: list[str] = []
+
+
 # -- concurrency_limited on handler methods ------------------------------------------------
 class LimitedExport(Export):
     @concurrency_limited("api-export", 1, per="user")
@@ -140,6 +152,7 @@ urlpatterns = [
     path("exports/session/", SessionExport.as_view()),
     path("exports/self-checked/", SelfChecked.as_view()),
     path("exports/plain/", plain),
+    path("charge/", charge),
     path("limited/export/", LimitedExport.as_view()),
     path("limited/page/", LimitedView.as_view()),
     path("limited/apage/", AsyncLimitedView.as_view()),
@@ -277,6 +290,23 @@ def test_the_caller_setting_names_clients_the_library_cannot_see(send: Any) -> N
         assert send("/exports/self-checked/", {"X-Api-Key": "acme"}).status_code == 429
         assert send("/exports/self-checked/", {"X-Api-Key": "other"}).json() == {"account": "other"}
         assert send("/exports/plain/").status_code == 200  # None: the address
+
+
+def test_the_caller_setting_scopes_idempotency_keys_too() -> None:
+    charges.clear()
+
+    def post(api_key: str) -> Any:
+        return Client(raise_request_exception=False).post(
+            "/charge/", headers={"Idempotency-Key": "same", "X-Api-Key": api_key}
+        )
+
+    assert post("acme").status_code == 500  # credentials nothing here accepts
+    named = {**settings.REDISLOCK, "CALLER": f"{__name__}.caller_by_api_key"}
+    with override_settings(REDISLOCK=named):
+        assert post("acme").json() == {"charge": 1}
+        assert post("other").json() == {"charge": 2}
+        assert post("acme")[REPLAYED_HEADER] == "true"
+    assert charges == ["acme", "other"]
 
 
 def test_caller_of_sees_what_the_view_will_see(users: dict[str, Any], rf: Any) -> None:
