@@ -154,6 +154,8 @@ urlpatterns = [
     path("exports/plain/", plain),
     path("charge/", charge),
     path("limited/export/", LimitedExport.as_view()),
+    # In front of the whole view: the DRF view's authentication is run to find the user.
+    path("limited/outer/", concurrency_limited("api-outer", 1, per="user")(Export.as_view())),
     path("limited/page/", LimitedView.as_view()),
     path("limited/apage/", AsyncLimitedView.as_view()),
     path("limited/", include(router.urls)),
@@ -327,6 +329,7 @@ def test_caller_of_sees_what_the_view_will_see(users: dict[str, Any], rf: Any) -
         ("/limited/export/", "api-export"),
         ("/limited/sets/", "api-list"),
         ("/limited/sets/7/report/", "api-report"),
+        ("/limited/outer/", "api-outer"),
     ],
 )
 def test_concurrency_limited_on_drf_handlers_counts_per_user(
