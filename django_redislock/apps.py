@@ -13,7 +13,7 @@ class RedisLockConfig(AppConfig):
         from . import checks, idempotency  # noqa: F401
         from .ops import metrics
         from .throttling import checks as throttle_checks
-        from .throttling import rules  # noqa: F401
+        from .throttling import rules, scopes  # noqa: F401
 
         django_checks.register(checks.check_settings, django_checks.Tags.compatibility)
         django_checks.register(

@@ -42,20 +42,18 @@ from ..conf import conf
 from ..core.exceptions import RedisUnavailable
 from ..locking.factories import get_semaphore
 from ..stepping import run_steps
-from .middleware import (
-    _ANONYMOUS,
-    _Asker,
-    _key,
-    _label,
-    _on_close,
-    _releasing,
-    _timeout,
-    _unavailable,
+from .keys import ANONYMOUS, Asker, key_of, semaphore_name
+from .permits import (
     announce_throttled,
+    label_of,
+    permit_timeout,
+    release_on_close,
+    releasing,
     retry_after_of,
-    semaphore_name,
+    unavailable,
 )
-from .rules import Rule, scope_rule
+from .rules import Rule
+from .scopes import scope_rule
 
 __all__ = ["CallerUnknownError", "ConcurrencyThrottle"]
 
@@ -91,13 +89,13 @@ class ConcurrencyThrottle(BaseThrottle):
         if rule is None:
             return True  # a scope of DRF's rate throttles only
         try:
-            key = _key(rule, request, _Asker(request, (None, (), {})))
+            key = key_of(rule, request, Asker(request, (None, (), {})))
         except NotAuthenticated:
             return True  # DRF's own authentication answers
         except CallerUnknown as exc:
-            logger.error("refused %s (scope %r): %s", _label(request), rule.name, exc)
+            logger.error("refused %s (scope %r): %s", label_of(request), rule.name, exc)
             raise CallerUnknownError(str(exc)) from exc
-        if key is _ANONYMOUS:
+        if key is ANONYMOUS:
             return True  # the key callable exempted this request
         assert key is None or isinstance(key, str)
         return self._acquire(request, view, rule, key)
@@ -106,15 +104,15 @@ class ConcurrencyThrottle(BaseThrottle):
         sem = get_semaphore(
             semaphore_name(rule, key),
             rule.limit,
-            timeout=_timeout(rule),
+            timeout=permit_timeout(rule),
             wait=rule.wait,
-            label=_label(request),
+            label=label_of(request),
             metric_name=rule.name,
         )
         try:
             acquired = sem.acquire()
         except (RedisUnavailable, RedisError) as exc:
-            if _unavailable(request, rule, exc) is None:
+            if unavailable(type(self), request, rule, exc) is None:
                 return True  # THROTTLE_FAIL_OPEN (the default): served without a permit
             from ..contrib.drf import LockUnavailable
 
@@ -147,9 +145,9 @@ def _give_back_when_done(view: Any, sem: Any) -> None:
             raise
         held = view.__dict__.pop(_PERMITS, [])
         if getattr(response, "streaming", False):
-            _on_close(response, held)  # when the server has sent the body
+            release_on_close(response, held)  # when the server has sent the body
         else:
-            run_steps(_releasing(held))
+            run_steps(releasing(held))
         return response
 
     def raise_uncaught_exception(exc: Exception) -> None:
@@ -161,4 +159,4 @@ def _give_back_when_done(view: Any, sem: Any) -> None:
 
 
 def _give_back(view: Any) -> None:
-    run_steps(_releasing(view.__dict__.pop(_PERMITS, [])))
+    run_steps(releasing(view.__dict__.pop(_PERMITS, [])))

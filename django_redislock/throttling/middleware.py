@@ -19,149 +19,39 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from redis.exceptions import RedisError
 
-from ..caller import CallerUnknown, NotAuthenticated, ask_as_view, caller_of, view_of
+from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
-from ..connection import get_client
-from ..core.drivers.base import fields_of
-from ..core.drivers.semaphore import SemaphoreBase, release_permit
-from ..core.exceptions import LockError, RedisUnavailable
-from ..http import client_ip, error_response, request_in, unavailable_response
+from ..core.exceptions import RedisUnavailable
+from ..http import error_response, request_in
 from ..locking.factories import get_async_semaphore, get_semaphore
-from ..signals import declare, request_throttled, send_unavailable
-from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
+from ..signals import declare
+from ..stepping import Steps, run_steps, run_steps_async
+from .keys import ANONYMOUS, Asker, Target, key_of, key_of_async, semaphore_name
+from .permits import (
+    announce_throttled,
+    fields,
+    label_of,
+    permit_timeout,
+    release_on_close,
+    releasing,
+    retry_after_of,
+    unavailable,
+)
 from .rules import Rule, current_rules, make_rule, matching_rules
 
-__all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited"]
+__all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited", "semaphore_name"]
 
 logger = logging.getLogger("django_redislock.throttle")
-
-_ANONYMOUS = object()
-DEFAULT_RETRY_AFTER = 1.0
 
 # Rules of concurrency_limited views, by name (the metrics read their semaphores).
 decorated_rules: dict[str, Rule] = {}
 
 
-# -- keys ----------------------------------------------------------------------------
-# Where a request goes: the view, its args and kwargs (a decorator knows them;
-# the middleware resolves the URL, only for a rule that asks who the caller is).
-Target = tuple[Any, tuple[Any, ...], dict[str, Any]]
-
-
-def semaphore_name(rule: Rule, key: str | None) -> str:
-    if key is None:
-        return f"throttle:{rule.name}"
-    return f"throttle:{rule.name}:{rule.per}:{key}"
-
-
-class _Asker:
-    """Who sent one request: the view resolved and the caller asked at most
-    once, however many of the request's rules count per user (the view's
-    authentication may query the database)."""
-
-    def __init__(self, request: HttpRequest, target: Target | None) -> None:
-        self.request = request
-        self._target = target
-        self._caller: str | Exception | None = None
-
-    @property
-    def target(self) -> Target:
-        if self._target is None:
-            self._target = view_of(self.request)
-        return self._target
-
-    def caller(self) -> str:
-        if self._caller is None:
-            try:
-                self._caller = caller_of(self.request, *self.target)
-            except (CallerUnknown, NotAuthenticated) as exc:
-                self._caller = exc
-        if isinstance(self._caller, Exception):
-            raise self._caller
-        return self._caller
-
-
-def _key(rule: Rule, request: HttpRequest, asker: _Asker) -> str | None | object:
-    if rule.per == "global":
-        return None
-    if rule.per == "ip":
-        return client_ip(request)
-    if rule.per == "user":
-        return asker.caller()
-    assert rule.key_func is not None
-    func = rule.key_func
-    if iscoroutinefunction(func):
-        from asgiref.sync import async_to_sync
-
-        func = async_to_sync(func)
-    key = ask_as_view(func, request, *asker.target)
-    return _ANONYMOUS if key is None else str(key)
-
-
-async def _key_async(rule: Rule, request: HttpRequest, asker: _Asker) -> str | None | object:
-    if rule.per == "global":
-        return None
-    if rule.per == "ip":
-        return client_ip(request)
-    if rule.per == "user":
-        # Authentication may need the database: on the loop until it does.
-        return await sync_from_loop(_key)(rule, request, asker)
-    if not iscoroutinefunction(rule.key_func):
-        return await sync_to_async(_key)(rule, request, asker)
-    # A coroutine of the project's own: it is given the request as it is.
-    assert rule.key_func is not None
-    key = await rule.key_func(request)
-    return _ANONYMOUS if key is None else str(key)
-
-
 # -- outcomes ---------------------------------------------------------------------------
-def _label(request: HttpRequest) -> str:
-    return f"{request.method} {request.path}"[:200]
-
-
-def _timeout(rule: Rule) -> float:
-    return rule.timeout if rule.timeout is not None else conf.PERMIT_TIMEOUT
-
-
-def _fields(rule: Rule, **more: Any) -> dict[str, Any]:
-    """The structured fields of a record about ``rule``'s semaphore."""
-    name = semaphore_name(rule, None) if not rule.per_client else None
-    return {"lock_name": name, "template": rule.name, "kind": "semaphore", **more}
-
-
-def retry_after_of(rule: Rule) -> float:
-    """The Retry-After a request refused by ``rule`` gets (seconds)."""
-    # Permits usually come back long before they expire, so the earliest
-    # expiry (often the whole permit TTL) would tell clients to stay away far
-    # too long: one second unless the rule says otherwise.
-    return rule.retry_after if rule.retry_after is not None else DEFAULT_RETRY_AFTER
-
-
-def announce_throttled(sender: Any, request: Any, rule: Rule, status: int) -> None:
-    """``request_throttled`` and the log record of a refused request."""
-    # send_robust: a failing receiver must not turn a 503 into a 500.
-    for receiver, result in request_throttled.send_robust(
-        sender,
-        rule=rule.name,
-        request=request,
-        status=status,
-        retry_after=retry_after_of(rule),
-    ):
-        if isinstance(result, Exception):
-            logger.error("request_throttled receiver %r failed: %r", receiver, result)
-    logger.info(
-        "throttled %s by rule %r (%d)",
-        _label(request),
-        rule.name,
-        status,
-        extra=_fields(rule, status=status),
-    )
-
-
 def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
     status = 429 if rule.per_client else 503
     retry_after = retry_after_of(rule)
@@ -180,84 +70,17 @@ def _caller_unknown(request: HttpRequest, rule: Rule, exc: CallerUnknown) -> Htt
     """A request the rule cannot count per client: refused, never counted per address."""
     logger.error(
         "refused %s: rule %r counts per %s, but %s",
-        _label(request),
+        label_of(request),
         rule.name,
         rule.per,
         exc,
-        extra=_fields(rule, status=500),
+        extra=fields(rule, status=500),
     )
     response = error_response(
         request, status=500, retry_after=None, reason="caller_unknown", name=rule.name
     )
     del response["Retry-After"]  # not a matter of time
     return response
-
-
-def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpResponseBase | None:
-    """None to run the request anyway (fail open), else the 503 to send."""
-    fail_open = conf.THROTTLE_FAIL_OPEN
-    send_unavailable(ConcurrencyLimitMiddleware, rule.name, exc, fail_open)
-    if fail_open:
-        logger.warning(
-            "Redis unavailable, running %s without its %r permit: %s",
-            _label(request),
-            rule.name,
-            exc,
-            extra=_fields(rule, reason=getattr(exc, "reason", None), fail_open=True),
-        )
-        return None
-    logger.error(
-        "Redis unavailable, refusing %s (rule %r): %s",
-        _label(request),
-        rule.name,
-        exc,
-        extra=_fields(rule, reason=getattr(exc, "reason", None), fail_open=False),
-    )
-    return unavailable_response(request, rule.name, retry_after=1)
-
-
-def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
-    """Release by token from whatever thread closes the response.
-
-    ``close()`` is synchronous and may run in a server thread or (Django's
-    test client) in the event loop itself, so this uses the sync client: one
-    short, bounded call per permit.
-    """
-    held = [(sem.keyspace, sem.name, sem.token, sem.serial) for sem in permits if sem.token]
-
-    def close() -> None:
-        for ks, name, token, serial in held:
-            try:
-                if not release_permit(get_client(), ks, name, token, serial):
-                    logger.warning(
-                        "permit of %r had expired before the response was closed",
-                        name,
-                        extra={"lock_name": name, "kind": "semaphore", "cause": "expired"},
-                    )
-            except (RedisUnavailable, RedisError) as exc:
-                logger.warning(
-                    "could not release permit of %r (it expires by itself): %s",
-                    name,
-                    exc,
-                    extra={"lock_name": name, "kind": "semaphore"},
-                )
-
-    return close
-
-
-def _on_close(response: HttpResponseBase, permits: list[Any]) -> None:
-    # HttpResponseBase.close() runs these when the server has sent the body
-    # (or the client went away), whichever thread or loop that happens in.
-    closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
-    closers.append(_closer(list(permits)))
-
-
-def _releasing(permits: list[Any]) -> Steps[None]:
-    for sem in reversed(permits):
-        try:
-            yield sem.release
-        except LockError as exc:  # lost (expired, cleared) or Redis down
-            logger.warning("releasing permit of %r: %s", sem.name, exc, extra=fields_of(sem))
 
 
 # -- the request path -----------------------------------------------------------------------
@@ -273,41 +96,41 @@ def _limited(
     ``target``: the view the request goes to, as a decorator knows it; None
     for the middleware, which resolves the URL when a rule asks who the caller is.
     """
-    key_of = _key_async if asynchronous else _key
+    keying = key_of_async if asynchronous else key_of
     semaphore = get_async_semaphore if asynchronous else get_semaphore
     permits: list[Any] = []
-    asker = _Asker(request, target)
+    asker = Asker(request, target)
     for rule in rules:
         try:
             try:
-                key = yield functools.partial(key_of, rule, request, asker)
+                key = yield functools.partial(keying, rule, request, asker)
             except NotAuthenticated:
                 continue  # the view's own authentication answers (401, 403), running nothing
             except CallerUnknown as exc:
-                yield from _releasing(permits)
+                yield from releasing(permits)
                 return _caller_unknown(request, rule, exc)
-            if key is _ANONYMOUS:
+            if key is ANONYMOUS:
                 continue  # the key callable exempted this request
             sem = semaphore(
                 semaphore_name(rule, key),
                 rule.limit,
-                timeout=_timeout(rule),
+                timeout=permit_timeout(rule),
                 wait=rule.wait,
-                label=_label(request),
+                label=label_of(request),
                 metric_name=rule.name,
             )
             acquired = yield sem.acquire
         except (RedisUnavailable, RedisError) as exc:
-            refusal = _unavailable(request, rule, exc)
+            refusal = unavailable(ConcurrencyLimitMiddleware, request, rule, exc)
             if refusal is not None:
-                yield from _releasing(permits)
+                yield from releasing(permits)
                 return refusal
             continue
         except BaseException:
-            yield from _releasing(permits)
+            yield from releasing(permits)
             raise
         if not acquired:
-            yield from _releasing(permits)
+            yield from releasing(permits)
             return _throttled(request, rule)
         permits.append(sem)
     if not permits:
@@ -315,12 +138,12 @@ def _limited(
     try:
         response = yield functools.partial(call, request)
     except BaseException:
-        yield from _releasing(permits)
+        yield from releasing(permits)
         raise
     if response.streaming:
-        _on_close(response, permits)
+        release_on_close(response, permits)
     else:
-        yield from _releasing(permits)
+        yield from releasing(permits)
     return response
 
 
