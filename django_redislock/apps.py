@@ -20,5 +20,6 @@ class RedisLockConfig(AppConfig):
             throttle_checks.check_throttle_setup, django_checks.Tags.compatibility
         )
         django_checks.register(throttle_checks.check_url_names, django_checks.Tags.urls)
+        django_checks.register(scopes.check_scopes_used, django_checks.Tags.urls)
         # Connects the metrics backends REDISLOCK["METRICS"] names, if any.
         metrics.sync()

@@ -313,3 +313,11 @@ def test_redis_down_fails_open_unless_asked_not_to(
     assert response.status_code == status
     if not fail_open:
         assert response["Retry-After"] == "1"
+
+
+def test_a_scope_no_view_is_limited_by_is_reported() -> None:
+    """W081: the action's scope (initkwargs) and the APIView's count as used."""
+    scopes = {**SCOPES, "uploads": 2}
+    with override_settings(REDISLOCK={**settings.REDISLOCK, "THROTTLE_SCOPES": scopes}):
+        found = [m for m in run_checks(tags=["urls"]) if m.id == "django_redislock.W081"]
+    assert [m.msg.split(" limits")[0] for m in found] == ["REDISLOCK['THROTTLE_SCOPES']['uploads']"]
