@@ -321,3 +321,14 @@ def test_a_scope_no_view_is_limited_by_is_reported() -> None:
     with override_settings(REDISLOCK={**settings.REDISLOCK, "THROTTLE_SCOPES": scopes}):
         found = [m for m in run_checks(tags=["urls"]) if m.id == "django_redislock.W081"]
     assert [m.msg.split(" limits")[0] for m in found] == ["REDISLOCK['THROTTLE_SCOPES']['uploads']"]
+
+
+def test_an_anonymous_client_is_counted_by_its_remote_address(send: Any) -> None:
+    """Not by DRF's reading of X-Forwarded-For (NUM_PROXIES): one answer everywhere."""
+    rest = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    with (
+        override_settings(REST_FRAMEWORK=rest),
+        hold_permits("throttle:exports:user:ip:127.0.0.1", 1),
+    ):
+        refused = send("/self-checked/", {"X-Forwarded-For": "203.0.113.9"})
+    assert refused.status_code == 429
