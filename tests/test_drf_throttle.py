@@ -332,3 +332,24 @@ def test_an_anonymous_client_is_counted_by_its_remote_address(send: Any) -> None
     ):
         refused = send("/self-checked/", {"X-Forwarded-For": "203.0.113.9"})
     assert refused.status_code == 429
+
+
+def by_forwarded_address(request: Any) -> str:
+    """A scope's ``per`` callable behind a proxy: the user, else the proxy's header."""
+    if request.user.is_authenticated:
+        return f"u:{request.user.pk}"
+    return f"ip:{request.headers.get('X-Forwarded-For', request.META['REMOTE_ADDR'])}"
+
+
+def test_a_scopes_per_callable_gets_the_authenticated_request(
+    send: Any, users: dict[str, dict[str, str]]
+) -> None:
+    per = f"{__name__}.by_forwarded_address"
+    scopes = {"exports": {"limit": 1, "per": per}}
+    with override_settings(REDISLOCK={**settings.REDISLOCK, "THROTTLE_SCOPES": scopes}):
+        with hold_permits(f"throttle:exports:{per}:ip:203.0.113.9", 1):
+            assert send("/self-checked/", {"X-Forwarded-For": "203.0.113.9"}).status_code == 429
+            assert send("/self-checked/", {"X-Forwarded-For": "203.0.113.10"}).status_code == 200
+        with hold_permits(f"throttle:exports:{per}:u:{users['alice']['pk']}", 1):
+            assert send("/export/", auth(users["alice"])).status_code == 429
+            assert send("/export/", auth(users["bob"])).status_code == 200
