@@ -201,8 +201,12 @@ def test_with_the_library_off_the_handlers_run_as_they_are(
 ) -> None:
     who = credentials("token", users["alice"])
     product = Product.objects.create(name="poster", stock=1)
-    with override_settings(REDISLOCK={**settings.REDISLOCK, "ENABLED": False}):
-        bought = send("post", f"/api/products/{product.pk}/purchase/", who)
-        restocked = send("post", f"/api/products/{product.pk}/restock/", who, {"units": 2})
+    with hold_permits(f"throttle:exports:user:u:{users['alice'].pk}", 1):
+        assert send("get", "/api/orders/", who).status_code == 429
+        with override_settings(REDISLOCK={**settings.REDISLOCK, "ENABLED": False}):
+            bought = send("post", f"/api/products/{product.pk}/purchase/", who)
+            restocked = send("post", f"/api/products/{product.pk}/restock/", who, {"units": 2})
+            listed = send("get", "/api/orders/", who)
     assert bought.status_code == 201 and restocked.json() == {"stock": 2}
+    assert listed.status_code == 200
     assert Product.objects.get().fence == 0
