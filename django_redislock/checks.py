@@ -13,6 +13,7 @@ The checks are registered by ``RedisLockConfig.ready()``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,14 @@ def _callable_problem(value: Any) -> str | None:
     return f"must be a callable or a dotted path; got {value!r}"
 
 
+def _headers_problem(value: Any) -> str | None:
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(h, str) and re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", h) for h in value
+    ):
+        return None
+    return f"must be a list of HTTP header names; got {value!r}"
+
+
 def _status_problem(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool) and 400 <= value <= 599:
         return None
@@ -199,6 +208,13 @@ SETTING_CHECKS: dict[str, SettingCheck] = {
     "UNAVAILABLE_RESPONSE": _callable_row("UNAVAILABLE_RESPONSE"),
     "THROTTLE_RESPONSE": _callable_row("THROTTLE_RESPONSE"),
     "ADMIN_PERMISSION": _callable_row("ADMIN_PERMISSION"),
+    "CALLER": _callable_row("CALLER"),
+    "CREDENTIAL_HEADERS": SettingCheck(
+        "django_redislock.E080",
+        _headers_problem,
+        "Use e.g. ['Authorization', 'X-Api-Key'] (the default), or [] to trust the "
+        "address of every request no authentication accepts.",
+    ),
     "BUSY_STATUS": SettingCheck(
         "django_redislock.E008", _status_problem, "Use 409 (the default), 423 or 503."
     ),

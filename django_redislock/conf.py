@@ -62,6 +62,17 @@ DEFAULTS: dict[str, Any] = {
     "THROTTLE_FAIL_OPEN": True,
     "THROTTLE_RESPONSE": None,
     "PERMIT_TIMEOUT": 60.0,
+    # DRF's ConcurrencyThrottle: throttle_scope -> a limit, or a dict of a
+    # THROTTLE rule's limit, per, wait, timeout and retry_after (no matchers:
+    # the view's throttle_scope selects its requests).
+    "THROTTLE_SCOPES": {},
+    # Who the caller is (django_redislock/caller.py): a callable (or dotted
+    # path) of the request returning a str naming the caller, or None to
+    # let the library answer (the user as the view sees it, else the address).
+    "CALLER": None,
+    # Headers that carry credentials: a request sending one that no
+    # authentication accepts is refused, never counted by its address.
+    "CREDENTIAL_HEADERS": ["Authorization", "X-Api-Key"],
     # Who may see and force-release locks in the admin: dotted path to a
     # callable of the user, or None for superusers only.
     "ADMIN_PERMISSION": None,
@@ -171,6 +182,9 @@ class Settings:
     THROTTLE_FAIL_OPEN = _Setting(bool)
     THROTTLE_RESPONSE = _Setting(_handler)
     PERMIT_TIMEOUT = _Setting(float)
+    THROTTLE_SCOPES = _Setting(_mapping)
+    CALLER = _Setting(_handler)
+    CREDENTIAL_HEADERS: _Setting[list[str]] = _Setting(_listed)
     ADMIN_PERMISSION = _Setting(_handler)
     METRICS: _Setting[list[str]] = _Setting(_listed)
     OTEL_LOCK_NAMES = _Setting(bool)

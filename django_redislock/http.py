@@ -92,6 +92,11 @@ _KINDS = {
         "Too many concurrent requests",
         "Too many concurrent requests; try again shortly.",
     ),
+    "caller_unknown": (
+        "caller_unknown",
+        "Caller unknown",
+        "The server cannot tell who sent this request, so it is not served.",
+    ),
 }
 
 
@@ -324,7 +329,7 @@ def error_response(
 ) -> HttpResponseBase:
     """The refusal of a request that could not get its lock or permit.
 
-    ``reason`` is ``"busy"``, ``"unavailable"`` or ``"throttled"``.
+    ``reason`` is ``"busy"``, ``"unavailable"``, ``"throttled"`` or ``"caller_unknown"``.
     """
     code, title, detail = _KINDS[reason]
     refusal = Refusal(
@@ -332,7 +337,7 @@ def error_response(
         code=code,
         title=title,
         detail=detail,
-        retry_after=int(retry_after_header(retry_after)),
+        retry_after=None if retry_after is None else int(retry_after_header(retry_after)),
         error=reason,
     )
     return refuse(request, refusal, handler=handler, reason=reason, name=name)

@@ -36,6 +36,13 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
 ]
 
+# Every DRF view is throttled by concurrency per throttle_scope (test_drf_throttle.py);
+# a view without a scope, or whose scope REDISLOCK["THROTTLE_SCOPES"] does not
+# name, is not limited.
+REST_FRAMEWORK = {
+    "DEFAULT_THROTTLE_CLASSES": ["django_redislock.throttling.drf.ConcurrencyThrottle"],
+}
+
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

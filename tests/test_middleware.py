@@ -252,11 +252,11 @@ def test_a_permit_released_at_close_and_released_again_is_no_loss(
 ) -> None:
     # The release at a response's close() is by token, from any thread; sent
     # again (as after a lost reply) it must say released, not "expired".
-    from django_redislock.throttling.middleware import _closer
+    from django_redislock.throttling.permits import closer
 
     sem = Semaphore(connection.get_client(), "close-twice", 1, ttl=30, wait=0)
     assert sem.acquire()
-    close = _closer([sem])
+    close = closer([sem])
     close()
     with caplog.at_level(logging.WARNING, logger="django_redislock"):
         close()

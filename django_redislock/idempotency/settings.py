@@ -53,8 +53,9 @@ SETTINGS: dict[str, Any] = {
     "SCOPE": "user",
     # With SCOPE "user": headers that carry credentials Django may not read.
     # A request that sends one yet looks anonymous is refused, never scoped
-    # by its address (which many users may share).
-    "CREDENTIAL_HEADERS": ["Authorization", "X-Api-Key"],
+    # by its address (which many users may share). None: the caller
+    # resolver's own, REDISLOCK["CREDENTIAL_HEADERS"].
+    "CREDENTIAL_HEADERS": None,
     # How long a completed response is replayed (seconds; the draft and Stripe: 24 h).
     "TTL": 86400,
     "MAX_KEY_LENGTH": 255,
@@ -173,6 +174,8 @@ def _headers_error(value: object) -> str | None:
 
 
 def _credentials_error(value: object) -> str | None:
+    if value is None:
+        return None
     return _list_error(value, "a list of header names such as ['Authorization']", _header_error)
 
 
@@ -315,7 +318,7 @@ class Policy:
     header: str
     required: bool
     scope: Any
-    credential_headers: tuple[str, ...]
+    credential_headers: tuple[str, ...] | None  # None: REDISLOCK['CREDENTIAL_HEADERS']
     ttl: float
     max_key_length: int
     max_body: int
@@ -355,7 +358,9 @@ def policy(overrides: dict[str, Any]) -> Policy:
         header=value["HEADER"],
         required=value["REQUIRED"],
         scope=value["SCOPE"],
-        credential_headers=tuple(value["CREDENTIAL_HEADERS"]),
+        credential_headers=None
+        if value["CREDENTIAL_HEADERS"] is None
+        else tuple(value["CREDENTIAL_HEADERS"]),
         ttl=float(value["TTL"]),
         max_key_length=value["MAX_KEY_LENGTH"],
         max_body=value["MAX_BODY"],

@@ -19,123 +19,43 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 from redis.exceptions import RedisError
 
+from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
-from ..connection import get_client
-from ..core.drivers.base import fields_of
-from ..core.drivers.semaphore import SemaphoreBase, release_permit
-from ..core.exceptions import LockError, RedisUnavailable
-from ..http import (
-    client_ip,
-    error_response,
-    is_drf_view,
-    rendered_by_drf_view,
-    unavailable_response,
-)
+from ..core.exceptions import RedisUnavailable
+from ..http import error_response, is_drf_view, rendered_by_drf_view, request_in
 from ..locking.factories import get_async_semaphore, get_semaphore
-from ..signals import declare, request_throttled, send_unavailable
+from ..signals import declare
 from ..stepping import Steps, run_steps, run_steps_async
+from .keys import ANONYMOUS, Asker, Target, key_of, key_of_async, semaphore_name
+from .permits import (
+    announce_throttled,
+    fields,
+    label_of,
+    permit_timeout,
+    release_on_close,
+    releasing,
+    retry_after_of,
+    unavailable,
+)
 from .rules import Rule, current_rules, make_rule, matching_rules
 
-__all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited"]
+__all__ = ["ConcurrencyLimitMiddleware", "concurrency_limited", "semaphore_name"]
 
 logger = logging.getLogger("django_redislock.throttle")
-
-_ANONYMOUS = object()
-DEFAULT_RETRY_AFTER = 1.0
 
 # Rules of concurrency_limited views, by name (the metrics read their semaphores).
 decorated_rules: dict[str, Rule] = {}
 
 
-# -- keys ----------------------------------------------------------------------------
-def _user_key(user: Any, request: HttpRequest) -> str:
-    if user is not None and getattr(user, "is_authenticated", False):
-        return f"u:{user.pk}"
-    return f"ip:{client_ip(request)}"
-
-
-def semaphore_name(rule: Rule, key: str | None) -> str:
-    if key is None:
-        return f"throttle:{rule.name}"
-    return f"throttle:{rule.name}:{rule.per}:{key}"
-
-
-def _key(rule: Rule, request: HttpRequest) -> str | None | object:
-    if rule.per == "global":
-        return None
-    if rule.per == "ip":
-        return client_ip(request)
-    if rule.per == "user":
-        return _user_key(getattr(request, "user", None), request)
-    assert rule.key_func is not None
-    if iscoroutinefunction(rule.key_func):
-        from asgiref.sync import async_to_sync
-
-        key = async_to_sync(rule.key_func)(request)
-    else:
-        key = rule.key_func(request)
-    return _ANONYMOUS if key is None else str(key)
-
-
-async def _key_async(rule: Rule, request: HttpRequest) -> str | None | object:
-    if rule.per == "global":
-        return None
-    if rule.per == "ip":
-        return client_ip(request)
-    if rule.per == "user":
-        auser = getattr(request, "auser", None)
-        user = await auser() if auser is not None else getattr(request, "user", None)
-        return _user_key(user, request)
-    assert rule.key_func is not None
-    if iscoroutinefunction(rule.key_func):
-        key = await rule.key_func(request)
-    else:
-        key = await sync_to_async(rule.key_func)(request)
-    return _ANONYMOUS if key is None else str(key)
-
-
 # -- outcomes ---------------------------------------------------------------------------
-def _label(request: HttpRequest) -> str:
-    return f"{request.method} {request.path}"[:200]
-
-
-def _timeout(rule: Rule) -> float:
-    return rule.timeout if rule.timeout is not None else conf.PERMIT_TIMEOUT
-
-
-def _fields(rule: Rule, **more: Any) -> dict[str, Any]:
-    """The structured fields of a record about ``rule``'s semaphore."""
-    name = semaphore_name(rule, None) if not rule.per_client else None
-    return {"lock_name": name, "template": rule.name, "kind": "semaphore", **more}
-
-
 def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
     status = 429 if rule.per_client else 503
-    # Permits usually come back long before they expire, so the earliest
-    # expiry (often the whole permit TTL) would tell clients to stay away far
-    # too long: one second unless the rule says otherwise.
-    retry_after = rule.retry_after if rule.retry_after is not None else DEFAULT_RETRY_AFTER
-    # send_robust: a failing receiver must not turn a 503 into a 500.
-    for receiver, result in request_throttled.send_robust(
-        ConcurrencyLimitMiddleware,
-        rule=rule.name,
-        request=request,
-        status=status,
-        retry_after=retry_after,
-    ):
-        if isinstance(result, Exception):
-            logger.error("request_throttled receiver %r failed: %r", receiver, result)
-    logger.info(
-        "throttled %s by rule %r (%d)",
-        _label(request),
-        rule.name,
-        status,
-        extra=_fields(rule, status=status),
-    )
+    retry_after = retry_after_of(rule)
+    announce_throttled(ConcurrencyLimitMiddleware, request, rule, status)
     return error_response(
         request,
         status=status,
@@ -146,111 +66,76 @@ def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
     )
 
 
-def _unavailable(request: HttpRequest, rule: Rule, exc: BaseException) -> HttpResponseBase | None:
-    """None to run the request anyway (fail open), else the 503 to send."""
-    fail_open = conf.THROTTLE_FAIL_OPEN
-    send_unavailable(ConcurrencyLimitMiddleware, rule.name, exc, fail_open)
-    if fail_open:
-        logger.warning(
-            "Redis unavailable, running %s without its %r permit: %s",
-            _label(request),
-            rule.name,
-            exc,
-            extra=_fields(rule, reason=getattr(exc, "reason", None), fail_open=True),
-        )
-        return None
+def _caller_unknown(request: HttpRequest, rule: Rule, exc: CallerUnknown) -> HttpResponseBase:
+    """A request the rule cannot count per client: refused, never counted per address."""
     logger.error(
-        "Redis unavailable, refusing %s (rule %r): %s",
-        _label(request),
+        "refused %s: rule %r counts per %s, but %s",
+        label_of(request),
         rule.name,
+        rule.per,
         exc,
-        extra=_fields(rule, reason=getattr(exc, "reason", None), fail_open=False),
+        extra=fields(rule, status=500),
     )
-    return unavailable_response(request, rule.name, retry_after=1)
-
-
-def _closer(permits: list[SemaphoreBase]) -> Callable[[], None]:
-    """Release by token from whatever thread closes the response.
-
-    ``close()`` is synchronous and may run in a server thread or (Django's
-    test client) in the event loop itself, so this uses the sync client: one
-    short, bounded call per permit.
-    """
-    held = [(sem.keyspace, sem.name, sem.token, sem.serial) for sem in permits if sem.token]
-
-    def close() -> None:
-        for ks, name, token, serial in held:
-            try:
-                if not release_permit(get_client(), ks, name, token, serial):
-                    logger.warning(
-                        "permit of %r had expired before the response was closed",
-                        name,
-                        extra={"lock_name": name, "kind": "semaphore", "cause": "expired"},
-                    )
-            except (RedisUnavailable, RedisError) as exc:
-                logger.warning(
-                    "could not release permit of %r (it expires by itself): %s",
-                    name,
-                    exc,
-                    extra={"lock_name": name, "kind": "semaphore"},
-                )
-
-    return close
-
-
-def _on_close(response: HttpResponseBase, permits: list[Any]) -> None:
-    # HttpResponseBase.close() runs these when the server has sent the body
-    # (or the client went away), whichever thread or loop that happens in.
-    closers: list[Callable[[], None]] = response._resource_closers  # type: ignore[attr-defined]
-    closers.append(_closer(list(permits)))
-
-
-def _releasing(permits: list[Any]) -> Steps[None]:
-    for sem in reversed(permits):
-        try:
-            yield sem.release
-        except LockError as exc:  # lost (expired, cleared) or Redis down
-            logger.warning("releasing permit of %r: %s", sem.name, exc, extra=fields_of(sem))
+    response = error_response(
+        request, status=500, retry_after=None, reason="caller_unknown", name=rule.name
+    )
+    del response["Retry-After"]  # not a matter of time
+    return response
 
 
 # -- the request path -----------------------------------------------------------------------
 def _limited(
-    request: HttpRequest, rules: list[Rule], call: Callable[[HttpRequest], Any], asynchronous: bool
+    request: HttpRequest,
+    rules: list[Rule],
+    call: Callable[[HttpRequest], Any],
+    asynchronous: bool,
+    target: Target | None = None,
 ) -> Steps[HttpResponseBase]:
-    """A permit of each rule, then the response: one body for both kinds of request."""
-    key_of = _key_async if asynchronous else _key
+    """A permit of each rule, then the response: one body for both kinds of request.
+
+    ``target``: the view the request goes to, as a decorator knows it; None
+    for the middleware, which resolves the URL when a rule asks who the caller is.
+    """
+    keying = key_of_async if asynchronous else key_of
     semaphore = get_async_semaphore if asynchronous else get_semaphore
     permits: list[Any] = []
+    asker = Asker(request, target)
     for rule in rules:
         try:
-            key = yield functools.partial(key_of, rule, request)
-            if key is _ANONYMOUS:
+            try:
+                key = yield functools.partial(keying, rule, request, asker)
+            except NotAuthenticated:
+                continue  # the view's own authentication answers (401, 403), running nothing
+            except CallerUnknown as exc:
+                yield from releasing(permits)
+                return _caller_unknown(request, rule, exc)
+            if key is ANONYMOUS:
                 continue  # the key callable exempted this request
             sem = semaphore(
                 semaphore_name(rule, key),
                 rule.limit,
-                timeout=_timeout(rule),
+                timeout=permit_timeout(rule),
                 wait=rule.wait,
-                label=_label(request),
+                label=label_of(request),
                 metric_name=rule.name,
             )
             acquired = yield sem.acquire
         except (RedisUnavailable, RedisError) as exc:
             try:
-                refusal = _unavailable(request, rule, exc)
+                refusal = unavailable(ConcurrencyLimitMiddleware, request, rule, exc)
             except BaseException:
                 # Raised for DRF's exception handler: the permits taken go back first.
-                yield from _releasing(permits)
+                yield from releasing(permits)
                 raise
             if refusal is not None:
-                yield from _releasing(permits)
+                yield from releasing(permits)
                 return refusal
             continue
         except BaseException:
-            yield from _releasing(permits)
+            yield from releasing(permits)
             raise
         if not acquired:
-            yield from _releasing(permits)
+            yield from releasing(permits)
             return _throttled(request, rule)
         permits.append(sem)
     if not permits:
@@ -258,12 +143,12 @@ def _limited(
     try:
         response = yield functools.partial(call, request)
     except BaseException:
-        yield from _releasing(permits)
+        yield from releasing(permits)
         raise
     if response.streaming:
-        _on_close(response, permits)
+        release_on_close(response, permits)
     else:
-        yield from _releasing(permits)
+        yield from releasing(permits)
     return response
 
 
@@ -272,8 +157,10 @@ class ConcurrencyLimitMiddleware:
 
     Place it last in ``MIDDLEWARE``: a 503 or 429 it makes passes back only
     through the middleware above it, so there it gets their headers
-    (``X-Frame-Options`` and the like), and ``per: "user"`` rules see
-    ``request.user`` (it must come after ``AuthenticationMiddleware``).
+    (``X-Frame-Options`` and the like). ``per: "user"`` rules count the caller
+    the view will see (``django_redislock.caller``): a session's user (it
+    must come after ``AuthenticationMiddleware``), or the user a DRF view's
+    own authentication classes accept, run here before the permit is taken.
     """
 
     sync_capable = True
@@ -307,6 +194,14 @@ class ConcurrencyLimitMiddleware:
         return matching_rules(request, rules) if rules else []
 
 
+def _after(request: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The URL's positional arguments: what follows the request (and ``self``)."""
+    for index, arg in enumerate(args[:2]):
+        if arg is request:
+            return args[index + 1 :]
+    return args
+
+
 def concurrency_limited(
     name: str,
     limit: int,
@@ -320,7 +215,10 @@ def concurrency_limited(
 
     The same semantics as a ``THROTTLE`` rule named ``name`` (and sharing its
     semaphore if a rule has that name). Bad arguments raise ``ValueError`` here,
-    at decoration time. Works on sync and async function views.
+    at decoration time. Works on sync and async function views, on a whole
+    view (``concurrency_limited(...)(MyView.as_view())``), and on the handler
+    methods of class-based views: Django's ``View``, DRF's ``APIView`` and
+    viewset actions (DRF has authenticated the caller by then).
     """
     spec: dict[str, Any] = {"name": name, "limit": limit, "per": per, "wait": wait}
     if timeout is not None:
@@ -334,24 +232,33 @@ def concurrency_limited(
     declare(rule.name, "semaphore")
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        # A view whose request comes first (a function view, a whole view
+        # class's as_view()), or a handler method whose request comes after
+        # self (Django's View, DRF's APIView, a viewset action).
         if iscoroutinefunction(view):
 
             @functools.wraps(view)
-            async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                if not conf.ENABLED:
-                    return await view(request, *args, **kwargs)
-                served = _limited(request, [rule], lambda r: view(r, *args, **kwargs), True)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                request = request_in(args)
+                if not conf.ENABLED or request is None:
+                    return await view(*args, **kwargs)
+                target = (view, _after(request, args), kwargs)
+                served = _limited(request, [rule], lambda r: view(*args, **kwargs), True, target)
                 return await run_steps_async(served)
 
             return async_wrapper
 
         @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            if not conf.ENABLED:
-                return view(request, *args, **kwargs)
-            served = _limited(request, [rule], lambda r: view(r, *args, **kwargs), False)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = request_in(args)
+            if not conf.ENABLED or request is None:
+                return view(*args, **kwargs)
+            after = _after(request, args)
+            served = _limited(
+                request, [rule], lambda r: view(*args, **kwargs), False, (view, after, kwargs)
+            )
             if by_drf:  # around a DRF view's as_view(): refused through its handling
-                return rendered_by_drf_view(view, request, args, kwargs, lambda: run_steps(served))
+                return rendered_by_drf_view(view, request, after, kwargs, lambda: run_steps(served))
             return run_steps(served)
 
         by_drf = is_drf_view(view)

@@ -24,7 +24,14 @@ from ..checks import Problem, register_problems
 from ..conf import conf
 from ..core import MAX_COUNT, count_problem, seconds_problem
 
-__all__ = ["PER_CHOICES", "Rule", "current_rules", "make_rule", "matching_rules", "rule_problems"]
+__all__ = [
+    "PER_CHOICES",
+    "Rule",
+    "current_rules",
+    "make_rule",
+    "matching_rules",
+    "rule_problems",
+]
 
 logger = logging.getLogger("django_redislock.throttle")
 
