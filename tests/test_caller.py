@@ -11,6 +11,7 @@ such callers. ``concurrency_limited`` works on handler methods of Django's
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -276,7 +277,10 @@ def test_credentials_nothing_accepts_are_refused_not_counted_per_address(
         return
     assert response.status_code == 500
     assert "Retry-After" not in response
-    assert response.content.decode().startswith("The server cannot tell who sent")
+    assert response["Content-Type"] == "application/problem+json"
+    problem = json.loads(response.content)
+    assert problem["code"] == "caller_unknown"
+    assert problem["detail"].startswith("The server cannot tell who sent")
 
 
 def caller_by_api_key(request: Any) -> str | None:

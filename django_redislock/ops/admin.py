@@ -22,11 +22,9 @@ release one alone. Each name's first waiters follow its holders.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import logging
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -41,10 +39,9 @@ from django.utils.module_loading import import_string
 from ..conf import conf
 from ..connection import get_client
 from ..core.clients import RedisClient
-from ..core.engine.keys import decode_name, encode_name
 from ..core.exceptions import RedisUnavailable
 from ..core.ops.force import Shown, release, still_held
-from ..core.ops.inspection import KINDS, HeldLock, TemplateSummary, list_locks, summarize
+from ..core.ops.inspection import HeldLock, TemplateSummary, list_locks, summarize
 from ..locking.factories import keyspace
 from .display import (
     duration,
@@ -57,6 +54,7 @@ from .display import (
     waiter_owner_text,
 )
 from .pages import REFRESH_CHOICES, page_links, page_of, read_at, refresh_of
+from .selection import merged, parse_selection, selection
 
 __all__ = ["has_permission", "install"]
 
@@ -81,34 +79,6 @@ def admin_user(request: HttpRequest) -> str:
     """Who releases from the admin, as the log and the holder name them."""
     user = request.user
     return f"admin user {user.get_username()!r} (id {user.pk})"
-
-
-# -- selections -----------------------------------------------------------------
-# A checkbox value names one row as shown: its kind, the ids of the holders
-# shown (``Holder.ident``, comma-separated) and the name in base64, because a
-# browser rewrites line breaks in form values and cannot send lone surrogates
-# at all, and lock names may contain both.
-def selection(row: HeldLock, idents: list[str] | None = None) -> str:
-    """The checkbox value of ``row`` as shown, or of only the holders ``idents``
-    (one permit of a semaphore, one reader)."""
-    name = base64.urlsafe_b64encode(encode_name(row.name)).decode()
-    chosen = sorted(h.ident for h in row.holders) if idents is None else sorted(idents)
-    return f"{row.kind}:{','.join(chosen)}:{name}"
-
-
-def parse_selection(value: str) -> Shown:
-    kind, idents, name = value.split(":", 2)
-    if kind not in KINDS:
-        raise ValueError(kind)
-    holders = frozenset(idents.split(",")) if idents else frozenset()
-    if not holders or not all(_IDENT.fullmatch(i) for i in holders):
-        raise ValueError(idents)
-    text = decode_name(base64.urlsafe_b64decode(name.encode("ascii")))
-    encode_name(text)  # rejects an empty name, as every lock name is
-    return Shown(kind, text, holders)
-
-
-_IDENT = re.compile(r"[0-9a-f]{16}")
 
 
 # Digits of a fencing token shown in the table; the whole token is in the
@@ -307,7 +277,7 @@ def _post(
     literal: bool,
 ) -> HttpResponse:
     try:
-        chosen = _merged(parse_selection(v) for v in request.POST.getlist("selected"))
+        chosen = merged(parse_selection(v) for v in request.POST.getlist("selected"))
     except (ValueError, binascii.Error, UnicodeDecodeError):
         return HttpResponseBadRequest("malformed selection")
     back = HttpResponseRedirect(_list_url(site, pattern, literal, refresh=refresh_of(request.POST)))
@@ -344,16 +314,6 @@ def _post(
     for what in lost:
         messages.warning(request, f"Not released: {what} was released or changed hands meanwhile.")
     return back
-
-
-def _merged(items: Iterable[Shown]) -> list[Shown]:
-    """One selection per name and kind: a row's box and one of its permits'
-    boxes ticked together name the same holders once."""
-    holders: dict[tuple[str, str], frozenset[str]] = {}
-    for item in items:
-        key = (item.kind, item.name)
-        holders[key] = holders.get(key, frozenset()) | item.holders
-    return [Shown(kind, name, idents) for (kind, name), idents in holders.items()]
 
 
 def _gone(item: Shown) -> str:

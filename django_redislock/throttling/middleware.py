@@ -69,18 +69,17 @@ def _throttled(request: HttpRequest, rule: Rule) -> HttpResponseBase:
 def _caller_unknown(request: HttpRequest, rule: Rule, exc: CallerUnknown) -> HttpResponseBase:
     """A request the rule cannot count per client: refused, never counted per address."""
     logger.error(
-        "refused %s: rule %r counts per %s, but %s",
+        "refused %s: rule %r counts per %s. %s",
         label_of(request),
         rule.name,
         rule.per,
         exc,
         extra=fields(rule, status=500),
     )
-    response = error_response(
+    # No Retry-After: not a matter of time.
+    return error_response(
         request, status=500, retry_after=None, reason="caller_unknown", name=rule.name
     )
-    del response["Retry-After"]  # not a matter of time
-    return response
 
 
 # -- the request path -----------------------------------------------------------------------

@@ -25,12 +25,7 @@ the status a Unix tool killed by SIGPIPE reports, 141, without a traceback.
 
 from __future__ import annotations
 
-import argparse
-import copy
-import getpass
 import json
-import os
-import socket
 import sys
 from typing import Any
 
@@ -44,6 +39,13 @@ from ...core.ops.force import release, select
 from ...core.ops.inspection import KINDS, WAITERS_SHOWN, HeldLock, list_locks, summarize
 from ...core.ops.rows import iso_time
 from ...locking.factories import keyspace
+from ...ops.command_process import (
+    accept_common_options,
+    closed_pipe,
+    common_options,
+    operator,
+    server_time,
+)
 from ...ops.display import (
     describe,
     owner_text,
@@ -58,8 +60,6 @@ from ...ops.doctor import PROBLEM, WARN, examine, render
 # renamed or removed, or its meaning changes (added keys keep it).
 JSON_SCHEMA = 1
 
-# What a process killed by SIGPIPE exits with, as shells report it (128 + 13).
-CLOSED_PIPE_STATUS = 141
 # ``clear`` refused for want of a terminal to confirm on (a usage error);
 # declining, or a name not held, is 1.
 NO_TERMINAL_STATUS = 2
@@ -71,45 +71,14 @@ def has_terminal() -> bool:
     return stdin is not None and not stdin.closed and stdin.isatty()
 
 
-def operator() -> str:
-    """Who runs a ``clear``, for the log and for the holders it releases:
-    ``manage.py redislocks clear by alice@web-1 (pid 4242)``."""
-    try:
-        user = getpass.getuser()
-    except Exception:  # no name for this uid (a container), no USER variable
-        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else "?"
-    return f"manage.py redislocks clear by {user}@{socket.gethostname()} (pid {os.getpid()})"
-
-
-def _common_options(parser: CommandParser) -> list[argparse.Action]:
-    """Django's options on every command (``--settings``, ``-v``, ...), already on ``parser``."""
-    return [
-        action
-        for action in parser._actions
-        if action.option_strings
-        and not isinstance(action, (argparse._HelpAction, argparse._VersionAction))
-    ]
-
-
-def _accept_common_options(sub: CommandParser, common: list[argparse.Action]) -> None:
-    # argparse hands everything after the subcommand to the subparser, which
-    # would refuse ``list --settings=...`` as "unrecognized arguments". Each
-    # subparser knows the options too; SUPPRESS keeps an option given before
-    # the subcommand (or its default) when it is not repeated after.
-    for action in common:
-        twin = copy.copy(action)
-        twin.default = argparse.SUPPRESS
-        sub._add_action(twin)
-
-
 class Command(BaseCommand):
     help = "List held Redis locks and semaphores, or force-release them."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        common = _common_options(parser)
+        common = common_options(parser)
         sub = parser.add_subparsers(dest="action", required=True, metavar="{list,clear,doctor}")
         ls = sub.add_parser("list", help="Show held locks and semaphores.")
-        _accept_common_options(ls, common)
+        accept_common_options(ls, common)
         self._selection(ls)
         ls.add_argument(
             "--format",
@@ -133,7 +102,7 @@ class Command(BaseCommand):
             "JSON always carries the summary.",
         )
         cl = sub.add_parser("clear", help="Force-release locks and semaphores.")
-        _accept_common_options(cl, common)
+        accept_common_options(cl, common)
         cl.add_argument("names", nargs="*", metavar="NAME", help="Exact names to release.")
         self._selection(cl)
         cl.add_argument("--all", action="store_true", help="Release everything held.")
@@ -162,7 +131,7 @@ class Command(BaseCommand):
             help="Check the Redis the locks use: eviction, persistence, replicas, version, "
             "latency, clock.",
         )
-        _accept_common_options(dr, common)
+        accept_common_options(dr, common)
         dr.add_argument(
             "--cache",
             metavar="ALIAS",
@@ -389,28 +358,3 @@ class Command(BaseCommand):
             raise CommandError(
                 "Not everything asked for was released: " + ", ".join(problems) + "."
             )
-
-
-def server_time(client: RedisClient) -> float | None:
-    """The server's clock (epoch seconds), for a listing with no row to carry it."""
-    try:
-        # Not among the calls RedisClient names: any client of a server has it.
-        seconds, micros = getattr(client, "time")()  # noqa: B009
-    except Exception:
-        return None
-    return int(seconds) + int(micros) / 1e6
-
-
-def closed_pipe() -> None:
-    """The reader of stdout went away (``list | head``): stop quietly.
-
-    Python's advice for a closed pipe: point stdout at /dev/null so that the
-    interpreter's last flush does not fail again on its way out, then exit
-    with the status a Unix tool killed by SIGPIPE reports.
-    """
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is not a file (tests): nothing to flush
-        pass
-    raise SystemExit(CLOSED_PIPE_STATUS)
