@@ -2,7 +2,10 @@
 --
 -- KEYS[1] lease  hash  t=token f=fence o=owner, and n=name when the key
 --                cannot hold it readably (long names); the fence is the
---                server's microsecond clock when it was granted
+--                server's microsecond clock when it was granted; and,
+--                when granted with waiters queued (give()), x=its end
+--                (server ms; unless extended since) and q=the state's mark
+--                then (see cover()), if set
 -- KEYS[2] queue  list  (see the prelude)
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
 --                        to the mark: a time (server ms) before which
@@ -66,12 +69,12 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
     last, ended, horizon = issued, issued, horizon or issued
   end
   local f = issue(clock, last)
-  if name == '' then
-    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
-  else
-    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
-  end
   if not waiters then
+    if name == '' then
+      redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
+    else
+      redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
+    end
     redis.call('PEXPIRE', lease, ttl)
     if not last or not horizon then
       -- A new state (or one from before the memory of losses): it answers
@@ -96,7 +99,6 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   -- the state outlives it by KEEP exactly, not by KEEP less however long
   -- the run has taken since.
   local now = lib.now()
-  redis.call('PEXPIREAT', lease, now + tonumber(ttl))
   local fields = { 'f', f }
   if not last or not horizon then
     fields[3], fields[4] = 'h', f
@@ -113,6 +115,25 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   end
   redis.call('HSET', state, unpack(fields))
   lib.cover(now + tonumber(state_ttl))
+  -- A grant made with waiters queued keeps in the lease its end `x` and
+  -- the state's mark `q` as cover() left it: a waiter that queues behind it
+  -- learns when it ends from the lease it reads anyway (acquire.lua), and
+  -- its release learns the mark from the lease (release.lua), neither with
+  -- a call of its own. The copy never claims more than Redis holds: the
+  -- state's and the queue's TTLs were raised to the mark, and while the
+  -- lease exists nothing shortens them (the one TTL set outright, an
+  -- uncontended grant's, needs the lease gone).
+  local ends = now + tonumber(ttl)
+  local lease_fields = { 't', token, 'f', f, 'o', owner, 'x', ends }
+  if mark then
+    lease_fields[9], lease_fields[10] = 'q', mark
+  end
+  if name ~= '' then
+    lease_fields[#lease_fields + 1] = 'n'
+    lease_fields[#lease_fields + 1] = name
+  end
+  redis.call('HSET', lease, unpack(lease_fields))
+  redis.call('PEXPIREAT', lease, ends)
   return f
 end
 

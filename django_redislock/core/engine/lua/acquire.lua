@@ -42,7 +42,10 @@ if st[3] and string.find(st[3], token, 1, true) then
   return 0
 end
 mark = st[1]
-local holder = redis.call('HGET', lease, 't')
+-- The holder, and its lease's end when granted with waiters queued (the
+-- waiter's fallback timer, below; see _lock.lua).
+local held = redis.call('HMGET', lease, 't', 'x')
+local holder = held[1]
 if not holder and not st[1] then
   -- Free, nobody queued: the common case.
   return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], false)
@@ -73,6 +76,14 @@ local function enqueue()
     if not lib.cover(now_ms + wait + KEEP) and made then
       -- A queue made anew has no TTL; the mark covers this waiter already.
       redis.call('PEXPIREAT', queue, mark)
+    end
+    if holder and held[2] then
+      -- The lease's end as granted (the PEXPIREAT of give()): unless it was
+      -- extended since, when it has passed and PTTL says.
+      local left = tonumber(held[2]) - now_ms
+      if left > 0 then
+        return left
+      end
     end
   end
   return redis.call('PTTL', lease)
@@ -122,7 +133,8 @@ else
     redis.call('HDEL', state, 'b')
   end
   if head and head ~= token then
-    -- An earlier waiter holds it now; queue behind it.
+    -- An earlier waiter holds it now; queue behind it (`held` is not its).
+    holder = false
     return enqueue()
   end
 end
