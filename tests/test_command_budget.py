@@ -27,7 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:This process .* fork:Deprecation
 ctx = multiprocessing.get_context("fork")
 
 # The ceilings, lowered as the hot path is cut (docs/benchmarks.rst gives the figures).
-CONTENDED_PER_SECTION = 16.5
+CONTENDED_PER_SECTION = 13.5
 UNCONTENDED_NEW_NAME_PER_PAIR = 13
 UNCONTENDED_NAME_IN_USE_PER_PAIR = 13
 

@@ -59,20 +59,52 @@ local function enqueue()
   end
   local wait = tonumber(ARGV[5])
   if wait > 0 then
-    local entry = (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'
+    local now = lib.now()
+    local entry = (now + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'
       .. ARGV[4]
-    -- The caller joins the queue when its entry is new: HSET counts the
-    -- fields it made. With `q` set, `n` is (they are written together), and
-    -- `q` still is (a hand_off before this kept it: it handed the lease on);
-    -- without, nobody is queued, nor is the caller.
-    local new
-    if mark then
-      new = redis.call('HSET', state, token, entry) == 1
+    local made
+    if limit then
+      -- The barging order: the queue holds the token, the state its entry.
+      -- The caller joins the queue when its entry is new: HSET counts the
+      -- fields it made. With `q` set, `n` is (they are written together),
+      -- and `q` still is (a hand_off before this kept it: it handed the
+      -- lease on); without, nobody is queued, nor is the caller.
+      local new
+      if mark then
+        new = redis.call('HSET', state, token, entry) == 1
+      else
+        redis.call('HSET', state, token, entry, 'q', '0', 'n', ARGV[3])
+        mark, new = '0', true
+      end
+      made = new and redis.call('RPUSH', queue, token) == 1
     else
-      redis.call('HSET', state, token, entry, 'q', '0', 'n', ARGV[3])
-      mark, new = '0', true
+      -- The first-come order: the queue's element is the whole entry (see
+      -- _lock.lua). A first attempt cannot be queued yet (a token is new
+      -- with each acquisition); a later one (its wake-up missed, its
+      -- channel come up) may be: it keeps its place and when it began to
+      -- wait, with its entry brought up to date.
+      local fresh = not mark
+      if fresh then
+        redis.call('HSET', state, 'q', '0', 'n', ARGV[3])
+        mark = '0'
+      end
+      local at, since
+      if ARGV[8] ~= '1' and not fresh then
+        local prefix = token .. '|'
+        for i, element in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+          if string.sub(element, 1, #prefix) == prefix then
+            at = i - 1
+            since = string.sub(element, #prefix + 1, string.find(element, '|', #prefix + 1, true) - 1)
+            break
+          end
+        end
+      end
+      if at then
+        redis.call('LSET', queue, at, token .. '|' .. since .. '|' .. entry)
+      else
+        made = redis.call('RPUSH', queue, token .. '|' .. now .. '|' .. entry) == 1
+      end
     end
-    local made = new and redis.call('RPUSH', queue, token) == 1
     if not lib.cover(now_ms + wait + KEEP) and made then
       -- A queue made anew has no TTL; the mark covers this waiter already.
       redis.call('PEXPIREAT', queue, mark)
@@ -128,7 +160,7 @@ if limit and not (st[7] and tonumber(st[7]) >= tonumber(limit)) then
 else
   -- The oldest live waiter goes first (in the barging order: the head has
   -- seen enough others served, and its count starts again).
-  local head = lib.hand_off(token, st[2], st[4], ARGV[3])
+  local head = lib.hand_off(token, st[2], st[4], ARGV[3], nil, st[5])
   if limit then
     redis.call('HDEL', state, 'b')
   end

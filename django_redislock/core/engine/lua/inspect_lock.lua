@@ -16,8 +16,12 @@ end
 common() -- lib.alive()
 local waiting = 0
 if redis.call('TYPE', queue).ok == 'list' and redis.call('TYPE', state).ok == 'hash' then
-  for _, token in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-    local info = redis.call('HGET', state, token)
+  for _, element in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    -- <token>|<since>|<entry> (the first-come order), or a bare token whose
+    -- entry is in the state (see _lock.lua).
+    local bar = string.find(element, '|', 1, true)
+    local info = bar and string.sub(element, string.find(element, '|', bar + 1, true) + 1)
+      or redis.call('HGET', state, element)
     if info and lib.alive(info) then
       waiting = waiting + 1
     end
