@@ -42,9 +42,16 @@ if st[3] and string.find(st[3], token, 1, true) then
   return 0
 end
 mark = st[1]
--- The holder, and its lease's end when granted with waiters queued (the
--- waiter's fallback timer, below; see _lock.lua).
-local held = redis.call('HMGET', lease, 't', 'x')
+-- The holder and, when someone is queued (its lease was then most likely
+-- granted with waiters queued), the lease's end as granted: the waiter's
+-- fallback timer, below (see _lock.lua). Nobody queued: the token alone,
+-- as each field asked for costs the common case.
+local held
+if st[1] then
+  held = redis.call('HMGET', lease, 't', 'x')
+else
+  held = { redis.call('HGET', lease, 't') }
+end
 local holder = held[1]
 if not holder and not st[1] then
   -- Free, nobody queued: the common case.
