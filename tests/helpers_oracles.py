@@ -137,3 +137,19 @@ def signal_sent(signal: Any) -> Iterator[list[dict[str, Any]]]:
         yield sent
     finally:
         signal.disconnect(receiver)
+
+
+def lock_waiters(client: Any, keys: Any) -> dict[bytes, bytes]:
+    """A lock's queued waiters, token -> entry (``<deadline>|<channel>|...``), oldest
+    first: the first-come order keeps the entry in the queue's element
+    (``<token>|<since>|<entry>``), the barging order in the state, by token."""
+    waiters: dict[bytes, bytes] = {}
+    for element in client.lrange(keys.queue, 0, -1):
+        token, bar, rest = element.partition(b"|")
+        if bar:
+            waiters[token] = rest.partition(b"|")[2]
+        else:
+            entry = client.hget(keys.state, element)
+            if entry is not None:
+                waiters[element] = entry
+    return waiters

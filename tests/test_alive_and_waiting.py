@@ -169,7 +169,7 @@ def test_a_lease_handed_on_does_not_inherit_the_previous_holders_renewal(
     assert got.wait(10)
     # Written over in place for the waiter, the lease still holds the first
     # holder's renewal field; it is not the new holder's.
-    assert r.hget(KS.lock("handed").lease, "x") is not None
+    assert r.hget(KS.lock("handed").lease, "k") is not None
     assert only(r, "handed").holders[0].renewed_ago is None
     done.set()
     thread.join(10)

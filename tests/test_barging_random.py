@@ -13,7 +13,7 @@ import redis
 from django_redislock.core import Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.io.wakeup import NO_CHANNEL
-from tests.helpers_oracles import audit_keyspace, plant_sentinel
+from tests.helpers_oracles import audit_keyspace, lock_waiters, plant_sentinel
 
 LIMIT = 3  # a small bound, so that random walks reach it often
 CLIENTS = 5
@@ -26,6 +26,9 @@ class Client:
         self.token = ""
         self.round = 0
         self.queued = False  # may have a queue entry
+        # The order of the handle its token belongs to: one per acquisition,
+        # as a real handle has (a name may see handles of both orders).
+        self.fair = False
 
 
 def _acquire(r: redis.Redis, c: Client, fair: bool, wait_ms: int) -> object:
@@ -53,11 +56,14 @@ def test_random_interleavings_keep_the_invariants(r: redis.Redis, seed: int) -> 
         where = f"seed {seed}, step {step}"
         c = rng.choice(clients)
         fair = rng.random() < 0.2  # now and then a handle of the default order
-        queue_head = r.lindex(keys.queue, 0)
+        # The head's token (a handle of the default order queues its whole
+        # entry: "<token>|...").
+        element = r.lindex(keys.queue, 0)
+        queue_head = element.partition(b"|")[0] if element is not None else None
         if c is holder:
             if rng.random() < 0.8:
-                script = scripts.RELEASE if fair else scripts.RELEASE_BARGING
-                args = (c.token,) if fair else (c.token, LIMIT)
+                script = scripts.RELEASE if c.fair else scripts.RELEASE_BARGING
+                args = (c.token,) if c.fair else (c.token, LIMIT)
                 assert scripts.run(r, script, keys_tuple(c), args) == 1, where
             else:  # its release's reply was lost: the give-back frees it
                 assert scripts.run(r, scripts.CANCEL, keys_tuple(c), (c.token,)) == 1, where
@@ -67,9 +73,9 @@ def test_random_interleavings_keep_the_invariants(r: redis.Redis, seed: int) -> 
             c.token, c.queued = "", False
         else:
             if not c.token:
-                c.token, c.round = secrets.token_hex(8), 0
+                c.token, c.round, c.fair = secrets.token_hex(8), 0, fair
             wait_ms = rng.choice([0, 10_000])
-            reply = _acquire(r, c, fair, wait_ms)
+            reply = _acquire(r, c, c.fair, wait_ms)
             if isinstance(reply, bytes):
                 assert int(reply) > 0, where
             else:
@@ -97,10 +103,14 @@ def test_random_interleavings_keep_the_invariants(r: redis.Redis, seed: int) -> 
                 handed += new_holder is not c  # the lease went to a waiter
                 head, others_served = None, 0
         holder = new_holder
-        queue = r.lrange(keys.queue, 0, -1)
+        # Handles of the default order queue their whole entry as the
+        # element; barging ones a bare token, with its entry in the state.
+        queue = [e.partition(b"|")[0] for e in r.lrange(keys.queue, 0, -1)]
+        bare = {e for e in r.lrange(keys.queue, 0, -1) if b"|" not in e}
         state = r.hgetall(keys.state)
         waiting = {k for k in state if len(k) == 16 and k not in (b"f", b"q", b"d", b"n")}
-        assert set(queue) == waiting and len(queue) == len(set(queue)), where
+        assert bare == waiting and len(queue) == len(set(queue)), where
+        assert set(lock_waiters(r, keys)) == set(queue), where
         assert not queue or b"q" in state, where
         assert int(state.get(b"b", 0)) <= LIMIT, where
         if holder is None:

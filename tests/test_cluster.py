@@ -38,7 +38,7 @@ from django_redislock.core import (
 from django_redislock.core.io import notify_sharded
 from django_redislock.core.io.notify import get_notifier
 from tests.drive import DRIVERS, Drive, run_to_end
-from tests.helpers_oracles import Occupancy, exit_codes_of_forks
+from tests.helpers_oracles import Occupancy, exit_codes_of_forks, lock_waiters
 from tests.servers import free_port, has_sharded_pubsub
 from tests.topologies import (
     ClusterTopology,
@@ -192,8 +192,8 @@ async def _woken_through_the_slots_channel(drive: Drive, mode: Callable[[str], b
         party = drive.spawn(wait_then_release)
         keys = KS.lock(name)
         await drive.until(lambda keys=keys: rc.llen(keys.queue) == 1, 10)
-        # The waiter's entry: its token (16 hex digits) is the field.
-        entry = next(v for k, v in rc.hgetall(keys.state).items() if len(k) == 16)
+        # The waiter's entry (its queue element, in the first-come order).
+        entry = next(iter(lock_waiters(rc, keys).values()))
         address = entry.split(b"|")[1]
         assert address.startswith(mode(name) + KS.prefix.encode() + b":N:" + keys.tag + b":")
         assert rc.keyslot(address[1:]) == rc.keyslot(keys.lease)

@@ -236,9 +236,9 @@ def test_sigkilled_waiter_does_not_hold_up_the_queue(redis_server: Any, r: redis
         t = threading.Thread(target=wait_for_it)
         t.start()
         wait_until(lambda: r.llen(holder.keys.queue) == 2)
-        dead_token = r.lindex(holder.keys.queue, 0)
-        dead_entry = r.hget(holder.keys.state, dead_token).decode()  # type: ignore[arg-type,union-attr]
-        dead_channel = dead_entry.split("|")[1][1:]
+        # The first-come order's element: <token>|<since>|<deadline>|<channel>|...
+        dead_entry = r.lindex(holder.keys.queue, 0).decode()  # type: ignore[union-attr]
+        dead_channel = dead_entry.split("|")[3][1:]
         assert r.pubsub_numsub(dead_channel)[0][1] == 1
         os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
         child.join(5)

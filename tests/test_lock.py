@@ -566,7 +566,10 @@ def test_a_waiter_queued_while_the_channel_was_down_queues_again_with_it(r: redi
     try:
         wait_until(lambda: notifier._pubsub is not None, timeout=10)
         # Queued again, with the channel in its place in the queue.
-        wait_until(lambda: any(notifier.channel in v for v in r.hvals(holder.keys.state)), 5)
+        # The waiter's entry is its queue element (the first-come order).
+        wait_until(
+            lambda: any(notifier.channel in v for v in r.lrange(holder.keys.queue, 0, -1)), 5
+        )
         released_at = time.monotonic()
         holder.release()
         t.join(10)
@@ -917,7 +920,9 @@ async def test_a_task_queued_while_the_channel_was_down_queues_again_with_it(
         await asyncio.gather(slow.ping(), slow.ping())
 
         async def queued_with_channel() -> bool:
-            return any(b"|p" in v for v in direct.hvals(holder.keys.state))  # type: ignore[union-attr]
+            # The waiter's entry is its queue element (the first-come order).
+            queued = direct.lrange(holder.keys.queue, 0, -1)
+            return any(b"|p" in v for v in queued)  # type: ignore[union-attr]
 
         got: list[float] = []
 

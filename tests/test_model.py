@@ -207,8 +207,13 @@ for i = 1, #KEYS, 3 do
   end
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  for _, token in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-    local info = redis.call('HGET', state, token)
+  for _, element in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    -- <token>|<since>|<entry> (the first-come order) or a bare token whose
+    -- entry is in the state (the barging order).
+    local token, info = string.match(element, '^([^|]+)|%d+|(.*)$')
+    if not token then
+      token, info = element, redis.call('HGET', state, element)
+    end
     local deadline = info and tonumber(string.match(info, '^(%d+)|'))
     if deadline and math.min(q, s) < deadline - now + keep then
       short[#short + 1] = queue .. ' ' .. q .. ' ms, state ' .. s .. ' ms, waiter ' ..

@@ -301,23 +301,35 @@ def _queue_up(r: redis.Redis, name: str, token: str, wait_ms: int) -> Any:
 def test_commands_of_a_contended_hand_off(r: redis.Redis) -> None:
     """A queued acquire and a release that hands the lease on read the state
     once, write the lease over in place, and leave the TTLs of the state and
-    the queue alone while its `x` covers what they must outlive
-    (docs/internals.rst, Scripts): what every contended critical section pays."""
+    the queue alone while its mark covers what they must outlive; a lease
+    handed on carries its length and the mark, so that the next waiter and
+    its release need no call for them (docs/internals.rst, Scripts): what
+    every contended critical section pays."""
     name = "count-hand-off"
-    a, b, c = "a" * 16, "b" * 16, "c" * 16
+    a, b, c, d = "a" * 16, "b" * 16, "c" * 16, "d" * 16
     fence = _queue_up(r, name, a, 0)
-    # The first waiter raises the TTLs (and sets `x`) with room for the next.
+    # The first waiter raises the TTLs (and sets the mark) with room for the next.
     assert isinstance(_queue_up(r, name, b, 60_000), int)
     keys = KeySpace().lock(name)
     assert r.pttl(keys.queue) > 60_000 + STATE_KEEP_MS - 5_000
-    # HMGET state, HGET lease, TIME, RPUSH, HSET state, PTTL lease.
-    assert _script_commands(r, lambda: _queue_up(r, name, c, 5_000)) == 6
+    # Behind a lease granted uncontended: HMGET state, HMGET lease, TIME,
+    # RPUSH of the whole entry, PTTL lease.
+    assert _script_commands(r, lambda: _queue_up(r, name, c, 5_000)) == 5
     release = lambda: _lock_call(r, scripts.RELEASE, name, a, fence)  # noqa: E731
-    # HMGET lease, HGET state, LPOP, HMGET and HDEL of the waiter entry,
-    # TIME, HSET lease, HSET state (and PEXPIREAT of the lease, uncounted).
-    assert _script_commands(r, release) == 8
+    # HMGET lease, HGET state, LPOP (the waiter's entry with it), TIME,
+    # HSET state, HSET lease (and PEXPIREAT of the lease, uncounted).
+    assert _script_commands(r, release) == 6
     assert r.hget(keys.lease, "t") == b.encode()
-    assert set(r.hkeys(keys.lease)) == {b"t", b"f", b"o"}
+    assert set(r.hkeys(keys.lease)) == {b"t", b"f", b"o", b"x", b"q"}
+    assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
+    # Behind a handed lease: its end is read with its holder, no PTTL.
+    left = _queue_up(r, name, d, 5_000)
+    assert 29_000 < left <= 30_000
+    assert _script_commands(r, lambda: _queue_up(r, name, "e" * 16, 5_000)) == 4
+    # Its release reads the mark from the lease: no HGET of the state.
+    b_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
+    assert _script_commands(r, lambda: _lock_call(r, scripts.RELEASE, name, b, b_fence)) == 5
+    assert r.hget(keys.lease, "t") == c.encode()
     assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
 
 

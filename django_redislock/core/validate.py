@@ -80,9 +80,12 @@ def seconds_problem(value: object, *, allow_zero: bool) -> str | None:
 
 def check_seconds(what: str, value: object, *, allow_zero: bool) -> float:
     """``value`` as float seconds; ``TypeError`` or ``ValueError`` naming ``what``."""
-    # Every handle checks several durations: the common case costs two tests.
+    # Every handle checks several durations: the common case costs two tests
+    # (a float, or an int such as ttl=30, in range).
     if type(value) is float and 0.0 < value <= MAX_SECONDS:
         return value
+    if type(value) is int and 0 < value <= MAX_SECONDS:
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {value!r}")
     problem = seconds_problem(value, allow_zero=allow_zero)
@@ -101,6 +104,8 @@ def count_problem(value: object, *, low: int, high: int, unit: str = "") -> str 
 
 def check_count(what: str, value: object, *, low: int, high: int, unit: str = "") -> int:
     """``value`` as an int; ``TypeError`` or ``ValueError`` naming ``what``."""
+    if type(value) is int and low <= value <= high:
+        return value  # the common case: one test (bool is not int here)
     if isinstance(value, bool) or not isinstance(value, int):
         kind = f"a whole number of {unit}" if unit else "a whole number"
         raise TypeError(f"{what} must be {kind}, not {value!r}")

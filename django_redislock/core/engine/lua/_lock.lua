@@ -2,8 +2,17 @@
 --
 -- KEYS[1] lease  hash  t=token f=fence o=owner, and n=name when the key
 --                cannot hold it readably (long names); the fence is the
---                server's microsecond clock when it was granted
--- KEYS[2] queue  list  (see the prelude)
+--                server's microsecond clock when it was granted; and,
+--                when granted with waiters queued (give()), x=its end
+--                (server ms; unless extended since) and q=the state's mark
+--                then (see cover()), if set
+-- KEYS[2] queue  list  (see the prelude); in the first-come order each
+--                element is the waiter's whole entry, written once when
+--                it queues: <token>|<since ms>|<entry> (entry as below;
+--                since: when it queued, server ms), so that a hand-off
+--                reads and drops it with the LPOP it makes anyway; the
+--                barging order queues bare tokens, with their entries in
+--                the state
 -- KEYS[3] state  hash  f=last fence, q=set while the queue may be non-empty,
 --                        to the mark: a time (server ms) before which
 --                        neither the state nor the queue expires (cover()),
@@ -18,8 +27,10 @@
 --                      d=the last RECENT tokens given back, newest first,
 --                        space-separated (tokens are 16 hex digits, so a
 --                        match cannot straddle a separator)
---                      <token>=<deadline ms>|<p|s|c|-><channel>|<ttl ms>|<round>|<owner>
---                      for each waiter
+--                      <token>=<entry> for each waiter queued as a bare
+--                      token (the barging order, and earlier versions),
+--                      where an entry is
+--                      <deadline ms>|<p|s|c|-><channel>|<ttl ms>|<round>|<owner>
 --                      and, in the barging order (Lock(..., fair=False)):
 --                      b=how many leases went to others than the head of
 --                        the queue while it waited (barges) since it was
@@ -66,12 +77,12 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
     last, ended, horizon = issued, issued, horizon or issued
   end
   local f = issue(clock, last)
-  if name == '' then
-    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
-  else
-    redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
-  end
   if not waiters then
+    if name == '' then
+      redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
+    else
+      redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
+    end
     redis.call('PEXPIRE', lease, ttl)
     if not last or not horizon then
       -- A new state (or one from before the memory of losses): it answers
@@ -96,7 +107,6 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   -- the state outlives it by KEEP exactly, not by KEEP less however long
   -- the run has taken since.
   local now = lib.now()
-  redis.call('PEXPIREAT', lease, now + tonumber(ttl))
   local fields = { 'f', f }
   if not last or not horizon then
     fields[3], fields[4] = 'h', f
@@ -113,6 +123,25 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
   end
   redis.call('HSET', state, unpack(fields))
   lib.cover(now + tonumber(state_ttl))
+  -- A grant made with waiters queued keeps in the lease its end `x` and
+  -- the state's mark `q` as cover() left it: a waiter that queues behind it
+  -- learns when it ends from the lease it reads anyway (acquire.lua), and
+  -- its release learns the mark from the lease (release.lua), neither with
+  -- a call of its own. The copy never claims more than Redis holds: the
+  -- state's and the queue's TTLs were raised to the mark, and while the
+  -- lease exists nothing shortens them (the one TTL set outright, an
+  -- uncontended grant's, needs the lease gone).
+  local ends = now + tonumber(ttl)
+  local lease_fields = { 't', token, 'f', f, 'o', owner, 'x', ends }
+  if mark then
+    lease_fields[9], lease_fields[10] = 'q', mark
+  end
+  if name ~= '' then
+    lease_fields[#lease_fields + 1] = 'n'
+    lease_fields[#lease_fields + 1] = name
+  end
+  redis.call('HSET', lease, unpack(lease_fields))
+  redis.call('PEXPIREAT', lease, ends)
   return f
 end
 
@@ -202,13 +231,17 @@ local function contended()
   -- When the oldest live waiter is `self` (the caller of this very script),
   -- it is popped and returned without a lease: the caller takes it itself.
   -- `last`, `ended` and `name` are the state's f, e and n as give() takes
-  -- them (h is read with the waiter's entry, only when someone waits).
+  -- them; `horizon` its h when the caller has it (else h is read when
+  -- someone waits: with the waiter's entry, when queued bare).
   -- `released`: the fence of the lease the caller has just released, when
   -- it is the key's (still there, to be written over) and `e` is yet to
   -- name it: written with the next lease's fence. A waiter nobody heard
   -- gets its lease deleted and `e` names it: nobody will release it, no
   -- loss to remember.
-  function lib.hand_off(self, last, ended, name, released)
+  -- `horizon`: the state's h, when the caller read it; a release passes its
+  -- own fence in its stead (last and ended are that fence: the grant reads
+  -- no h then, see give()).
+  function lib.hand_off(self, last, ended, name, released, horizon)
     local more = released and { 'e', released }
     while true do
       local head = redis.call('LPOP', queue)
@@ -217,9 +250,20 @@ local function contended()
         mark = false
         return false
       end
-      local got = redis.call('HMGET', state, head, 'h')
-      local info = got[1]
-      redis.call('HDEL', state, head)
+      local info
+      local bar = string.find(head, '|', 1, true)
+      if bar then
+        -- The first-come order's element: <token>|<since>|<entry>.
+        info = string.sub(head, string.find(head, '|', bar + 1, true) + 1)
+        head = string.sub(head, 1, bar - 1)
+        if not horizon then
+          horizon = redis.call('HGET', state, 'h')
+        end
+      else
+        local got = redis.call('HMGET', state, head, 'h')
+        info, horizon = got[1], got[2]
+        redis.call('HDEL', state, head)
+      end
       local s1 = info and lib.alive(info)
       if s1 then
         if head == self then
@@ -253,7 +297,7 @@ local function contended()
           end
         end
         local fence = give(head, ttl, tonumber(ttl) + KEEP, name or '', owner, last, ended,
-          got[2], true, more)
+          horizon, true, more)
         more = nil
         local message = head .. ':' .. fence
         if round then

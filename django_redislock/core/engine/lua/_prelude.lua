@@ -5,17 +5,19 @@
 --
 -- KEYS[1] the kind's own: a lock's lease (hash), or the holders of a
 --         semaphore or read-write lock (zset)
--- KEYS[2] queue  list  waiting tokens, oldest first
+-- KEYS[2] queue  list  waiting tokens, oldest first (a lock's first-come
+--                      order keeps each waiter's entry in its element
+--                      instead: see _lock.lua)
 -- KEYS[3] state  hash  n=name, h and u=the memory of losses (below), one
---                      waiter entry per queued token, and the kind's own
---                      fields (see its piece)
+--                      waiter entry per token queued bare, and the kind's
+--                      own fields (see its piece)
 -- A waiter entry is "<deadline ms>|..."; the kind says what follows, and
 -- where in it the waiter's wake-up channel is: "<p|s|c|-><channel>", p for
 -- PUBLISH on a single server, s for SPUBLISH (a Cluster's channel of the
 -- lock's slot), c for PUBLISH where the count of receivers proves nothing
 -- (a Cluster node without sharded pub/sub, or a Sentinel client's primary),
--- - for none (the waiter looks again at its next retry). A token is in the
--- queue exactly when the state has its waiter entry.
+-- - for none (the waiter looks again at its next retry). A token is queued
+-- bare exactly when the state has its waiter entry.
 --
 -- Every key has a TTL. Each script that writes a key raises its TTL to cover
 -- what it wrote, plus KEEP for the state (outlive; it never lowers a TTL;

@@ -42,7 +42,17 @@ if st[3] and string.find(st[3], token, 1, true) then
   return 0
 end
 mark = st[1]
-local holder = redis.call('HGET', lease, 't')
+-- The holder and, when someone is queued (its lease was then most likely
+-- granted with waiters queued), the lease's end as granted: the waiter's
+-- fallback timer, below (see _lock.lua). Nobody queued: the token alone,
+-- as each field asked for costs the common case.
+local held
+if st[1] then
+  held = redis.call('HMGET', lease, 't', 'x')
+else
+  held = { redis.call('HGET', lease, 't') }
+end
+local holder = held[1]
 if not holder and not st[1] then
   -- Free, nobody queued: the common case.
   return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], false)
@@ -56,23 +66,63 @@ local function enqueue()
   end
   local wait = tonumber(ARGV[5])
   if wait > 0 then
-    local entry = (lib.now() + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'
+    local now = lib.now()
+    local entry = (now + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'
       .. ARGV[4]
-    -- The caller joins the queue when its entry is new: HSET counts the
-    -- fields it made. With `q` set, `n` is (they are written together), and
-    -- `q` still is (a hand_off before this kept it: it handed the lease on);
-    -- without, nobody is queued, nor is the caller.
-    local new
-    if mark then
-      new = redis.call('HSET', state, token, entry) == 1
+    local made
+    if limit then
+      -- The barging order: the queue holds the token, the state its entry.
+      -- The caller joins the queue when its entry is new: HSET counts the
+      -- fields it made. With `q` set, `n` is (they are written together),
+      -- and `q` still is (a hand_off before this kept it: it handed the
+      -- lease on); without, nobody is queued, nor is the caller.
+      local new
+      if mark then
+        new = redis.call('HSET', state, token, entry) == 1
+      else
+        redis.call('HSET', state, token, entry, 'q', '0', 'n', ARGV[3])
+        mark, new = '0', true
+      end
+      made = new and redis.call('RPUSH', queue, token) == 1
     else
-      redis.call('HSET', state, token, entry, 'q', '0', 'n', ARGV[3])
-      mark, new = '0', true
+      -- The first-come order: the queue's element is the whole entry (see
+      -- _lock.lua). A first attempt cannot be queued yet (a token is new
+      -- with each acquisition); a later one (its wake-up missed, its
+      -- channel come up) may be: it keeps its place and when it began to
+      -- wait, with its entry brought up to date.
+      local fresh = not mark
+      if fresh then
+        redis.call('HSET', state, 'q', '0', 'n', ARGV[3])
+        mark = '0'
+      end
+      local at, since
+      if ARGV[8] ~= '1' and not fresh then
+        local prefix = token .. '|'
+        for i, element in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+          if string.sub(element, 1, #prefix) == prefix then
+            at = i - 1
+            since = string.sub(element, #prefix + 1, string.find(element, '|', #prefix + 1, true) - 1)
+            break
+          end
+        end
+      end
+      if at then
+        redis.call('LSET', queue, at, token .. '|' .. since .. '|' .. entry)
+      else
+        made = redis.call('RPUSH', queue, token .. '|' .. now .. '|' .. entry) == 1
+      end
     end
-    local made = new and redis.call('RPUSH', queue, token) == 1
     if not lib.cover(now_ms + wait + KEEP) and made then
       -- A queue made anew has no TTL; the mark covers this waiter already.
       redis.call('PEXPIREAT', queue, mark)
+    end
+    if holder and held[2] then
+      -- The lease's end as granted (the PEXPIREAT of give()): unless it was
+      -- extended since, when it has passed and PTTL says.
+      local left = tonumber(held[2]) - now_ms
+      if left > 0 then
+        return left
+      end
     end
   end
   return redis.call('PTTL', lease)
@@ -117,12 +167,13 @@ if limit and not (st[7] and tonumber(st[7]) >= tonumber(limit)) then
 else
   -- The oldest live waiter goes first (in the barging order: the head has
   -- seen enough others served, and its count starts again).
-  local head = lib.hand_off(token, st[2], st[4], ARGV[3])
+  local head = lib.hand_off(token, st[2], st[4], ARGV[3], nil, st[5])
   if limit then
     redis.call('HDEL', state, 'b')
   end
   if head and head ~= token then
-    -- An earlier waiter holds it now; queue behind it.
+    -- An earlier waiter holds it now; queue behind it (`held` is not its).
+    holder = false
     return enqueue()
   end
 end

@@ -5,7 +5,7 @@
 -- KEYS: lease, queue, state (see _lock.lua). ARGV[1] token.
 -- Returns 1 when a lease was passed on, 0 otherwise.
 local token = ARGV[1]
-local st = redis.call('HMGET', state, 'd', 'q', 'f', 'n')
+local st = redis.call('HMGET', state, 'd', 'q', 'f', 'n', 'h')
 local given = st[1] and token .. ' ' .. string.sub(st[1], 1, RECENT_KEPT) or token
 local held = redis.call('HMGET', lease, 't', 'f')
 if held[1] == token then
@@ -20,11 +20,21 @@ outlive(KEEP, state)
 if held[1] == token then
   if st[2] then
     mark = st[2]
-    contended().hand_off(false, st[3], held[2], st[4])
+    contended().hand_off(false, st[3], held[2], st[4], nil, st[5])
   end
   return 1
 end
 if redis.call('HDEL', state, token) == 1 then
+  -- Queued as a bare token (the barging order, or an earlier version).
   redis.call('LREM', queue, 1, token)
+elseif st[2] then
+  -- Queued in the first-come order: its element starts with its token.
+  local prefix = token .. '|'
+  for _, element in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+    if string.sub(element, 1, #prefix) == prefix then
+      redis.call('LREM', queue, 1, element)
+      break
+    end
+  end
 end
 return 0

@@ -7,10 +7,10 @@ if not holder or (ARGV[2] ~= '' and holder ~= ARGV[2]) then
   return 0
 end
 redis.call('DEL', lease)
-local st = redis.call('HMGET', state, 'q', 'f', 'e', 'n')
+local st = redis.call('HMGET', state, 'q', 'f', 'e', 'n', 'h')
 if st[1] then
   mark = st[1]
   -- The lease ended in a loss (`e` does not name it): the grant records it.
-  contended().hand_off(false, st[2], st[3], st[4])
+  contended().hand_off(false, st[2], st[3], st[4], nil, st[5])
 end
 return 1

@@ -9,11 +9,11 @@ if redis.call('HGET', lease, 't') ~= ARGV[1] then
   return 0
 end
 redis.call('PEXPIRE', lease, ARGV[2])
--- For operators only (inspect_lock.lua): x=<token>:<server clock, us>, when
+-- For operators only (inspect_lock.lua): k=<token>:<server clock, us>, when
 -- this holder last renewed or extended. Named by its token because a lease
 -- handed on is written over in place and may keep the field of the holder
 -- before: a reader counts it only when the token is the lease's.
 clock = redis.call('TIME')
-redis.call('HSET', lease, 'x', ARGV[1] .. ':' .. clock[1] .. string.sub('00000' .. clock[2], -6))
+redis.call('HSET', lease, 'k', ARGV[1] .. ':' .. clock[1] .. string.sub('00000' .. clock[2], -6))
 outlive(tonumber(ARGV[2]) + KEEP, state)
 return 1

@@ -47,12 +47,33 @@ local function entry_round(info)
   return s4 and string.sub(info, s3 + 1, s4 - 1)
 end
 
+-- A waiter's token and entry from its queue element: the first-come
+-- order's "<token>|<since>|<entry>" (a handle of the default order queued
+-- on this name), or a bare token whose entry is in the state.
+local function waiter(element)
+  local bar = string.find(element, '|', 1, true)
+  if bar then
+    return string.sub(element, 1, bar - 1),
+      string.sub(element, string.find(element, '|', bar + 1, true) + 1), true
+  end
+  return element, redis.call('HGET', state, element), false
+end
+
 local woken = st[3]
 if woken then
   local b1 = string.find(woken, '|', 1, true)
   local b2 = b1 and string.find(woken, '|', b1 + 1, true)
   if b2 and lib.now() - tonumber(string.sub(woken, b2 + 1)) < WAKE_AGAIN then
-    local info = redis.call('HGET', state, string.sub(woken, 1, b1 - 1))
+    local token = string.sub(woken, 1, b1 - 1)
+    local info = redis.call('HGET', state, token)
+    if not info then
+      -- Queued in the first-come order: it was woken as the head.
+      local head = redis.call('LINDEX', queue, 0)
+      if head then
+        local t, e = waiter(head)
+        info = t == token and e
+      end
+    end
     if info and entry_round(info) == string.sub(woken, b1 + 1, b2 - 1) then
       return 1
     end
@@ -64,12 +85,12 @@ end
 -- does. A waiter queued without a channel finds the lease free at its next
 -- retry.
 while true do
-  local head = redis.call('LINDEX', queue, 0)
-  if not head then
+  local element = redis.call('LINDEX', queue, 0)
+  if not element then
     redis.call('HDEL', state, 'q', 'b', 'w')
     return 1
   end
-  local info = redis.call('HGET', state, head)
+  local head, info, inline = waiter(element)
   if info then
     local s1 = lib.alive(info)
     if s1 then
@@ -81,7 +102,9 @@ while true do
         return 1
       end
     end
-    redis.call('HDEL', state, head)
+    if not inline then
+      redis.call('HDEL', state, head)
+    end
   end
   redis.call('LPOP', queue)
 end
