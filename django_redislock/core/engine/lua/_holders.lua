@@ -97,7 +97,7 @@ end
 -- or reservation (the waiter's fallback timer, and Retry-After).
 local function wait_in_line(token, wait, rest, first)
   if not whole_ms(wait) then
-    error(redis.error_reply(BAD_MS .. 'wait'))
+    error(BAD_MS .. 'wait', 0)
   end
   if wait > 0 then
     local entry = (now_ms + wait) .. '|' .. rest .. '|' .. ARGV[4]

@@ -41,7 +41,7 @@ end
 -- Returns whether `self` was admitted, and whether the queue ran dry.
 local function promote(grace, self, grant_self)
   if not whole_ms(grace) then
-    error(redis.error_reply(BAD_MS .. 'grace')) -- before it reserves anything
+    error(BAD_MS .. 'grace', 0) -- before it reserves anything
   end
   local mine = false
   local reserved = 0

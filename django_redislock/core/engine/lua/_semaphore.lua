@@ -52,7 +52,7 @@ local function promote(grace, self, limit)
     return false, 0
   end
   if not whole_ms(grace) then
-    error(redis.error_reply(BAD_MS .. 'grace')) -- before it reserves anything
+    error(BAD_MS .. 'grace', 0) -- before it reserves anything
   end
   limit = limit or tonumber(redis.call('HGET', state, 'l') or ARGV[3] or '0')
   local free = limit - redis.call('ZCARD', holders)
