@@ -32,6 +32,7 @@ from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
 from django_redislock.core.io.notify import get_notifier
+from tests.helpers_oracles import lock_waiters
 from tests.servers import RedisServer
 from tests.topologies import SERVICE, SentinelTopology, wait_until
 
@@ -183,7 +184,7 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
         assert heard == [first + b":" + client.hget(keys.lease, "f")]
         assert client.hget(keys.lease, "t") == first
         assert 0 < client.pttl(keys.lease) <= 15_000
-        assert client.lrange(keys.queue, 0, -1) == [t.encode() for t in elsewhere[1:]]
+        assert list(lock_waiters(client, keys)) == [t.encode() for t in elsewhere[1:]]
         # The waiter claims it by asking again: the lease is its own, for its whole TTL.
         assert acquire(elsewhere[0], 60_000, letter + channels[first], 2) == client.hget(
             keys.lease, "f"
@@ -270,8 +271,8 @@ async def _async_waiters(
 
 def _queued_with_a_channel(client: redis.Redis, name: str) -> int:
     """How many waiters of ``name`` are queued with a wake-up channel."""
-    entries = client.hgetall(KS.lock(name).state)
-    return sum(1 for k, v in entries.items() if len(k) == 16 and v.split(b"|")[1][:1] != b"-")
+    entries = lock_waiters(client, KS.lock(name)).values()
+    return sum(1 for entry in entries if entry.split(b"|")[1][:1] != b"-")
 
 
 def _served_through(topology: SentinelTopology, name: str, fail: Callable[[], None]) -> None:
