@@ -24,6 +24,7 @@ from django.utils.module_loading import import_string
 from .conf import DEFAULTS, DJANGO_REDIS_CACHE, cache_backend, cache_locations, conf
 from .core import MAX_COUNT, count_problem, is_seconds, seconds_problem, seconds_range
 from .core.engine.keys import validate_prefix
+from .core.io.breaker import MAX_WINDOW
 from .core.io.green import RENEWAL_HINT, green_runtime, renewal_warning
 
 __all__ = [
@@ -213,6 +214,18 @@ def settings_problems() -> list[Problem]:
                     f"Set REDISLOCK[{key!r}] = {DEFAULTS[key]!r} (or its opposite).",
                 )
             )
+    window = value("BREAKER_WINDOW")
+    if not is_seconds(window, allow_zero=True) or window > MAX_WINDOW:
+        found.append(
+            Problem(
+                "django_redislock.E013",
+                "REDISLOCK['BREAKER_WINDOW'] must be 0 (off) or a number of seconds up to "
+                f"{MAX_WINDOW:g}; got {window!r}.",
+                "Set it to how long calls to a Redis that timed out fail fast before one "
+                f"call tries it again, such as {DEFAULTS['BREAKER_WINDOW']!r}, or 0 to turn "
+                "the circuit breaker off.",
+            )
+        )
     early = value("CONNECT_EARLY")
     databases = getattr(django_settings, "DATABASES", {})
     if not isinstance(early, bool) and (

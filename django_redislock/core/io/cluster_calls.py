@@ -35,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..failures import said_retry
 from . import giveback
 from .batch import CallFailed, Command
+from .breaker import node_breaker
 from .checkout import connect_bound, fresh
 from .pool_calls import call_on_pool
 from .pool_calls_async import exchange_async
@@ -246,7 +247,9 @@ async def cluster_call_async(
     while True:
         try:
             with _looked_up_again_if_gone(client):
-                replies = (await _call_on_node_async(node, (*prefix, *commands)))[len(prefix) :]
+                replies = (await _call_on_node_async(client, node, (*prefix, *commands)))[
+                    len(prefix) :
+                ]
         except CallFailed as failed:
             moved = await _moved_since_async(client, node, key) if _unwritten(failed) else None
             if moved is None:
@@ -286,8 +289,29 @@ def _node_release(node: Any, conn: Any) -> Any:
         node._free.append(conn)
 
 
-async def _call_on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
-    """``call_on_pool_async`` for an asyncio Cluster node, which has no pool of its own."""
+async def _call_on_node_async(
+    client: AsyncRedisCluster, node: Any, commands: Sequence[Command]
+) -> list[Any]:
+    """``call_on_pool_async`` for an asyncio Cluster node, which has no pool of
+    its own: the node's breaker is kept per client and node name."""
+    breaker = node_breaker(client, node)
+    try:
+        probe = breaker.admit()
+    except RedisError as exc:
+        raise CallFailed(exc, may_have_run=False) from exc
+    try:
+        replies = await _on_node_async(node, commands)
+    except CallFailed as failed:
+        breaker.failed(failed.cause, probe)
+        raise
+    except BaseException:
+        breaker.abandoned(probe)
+        raise
+    breaker.answered(probe)
+    return replies
+
+
+async def _on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
     from redis.exceptions import MaxConnectionsError
 
     try:
