@@ -393,3 +393,90 @@ def test_a_zero_window_never_opens(window_of: Any) -> None:
     unit = breaker.Breaker("unit:1")
     unit.failed(TimeoutError("slow"), False)
     assert not unit.open and unit.admit() is False
+
+
+# -- a Redis Cluster: one breaker per node -------------------------------------------------
+def _names_on_two_nodes(client: Any) -> tuple[str, str, int]:
+    """Two lock names whose keys live on different primaries; the first's port."""
+    from django_redislock.core.engine.keys import KeySpace
+
+    keys = KeySpace("redislock")
+    first = "cl:0"
+    port = int(client.get_node_from_key(keys.lock(first).lease).port)
+    for n in range(1, 100):
+        other = f"cl:{n}"
+        if int(client.get_node_from_key(keys.lock(other).lease).port) != port:
+            return first, other, port
+    raise AssertionError("every name on one node")
+
+
+@pytest.mark.cluster
+def test_on_a_cluster_a_frozen_node_fails_fast_and_the_others_answer() -> None:
+    from django_redislock.core import AsyncLock, Lock
+    from tests.topologies import (
+        ClusterTopology,
+        async_cluster_client,
+        close_async_cluster,
+        cluster_client,
+    )
+
+    topology = ClusterTopology(primaries=3, replicas=0).start()
+    options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT}
+    previous = breaker.set_window(5.0)  # open for the whole test once tripped
+    try:
+        client = cluster_client(topology, **options)
+        frozen_name, healthy_name, port = _names_on_two_nodes(client)
+        node = next(n for n in topology.nodes if n.port == port)
+        for name in (frozen_name, healthy_name):
+            lock = Lock(client, name, ttl=10)
+            assert lock.acquire()
+            lock.release()
+
+        async def warm_async() -> Any:
+            aclient = async_cluster_client(topology, **options)
+            for name in (frozen_name, healthy_name):
+                lock = AsyncLock(aclient, name, ttl=10)
+                assert await lock.acquire()
+                await lock.release()
+            return aclient
+
+        loop = asyncio.new_event_loop()
+        aclient = loop.run_until_complete(warm_async())
+        node.pause()
+        try:
+
+            def attempt(name: str) -> tuple[str | None, float]:
+                started = time.monotonic()
+                try:
+                    Lock(client, name, ttl=10).acquire()
+                except RedisUnavailable as exc:
+                    return exc.reason, time.monotonic() - started
+                return None, time.monotonic() - started
+
+            async def attempt_async(name: str) -> tuple[str | None, float]:
+                started = time.monotonic()
+                try:
+                    lock = AsyncLock(aclient, name, ttl=10)
+                    assert await lock.acquire()
+                    await lock.release()
+                except RedisUnavailable as exc:
+                    return exc.reason, time.monotonic() - started
+                return None, time.monotonic() - started
+
+            assert attempt(frozen_name)[0] == "timeout"
+            reason, took = attempt(frozen_name)
+            assert reason == "breaker_open" and took < 0.2, (reason, took)
+            # The other nodes' breakers stay closed. (Not asked again later: with
+            # no replica, the other nodes soon answer CLUSTERDOWN themselves.)
+            assert Lock(client, healthy_name, ttl=10).acquire()
+            assert loop.run_until_complete(attempt_async(frozen_name))[0] == "timeout"
+            reason, took = loop.run_until_complete(attempt_async(frozen_name))
+            assert reason == "breaker_open" and took < 0.2, (reason, took)
+        finally:
+            node.resume()
+            loop.run_until_complete(close_async_cluster(aclient))
+            loop.close()
+            client.close()
+    finally:
+        breaker.set_window(previous)
+        topology.stop()
