@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.test import Client, override_settings
+from django.test import AsyncClient, Client, override_settings
 
 from django_redislock import RedisUnavailable, connection, get_async_lock, get_lock
 from django_redislock.core.io import breaker
@@ -277,7 +277,8 @@ def _eventually(call: Any) -> Any:
             time.sleep(0.05)
 
 
-def test_a_throttle_fails_open_fast(server: RedisServer, settings: Any) -> None:
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_a_throttle_fails_open_fast(server: RedisServer, settings: Any, path: str) -> None:
     mw = list(settings.MIDDLEWARE)
     mw.insert(
         mw.index("django.contrib.auth.middleware.AuthenticationMiddleware") + 1,
@@ -288,16 +289,36 @@ def test_a_throttle_fails_open_fast(server: RedisServer, settings: Any) -> None:
     settings.CACHES = _caches(server)
     rule = {"name": "ok", "path": r"^/ok/", "limit": 1, "wait": 0}
     settings.REDISLOCK = {**SETTINGS, "THROTTLE": [rule]}
-    client = Client(raise_request_exception=False)
-    assert client.get("/ok/").status_code == 200
-    server.pause()
-    spent = 0.0
-    for _ in range(ATTEMPTS):
-        started = time.monotonic()
-        assert client.get("/ok/").status_code == 200  # ran without its permit
-        spent += time.monotonic() - started
-        time.sleep(SPACING)
-    print(f"[breaker] throttle: {ATTEMPTS} requests spent {spent:.3f}s, all run")
+
+    async def requests_async() -> float:
+        client = AsyncClient(raise_request_exception=False)
+        try:
+            assert (await client.get("/ok/")).status_code == 200
+            server.pause()
+            spent = 0.0
+            for _ in range(ATTEMPTS):
+                started = time.monotonic()
+                assert (await client.get("/ok/")).status_code == 200
+                spent += time.monotonic() - started
+                await asyncio.sleep(SPACING)
+            return spent
+        finally:
+            await close_async_clients()
+
+    def requests() -> float:
+        client = Client(raise_request_exception=False)
+        assert client.get("/ok/").status_code == 200
+        server.pause()
+        spent = 0.0
+        for _ in range(ATTEMPTS):
+            started = time.monotonic()
+            assert client.get("/ok/").status_code == 200  # ran without its permit
+            spent += time.monotonic() - started
+            time.sleep(SPACING)
+        return spent
+
+    spent = requests() if path == "sync" else asyncio.run(requests_async())
+    print(f"[breaker] throttle ({path}): {ATTEMPTS} requests spent {spent:.3f}s, all run")
     assert spent <= 2 * SOCKET_TIMEOUT + SLACK, spent
 
 
