@@ -62,6 +62,7 @@ __all__ = [
     "BreakerOpen",
     "breaker_of",
     "node_breaker",
+    "node_breakers",
     "off_path",
     "on_open",
     "set_window",
@@ -172,6 +173,15 @@ class Breaker:
                 )
             self._probe_since = now
             return True
+
+    def refusing(self) -> bool:
+        """Whether ``admit`` would refuse a call now; nothing changes."""
+        if not self.open or _off_path.get():
+            return False
+        now = time.monotonic()
+        with self._mutex:
+            probing = self._probe_since is not None and now - self._probe_since < _PROBE_STALE
+            return self.open and (probing or now < self._until)
 
     def answered(self, probe: bool) -> None:
         """The call got its replies: Redis answers."""
@@ -294,6 +304,12 @@ def node_breaker(client: Any, node: Any) -> Breaker:
             if found is None:
                 found = per_node[node.name] = Breaker(node.name)
     return found
+
+
+def node_breakers(client: Any) -> list[Breaker]:
+    """The breakers ``node_breaker`` made for an asyncio Cluster client."""
+    per_node = _node_breakers.get(client)
+    return list(per_node.values()) if per_node is not None else []
 
 
 def on_open(listener: Callable[[Breaker], None]) -> None:
