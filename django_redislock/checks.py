@@ -25,6 +25,7 @@ from django.utils.module_loading import import_string
 from .conf import DEFAULTS, DJANGO_REDIS_CACHE, cache_backend, cache_locations, conf
 from .core import MAX_COUNT, count_problem, is_seconds, seconds_problem, seconds_range
 from .core.engine.keys import validate_prefix
+from .core.io.breaker import MAX_WINDOW
 from .core.io.green import RENEWAL_HINT, green_runtime, renewal_warning
 
 __all__ = [
@@ -147,6 +148,12 @@ def _bool_problem(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"must be True or False; got {value!r}"
 
 
+def _window_problem(value: Any) -> str | None:
+    if is_seconds(value, allow_zero=True) and value <= MAX_WINDOW:
+        return None
+    return f"must be 0 (off) or a number of seconds up to {MAX_WINDOW:g}; got {value!r}"
+
+
 def _replicas_problem(value: Any) -> str | None:
     return count_problem(value, low=0, high=MAX_COUNT)
 
@@ -228,6 +235,13 @@ SETTING_CHECKS: dict[str, SettingCheck] = {
     "FAIL_OPEN": _bool_row("FAIL_OPEN"),
     "THROTTLE_FAIL_OPEN": _bool_row("THROTTLE_FAIL_OPEN"),
     "OTEL_LOCK_NAMES": _bool_row("OTEL_LOCK_NAMES"),
+    "BREAKER_WINDOW": SettingCheck(
+        "django_redislock.E013",
+        _window_problem,
+        "Set it to how long calls to a Redis that timed out fail fast before one call "
+        f"tries it again, such as {DEFAULTS['BREAKER_WINDOW']!r}, or 0 to turn the circuit "
+        "breaker off.",
+    ),
     "CONNECT_EARLY": SettingCheck(
         "django_redislock.E012",
         _connect_early_problem,

@@ -50,6 +50,9 @@ DEFAULTS: dict[str, Any] = {
     # Bounds on every call the library makes (seconds).
     "SOCKET_TIMEOUT": 2.0,
     "CONNECT_TIMEOUT": 1.0,
+    # After a call times out, calls to that Redis fail fast for this long
+    # (seconds), then one call probes it; 0: off (core/io/breaker.py).
+    "BREAKER_WINDOW": 1.0,
     # Busy view: status and optional replacement (dotted path to a view or callable).
     "BUSY_STATUS": 409,
     "BUSY_RESPONSE": None,
@@ -173,6 +176,7 @@ class Settings:
     CONNECT_EARLY = _Setting(_databases)
     SOCKET_TIMEOUT = _Setting(float)
     CONNECT_TIMEOUT = _Setting(float)
+    BREAKER_WINDOW = _Setting(float)
     BUSY_STATUS = _Setting(int)
     BUSY_RESPONSE = _Setting(_handler)
     UNAVAILABLE_RESPONSE = _Setting(_handler)

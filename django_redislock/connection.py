@@ -36,6 +36,7 @@ from django.utils.module_loading import import_string
 
 from .conf import cache_backend, cache_locations, conf
 from .core.clients import AsyncRedisClient, RedisClient
+from .core.io import breaker
 from .retrying import RETRIED, BoundedAsyncRetry, bounded_retry
 
 __all__ = ["get_async_client", "get_client", "reset"]
@@ -48,6 +49,19 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, A
     weakref.WeakKeyDictionary()
 )
 _eviction_checks: dict[int, threading.Thread] = {}
+
+
+def _breaker_window() -> float:
+    """``BREAKER_WINDOW``, read at each opening of a breaker (so that
+    ``override_settings`` applies at once). Not before Django has loaded its
+    settings: a process that uses the core alone keeps the core's default,
+    and a call that just timed out never waits for the settings to load."""
+    if not settings.configured:
+        return breaker.DEFAULT_WINDOW
+    return conf.BREAKER_WINDOW
+
+
+breaker.set_window(_breaker_window)
 
 # The asyncio twin of each sync connection class.
 _SYNC_TO_ASYNC = {

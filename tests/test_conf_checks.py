@@ -105,6 +105,12 @@ def test_clean_settings_have_no_messages() -> None:
         ({"OTEL_LOCK_NAMES": "on"}, "E010", "'OTEL_LOCK_NAMES'"),
         ({"THROTTLE_FAIL_OPEN": "false"}, "E010", "'THROTTLE_FAIL_OPEN'"),
         ({"SOCKET_TIMEOUT": 20, "TIMEOUT": 30}, "W001", "SOCKET_TIMEOUT"),
+        ({"BREAKER_WINDOW": -1}, "E013", "'BREAKER_WINDOW'"),
+        ({"BREAKER_WINDOW": 61}, "E013", "up to 60"),
+        ({"BREAKER_WINDOW": "1"}, "E013", "got '1'"),
+        ({"BREAKER_WINDOW": True}, "E013", "'BREAKER_WINDOW'"),
+        ({"BREAKER_WINDOW": math.nan}, "E013", "'BREAKER_WINDOW'"),
+        ({"BREAKER_WINDOW": None}, "E013", "'BREAKER_WINDOW'"),
     ],
 )
 def test_each_problem_has_its_id_and_a_hint(redislock: Any, check_id: str, needle: str) -> None:
@@ -508,6 +514,12 @@ def _ids_in_code() -> set[str]:
     for path in (ROOT / "django_redislock").rglob("*.py"):
         found |= set(re.findall(r"django_redislock\.[EW]\d{3}", path.read_text()))
     return found
+
+
+@pytest.mark.parametrize("window", [0, 0.25, 1, 60])
+def test_a_breaker_window_of_0_to_60_seconds_is_fine(window: float) -> None:
+    with override_settings(REDISLOCK={"BREAKER_WINDOW": window}):
+        assert check_settings() == []
 
 
 def test_every_check_id_is_tested_and_documented() -> None:

@@ -20,6 +20,7 @@ import redis
 
 from django_redislock.core import KeySpace, ReadWriteLock
 from django_redislock.core.exceptions import LockLost, RedisUnavailable
+from django_redislock.core.io import breaker
 from tests.drive import Drive
 from tests.faults.harness import ServerPool, bounded_client_for, freeze_bound
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
@@ -80,9 +81,19 @@ async def test_reply_later_than_the_ttl_is_not_an_acquisition(
     audit_keyspace(admin)
 
 
+@pytest.fixture
+def breaker_off() -> Iterator[None]:
+    """A dropped reply is a timeout, which opens its pool's breaker for a window
+    (tests/test_breaker.py): a test of what each call tells its caller, one
+    right after another, turns it off."""
+    previous = breaker.set_window(0)
+    yield
+    breaker.set_window(previous)
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_lost_replies_leave_nothing_and_report_no_false_loss(
-    drive: Drive, pool: ServerPool, mode: str, request: pytest.FixtureRequest
+    drive: Drive, pool: ServerPool, mode: str, request: pytest.FixtureRequest, breaker_off: None
 ) -> None:
     admin, proxy, client = behind_a_proxy(drive, pool, timeout=0.5)
     for n in range(3):

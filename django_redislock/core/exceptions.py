@@ -39,8 +39,10 @@ class RedisUnavailable(LockError):
     Never the same thing as busy: callers choose a policy for it explicitly.
     ``reason`` says which, where known: ``"auth"`` (wrong username or
     password), ``"permission"`` (an ACL forbids the command), ``"refused"``
-    (nothing listens at ``address``), ``"timeout"``, ``"unreachable"`` (another
-    connection failure) or ``"error"`` (an error reply); else ``None``.
+    (nothing listens at ``address``), ``"timeout"``, ``"breaker_open"`` (not
+    sent: a call to that Redis timed out lately, and calls to it fail fast for
+    a moment, ``BREAKER_WINDOW``), ``"unreachable"`` (another connection
+    failure) or ``"error"`` (an error reply); else ``None``.
     ``address`` is the ``host:port`` or socket path, where known.
     """
 

@@ -23,11 +23,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .clients import AnyRedisClient
 from .exceptions import RedisUnavailable
+from .io.breaker import BreakerOpen
 
 __all__ = [
     "AUTH",
+    "BREAKER_OPEN",
     "ERROR",
     "PERMISSION",
+    "REASONS",
     "REFUSED",
     "TIMEOUT",
     "UNREACHABLE",
@@ -42,6 +45,11 @@ REFUSED = "refused"  # nothing listens at the address
 TIMEOUT = "timeout"  # no answer within the socket timeout
 UNREACHABLE = "unreachable"  # another connection failure (DNS, reset, ...)
 ERROR = "error"  # the server answered with an error
+# Not called: a call timed out lately and the circuit breaker fails calls fast
+# for a short window (io/breaker.py).
+BREAKER_OPEN = "breaker_open"
+# Every value, in the order the docs list them.
+REASONS = (AUTH, PERMISSION, REFUSED, TIMEOUT, BREAKER_OPEN, UNREACHABLE, ERROR)
 
 _NOT_LISTENING = (errno.ECONNREFUSED, errno.ENOENT)
 
@@ -98,6 +106,8 @@ def said_retry(exc: object) -> bool:
 
 
 def reason_of(exc: BaseException) -> str:
+    if isinstance(exc, BreakerOpen):
+        return BREAKER_OPEN
     if isinstance(exc, AuthenticationError) or (
         isinstance(exc, ResponseError) and str(exc).startswith(_AUTH_REPLIES)
     ):
@@ -143,6 +153,12 @@ def unavailable(doing: str, exc: BaseException, address: str | None) -> RedisUna
             f"Redis{at} did not answer in time {doing}: {said} It may be overloaded, paused "
             "or behind a firewall that drops packets; SOCKET_TIMEOUT and CONNECT_TIMEOUT "
             "bound the wait."
+        )
+    elif reason == BREAKER_OPEN:
+        text = (
+            f"Redis{at} was not called {doing}: {said} It did not answer within the socket "
+            "timeout; failing fast spares the caller that wait. BREAKER_WINDOW sets how "
+            "long (0 turns this off)."
         )
     elif isinstance(exc, ClusterDownError):
         text = (

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import Any, Protocol, TypeAlias
 
+from ..io import breaker
 from ..io.aio_calls import (
     CLEANUP_TIMEOUT,
     cancel_requests,
@@ -112,6 +113,7 @@ class Renewing(Protocol):
 
 
 async def _renew_loop(handle: Renewing, delay: float | None) -> None:
+    breaker.off_path()  # renewal holds no request: never refused by a breaker
     while delay is not None:
         await asyncio.sleep(delay)
         try:

@@ -314,9 +314,10 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
                     await self._cancel(token)  # out of time: leave the queue
                 return False
         except RedisUnavailable as exc:
-            if may_have_run(exc):
-                # The script may have granted or queued us, or may yet, once
-                # Redis reads it: give it back, off the caller's path.
+            # The script may have granted or queued us, or may yet, once
+            # Redis reads it; or an earlier attempt queued us and this one was
+            # not sent (a breaker open): give it back, off the caller's path.
+            if may_have_run(exc) or (acq.queued and acq.round > 1):
                 self._give_back_later(token, after=exc)
             raise
         except BaseException:

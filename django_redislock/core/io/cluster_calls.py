@@ -35,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..failures import said_retry
 from . import giveback
 from .batch import CallFailed, Command
+from .breaker import Breaker, breaker_of, node_breaker
 from .checkout import connect_bound, fresh
 from .pool_calls import call_on_pool
 from .pool_calls_async import exchange_async
@@ -180,7 +181,8 @@ async def refresh_slots_async(client: AsyncRedisCluster) -> bool:
 
 def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) -> list[Any]:
     with _looked_up_again_if_gone(client):
-        if _refresh.pop(client, False):
+        if _refresh.get(client, False) and not _refused(_breaker_of_node(client, key)):
+            _refresh.pop(client, None)
             client.nodes_manager.initialize()
         node = client.get_node_from_key(key)
     prefix: tuple[Command, ...] = ()
@@ -211,6 +213,24 @@ def cluster_call(client: RedisCluster, commands: Sequence[Command], key: bytes) 
         hops = _hop(hops, None)
 
 
+def _breaker_of_node(client: RedisCluster, key: bytes) -> Breaker | None:
+    """The breaker of the node the current slot map names for ``key``, if it has a pool yet."""
+    try:
+        node = client.get_node_from_key(key)
+    except (RedisError, RedisClusterException):
+        return None
+    pool = getattr(getattr(node, "redis_connection", None), "connection_pool", None)
+    return breaker_of(pool) if pool is not None else None
+
+
+def _refused(breaker: Breaker | None) -> bool:
+    """Whether a call to that node would be refused now: then the slot map is
+    not read again in its caller's path either (the read may well ask the
+    frozen node first, and wait its timeout). The refresh stays due, for the
+    first call its breaker lets through."""
+    return breaker is not None and breaker.refusing()
+
+
 def _moved_since(client: RedisCluster, node: Any, key: bytes) -> Any:
     """The slot's owner after reading the map again, if another than ``node``."""
     with contextlib.suppress(RedisError, RedisClusterException):
@@ -234,8 +254,11 @@ async def cluster_call_async(
     client: AsyncRedisCluster, commands: Sequence[Command], key: bytes
 ) -> list[Any]:
     with _looked_up_again_if_gone(client):
-        if _refresh.pop(client, False):
-            await client.nodes_manager.initialize()
+        if _refresh.get(client, False):
+            owner = client.get_node_from_key(key)  # type: ignore[arg-type]
+            if owner is None or not _refused(node_breaker(client, owner)):
+                _refresh.pop(client, None)
+                await client.nodes_manager.initialize()
         if getattr(client, "_initialize", False):
             await client.initialize()
         # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
@@ -246,7 +269,9 @@ async def cluster_call_async(
     while True:
         try:
             with _looked_up_again_if_gone(client):
-                replies = (await _call_on_node_async(node, (*prefix, *commands)))[len(prefix) :]
+                replies = (await _call_on_node_async(client, node, (*prefix, *commands)))[
+                    len(prefix) :
+                ]
         except CallFailed as failed:
             moved = await _moved_since_async(client, node, key) if _unwritten(failed) else None
             if moved is None:
@@ -286,8 +311,29 @@ def _node_release(node: Any, conn: Any) -> Any:
         node._free.append(conn)
 
 
-async def _call_on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
-    """``call_on_pool_async`` for an asyncio Cluster node, which has no pool of its own."""
+async def _call_on_node_async(
+    client: AsyncRedisCluster, node: Any, commands: Sequence[Command]
+) -> list[Any]:
+    """``call_on_pool_async`` for an asyncio Cluster node, which has no pool of
+    its own: the node's breaker is kept per client and node name."""
+    breaker = node_breaker(client, node)
+    try:
+        probe = breaker.admit()
+    except RedisError as exc:
+        raise CallFailed(exc, may_have_run=False) from exc
+    try:
+        replies = await _on_node_async(node, commands)
+    except CallFailed as failed:
+        breaker.failed(failed.cause, probe)
+        raise
+    except BaseException:
+        breaker.abandoned(probe)
+        raise
+    breaker.answered(probe)
+    return replies
+
+
+async def _on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
     from redis.exceptions import MaxConnectionsError
 
     try:

@@ -36,7 +36,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import scheduler
+from . import breaker, scheduler
 
 __all__ = ["Pending", "drain", "drain_async", "submit", "submit_async"]
 
@@ -275,6 +275,7 @@ async def _retry_until_async(
     what: str,
     pending: Pending | None,
 ) -> None:
+    breaker.off_path()  # this task holds no request
     # The drain's first look for the late replies (see submit).
     look_until = min(deadline, time.monotonic() + _DRAIN_POLL)
     while pending is not None and not pending.done.is_set():

@@ -40,6 +40,7 @@ from typing import Any
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from ..topology import is_sentinel
+from . import breaker
 from .notify_sharded import ShardedNotifier
 from .wakeup import (
     FOLLOW_INTERVAL,
@@ -61,6 +62,10 @@ logger = logging.getLogger("django_redislock.notify")
 
 # How often the housekeeping thread looks.
 HOUSEKEEPING_INTERVAL = 5.0
+# The waiter reading the channel looks at its own event at least this often:
+# it may be woken from another thread (its Redis's breaker opened) while the
+# channel says nothing, as a frozen Redis's does.
+READ_SLICE = 0.25
 # How long a SUBSCRIBE may go unconfirmed before it counts as failed. A leader
 # whose own wait ends first leaves it pending for the next one to finish.
 SUBSCRIBE_TIMEOUT = LIVENESS_INTERVAL
@@ -96,6 +101,7 @@ class Notifier:
         self._liveness = Liveness(0.0)
         self._idle_since = time.monotonic()
         self._housekeeper: threading.Thread | None = None
+        breaker.on_open(self._on_breaker_open)
 
     # -- waiters' side -----------------------------------------------------
     # One process-wide channel and PUBLISH: the tag arguments are for the
@@ -224,6 +230,13 @@ class Notifier:
             for event in self._slots.values():
                 self._fire(event, event.handed)
 
+    def _on_breaker_open(self, opened: breaker.Breaker) -> None:
+        # A call to this Redis timed out: the waiters look again now, and
+        # fail fast, rather than sleep out their wait on a silent channel.
+        pool = getattr(self._client, "connection_pool", None)
+        if pool is not None and opened is breaker.breaker_of(pool):
+            self._wake_all()
+
     # -- the leader's side -------------------------------------------------------
     def _connect(self, deadline: float) -> bool:
         """Subscribe the channel, waiting for the confirmation until
@@ -333,7 +346,8 @@ class Notifier:
             if self._moved is not None:
                 self._follow()
                 continue
-            until = min(deadline, self._liveness.next_check())
+            # A slice at most: a breaker that opened meanwhile is seen soon.
+            until = min(deadline, self._liveness.next_check(), now + READ_SLICE)
             if self._sentinel:
                 # Back within a second to see whether the primary moved.
                 until = min(until, now + FOLLOW_INTERVAL)

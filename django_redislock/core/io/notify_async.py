@@ -21,6 +21,7 @@ from typing import Any
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..topology import is_sentinel
+from . import breaker
 from .aio_calls import wait_for
 from .notify_sharded_async import AsyncShardedNotifier
 from .wakeup import (
@@ -55,6 +56,8 @@ class AsyncNotifier:
         self._idle_since = time.monotonic()
         self._connected_before = False
         self._reconnect = Reconnect()
+        self._loop = asyncio.get_running_loop()
+        breaker.on_open(self._on_breaker_open)
 
     def address_for(self, tag: bytes = b"") -> bytes:
         return self.address
@@ -94,6 +97,14 @@ class AsyncNotifier:
     def _wake_all(self) -> None:
         for event in list(self._slots.values()):
             event.set()
+
+    def _on_breaker_open(self, opened: breaker.Breaker) -> None:
+        # A call to this Redis timed out: the waiting tasks look again now,
+        # and fail fast. Called from whichever thread saw the timeout.
+        pool = getattr(self._client, "connection_pool", None)
+        if pool is not None and opened is breaker.breaker_of(pool):
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(self._wake_all)
 
     def _idle(self) -> bool:
         return not self._slots and time.monotonic() - self._idle_since > IDLE_TIMEOUT

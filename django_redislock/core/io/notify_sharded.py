@@ -55,6 +55,7 @@ from redis.client import PubSub
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
+from . import breaker
 from .cluster_calls import refresh_slots
 from .notify_sharded_base import (
     NodeListenerBase,
@@ -195,6 +196,20 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
         super().__init__(cast("RedisCluster", client), keyspace)
         self._mutex = threading.RLock()
         self._listeners: dict[str, _NodeListener] = {}
+        breaker.on_open(self._on_breaker_open)
+
+    def _on_breaker_open(self, opened: breaker.Breaker) -> None:
+        # A node of this Cluster timed out: every waiter looks again now (one
+        # on another node at the cost of a round trip), and those of that
+        # node fail fast rather than sleep out their wait.
+        pools = (
+            getattr(node.redis_connection, "connection_pool", None)
+            for node in self._client.get_nodes()
+        )
+        if any(pool is not None and breaker.breaker_of(pool) is opened for pool in pools):
+            with self._mutex:
+                for event, _tag in list(self._slots.values()):
+                    event.set()
 
     # -- waiters' side -----------------------------------------------------
     def register(self, token: str, tag: bytes = b"") -> Wakeup:

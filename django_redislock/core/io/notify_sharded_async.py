@@ -17,7 +17,7 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
-from . import notify_sharded
+from . import breaker, notify_sharded
 from .cluster_calls import refresh_slots_async
 from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
 from .wakeup import AsyncWakeup, Handed, Liveness, Reconnect
@@ -189,6 +189,18 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
         super().__init__(cast("AsyncRedisCluster", client), keyspace)
         self._listeners: dict[str, _AsyncNodeListener] = {}
         self._pending: set[asyncio.Task[None]] = set()
+        self._loop = asyncio.get_running_loop()
+        breaker.on_open(self._on_breaker_open)
+
+    def _on_breaker_open(self, opened: breaker.Breaker) -> None:
+        # As the thread notifier does; called from whichever thread saw the timeout.
+        if any(known is opened for known in breaker.node_breakers(self._client)):
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(self._wake_everyone)
+
+    def _wake_everyone(self) -> None:
+        for event, _tag in list(self._slots.values()):
+            event.set()
 
     def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
         event = AsyncWakeup()

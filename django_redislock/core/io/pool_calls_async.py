@@ -18,6 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback
 from .batch import CallFailed, Command, packed
+from .breaker import breaker_of
 from .checkout import checkout_async, disconnect_async
 from .giveback import Pending
 from .interrupts_async import CallTimeout
@@ -62,6 +63,26 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> list[Any]:
 
 
 async def call_on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
+    """``commands`` on a connection of ``pool``, unless its breaker is open
+    (``breaker.py``: then ``CallFailed`` at once, nothing sent)."""
+    breaker = breaker_of(pool)
+    try:
+        probe = breaker.admit()
+    except RedisError as exc:
+        raise CallFailed(exc, may_have_run=False) from exc
+    try:
+        replies = await _on_pool_async(pool, commands)
+    except CallFailed as failed:
+        breaker.failed(failed.cause, probe)
+        raise
+    except BaseException:
+        breaker.abandoned(probe)
+        raise
+    breaker.answered(probe)
+    return replies
+
+
+async def _on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
     from redis.exceptions import MaxConnectionsError
 
     for attempt in (1, 2):

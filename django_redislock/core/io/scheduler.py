@@ -33,6 +33,8 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 
+from . import breaker
+
 __all__ = ["Job", "Scheduler", "current"]
 
 logger = logging.getLogger("django_redislock.scheduler")
@@ -110,6 +112,8 @@ class Scheduler:
                 self._cond.wait(min(delay, _LONGEST_SLEEP))
 
     def _run(self) -> None:
+        # Renewals and give-backs hold no request: never refused by a breaker.
+        breaker.off_path()
         try:
             while True:
                 try:
