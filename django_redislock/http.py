@@ -20,7 +20,6 @@ status, retry_after, reason, name)`` and returns a response.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from django.utils.html import format_html
 from django.utils.module_loading import import_string
 
 from .conf import conf
+from .refusals import UNAVAILABLE_RETRY_AFTER, Refusal, retry_after_header
 
 __all__ = [
     "PROBLEM_JSON",
@@ -49,35 +49,7 @@ __all__ = [
     "unavailable_response",
 ]
 
-# Redis down says nothing about when it will be back: ask clients to pause a
-# little rather than retry at once and pile onto a recovering server.
-UNAVAILABLE_RETRY_AFTER = 5.0
-
 PROBLEM_JSON = "application/problem+json"
-
-# Each problem type is documented under this address, one anchor per code
-# (docs/views.rst, "Refusals"): RFC 9457 wants a type a person can look up.
-TYPE_BASE = "https://django-redislock.readthedocs.io/en/latest/views.html#"
-
-
-@dataclasses.dataclass(frozen=True)
-class Refusal:
-    """A request the library does not serve, whatever shape its answer takes."""
-
-    status: int
-    code: str  # stable and machine-readable: "lock_busy", "idempotency_key_in_use", ...
-    title: str  # the same for every refusal with this code
-    detail: str  # this occurrence, for people
-    # Whole seconds until a retry may succeed (Retry-After); None: a retry will not.
-    retry_after: int | None = None
-    # The "error" member of the JSON answers before problem+json, kept for
-    # clients that read it: "busy", "unavailable", "throttled", or the code.
-    error: str = ""
-
-    @property
-    def type(self) -> str:
-        return TYPE_BASE + self.code.replace("_", "-")
-
 
 # reason: (code, title, detail) of the lock, unavailable and throttle refusals.
 _KINDS = {
@@ -116,13 +88,6 @@ def client_ip(request: HttpRequest) -> str:
     # REMOTE_ADDR only: forwarded headers are trivially forged. Behind a proxy,
     # use a 'per' callable that trusts exactly your proxy's header.
     return str(request.META.get("REMOTE_ADDR") or "unknown")
-
-
-def retry_after_header(seconds: float | None) -> str:
-    """Whole seconds, at least 1 (RFC 9110 allows no fractions)."""
-    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
-        return "1"
-    return str(max(1, math.ceil(seconds)))
 
 
 def in_drf_view(request: Any) -> bool:

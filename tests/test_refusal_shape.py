@@ -22,8 +22,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from django_redislock import concurrency_limited, redis_locked
 from django_redislock.core.drivers.semaphore import Semaphore
-from django_redislock.http import PROBLEM_JSON, TYPE_BASE, preferred_type
+from django_redislock.http import PROBLEM_JSON, preferred_type
 from django_redislock.idempotency import idempotent
+from django_redislock.refusals import TYPE_BASE
 from tests.test_decorators import held  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.urls("tests.test_refusal_shape")

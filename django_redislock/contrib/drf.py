@@ -31,7 +31,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..conf import conf
 from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
-from ..http import UNAVAILABLE_RETRY_AFTER, Refusal, retry_after_header
+from ..refusals import UNAVAILABLE_RETRY_AFTER, Refusal, retry_after_header
 
 __all__ = [
     "ConcurrencyThrottled",
