@@ -52,7 +52,7 @@ from ..connection import get_async_client, get_client
 from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
 from ..locking.factories import keyspace
-from ..locking.options import lock_options
+from ..locking.options import LockOptions
 from ..locking.running import LockPlan, run_locked, run_locked_async
 from ..locking.transactions import Transactions, in_user_transaction, opted_out
 from ..signals import count_key
@@ -320,12 +320,22 @@ _METRIC_NAME = "django_redislock.idempotency.guard._cached_runner.<locals>.run"
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(label: str, alias: str | None, lock: tuple[tuple[str, Any], ...]) -> LockPlan:
+def _plan(
+    label: str, alias: str | None, wait: float, timeout: float | None, renew: bool | None
+) -> LockPlan:
     """The key's lock for one kind of call: the policy's ``wait``, ``timeout`` and
-    ``renew``, and never failing open (running a retry unguarded is what this prevents)."""
-    given = dict(lock)
-    opts = lock_options(
-        given.get("timeout"), given.get("wait"), given.get("renew"), None, None, False, alias, label
+    ``renew`` (checked where they were given: the decorator's arguments at
+    decoration, the settings as they are read), and never failing open
+    (running a retry unguarded is what this prevents)."""
+    opts = LockOptions(
+        timeout=timeout,
+        wait=wait,
+        renew=renew,
+        renew_max=None,
+        on_busy=None,
+        fail_open=False,
+        alias=alias,
+        label=label,
     )
     return LockPlan.of(opts, label, _METRIC_NAME)
 
@@ -336,7 +346,8 @@ _learned: dict[str, set[str]] = collections.defaultdict(set)
 
 def _claimed(call: Call, attempt: _Attempt, asynchronous: bool) -> Any:
     """Steps 2 to 6: the body run under the key's lock, as a locked view runs."""
-    plan = _plan(call.label, call.policy.alias, tuple(sorted(call.policy.lock_options().items())))
+    policy = call.policy
+    plan = _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew)
     name = call.keys.name
     if asynchronous:
         # Claim, view, store and release: to their end, whatever happens to
