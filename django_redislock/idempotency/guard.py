@@ -344,35 +344,29 @@ def _plan(
 _learned: dict[str, set[str]] = collections.defaultdict(set)
 
 
-def _claimed(call: Call, attempt: _Attempt, asynchronous: bool) -> Any:
-    """Steps 2 to 6: the body run under the key's lock, as a locked view runs."""
-    policy = call.policy
-    plan = _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew)
-    name = call.keys.name
-    if asynchronous:
-        # Claim, view, store and release: to their end, whatever happens to
-        # the request (detached.py).
-        return functools.partial(
-            to_the_end,
-            name,
-            functools.partial(
-                run_locked_async,
-                plan,
-                name,
-                lambda: run_steps_async(_under_lock(attempt)),
-                request=call.request,
-                on_busy=lambda: run_steps_async(_busy(attempt)),
-            ),
-        )
-    return functools.partial(
-        run_locked,
-        plan,
-        name,
+def _claim(attempt: _Attempt) -> Any:
+    """Steps 2 to 6 of a sync view: its body run under the key's lock, as a locked view runs."""
+    call, policy = attempt.call, attempt.call.policy
+    return run_locked(
+        _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew),
+        call.keys.name,
         lambda: run_steps(_under_lock(attempt)),
         # The view's own opt-outs; the other ATOMIC_REQUESTS blocks open inside the lock.
         txn=Transactions.around(call.non_atomic, True, _learned[call.label]),
         request=call.request,
         on_busy=lambda: run_steps(_busy(attempt)),
+    )
+
+
+async def _claim_async(attempt: _Attempt) -> Any:
+    """``_claim`` for an async view."""
+    call, policy = attempt.call, attempt.call.policy
+    return await run_locked_async(
+        _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew),
+        call.keys.name,
+        lambda: run_steps_async(_under_lock(attempt)),
+        request=call.request,
+        on_busy=lambda: run_steps_async(_busy(attempt)),
     )
 
 
@@ -387,7 +381,12 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
     early = counted(call.label, call.request, answer(call.policy, call.fingerprint, stored, pttl))
     if early is not None:
         return early
-    return (yield _claimed(call, _Attempt(call, record, run), asynchronous))
+    attempt = _Attempt(call, record, run)
+    if asynchronous:
+        # Claim, view, store and release: to their end, whatever happens to
+        # the request (detached.py).
+        return (yield functools.partial(to_the_end, call.keys.name, _claim_async, attempt))
+    return (yield functools.partial(_claim, attempt))
 
 
 def serve(call: Call, run: Callable[[], Any]) -> Any:
