@@ -117,9 +117,9 @@ def _refuse_bad(factory: str, given: dict[str, Any], known: type) -> None:
 _SECONDS = (("timeout", False), ("wait", True), ("renew_max", False), ("replicas_timeout", False))
 
 
-def _semaphore_settings(factory: str, name: str, given: SemaphoreKwargs) -> dict[str, Any]:
-    """The core's arguments for a permit of ``name``: the caller's, then ``REDISLOCK``'s."""
-    _refuse_bad(factory, dict(given), SemaphoreKwargs)
+def _semaphore_settings(name: str, given: SemaphoreKwargs) -> dict[str, Any]:
+    """The core's arguments for a permit of ``name``: the caller's (checked), then
+    ``REDISLOCK``'s."""
     return {
         "ttl": _or(given.get("timeout"), conf.PERMIT_TIMEOUT),
         "wait": _wait("semaphore", (name,), given.get("wait")),
@@ -210,18 +210,32 @@ def get_async_multi_lock(names: Iterable[str], **kwargs: Unpack[LockKwargs]) -> 
     return cast(AsyncMultiLock, _multi_lock(ordered, kwargs, asynchronous=True))
 
 
+def _semaphore(name: str, limit: int, given: SemaphoreKwargs, asynchronous: bool) -> Any:
+    settings = _semaphore_settings(name, given)
+    cls = AsyncSemaphore if asynchronous else Semaphore
+    return _labelled(cls(_client(given, asynchronous), name, limit, **settings), given)
+
+
 def get_semaphore(name: str, limit: int, **kwargs: Unpack[SemaphoreKwargs]) -> Semaphore:
     """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``
     (``kwargs``: ``SemaphoreKwargs``); a permit lasts ``timeout`` seconds (default
     ``REDISLOCK['PERMIT_TIMEOUT']``)."""
-    settings = _semaphore_settings("get_semaphore", name, kwargs)
-    return _labelled(Semaphore(_client(kwargs, False), name, limit, **settings), kwargs)
+    _refuse_bad("get_semaphore", dict(kwargs), SemaphoreKwargs)
+    return cast(Semaphore, _semaphore(name, limit, kwargs, asynchronous=False))
 
 
 def get_async_semaphore(name: str, limit: int, **kwargs: Unpack[SemaphoreKwargs]) -> AsyncSemaphore:
     """An ``AsyncSemaphore`` for the running event loop, configured as ``get_semaphore``."""
-    settings = _semaphore_settings("get_async_semaphore", name, kwargs)
-    return _labelled(AsyncSemaphore(_client(kwargs, True), name, limit, **settings), kwargs)
+    _refuse_bad("get_async_semaphore", dict(kwargs), SemaphoreKwargs)
+    return cast(AsyncSemaphore, _semaphore(name, limit, kwargs, asynchronous=True))
+
+
+def semaphore_for(
+    name: str, limit: int, *, asynchronous: bool, **kwargs: Unpack[SemaphoreKwargs]
+) -> Any:
+    """The semaphore of a throttling rule: ``get_semaphore`` (``get_async_semaphore``)
+    with arguments checked once, when the rule was read, and not at every request."""
+    return _semaphore(name, limit, kwargs, asynchronous)
 
 
 def get_rw_lock(name: str, mode: Mode, **kwargs: Unpack[LockKwargs]) -> ReadWriteLock:
