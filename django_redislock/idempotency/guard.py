@@ -315,7 +315,9 @@ def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
     return counted(call.label, call.request, early or in_progress(call.policy, stored, pttl))
 
 
-# Every key's lock has been counted under this one name in metrics: one series, not one per key.
+# What metrics have always called every key's lock (the name of the function
+# the guard once decorated), kept so that dashboards built on it go on working:
+# one series for all keys, never one per key.
 _METRIC_NAME = "django_redislock.idempotency.guard._cached_runner.<locals>.run"
 
 
