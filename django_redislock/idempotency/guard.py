@@ -315,9 +315,8 @@ def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
     return counted(call.label, call.request, early or in_progress(call.policy, stored, pttl))
 
 
-# What metrics have always called every key's lock (the name of the function
-# the guard once decorated), kept so that dashboards built on it go on working:
-# one series for all keys, never one per key.
+# What metrics have always called every key's lock (one series for all keys),
+# kept so that dashboards built on it go on working.
 _METRIC_NAME = "django_redislock.idempotency.guard._cached_runner.<locals>.run"
 
 
@@ -326,9 +325,8 @@ def _plan(
     label: str, alias: str | None, wait: float, timeout: float | None, renew: bool | None
 ) -> LockPlan:
     """The key's lock for one kind of call: the policy's ``wait``, ``timeout`` and
-    ``renew`` (checked where they were given: the decorator's arguments at
-    decoration, the settings as they are read), and never failing open
-    (running a retry unguarded is what this prevents)."""
+    ``renew`` (checked where given: at decoration, or as the settings are read),
+    never failing open (running a retry unguarded is what this prevents)."""
     opts = LockOptions(
         timeout=timeout,
         wait=wait,
