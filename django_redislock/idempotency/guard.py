@@ -5,23 +5,23 @@ For a request with a key (a ``Call``), in this order:
 1. **Look.** The record and the lease, in one round trip: a stored response
    is replayed, a key reused for another request is refused (422), a key
    marked running that no request holds is an outcome unknown (409).
-2. **Claim.** The key's lock, taken by ``redis_locked`` with the policy's
-   ``wait``, ``timeout`` and ``renew``: so the lease, its renewal, fencing,
-   signals and metrics are those of every locked view, and so is the
-   transaction handling. A busy key is a duplicate: it is answered from the
-   record (409 with a ``Retry-After`` hint, or the replay if the first has
-   just finished).
+2. **Claim.** The key's lock, taken by ``run_locked`` (the run under a lock
+   that ``redis_locked`` makes of every call) with the policy's ``wait``,
+   ``timeout`` and ``renew``: so the lease, its renewal, fencing, signals and
+   metrics are those of every locked view, and so is the transaction
+   handling. A busy key is a duplicate: it is answered from the record (409
+   with a ``Retry-After`` hint, or the replay if the first has just finished).
 3. **Run**, under the lock, inside the view's ``ATOMIC_REQUESTS`` blocks,
-   which ``redis_locked`` opens inside the lock: the record is read again
+   which ``run_locked`` opens inside the lock: the record is read again
    (the first may have finished between look and claim), marked running,
    and the view runs.
-4. **Check the lease before the commit** (``redis_locked``): a lease lost
+4. **Check the lease before the commit** (``run_locked``): a lease lost
    while the view ran rolls its transaction back (503).
 5. **Store after the commit**: the commit hook of every transaction open
    around the view (``settling.py``). A rollback drops the hook, so a
    response whose writes were undone is never stored, and the key is freed
    for the retry. The store replaces only the attempt's own marker.
-6. **Release**, after the store (``redis_locked`` releases after the
+6. **Release**, after the store (``run_locked`` releases after the
    transaction has ended; for a transaction someone else opened, when it does).
 
 An async view's steps 2 to 6 run in a task that the request's cancellation
@@ -37,6 +37,7 @@ its work, and is never run again for that key.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -50,9 +51,10 @@ from django.http import HttpResponseBase
 from ..connection import get_async_client, get_client
 from ..core.engine.keys import IdempotencyKeys
 from ..core.exceptions import RedisUnavailable
-from ..locking.decorators import redis_locked
 from ..locking.factories import keyspace
-from ..locking.transactions import in_user_transaction, opted_out
+from ..locking.options import LockOptions
+from ..locking.running import LockPlan, run_locked, run_locked_async
+from ..locking.transactions import Transactions, in_user_transaction, opted_out
 from ..signals import count_key
 from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
 from . import records
@@ -267,7 +269,7 @@ class _Attempt:
 
 
 def _under_lock(attempt: _Attempt) -> Steps[Any]:
-    """Steps 3, 5 and the undoing: the body both ``redis_locked`` runners step."""
+    """Steps 3, 5 and the undoing: the body run under the key's lock, sync or async."""
     call, record = attempt.call, attempt.record
     try:
         stored, _ = yield record.read
@@ -292,7 +294,7 @@ def _under_lock(attempt: _Attempt) -> Steps[Any]:
         return response
     # Stored even if the lease ran out meanwhile: while the marker is this
     # attempt's, no other has run (a duplicate found it and did not). A
-    # transaction open around the view is rolled back by redis_locked, and
+    # transaction open around the view is rolled back by run_locked, and
     # then stores nothing.
     aliases = [alias for alias in connections if in_user_transaction(alias)]
     if aliases:  # only around a sync view: no atomic block is open on an event loop
@@ -313,54 +315,59 @@ def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
     return counted(call.label, call.request, early or in_progress(call.policy, stored, pttl))
 
 
-def _name(request: Any, attempt: _Attempt) -> str:
-    return attempt.call.keys.name
-
-
-def _runner(is_async: bool, non_atomic: frozenset[str], label: str, policy: Policy) -> Any:
-    options = tuple(sorted(policy.lock_options().items()))
-    return _cached_runner(is_async, non_atomic, label, policy.alias, options)
+# What metrics have always called every key's lock (one series for all keys),
+# kept so that dashboards built on it go on working.
+_METRIC_NAME = "django_redislock.idempotency.guard._cached_runner.<locals>.run"
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_runner(
-    is_async: bool,
-    non_atomic: frozenset[str],
-    label: str,
-    alias: str | None,
-    options: tuple[tuple[str, Any], ...],
-) -> Any:
-    """``redis_locked`` around the run under the lock, once per kind of call.
-
-    Called as ``runner(request, attempt)``: the request first, so that
-    ``redis_locked`` treats it as a view (its ``ATOMIC_REQUESTS``, its 503s).
-    """
-    if is_async:
-
-        async def run(request: Any, attempt: _Attempt) -> Any:
-            return await run_steps_async(_under_lock(attempt))
-
-        async def busy(request: Any, attempt: _Attempt) -> Any:
-            return await run_steps_async(_busy(attempt))
-
-    else:
-
-        def run(request: Any, attempt: _Attempt) -> Any:  # type: ignore[misc]
-            return run_steps(_under_lock(attempt))
-
-        def busy(request: Any, attempt: _Attempt) -> Any:  # type: ignore[misc]
-            return run_steps(_busy(attempt))
-
-        # The view's own opt-outs; redis_locked opens the other ATOMIC_REQUESTS.
-        run._non_atomic_requests = set(non_atomic)  # type: ignore[attr-defined]
-    return redis_locked(
-        _name,
-        on_busy=busy,
-        fail_open=False,  # running a retry unguarded is what this prevents
+def _plan(
+    label: str, alias: str | None, wait: float, timeout: float | None, renew: bool | None
+) -> LockPlan:
+    """The key's lock for one kind of call: the policy's ``wait``, ``timeout`` and
+    ``renew`` (checked where given: at decoration, or as the settings are read),
+    never failing open (running a retry unguarded is what this prevents)."""
+    opts = LockOptions(
+        timeout=timeout,
+        wait=wait,
+        renew=renew,
+        renew_max=None,
+        on_busy=None,
+        fail_open=False,
         alias=alias,
         label=label,
-        **dict(options),
-    )(run)
+    )
+    return LockPlan.of(opts, label, _METRIC_NAME)
+
+
+# The databases each kind of call connected to, for REDISLOCK['CONNECT_EARLY'].
+_learned: dict[str, set[str]] = collections.defaultdict(set)
+
+
+def _claim(attempt: _Attempt) -> Any:
+    """Steps 2 to 6 of a sync view: its body run under the key's lock, as a locked view runs."""
+    call, policy = attempt.call, attempt.call.policy
+    return run_locked(
+        _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew),
+        call.keys.name,
+        lambda: run_steps(_under_lock(attempt)),
+        # The view's own opt-outs; the other ATOMIC_REQUESTS blocks open inside the lock.
+        txn=Transactions.around(call.non_atomic, True, _learned[call.label]),
+        request=call.request,
+        on_busy=lambda: run_steps(_busy(attempt)),
+    )
+
+
+async def _claim_async(attempt: _Attempt) -> Any:
+    """``_claim`` for an async view."""
+    call, policy = attempt.call, attempt.call.policy
+    return await run_locked_async(
+        _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew),
+        call.keys.name,
+        lambda: run_steps_async(_under_lock(attempt)),
+        request=call.request,
+        on_busy=lambda: run_steps_async(_busy(attempt)),
+    )
 
 
 def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]:
@@ -375,12 +382,11 @@ def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]
     if early is not None:
         return early
     attempt = _Attempt(call, record, run)
-    runner = _runner(asynchronous, call.non_atomic, call.label, call.policy)
     if asynchronous:
         # Claim, view, store and release: to their end, whatever happens to
         # the request (detached.py).
-        return (yield functools.partial(to_the_end, call.keys.name, runner, call.request, attempt))
-    return (yield functools.partial(runner, call.request, attempt))
+        return (yield functools.partial(to_the_end, call.keys.name, _claim_async, attempt))
+    return (yield functools.partial(_claim, attempt))
 
 
 def serve(call: Call, run: Callable[[], Any]) -> Any:

@@ -336,11 +336,6 @@ class Policy:
             return False
         return status < 400 or self.store_client_errors
 
-    def lock_options(self) -> dict[str, Any]:
-        """The key's lock, as ``redis_locked`` takes it."""
-        given = {"wait": self.wait, "timeout": self.timeout, "renew": self.renew}
-        return {key: value for key, value in given.items() if value is not None}
-
 
 def policy(overrides: dict[str, Any]) -> Policy:
     """Settings, then the decorator's arguments; read per request (``override_settings``)."""

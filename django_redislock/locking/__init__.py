@@ -2,6 +2,9 @@
 
 * ``decorators.py``: ``redis_locked``, a lock around a view, task or function;
   ``blocks.py``: ``redis_lock``, the same lock as a ``with`` block.
+* ``running.py``: ``run_locked``, one body run under one lock as a locked view
+  runs (transaction, lease check before the commit, release after it): every
+  call of ``redis_locked`` and the idempotency guard's claim of a key.
 * ``options.py`` checks their arguments once; ``naming.py`` turns a call into
   a lock name; ``context.py`` knows which lock is current (and re-entry).
 * ``transactions.py`` and ``deferred.py``: the lock outlives the database

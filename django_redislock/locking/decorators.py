@@ -13,7 +13,8 @@ and gives the lock back. Around that it owns three decisions:
   threads and asyncio tasks each see their own, and nested calls see the
   innermost.
 
-Lock names are computed in ``naming.py``, arguments checked in
+The run under the lock, which the idempotency guard shares, is in
+``running.py``; lock names are computed in ``naming.py``, arguments checked in
 ``options.py``; the ``with`` block form, ``redis_lock``, is in ``blocks.py``.
 """
 
@@ -21,45 +22,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
 
 from ..conf import conf
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.exceptions import LockLost, RedisUnavailable
 from ..http import is_drf_view, rendered_by_drf_view, request_in
-from ..signals import declare
 from ..stepping import sync_from_loop
 from .blocks import redis_lock
-from .context import Key, current_fence, current_lock, pop, push, reenter, task_owner
-from .deferred import Deferred, adopt
-from .factories import lock_for
+from .context import current_fence, current_lock
 from .naming import Namer, describe, namer_for
 from .options import (
     LockOptions,
     check_fair,
     check_fair_mode,
-    check_fair_names,
     check_key,
-    check_mode_names,
     check_target,
     django_task,
     lock_options,
 )
-from .outcomes import (
-    busy,
-    failed_open,
-    lost_before_commit,
-    lost_response,
-    release,
-    release_async,
-    unavailable,
-)
+from .running import LockPlan, run_locked, run_locked_async
 from .transactions import EVERY_ALIAS, Transactions
 
 __all__ = ["current_fence", "current_lock", "redis_lock", "redis_locked"]
@@ -74,9 +57,9 @@ def _metric_name(namer: Namer, label: str) -> str:
     return namer.key if isinstance(namer.key, str) else label
 
 
-def _shown(names: str | tuple[str, ...]) -> str:
-    """One name as it is; several as ``"a, b"``, for messages and responses."""
-    return names if isinstance(names, str) else ", ".join(names)
+def _bound_on_busy(on_busy: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A callable ``on_busy`` receives the call's arguments; the others are as given."""
+    return functools.partial(on_busy, *args, **kwargs) if callable(on_busy) else on_busy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,138 +68,48 @@ class _Locked:
 
     func: Callable[..., Any]
     namer: Namer
-    opts: LockOptions
-    # The factory's arguments, built once: only the names change from call to call.
-    lock_kwargs: dict[str, Any]
-
-    def new_lock(self, names: str | tuple[str, ...], asynchronous: bool) -> Any:
-        check_fair_names(self.lock_kwargs, names)
-        return lock_for(names, self.opts.mode, asynchronous=asynchronous, **self.lock_kwargs)
+    plan: LockPlan
 
 
 # -- the sync and async paths ---------------------------------------------------------
 def _call(wrapper: Any, locked: _Locked, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    func, opts = locked.func, locked.opts
+    func = locked.func
     request = request_in(args)
     txn = Transactions.for_call(wrapper, func, request is not None)
+    body = functools.partial(func, *args, **kwargs)
     if not conf.ENABLED:
         with txn.atomic():
-            return func(*args, **kwargs)
-    names = locked.namer(args, kwargs)
-    name = _shown(names)
-    key: Key = (opts.held_key_alias, names)
-    owner = threading.get_ident()
-    check_mode_names(opts.mode, names)
-    entered = reenter(opts, names, owner)
-    if entered is not None:
-        # Nested call on a lock this thread holds: run under it; the outer
-        # call releases.
-        token = push(entered, key, owner)
-        try:
-            with txn.atomic():
-                return func(*args, **kwargs)
-        finally:
-            pop(token)
-    # A lock an earlier call of this thread left waiting for its transaction:
-    # it still holds the lease, and still covers that earlier call's writes.
-    deferred = adopt(key)
-    if deferred is not None:
-        lock = deferred.lock
-    else:
-        lock = locked.new_lock(names, asynchronous=False)
-        txn.connect_early()
-        try:
-            acquired = lock.acquire()
-        except RedisUnavailable as exc:
-            if not opts.failing_open:
-                return unavailable(opts.on_busy, request, name, exc, Lock, lock)
-            failed_open(name, exc, Lock, lock)
-            with txn.atomic():
-                return func(*args, **kwargs)
-        if not acquired:
-            return busy(opts.on_busy, request, name, lock.retry_after, args, kwargs)
-    token = push(lock, key, owner)
-    try:
-        if deferred is not None:
-            deferred.check()
-        with txn.atomic():
-            result = func(*args, **kwargs)
-            # ``lost`` as well as ``held``: a loss must stop the commit even
-            # when it is heard of before the lease would have run out.
-            if txn.opens and (lock.lost or not lock.held):
-                raise lost_before_commit(lock)
-    except BaseException as exc:
-        pop(token)
-        if deferred is None:
-            # The call failed and its atomic blocks rolled back: nothing of it
-            # can commit later, so the lock can go now. Its exception wins.
-            release(lock, quiet=True)
-        # Else this call rolled back, but the earlier one's writes still wait
-        # for the outer transaction: so does the lock.
-        if isinstance(exc, LockLost) and request is not None and opts.on_busy != "raise":
-            return lost_response(request, name)
-        raise
-    pop(token)
-    if deferred is not None:
-        deferred.cover(txn.outer)
-    elif txn.outer:
-        Deferred.start(lock, key, txn.outer)
-    else:
-        release(lock, quiet=request is not None)
-    return result
+            return body()
+    return run_locked(
+        locked.plan,
+        locked.namer(args, kwargs),
+        body,
+        txn=txn,
+        request=request,
+        on_busy=_bound_on_busy(locked.plan.opts.on_busy, args, kwargs),
+    )
 
 
 async def _call_async(locked: _Locked, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    func, opts = locked.func, locked.opts
-    request = request_in(args)
+    func = locked.func
     if not conf.ENABLED:
         return await func(*args, **kwargs)
     # A template that touches the database ({request.user.pk} loads the user)
     # is filled in a thread, where sync ORM access is allowed.
     names = await sync_from_loop(locked.namer)(args, kwargs)
-    name = _shown(names)
-    key: Key = (opts.held_key_alias, names)
-    owner = task_owner()
-    check_mode_names(opts.mode, names)
-    entered = reenter(opts, names, owner)
-    if entered is not None:
-        token = push(entered, key, owner)
-        try:
-            return await func(*args, **kwargs)
-        finally:
-            pop(token)
-    lock = locked.new_lock(names, asynchronous=True)
-    try:
-        acquired = await lock.acquire()
-    except RedisUnavailable as exc:
-        if not opts.failing_open:
-            return unavailable(opts.on_busy, request, name, exc, AsyncLock, lock)
-        failed_open(name, exc, AsyncLock, lock)
-        return await func(*args, **kwargs)
-    if not acquired:
-        outcome = busy(opts.on_busy, request, name, lock.retry_after, args, kwargs)
-        return await outcome if inspect.isawaitable(outcome) else outcome
-    token = push(lock, key, owner)
-    try:
-        result = await func(*args, **kwargs)
-    except BaseException as exc:
-        pop(token)
-        await release_async(lock, quiet=True)
-        if isinstance(exc, LockLost) and request is not None and opts.on_busy != "raise":
-            return lost_response(request, name)
-        raise
-    pop(token)
-    await release_async(lock, quiet=request is not None)
-    return result
+    return await run_locked_async(
+        locked.plan,
+        names,
+        functools.partial(func, *args, **kwargs),
+        request=request_in(args),
+        on_busy=_bound_on_busy(locked.plan.opts.on_busy, args, kwargs),
+    )
 
 
 def _wrap(key: str | Callable[..., Any], func: Callable[..., Any], opts: LockOptions) -> Any:
     namer = namer_for(key, func)
     label = f"{getattr(func, '__module__', '')}.{describe(func)}"
-    lock_kwargs = {**opts.lock_kwargs(label), "metric_name": _metric_name(namer, label)}
-    # Its series exist from now on, at 0: the first loss moves a counter that exists.
-    declare(lock_kwargs["metric_name"], "lock")
-    locked = _Locked(func, namer, opts, lock_kwargs)
+    locked = _Locked(func, namer, LockPlan.of(opts, label, _metric_name(namer, label)))
     if iscoroutinefunction(func):
 
         @functools.wraps(func)

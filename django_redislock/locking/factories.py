@@ -9,7 +9,7 @@ twin differ only in the class they build and the client they give it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ..conf import conf
 from ..connection import check_eviction, get_async_client, get_client
@@ -100,8 +100,10 @@ def _refuse_bad(factory: str, given: dict[str, Any], known: type) -> None:
     if unknown:
         # What Python says of a keyword that a signature does not name.
         raise TypeError(f"{factory}() got an unexpected keyword argument {unknown[0]!r}")
-    # Checked here too, so that the error names the factory's own argument
-    # (``timeout``, where the handle says ``ttl``); settings are the checks'.
+    # The factories are an edge of their own: checked here, so that the error
+    # names the factory's own argument (``timeout``, where the handle says
+    # ``ttl``); settings are the checks'. ``lock_for`` takes arguments its
+    # callers checked at decoration, and does not check them again.
     try:
         for key, allow_zero in _SECONDS:
             if given.get(key) is not None:
@@ -115,9 +117,9 @@ def _refuse_bad(factory: str, given: dict[str, Any], known: type) -> None:
 _SECONDS = (("timeout", False), ("wait", True), ("renew_max", False), ("replicas_timeout", False))
 
 
-def _semaphore_settings(factory: str, name: str, given: SemaphoreKwargs) -> dict[str, Any]:
-    """The core's arguments for a permit of ``name``: the caller's, then ``REDISLOCK``'s."""
-    _refuse_bad(factory, dict(given), SemaphoreKwargs)
+def _semaphore_settings(name: str, given: SemaphoreKwargs) -> dict[str, Any]:
+    """The core's arguments for a permit of ``name``: the caller's (checked), then
+    ``REDISLOCK``'s."""
     return {
         "ttl": _or(given.get("timeout"), conf.PERMIT_TIMEOUT),
         "wait": _wait("semaphore", (name,), given.get("wait")),
@@ -129,9 +131,9 @@ def _semaphore_settings(factory: str, name: str, given: SemaphoreKwargs) -> dict
     }
 
 
-def _lock_settings(factory: str, names: tuple[str, ...], given: LockKwargs) -> dict[str, Any]:
-    """The core's arguments for a lock on ``names``: the caller's, then ``REDISLOCK``'s."""
-    _refuse_bad(factory, dict(given), LockKwargs)
+def _lock_settings(names: tuple[str, ...], given: LockKwargs) -> dict[str, Any]:
+    """The core's arguments for a lock on ``names``: the caller's (checked), then
+    ``REDISLOCK``'s. The lease is ``timeout`` up to here, and the core's ``ttl`` from here."""
     return {
         "ttl": _or(given.get("timeout"), conf.TIMEOUT),
         "wait": _wait("lock", names, given.get("wait")),
@@ -160,73 +162,110 @@ def _labelled(handle: Any, given: SemaphoreKwargs) -> Any:
     return handle
 
 
+def _lock(name: str, fair: bool, given: LockKwargs, asynchronous: bool) -> Any:
+    settings = _lock_settings((name,), given)
+    cls = AsyncLock if asynchronous else Lock
+    return _labelled(cls(_client(given, asynchronous), name, fair=fair, **settings), given)
+
+
+def _multi_lock(names: tuple[str, ...], given: LockKwargs, asynchronous: bool) -> Any:
+    settings = _lock_settings(names, given)
+    cls = AsyncMultiLock if asynchronous else MultiLock
+    client = _client(given, asynchronous)
+    return cls(client, names, metric_name=given.get("metric_name"), **settings)
+
+
+def _rw_lock(name: str, mode: Mode, given: LockKwargs, asynchronous: bool) -> Any:
+    settings = _lock_settings((name,), given)
+    cls = AsyncReadWriteLock if asynchronous else ReadWriteLock
+    return _labelled(cls(_client(given, asynchronous), name, mode, **settings), given)
+
+
 def get_lock(name: str, *, fair: bool = True, **kwargs: Unpack[LockKwargs]) -> Lock:
     """A ``Lock`` on ``name`` with defaults from ``REDISLOCK`` and Django signals.
 
     ``kwargs``: ``LockKwargs``. ``fair=False``: the barging order (``docs/locks.rst``).
     """
-    settings = _lock_settings("get_lock", (name,), kwargs)
-    return _labelled(Lock(_client(kwargs, False), name, fair=fair, **settings), kwargs)
+    _refuse_bad("get_lock", dict(kwargs), LockKwargs)
+    return cast(Lock, _lock(name, fair, kwargs, asynchronous=False))
 
 
 def get_async_lock(name: str, *, fair: bool = True, **kwargs: Unpack[LockKwargs]) -> AsyncLock:
     """An ``AsyncLock`` for the running event loop, configured as ``get_lock``."""
-    settings = _lock_settings("get_async_lock", (name,), kwargs)
-    return _labelled(AsyncLock(_client(kwargs, True), name, fair=fair, **settings), kwargs)
+    _refuse_bad("get_async_lock", dict(kwargs), LockKwargs)
+    return cast(AsyncLock, _lock(name, fair, kwargs, asynchronous=True))
 
 
 def get_multi_lock(names: Iterable[str], **kwargs: Unpack[LockKwargs]) -> MultiLock:
     """A ``MultiLock`` on ``names`` (all held or none), configured as ``get_lock``."""
     ordered = lock_names(names)
-    settings = _lock_settings("get_multi_lock", ordered, kwargs)
-    client = _client(kwargs, False)
-    return MultiLock(client, ordered, metric_name=kwargs.get("metric_name"), **settings)
+    _refuse_bad("get_multi_lock", dict(kwargs), LockKwargs)
+    return cast(MultiLock, _multi_lock(ordered, kwargs, asynchronous=False))
 
 
 def get_async_multi_lock(names: Iterable[str], **kwargs: Unpack[LockKwargs]) -> AsyncMultiLock:
     """An ``AsyncMultiLock`` for the running event loop, configured as ``get_lock``."""
     ordered = lock_names(names)
-    settings = _lock_settings("get_async_multi_lock", ordered, kwargs)
-    client = _client(kwargs, True)
-    return AsyncMultiLock(client, ordered, metric_name=kwargs.get("metric_name"), **settings)
+    _refuse_bad("get_async_multi_lock", dict(kwargs), LockKwargs)
+    return cast(AsyncMultiLock, _multi_lock(ordered, kwargs, asynchronous=True))
+
+
+def _semaphore(name: str, limit: int, given: SemaphoreKwargs, asynchronous: bool) -> Any:
+    settings = _semaphore_settings(name, given)
+    cls = AsyncSemaphore if asynchronous else Semaphore
+    return _labelled(cls(_client(given, asynchronous), name, limit, **settings), given)
 
 
 def get_semaphore(name: str, limit: int, **kwargs: Unpack[SemaphoreKwargs]) -> Semaphore:
     """A ``Semaphore`` of ``limit`` permits on ``name``, configured as ``get_lock``
     (``kwargs``: ``SemaphoreKwargs``); a permit lasts ``timeout`` seconds (default
     ``REDISLOCK['PERMIT_TIMEOUT']``)."""
-    settings = _semaphore_settings("get_semaphore", name, kwargs)
-    return _labelled(Semaphore(_client(kwargs, False), name, limit, **settings), kwargs)
+    _refuse_bad("get_semaphore", dict(kwargs), SemaphoreKwargs)
+    return cast(Semaphore, _semaphore(name, limit, kwargs, asynchronous=False))
 
 
 def get_async_semaphore(name: str, limit: int, **kwargs: Unpack[SemaphoreKwargs]) -> AsyncSemaphore:
     """An ``AsyncSemaphore`` for the running event loop, configured as ``get_semaphore``."""
-    settings = _semaphore_settings("get_async_semaphore", name, kwargs)
-    return _labelled(AsyncSemaphore(_client(kwargs, True), name, limit, **settings), kwargs)
+    _refuse_bad("get_async_semaphore", dict(kwargs), SemaphoreKwargs)
+    return cast(AsyncSemaphore, _semaphore(name, limit, kwargs, asynchronous=True))
+
+
+def semaphore_for(
+    name: str, limit: int, *, asynchronous: bool, **kwargs: Unpack[SemaphoreKwargs]
+) -> Any:
+    """The semaphore of a throttling rule: ``get_semaphore`` (``get_async_semaphore``)
+    with arguments checked once, when the rule was read, and not at every request."""
+    return _semaphore(name, limit, kwargs, asynchronous)
 
 
 def get_rw_lock(name: str, mode: Mode, **kwargs: Unpack[LockKwargs]) -> ReadWriteLock:
     """A ``ReadWriteLock`` on ``name`` in ``mode`` (``"read"`` or ``"write"``),
     configured as ``get_lock``. Its keys are not the lock's: a read-write lock
     and a ``Lock`` of the same name do not exclude each other."""
-    settings = _lock_settings("get_rw_lock", (name,), kwargs)
-    return _labelled(ReadWriteLock(_client(kwargs, False), name, mode, **settings), kwargs)
+    _refuse_bad("get_rw_lock", dict(kwargs), LockKwargs)
+    return cast(ReadWriteLock, _rw_lock(name, mode, kwargs, asynchronous=False))
 
 
 def get_async_rw_lock(name: str, mode: Mode, **kwargs: Unpack[LockKwargs]) -> AsyncReadWriteLock:
     """An ``AsyncReadWriteLock`` for the running event loop, configured as ``get_rw_lock``."""
-    settings = _lock_settings("get_async_rw_lock", (name,), kwargs)
-    return _labelled(AsyncReadWriteLock(_client(kwargs, True), name, mode, **settings), kwargs)
+    _refuse_bad("get_async_rw_lock", dict(kwargs), LockKwargs)
+    return cast(AsyncReadWriteLock, _rw_lock(name, mode, kwargs, asynchronous=True))
 
 
 def lock_for(
     names: str | tuple[str, ...], mode: str | None, *, asynchronous: bool, **kwargs: Any
 ) -> Any:
     """The handle ``redis_lock`` and ``redis_locked`` take on ``names``: a
-    read-write lock in ``mode``, else a lock on one name or all of several."""
+    read-write lock in ``mode``, else a lock on one name or all of several.
+
+    ``kwargs`` were checked once, where they were given (``options.lock_options``,
+    at decoration): they are not checked again at every call, as the public
+    factories check theirs.
+    """
+    fair = kwargs.pop("fair", True)
+    given = cast(LockKwargs, kwargs)
     if mode is not None and isinstance(names, str):
-        rw_factory = get_async_rw_lock if asynchronous else get_rw_lock
-        return rw_factory(names, check_mode(mode), **kwargs)
+        return _rw_lock(names, check_mode(mode), given, asynchronous)
     if isinstance(names, str):
-        return (get_async_lock if asynchronous else get_lock)(names, **kwargs)
-    return (get_async_multi_lock if asynchronous else get_multi_lock)(names, **kwargs)
+        return _lock(names, fair, given, asynchronous)
+    return _multi_lock(names, given, asynchronous)

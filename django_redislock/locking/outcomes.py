@@ -23,14 +23,14 @@ def busy(
     request: Any,
     name: str,
     retry_after: float | None,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
 ) -> Any:
+    """What a call whose lock stayed busy returns, or raises; a callable
+    ``on_busy`` comes bound to the call's arguments."""
     if on_busy == "skip":
         log_busy.info("skipped %r: lock busy", name, extra={"lock_name": name, "kind": "lock"})
         return None
     if callable(on_busy):
-        return on_busy(*args, **kwargs)
+        return on_busy()
     if request is not None and on_busy is None:
         return error_response(
             request,

@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import Any
 
 from django.db import connections, transaction
@@ -149,6 +149,14 @@ class Transactions:
         if not isinstance(own, _EveryAlias):
             # non_atomic_requests applied outside this decorator replaced the mark.
             skip.update(own)
+        learned = wrapper.__dict__.setdefault("_redislock_databases", set())
+        return cls.around(skip, is_view, learned)
+
+    @classmethod
+    def around(cls, skip: Container[str], is_view: bool, learned: set[str]) -> Transactions:
+        """The blocks to open around one call: a view's ``ATOMIC_REQUESTS`` but
+        the aliases in ``skip``, and a savepoint in any transaction already open.
+        ``learned`` is kept by the caller from call to call (see ``connect_early``)."""
         opens: list[str] = []
         outer: list[str] = []
         for alias in connections:
@@ -161,7 +169,6 @@ class Transactions:
                 and (alias not in skip)
             ):
                 opens.append(alias)
-        learned = wrapper.__dict__.setdefault("_redislock_databases", set())
         return cls(opens, outer, learned)
 
     def connect_early(self) -> None:

@@ -40,7 +40,7 @@ from rest_framework.throttling import BaseThrottle
 from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
 from ..core.exceptions import RedisUnavailable
-from ..locking.factories import get_semaphore
+from ..locking.factories import semaphore_for
 from ..stepping import run_steps
 from .keys import ANONYMOUS, Asker, key_of, semaphore_name
 from .permits import (
@@ -101,9 +101,10 @@ class ConcurrencyThrottle(BaseThrottle):
         return self._acquire(request, view, rule, key)
 
     def _acquire(self, request: Any, view: Any, rule: Rule, key: str | None) -> bool:
-        sem = get_semaphore(
+        sem = semaphore_for(
             semaphore_name(rule, key),
             rule.limit,
+            asynchronous=False,
             timeout=permit_timeout(rule),
             wait=rule.wait,
             label=label_of(request),

@@ -27,7 +27,7 @@ from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
 from ..core.exceptions import RedisUnavailable
 from ..http import error_response, is_drf_view, rendered_by_drf_view, request_in
-from ..locking.factories import get_async_semaphore, get_semaphore
+from ..locking.factories import semaphore_for
 from ..signals import declare
 from ..stepping import Steps, run_steps, run_steps_async
 from .keys import ANONYMOUS, Asker, Target, key_of, key_of_async, semaphore_name
@@ -96,7 +96,6 @@ def _limited(
     for the middleware, which resolves the URL when a rule asks who the caller is.
     """
     keying = key_of_async if asynchronous else key_of
-    semaphore = get_async_semaphore if asynchronous else get_semaphore
     permits: list[Any] = []
     asker = Asker(request, target)
     for rule in rules:
@@ -110,9 +109,10 @@ def _limited(
                 return _caller_unknown(request, rule, exc)
             if key is ANONYMOUS:
                 continue  # the key callable exempted this request
-            sem = semaphore(
+            sem = semaphore_for(
                 semaphore_name(rule, key),
                 rule.limit,
+                asynchronous=asynchronous,
                 timeout=permit_timeout(rule),
                 wait=rule.wait,
                 label=label_of(request),
