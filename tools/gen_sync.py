@@ -102,6 +102,8 @@ RENAMES = {
     # The bounded calls (core/io): a batch on a pool's connection.
     "pool_calls_async": "pool_calls",
     "call_on_pool_async": "call_on_pool",
+    "guarded_async": "guarded",
+    "_on_pool_async": "_on_pool",
     "exchange_async": "exchange",
     "checkout_async": "checkout",
     "disconnect_async": "disconnect",

@@ -38,7 +38,7 @@ from .batch import CallFailed, Command
 from .breaker import Breaker, breaker_of, node_breaker
 from .checkout import connect_bound, fresh
 from .pool_calls import call_on_pool
-from .pool_calls_async import exchange_async
+from .pool_calls_async import exchange_async, guarded_async
 
 if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -316,21 +316,7 @@ async def _call_on_node_async(
 ) -> list[Any]:
     """``call_on_pool_async`` for an asyncio Cluster node, which has no pool of
     its own: the node's breaker is kept per client and node name."""
-    breaker = node_breaker(client, node)
-    try:
-        probe = breaker.admit()
-    except RedisError as exc:
-        raise CallFailed(exc, may_have_run=False) from exc
-    try:
-        replies = await _on_node_async(node, commands)
-    except CallFailed as failed:
-        breaker.failed(failed.cause, probe)
-        raise
-    except BaseException:
-        breaker.abandoned(probe)
-        raise
-    breaker.answered(probe)
-    return replies
+    return await guarded_async(node_breaker(client, node), lambda: _on_node_async(node, commands))
 
 
 async def _on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:

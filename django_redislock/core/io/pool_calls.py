@@ -10,7 +10,7 @@ the next caller, and goes on as itself: it is not Redis failing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -19,12 +19,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback
 from .batch import CallFailed, Command, packed
-from .breaker import breaker_of
+from .breaker import Breaker, breaker_of
 from .checkout import checkout, disconnect
 from .giveback import Pending
 from .interrupts import CallTimeout
 
-__all__ = ["call_on_pool", "exchange"]
+__all__ = ["call_on_pool", "exchange", "guarded"]
 
 
 def exchange(conn: Any, commands: Sequence[Command]) -> list[Any]:
@@ -66,13 +66,18 @@ def exchange(conn: Any, commands: Sequence[Command]) -> list[Any]:
 def call_on_pool(pool: Any, commands: Sequence[Command]) -> list[Any]:
     """``commands`` on a connection of ``pool``, unless its breaker is open
     (``breaker.py``: then ``CallFailed`` at once, nothing sent)."""
-    breaker = breaker_of(pool)
+    return guarded(breaker_of(pool), lambda: _on_pool(pool, commands))
+
+
+def guarded(breaker: Breaker, call: Callable[[], Any]) -> list[Any]:
+    """``call()`` through ``breaker``: refused at once while it is open
+    (``CallFailed``, nothing sent); how it ends tells the breaker."""
     try:
         probe = breaker.admit()
     except RedisError as exc:
         raise CallFailed(exc, may_have_run=False) from exc
     try:
-        replies = _on_pool_async(pool, commands)
+        replies: list[Any] = call()
     except CallFailed as failed:
         breaker.failed(failed.cause, probe)
         raise
@@ -83,7 +88,7 @@ def call_on_pool(pool: Any, commands: Sequence[Command]) -> list[Any]:
     return replies
 
 
-def _on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
+def _on_pool(pool: Any, commands: Sequence[Command]) -> list[Any]:
     from redis.exceptions import MaxConnectionsError
 
     for attempt in (1, 2):

@@ -9,7 +9,7 @@ the next caller, and goes on as itself: it is not Redis failing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -18,12 +18,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback
 from .batch import CallFailed, Command, packed
-from .breaker import breaker_of
+from .breaker import Breaker, breaker_of
 from .checkout import checkout_async, disconnect_async
 from .giveback import Pending
 from .interrupts_async import CallTimeout
 
-__all__ = ["call_on_pool_async", "exchange_async"]
+__all__ = ["call_on_pool_async", "exchange_async", "guarded_async"]
 
 
 async def exchange_async(conn: Any, commands: Sequence[Command]) -> list[Any]:
@@ -65,13 +65,18 @@ async def exchange_async(conn: Any, commands: Sequence[Command]) -> list[Any]:
 async def call_on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
     """``commands`` on a connection of ``pool``, unless its breaker is open
     (``breaker.py``: then ``CallFailed`` at once, nothing sent)."""
-    breaker = breaker_of(pool)
+    return await guarded_async(breaker_of(pool), lambda: _on_pool_async(pool, commands))
+
+
+async def guarded_async(breaker: Breaker, call: Callable[[], Any]) -> list[Any]:
+    """``call()`` through ``breaker``: refused at once while it is open
+    (``CallFailed``, nothing sent); how it ends tells the breaker."""
     try:
         probe = breaker.admit()
     except RedisError as exc:
         raise CallFailed(exc, may_have_run=False) from exc
     try:
-        replies = await _on_pool_async(pool, commands)
+        replies: list[Any] = await call()
     except CallFailed as failed:
         breaker.failed(failed.cause, probe)
         raise
