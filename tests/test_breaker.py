@@ -21,6 +21,8 @@ from django.test import AsyncClient, Client, override_settings
 
 from django_redislock import RedisUnavailable, connection, get_async_lock, get_lock
 from django_redislock.core.io import breaker
+from tests.faults.harness import wait_until
+from tests.helpers_oracles import lock_waiters
 from tests.servers import RedisServer, free_port
 from tests.test_decorators import close_async_clients
 
@@ -247,7 +249,9 @@ def test_a_queued_waiter_notices_the_breaker_and_stops_waiting(
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    time.sleep(0.5)  # queued, sleeping on the wake-up channel
+    with server.client() as look:
+        wait_until(lambda: len(lock_waiters(look, holder.keys)) == 1, 10, "the waiter queued")
+    time.sleep(0.1)  # and the reply to its queueing read: asleep on its channel
     server.pause()
     froze = time.monotonic()
     with pytest.raises(RedisUnavailable):
@@ -536,6 +540,13 @@ def test_on_a_cluster_a_queued_waiter_notices_the_breaker(path: str) -> None:
         holder = Lock(client, name, ttl=30)
         assert holder.acquire()
 
+        def queued() -> None:
+            """Until the waiter is queued and asleep: no call of its own in flight."""
+            wait_until(
+                lambda: len(lock_waiters(client, keys.lock(name))) == 1, 10, "the waiter queued"
+            )
+            time.sleep(0.1)  # and the reply to its queueing read: asleep on its channel
+
         if path == "sync":
             outcome: dict[str, Any] = {}
 
@@ -546,15 +557,17 @@ def test_on_a_cluster_a_queued_waiter_notices_the_breaker(path: str) -> None:
                 except RedisUnavailable as exc:
                     outcome["reason"] = exc.reason
                 outcome["waited"] = time.monotonic() - started
+                outcome["ended"] = time.monotonic()
 
             thread = threading.Thread(target=waiter)
             thread.start()
-            time.sleep(0.5)  # queued, asleep
+            queued()
             node.pause()
+            froze = time.monotonic()
             with pytest.raises(RedisUnavailable):
                 Lock(client, elsewhere, ttl=30).acquire()  # times out: the node's breaker opens
             thread.join(timeout=25)
-            out_after = outcome["waited"] - 0.5
+            out_after = outcome["ended"] - froze
         else:
 
             async def scenario() -> tuple[dict[str, Any], float]:
@@ -571,14 +584,16 @@ def test_on_a_cluster_a_queued_waiter_notices_the_breaker(path: str) -> None:
                         except RedisUnavailable as exc:
                             result["reason"] = exc.reason
                         result["waited"] = time.monotonic() - started
+                        result["ended"] = time.monotonic()
 
                     task = asyncio.ensure_future(waiter())
-                    await asyncio.sleep(0.5)
+                    await asyncio.to_thread(queued)
                     node.pause()
+                    froze = time.monotonic()
                     with pytest.raises(RedisUnavailable):
                         await AsyncLock(aclient, elsewhere, ttl=30).acquire()
                     await asyncio.wait_for(task, 25)
-                    return result, result["waited"] - 0.5
+                    return result, result["ended"] - froze
                 finally:
                     node.resume()
                     await close_async_cluster(aclient)

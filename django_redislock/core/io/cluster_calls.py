@@ -242,6 +242,15 @@ def _moved_since(client: RedisCluster, node: Any, key: bytes) -> Any:
     return None
 
 
+def _owner_refused(client: AsyncRedisCluster, key: bytes) -> bool:
+    """Whether the node the slot map names for ``key`` has its breaker open."""
+    try:
+        owner = client.get_node_from_key(key)  # type: ignore[arg-type]
+    except (RedisError, RedisClusterException, LookupError):
+        return False  # no slot map to read: the call reads it
+    return owner is not None and _refused(node_breaker(client, owner))
+
+
 def _hop(hops: int, failed: CallFailed | None) -> int:
     """One more hop to another node; past ``_MAX_REDIRECTS`` the call fails."""
     if hops + 1 >= _MAX_REDIRECTS:
@@ -254,12 +263,12 @@ async def cluster_call_async(
     client: AsyncRedisCluster, commands: Sequence[Command], key: bytes
 ) -> list[Any]:
     with _looked_up_again_if_gone(client):
-        if _refresh.get(client, False):
-            owner = client.get_node_from_key(key)  # type: ignore[arg-type]
-            if owner is None or not _refused(node_breaker(client, owner)):
-                _refresh.pop(client, None)
-                await client.nodes_manager.initialize()
-        if getattr(client, "_initialize", False):
+        if _refresh.get(client, False) and not _owner_refused(client, key):
+            _refresh.pop(client, None)
+            await client.nodes_manager.initialize()
+        # redis-py closes the client after its own timeout (5.0: and reads the
+        # slot map again at the next call): not while the owner's breaker is open.
+        if getattr(client, "_initialize", False) and not _owner_refused(client, key):
             await client.initialize()
         # Annotated ``str`` by redis-py, which takes bytes keys as every command does.
         node = client.get_node_from_key(key)  # type: ignore[arg-type]
