@@ -203,7 +203,7 @@ MODEL: list[tuple[str, Callable[[Any, int], None]]] = [
     ("SET key value NX PX, a new key (redis-py's acquire)", lambda c, n: _set_nx(c, n)),
     ("EVALSHA of 'return 1', no keys or arguments", _script("return 1", [], [])),
     ("the same with an acquire's 3 keys and 8 arguments", _script("return 1", _KEYS, _ARGS)),
-    ("the acquire's seven calls and nothing else, new names", lambda c, n: _seven(c, n)),
+    ("the acquire's six calls and nothing else, new names", lambda c, n: _six(c, n)),
     ("this library's acquire, new handle and name", _acquires),
     ("this library's acquire+release, new handle and name", lambda c, n: _item_ops(c, "lock", n)),
 ]
@@ -224,11 +224,10 @@ INSIDE = {
 
 
 # The commands an uncontended acquire of a new name makes (lua/acquire.lua,
-# give() in lua/_lock.lua), with none of its decisions: what its work costs
-# the server before any logic of the library's.
-_SEVEN = """
+# before its helpers), with none of its decisions: what its work costs the
+# server before any logic of the library's.
+_SIX = """
 redis.call('HMGET', KEYS[3], 'q', 'f', 'd', 'e', 'h')
-redis.call('HGET', KEYS[1], 't')
 local clock = redis.call('TIME')
 local f = clock[1] .. clock[2]
 redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', f, 'o', ARGV[4])
@@ -239,13 +238,13 @@ return f
 """
 
 
-def _seven(client: Any, n: int) -> None:
+def _six(client: Any, n: int) -> None:
     from django_redislock.core.engine.keys import KeySpace
 
     space = KeySpace("cost")
-    sha = client.script_load(_SEVEN)
+    sha = client.script_load(_SIX)
     for i in range(n):
-        keys = space.lock(f"seven:{i}")
+        keys = space.lock(f"six:{i}")
         client.evalsha(sha, 3, keys.lease, keys.queue, keys.state, *_ARGS)
 
 

@@ -28,8 +28,8 @@ ctx = multiprocessing.get_context("fork")
 
 # The ceilings, lowered as the hot path is cut (docs/benchmarks.rst gives the figures).
 CONTENDED_PER_SECTION = 13.5
-UNCONTENDED_NEW_NAME_PER_PAIR = 13
-UNCONTENDED_NAME_IN_USE_PER_PAIR = 13
+UNCONTENDED_NEW_NAME_PER_PAIR = 12
+UNCONTENDED_NAME_IN_USE_PER_PAIR = 12
 
 # Connection set-up and the test's own commands: not the lock's work.
 _NOT_THE_LOCKS = frozenset({"info", "config", "ping", "hello", "client", "select", "command"})

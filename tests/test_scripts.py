@@ -120,7 +120,7 @@ def _script_commands(r: redis.Redis, call: Callable[[], Any]) -> int:
 
 @pytest.mark.parametrize(
     ("kind", "acquire", "release"),
-    [("lock", 5, 4), ("barging", 5, 4), ("semaphore", 12, 7), ("read", 10, 7), ("write", 10, 9)],
+    [("lock", 4, 4), ("barging", 4, 4), ("semaphore", 12, 7), ("read", 10, 7), ("write", 10, 9)],
 )
 def test_commands_of_an_uncontended_acquire_and_release(
     r: redis.Redis, kind: str, acquire: int, release: int

@@ -67,14 +67,38 @@ PIECES: dict[str, tuple[str, ...]] = {
 }
 
 
+# A line of a piece that ends what every run of a script makes (its constants
+# and locals) and begins the helpers (the functions). A body that holds the
+# line runs what comes before it ahead of every piece's helpers: a fast path
+# that returns there makes no closure (see docs/internals.rst, Script cost).
+HELPERS = "-- @HELPERS@\n"
+
+
+def _split(text: str) -> tuple[str, str]:
+    """``text`` before and after its HELPERS line (all of it after, without one)."""
+    head, found, tail = text.partition(HELPERS)
+    return (head, tail) if found else ("", text)
+
+
 def load(name: str, *, prelude: str | None = "lock", repeatable: bool = False) -> Script:
     """The script ``lua/<name>.lua``, after the pieces of its kind.
 
     ``prelude`` is the kind (a key of ``PIECES``), or None for a stand-alone
     script.
     """
-    pieces = (*PIECES[prelude], f"{name}.lua") if prelude else (f"{name}.lua",)
-    text = "\n".join(_read(piece) for piece in pieces)
+    body = _read(f"{name}.lua")
+    if prelude is None:
+        text = body
+    else:
+        heads, helpers = zip(*(_split(_read(piece)) for piece in PIECES[prelude]), strict=True)
+        if HELPERS in body:
+            # A run that returns before the marker makes none of the helpers'
+            # closures: what they cost is paid only by the runs that need them.
+            fast, slow = _split(body)
+            text = "\n".join((*heads, fast, *helpers, slow))
+        else:
+            text = "\n".join(head + helper for head, helper in zip(heads, helpers, strict=True))
+            text += "\n" + body
     # The one way the scripts learn the state's keep time (docs/internals.rst).
     source = text.replace("@STATE_KEEP_MS@", str(STATE_KEEP_MS)).encode()
     return Script(name, source, hashlib.sha1(source).hexdigest(), repeatable)

@@ -58,18 +58,21 @@ local RECENT_KEPT = (RECENT - 1) * 17 - 1
 -- give() with waiters.
 local mark
 
--- Write a lease for `token` and return its fence, as text: its serial
--- (issue()), the server clock in microseconds above the last fence issued
--- (`last`). `ended` is the state's `e`: when it does not name `last`, that
--- lease ended in a loss and is recorded as one; `horizon` is its `h` (false
--- in a state that has none yet: it starts here). `ttl` is text; `state_ttl`
--- (the state's TTL: ttl + KEEP) is text, or a number when `waiters`; `name`
--- is '' when the key holds it. `waiters`: whether anyone may be queued (then
--- the state's TTL may only grow, it covers their deadlines). `more`: fields
--- and values to write into the state along with the fence (waiters only).
+-- @HELPERS@
+
+-- Write a lease for `token`, granted with waiters queued (an uncontended
+-- grant is acquire.lua's, before the helpers), and return its fence, as text:
+-- its serial (issue()), the server clock in microseconds above the last
+-- fence issued (`last`). `ended` is the state's `e`: when it does not name
+-- `last`, that lease ended in a loss and is recorded as one; `horizon` is
+-- its `h` (false in a state that has none yet: it starts here). `ttl` is
+-- text; `state_ttl` (the state's TTL: ttl + KEEP) a number; `name` is ''
+-- when the key holds it. The state's TTL may only grow (it covers the
+-- waiters' deadlines). `more`: fields and values to write into the state
+-- along with the fence.
 -- The lease is written over in place: a caller that hands on a lease it
 -- found (rather than one it deleted) makes sure it has no other fields.
-local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, waiters, more)
+local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, more)
   clock = clock or redis.call('TIME')
   if issued then
     -- This run gave a lease already and took it back (a waiter nobody
@@ -77,31 +80,6 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, wa
     last, ended, horizon = issued, issued, horizon or issued
   end
   local f = issue(clock, last)
-  if not waiters then
-    if name == '' then
-      redis.call('HSET', lease, 't', token, 'f', f, 'o', owner)
-    else
-      redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'n', name)
-    end
-    redis.call('PEXPIRE', lease, ttl)
-    if not last or not horizon then
-      -- A new state (or one from before the memory of losses): it answers
-      -- for the fences it issues from here on.
-      redis.call('HSET', state, 'f', f, 'h', f)
-    elseif ended == last then
-      redis.call('HSET', state, 'f', f)
-    else
-      local u, h = common().losses().record(redis.call('HGET', state, 'u'), horizon, last)
-      if u then
-        redis.call('HSET', state, 'f', f, 'h', h, 'u', u)
-      else
-        redis.call('HSET', state, 'f', f)
-      end
-    end
-    -- Set outright: `q` is unset (nobody queued), so no mark says more.
-    redis.call('PEXPIRE', state, state_ttl)
-    return f
-  end
   -- Only reached after contended(), which made lib. The lease ends on the
   -- clock that cover() below reads (TIME, when this run first read it), so
   -- the state outlives it by KEEP exactly, not by KEEP less however long
@@ -188,7 +166,7 @@ local function contended()
   -- are raised to `until_ms` + SPARE (where shorter; a key without a TTL
   -- gets one), and the mark says so when `q` is set. The mark never claims
   -- more than Redis holds: it is written only here, after both TTLs were
-  -- raised to it; the one TTL set outright (an uncontended grant, give())
+  -- raised to it; the one TTL set outright (an uncontended grant, acquire.lua)
   -- is set while `q` is unset, and `q` is written anew as 0 (enqueue); and
   -- a queue made anew is given the mark as its expiry (enqueue, acquire.lua).
   -- Whether it raised them.
@@ -297,7 +275,7 @@ local function contended()
           end
         end
         local fence = give(head, ttl, tonumber(ttl) + KEEP, name or '', owner, last, ended,
-          horizon, true, more)
+          horizon, more)
         more = nil
         local message = head .. ':' .. fence
         if round then

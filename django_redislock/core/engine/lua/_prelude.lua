@@ -30,10 +30,12 @@
 -- each run makes the closures its chunk defines), and the uncontended paths
 -- are kept to the least: they read the server clock only when they need it,
 -- keep numbers as text where they can (a conversion between number and text
--- costs about what a redis.call does), and make few closures: issue() and
--- outlive(), which most runs call, are made by every run; what the rarer
--- paths need is made on first use, by common() here and by contended() in
--- _lock.lua.
+-- costs about what a redis.call does), and make few closures (each costs
+-- about half a redis.call, and more per local of the script it refers to):
+-- the uncontended acquire and release return before any helper is made (the
+-- HELPERS line below); other runs make issue() and outlive(), and what the
+-- rarer paths need is made on first use, by common() here and by contended()
+-- in _lock.lua.
 
 local queue, state = KEYS[2], KEYS[3]
 -- How long the state outlives what it holds: STATE_KEEP_MS in protocol.py,
@@ -72,23 +74,34 @@ local clock, now_ms -- TIME's reply, and it in ms: read once, when first needed
 
 local issued -- the last serial this run issued
 
--- A new serial, as text: the server clock (`clock`, TIME's reply) in
--- microseconds, above `last` (text, or false/nil) and above any serial this
--- run issued. Serials keep increasing after the state expires or Redis
--- restarts empty, as long as the server clock does not step back.
-local function issue(clock, last)
+-- A serial, as text: the server clock (`clock`, TIME's reply) in
+-- microseconds, or one more than `last` (text, or false/nil) when that is not
+-- above it. Serials keep increasing after the state expires or Redis
+-- restarts empty, as long as the server clock does not step back. It uses no
+-- local of the script (no upvalue), so making it costs every run little: an
+-- uncontended acquire calls it before the helpers below are made.
+local function serial(clock, last)
   local us = clock[2]
   local s = clock[1] .. string.rep('0', 6 - #us) .. us
   -- Decimal integers without leading zeros: longer is larger, else compare
   -- as text (no number conversion on the common path).
-  if issued and (not last or #issued > #last or (#issued == #last and issued > last)) then
-    last = issued
-  end
   if last and not (#s > #last or (#s == #last and s > last)) then
     s = string.format('%.0f', tonumber(last) + 1)
   end
-  issued = s
   return s
+end
+
+-- What comes before this line, every run makes; the helpers after it, only
+-- a run that gets past a script's fast path (see scripts.py, HELPERS).
+-- @HELPERS@
+
+-- A new serial (serial()) above `last` and above any serial this run issued.
+local function issue(clock, last)
+  if issued and (not last or #issued > #last or (#issued == #last and issued > last)) then
+    last = issued
+  end
+  issued = serial(clock, last)
+  return issued
 end
 
 -- Raise the TTL of `key` (and of `other`, if given) to at least ms; never

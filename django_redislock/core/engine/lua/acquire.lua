@@ -42,21 +42,57 @@ if st[3] and string.find(st[3], token, 1, true) then
   return 0
 end
 mark = st[1]
--- The holder and, when someone is queued (its lease was then most likely
--- granted with waiters queued), the lease's end as granted: the waiter's
--- fallback timer, below (see _lock.lua). Nobody queued: the token alone,
--- as each field asked for costs the common case.
+-- The holder's token and, when someone is queued (its lease was then most
+-- likely granted with waiters queued), the lease's end as granted: the
+-- waiter's fallback timer, below (see _lock.lua). Nobody queued: the token
+-- alone, and none read when the state says the lease is free: no lease was
+-- ever granted (a lease has a state, with `f`: it outlives every lease), or
+-- the last one granted ended without a loss (`e` names it).
 local held
 if st[1] then
   held = redis.call('HMGET', lease, 't', 'x')
-else
+elseif st[2] and st[2] ~= st[4] then
   held = { redis.call('HGET', lease, 't') }
 end
-local holder = held[1]
-if not holder and not st[1] then
-  -- Free, nobody queued: the common case.
-  return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], false)
+local lost -- the fence of a lease that ended in a loss, for the grant to record
+if not st[1] and not (held and held[1]) then
+  -- Free, nobody queued: the common case. The lease, then the state's fence
+  -- (with the horizon of the memory of losses when the state has none yet),
+  -- each with its TTL set outright: `q` is unset, so no mark says more.
+  clock = redis.call('TIME')
+  local f = serial(clock, st[2])
+  issued = f
+  if ARGV[3] == '' then
+    redis.call('HSET', lease, 't', token, 'f', f, 'o', ARGV[4])
+  else
+    redis.call('HSET', lease, 't', token, 'f', f, 'o', ARGV[4], 'n', ARGV[3])
+  end
+  redis.call('PEXPIRE', lease, ARGV[2])
+  if not st[2] or not st[5] then
+    -- A new state (or one from before the memory of losses): it answers for
+    -- the fences it issues from here on.
+    redis.call('HSET', state, 'f', f, 'h', f)
+  else
+    redis.call('HSET', state, 'f', f)
+  end
+  redis.call('PEXPIRE', state, ARGV[7])
+  if not held or not st[5] then
+    return f
+  end
+  -- The lease before ran out or was force-released (`e` does not name it).
+  lost = st[2]
 end
+-- @HELPERS@
+if lost then
+  -- Recorded as a loss in the memory of losses (the prelude), now that the
+  -- grant above wrote its own fence.
+  local u, h = common().losses().record(redis.call('HGET', state, 'u'), st[5], lost)
+  if u then
+    redis.call('HSET', state, 'h', h, 'u', u)
+  end
+  return issued
+end
+local holder = held[1]
 
 contended()
 
@@ -177,4 +213,4 @@ else
     return enqueue()
   end
 end
-return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], true, more)
+return give(token, ARGV[2], ARGV[7], ARGV[3], ARGV[4], st[2], st[4], st[5], more)
