@@ -48,6 +48,10 @@ def configure(app: Any, broker: str) -> None:
         broker_connection_retry_on_startup=False,
         worker_hijack_root_logger=False,
         result_expires=300,
+        # How long the main process waits for the result of a pool process
+        # that died before it reports WorkerLostError (10 s by default): a
+        # scenario's short lease must outlast it.
+        worker_lost_wait=1.0,
     )
 
 
