@@ -125,13 +125,15 @@ def requeued_on_timeout(self: Any, name: str) -> str:
 
 
 # A running lease shorter than the retry's delay: the key must wait for the
-# retry, or it is gone when the retry runs.
+# retry, or it is gone when the retry runs. The lease must still outlast
+# Celery's notice of the lost process (worker_lost_wait, then the retry's
+# sending), which a loaded host stretches past 4 s.
 @app.task(
     unique_key="job:{name}",
     retry_on_worker_lost=True,  # Celery 5.7+
-    default_retry_delay=8,
+    default_retry_delay=14,
     max_retries=1,
-    **{**UNIQUE, "unique_lease": 4.0},
+    **{**UNIQUE, "unique_lease": 9.0},
 )
 def retried_when_lost(self: Any, name: str) -> str:
     if _report(self, name) == 1:
