@@ -604,7 +604,10 @@ class LockModel(RuleBasedStateMachine):
             STATS["unavailable"] += 1
         else:
             raise job.error
-        if job.error is None or isinstance(job.error, RedisUnavailable):
+        # An extend the circuit breaker refused was never sent: the lease ends
+        # when it did, and the handle keeps what it counted on.
+        sent = not (isinstance(job.error, RedisUnavailable) and job.error.reason == "breaker_open")
+        if job.error is None or (isinstance(job.error, RedisUnavailable) and sent):
             # DESIGN 6: the extend ran, or may have run (a timeout): from now
             # on the lease may end ``ttl`` after it was sent, so the handle may
             # count on no more than that, even if it held more before.
