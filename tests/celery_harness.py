@@ -53,6 +53,11 @@ def configure(app: Any, broker: str) -> None:
         # scenario's short lease must outlast it.
         worker_lost_wait=1.0,
     )
+    # The app builds its result backend once, on first use: a test of the
+    # module that ran before this (in the same xdist worker) may have built
+    # it unconfigured, and results would then say "No result backend".
+    app._backend_cache = None
+    vars(app._local).pop("backend", None)
 
 
 def in_worker() -> bool:
