@@ -299,11 +299,17 @@ def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
     topology.wait_replicated(60)
     frozen = topology.primary()
     old = topology.primary_address()
+    sentinels = Sentinel(topology.sentinel_addresses, socket_timeout=1)
     # A worker whose pooled connection to the primary is open before the
     # freeze (a process's pool keeps its idle connections; a pause breaks
-    # nothing a socket can see).
-    assert probe_write()
-    sentinels = Sentinel(topology.sentinel_addresses, socket_timeout=1)
+    # nothing a socket can see). A pool of its own: a new connection of a
+    # Sentinel pool (the wake-up channel's, say) asks the sentinels and, the
+    # primary having moved, drops the pool's idle ones, closing the window
+    # this test shows before it can be shown.
+    stale = sentinels.master_for(SERVICE, socket_timeout=1, socket_connect_timeout=1)
+    probe = Lock(stale, "probe", ttl=5, wait=0, keyspace=keyspace())
+    assert probe.acquire()
+    probe.release()
     # Connects at first use: a worker that asks the sentinels after the failover.
     fresh = sentinels.master_for(SERVICE, socket_timeout=1, socket_connect_timeout=1)
     try:
@@ -329,12 +335,21 @@ def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
         try:
             # The old primary answers as a primary: the pooled connection is
             # granted the lock the new primary also granted.
-            on_old = get_lock("window", timeout=60, wait=0)
+            on_old = Lock(stale, "window", ttl=60, wait=0, keyspace=keyspace())
             assert on_old.keys.lease == on_new.keys.lease
             # Not with replicas=1: its replica follows nobody now, so the resumed
             # primary cannot have a grant acknowledged, and gives it back.
+            acked_old = Lock(
+                stale,
+                "window",
+                ttl=60,
+                wait=0,
+                keyspace=keyspace(),
+                replicas=1,
+                replicas_timeout=0.2,
+            )
             with pytest.raises(ReplicationTimeout):
-                get_lock("window", timeout=60, wait=0, replicas=1, replicas_timeout=0.2).acquire()
+                acked_old.acquire()
             assert on_old.acquire(), "the resumed primary refused: no window to show"
             assert role_of(frozen) == "master"  # it never answered READONLY
             with frozen.client(socket_timeout=1) as c:
@@ -364,7 +379,7 @@ def test_a_resumed_primary_grants_beside_the_new_one_and_fencing_decides(
         assert on_new.held
         on_new.release()
     finally:
-        for client in (fresh, *sentinels.sentinels):
+        for client in (fresh, stale, *sentinels.sentinels):
             client.close()
 
 
