@@ -2,7 +2,7 @@
 
 ``tests.settings`` with a Redis of the test's own (``REDISLOCK_E2E_REDIS_URL``)
 and ``FAIL_OPEN`` on: an interrupt must stop the view even where Redis
-failing would let it run. ``/work/<phase>/`` runs under
+failing would let it run. ``/locked/<phase>/`` runs under
 ``@redis_locked(NAME)``; its body notes ``body:<phase>`` in Redis, then, for
 ``hold``, waits on a list the test never fills (and notes ``after:hold`` if
 it ever returns), and for ``release`` pauses Redis (the test gave its PID) so
@@ -82,6 +82,6 @@ def work(request: HttpRequest, phase: str) -> HttpResponse:
     return HttpResponse("done")
 
 
-urlpatterns = [path("work/<str:phase>/", work)]
+urlpatterns = [path("locked/<str:phase>/", work)]
 
 _redis.rpush("e2e:workers", os.getpid())

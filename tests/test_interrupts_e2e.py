@@ -111,7 +111,7 @@ class Site:
         def get() -> None:
             conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=WAIT + LEASE)
             try:
-                conn.request("GET", f"/work/{phase}/")
+                conn.request("GET", f"/locked/{phase}/")
                 reply = conn.getresponse()
                 out[phase] = (reply.status, reply.read())
             except (OSError, http.client.HTTPException) as exc:

@@ -40,16 +40,15 @@ from rest_framework.throttling import BaseThrottle
 from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
 from ..core.exceptions import RedisUnavailable
-from ..locking.factories import semaphore_for
 from ..stepping import run_steps
-from .keys import ANONYMOUS, Asker, key_of, semaphore_name
+from .keys import ANONYMOUS, Asker, key_of
 from .permits import (
     announce_throttled,
     label_of,
-    permit_timeout,
     release_on_close,
     releasing,
     retry_after_of,
+    rule_permit,
     unavailable,
 )
 from .rules import Rule
@@ -101,15 +100,7 @@ class ConcurrencyThrottle(BaseThrottle):
         return self._acquire(request, view, rule, key)
 
     def _acquire(self, request: Any, view: Any, rule: Rule, key: str | None) -> bool:
-        sem = semaphore_for(
-            semaphore_name(rule, key),
-            rule.limit,
-            asynchronous=False,
-            timeout=permit_timeout(rule),
-            wait=rule.wait,
-            label=label_of(request),
-            metric_name=rule.name,
-        )
+        sem = rule_permit(rule, key, request, asynchronous=False)
         try:
             acquired = sem.acquire()
         except (RedisUnavailable, RedisError) as exc:

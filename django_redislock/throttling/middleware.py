@@ -27,7 +27,6 @@ from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
 from ..core.exceptions import RedisUnavailable
 from ..http import error_response, is_drf_view, rendered_by_drf_view, request_in
-from ..locking.factories import semaphore_for
 from ..signals import declare
 from ..stepping import Steps, run_steps, run_steps_async
 from .keys import ANONYMOUS, Asker, Target, key_of, key_of_async, semaphore_name
@@ -35,10 +34,10 @@ from .permits import (
     announce_throttled,
     fields,
     label_of,
-    permit_timeout,
     release_on_close,
     releasing,
     retry_after_of,
+    rule_permit,
     unavailable,
 )
 from .rules import Rule, current_rules, make_rule, matching_rules
@@ -109,15 +108,7 @@ def _limited(
                 return _caller_unknown(request, rule, exc)
             if key is ANONYMOUS:
                 continue  # the key callable exempted this request
-            sem = semaphore_for(
-                semaphore_name(rule, key),
-                rule.limit,
-                asynchronous=asynchronous,
-                timeout=permit_timeout(rule),
-                wait=rule.wait,
-                label=label_of(request),
-                metric_name=rule.name,
-            )
+            sem = rule_permit(rule, key, request, asynchronous=asynchronous)
             acquired = yield sem.acquire
         except (RedisUnavailable, RedisError) as exc:
             try:

@@ -21,6 +21,7 @@ from ..core.drivers.base import fields_of
 from ..core.drivers.semaphore import SemaphoreBase, release_permit
 from ..core.exceptions import LockError, RedisUnavailable
 from ..http import unavailable_response
+from ..locking.factories import semaphore_for
 from ..signals import request_throttled, send_unavailable
 from ..stepping import Steps
 from .keys import semaphore_name
@@ -36,6 +37,7 @@ __all__ = [
     "release_on_close",
     "releasing",
     "retry_after_of",
+    "rule_permit",
     "unavailable",
 ]
 
@@ -154,3 +156,16 @@ def releasing(permits: list[Any]) -> Steps[None]:
             yield sem.release
         except LockError as exc:  # lost (expired, cleared) or Redis down
             logger.warning("releasing permit of %r: %s", sem.name, exc, extra=fields_of(sem))
+
+
+def rule_permit(rule: Rule, key: str | None, request: HttpRequest, *, asynchronous: bool) -> Any:
+    """The semaphore of ``rule`` for the caller ``key``, whose permit ``request`` takes."""
+    return semaphore_for(
+        semaphore_name(rule, key),
+        rule.limit,
+        asynchronous=asynchronous,
+        timeout=permit_timeout(rule),
+        wait=rule.wait,
+        label=label_of(request),
+        metric_name=rule.name,
+    )
