@@ -468,7 +468,14 @@ def test_failover_to_a_replica_without_the_lease(
     other = get_lock("lost", timeout=5, wait=0)
     assert other.acquire()  # free on the new primary
     other.release()
-    primary.start()  # back as an empty server; the sentinels make it a replica
+    # Back as an empty server, made a replica of the new primary here, as an
+    # operator's tooling would: the sentinels would do it too, but only once
+    # it has reported itself a primary for several of their INFO periods
+    # (8 s and more), which on a loaded host outlasted 40 s.
+    primary.start()
+    host, port = topology.primary_address()
+    with primary.client(socket_timeout=1) as c:
+        c.execute_command("REPLICAOF", host, str(port))
     wait_until(
         "the old primary to rejoin as a replica",
         lambda: primary.client(socket_timeout=1).info("replication")["role"] == "slave",
