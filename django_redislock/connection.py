@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import os
 import threading
 import weakref
 from typing import Any, cast
@@ -35,6 +34,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from .conf import cache_backend, cache_locations, conf
+from .core import this_process
 from .core.clients import AsyncRedisClient, RedisClient
 from .core.io import breaker
 from .retrying import RETRIED, BoundedAsyncRetry, bounded_retry
@@ -216,6 +216,8 @@ def check_eviction(client: RedisClient) -> threading.Thread | None:
     request takes must not pay for it twice. Returns the checking thread the
     first time (tests join it), None after.
     """
+    if id(client) in _eviction_checks:
+        return None  # checked: every call after the first, without the lock
     with _lock:
         if id(client) in _eviction_checks:
             return None
@@ -254,7 +256,7 @@ def _new_client(alias: str, *, asyncio_client: bool) -> Any:
 def get_client(alias: str | None = None) -> RedisClient:
     """The library's sync client for ``alias`` (default ``REDISLOCK['CACHE']``)."""
     alias = alias or conf.CACHE
-    key = (alias, os.getpid(), conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
+    key = (alias, this_process.pid, conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
     client = _clients.get(key)
     if client is None:
         with _lock:

@@ -15,6 +15,7 @@ from .exceptions import (
     RedisUnavailable,
     ReplicationTimeout,
 )
+from .process import this_process
 from .validate import (
     MAX_BYTES,
     MAX_COUNT,
@@ -54,4 +55,5 @@ __all__ = [
     "is_seconds",
     "seconds_problem",
     "seconds_range",
+    "this_process",
 ]
