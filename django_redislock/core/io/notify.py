@@ -464,6 +464,12 @@ def get_notifier(client: RedisClient, keyspace: KeySpace) -> Notifier | ShardedN
 
     A ``RedisCluster`` (which has no single pool) gets a ``ShardedNotifier``.
     """
+    # Asked by every acquire that may wait: found without the lock once made
+    # (a dict read is atomic), made under it.
+    pool = getattr(client, "connection_pool", None)
+    entry = _registry.get((id(client if pool is None else pool), keyspace.prefix))
+    if entry is not None and entry[0] is (client if pool is None else pool):
+        return entry[1]
     with _registry_lock:
         return registered(_registry, client, keyspace, Notifier, ShardedNotifier)
 
