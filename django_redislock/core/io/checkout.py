@@ -107,7 +107,8 @@ def _record_checkout(pool: Any) -> None:
     The pool's ``release`` counts it back: without this, the opt-in
     connection-count metrics of redis-py 8 would drift by one per call.
     """
-    if _metrics is None or not _metrics.is_enabled():
+    enabled = getattr(_metrics, "is_enabled", None)  # absent: record, as before
+    if _metrics is None or (enabled is not None and not enabled()):
         # Metrics off (the default): the pool's name and two records cost
         # more than the rest of the checkout.
         return
