@@ -61,6 +61,7 @@ PAIRS = [
     (CORE / "semaphore_async.py", CORE / "semaphore.py"),
     (CORE / "rwlock_async.py", CORE / "rwlock.py"),
     (CORE / "multi_async.py", CORE / "multi.py"),
+    (CORE / "unique_async.py", CORE / "unique.py"),
     (IO / "pool_calls_async.py", IO / "pool_calls.py"),
 ]
 
@@ -73,6 +74,7 @@ RENAMES = {
     "semaphore_async": "semaphore",
     "rwlock_async": "rwlock",
     "multi_async": "multi",
+    "unique_async": "unique",
     "notify_async": "notify",
     "interrupts_async": "interrupts",
     # Classes.
@@ -92,6 +94,8 @@ RENAMES = {
     "clear_semaphore_async": "clear_semaphore",
     "clear_rw_lock_async": "clear_rw_lock",
     "release_permit_async": "release_permit",
+    "note_task_async": "note_task",
+    "read_task_async": "read_task",
     "clear_holders_async": "clear_holders",
     # The protocols.
     "__aenter__": "__enter__",
