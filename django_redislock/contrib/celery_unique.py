@@ -46,7 +46,7 @@ from celery.utils import uuid
 from django.db import transaction
 
 from ..conf import conf
-from ..core.drivers.unique_base import TaskLease
+from ..core import TaskLease
 from ..locking.naming import describe
 from ..tasks import celery_lifecycle, local
 from ..tasks.claims import (

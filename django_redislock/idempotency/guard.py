@@ -49,8 +49,7 @@ from django.db import connections
 from django.http import HttpResponseBase
 
 from ..connection import get_async_client, get_client
-from ..core.engine.keys import IdempotencyKeys
-from ..core.exceptions import RedisUnavailable
+from ..core import IdempotencyKeys, RedisUnavailable
 from ..locking.factories import keyspace
 from ..locking.options import LockOptions
 from ..locking.running import LockPlan, run_locked, run_locked_async

@@ -26,11 +26,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..core import failures
-from ..core.clients import AnyRedisClient, AsyncRedisClient, RedisClient
+from ..core import (
+    AnyRedisClient,
+    AsyncRedisClient,
+    IdempotencyKeys,
+    RedisClient,
+    RedisUnavailable,
+    failures,
+)
 from ..core.engine import scripts
-from ..core.engine.keys import IdempotencyKeys
-from ..core.exceptions import RedisUnavailable
 from ..core.io import transport
 
 __all__ = ["Record", "forget", "forget_async", "read", "read_async", "write", "write_async"]

@@ -10,12 +10,16 @@ import logging
 import time
 from typing import Any
 
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.drivers.unique import note_task, read_task
-from ..core.drivers.unique_async import note_task_async
-from ..core.drivers.unique_base import TaskLease
-from ..core.exceptions import LockError, RedisUnavailable
+from ..core import (
+    AsyncLock,
+    Lock,
+    LockError,
+    RedisUnavailable,
+    TaskLease,
+    note_task,
+    note_task_async,
+    read_task,
+)
 from ..locking.factories import get_lock
 from ..signals import count_key, send_task_duplicate
 from . import local
