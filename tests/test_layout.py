@@ -88,7 +88,7 @@ def test_in_the_core_only_ops_imports_the_drivers_and_nothing_imports_ops(path: 
     folder = path.relative_to(PACKAGE / "core").parts[0]
     forbidden = {"ops"} if folder in ("drivers", "ops") else {"drivers", "ops"}
     if path == PACKAGE / "core" / "__init__.py":
-        forbidden = {"ops"}  # it exports the drivers
+        forbidden = set()  # the seam: it exports what the Django layer uses, from any folder
     wrong = [
         f"line {line}: {module}"
         for module, _names, line in imports(path)

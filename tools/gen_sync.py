@@ -62,6 +62,7 @@ PAIRS = [
     (CORE / "rwlock_async.py", CORE / "rwlock.py"),
     (CORE / "multi_async.py", CORE / "multi.py"),
     (CORE / "unique_async.py", CORE / "unique.py"),
+    (CORE / "records_async.py", CORE / "records.py"),
     (IO / "pool_calls_async.py", IO / "pool_calls.py"),
 ]
 
@@ -75,6 +76,7 @@ RENAMES = {
     "rwlock_async": "rwlock",
     "multi_async": "multi",
     "unique_async": "unique",
+    "records_async": "records",
     "notify_async": "notify",
     "interrupts_async": "interrupts",
     # Classes.
@@ -96,6 +98,9 @@ RENAMES = {
     "release_permit_async": "release_permit",
     "note_task_async": "note_task",
     "read_task_async": "read_task",
+    "read_record_async": "read_record",
+    "write_record_async": "write_record",
+    "forget_record_async": "forget_record",
     "clear_holders_async": "clear_holders",
     # The protocols.
     "__aenter__": "__enter__",
