@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,37 @@ def test_the_core_imports_nothing_of_the_django_layer() -> None:
         if module != "django_redislock" and not module.startswith("django_redislock.core")
     ]
     assert outward == []
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_django_layer_imports_the_core_through_its_seam_only(path: Path) -> None:
+    """``core/__init__.py`` names everything the Django layer uses: no module of
+    the layer reaches into one of the core's own."""
+    past = [
+        f"line {line}: {module}"
+        for module, _names, line in imports(path)
+        if module.startswith("django_redislock.core.")
+    ]
+    assert past == []
+
+
+def test_the_seam_exports_only_what_the_django_layer_uses() -> None:
+    """The seam's names are the layer's: each is imported from it somewhere
+    outside the core, or is documented under ``django_redislock.core`` in the
+    API reference (the maxima)."""
+    import django_redislock.core as core
+
+    api = (PACKAGE.parent / "docs" / "api.rst").read_text(encoding="utf-8")
+    documented = set(re.findall(r"django_redislock\.core\.(\w+)$", api, re.M))
+
+    used = {
+        name
+        for path in modules()
+        for module, names, _line in imports(path)
+        if module == "django_redislock.core"
+        for name in names
+    }
+    assert sorted(set(core.__all__) - used - documented) == []
 
 
 def test_no_hand_written_module_runs_past_400_lines() -> None:

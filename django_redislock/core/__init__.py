@@ -8,12 +8,15 @@ not the modules' own say what they are from outside (``force_release``, not
 
 from __future__ import annotations
 
-from .clients import AnyRedisClient, AsyncRedisClient, RedisClient
+from .clients import AsyncRedisClient, RedisClient
 from .drivers.base import LockBase, Observer, after_block, fields_of
 from .drivers.lock import Lock
 from .drivers.lock_async import AsyncLock
 from .drivers.multi import MultiBase, MultiLock, lock_names
 from .drivers.multi_async import AsyncMultiLock
+from .drivers.records import forget_record, read_record, write_record
+from .drivers.records_async import forget_record_async, read_record_async, write_record_async
+from .drivers.records_base import Record
 from .drivers.rwlock import Mode, ReadWriteLock, check_mode
 from .drivers.rwlock_async import AsyncReadWriteLock
 from .drivers.semaphore import Semaphore, SemaphoreBase, release_permit
@@ -65,7 +68,6 @@ from .validate import (
     MAX_BYTES,
     MAX_COUNT,
     MAX_SECONDS,
-    check_count,
     check_limit,
     check_replicas,
     check_seconds,
@@ -76,8 +78,14 @@ from .validate import (
 )
 
 __all__ = [
+    "Record",
+    "forget_record",
+    "forget_record_async",
+    "read_record",
+    "read_record_async",
+    "write_record",
+    "write_record_async",
     "HeldLock",
-    "AnyRedisClient",
     "AsyncLock",
     "AsyncMultiLock",
     "AsyncReadWriteLock",
@@ -117,7 +125,6 @@ __all__ = [
     "WAITERS_SHOWN",
     "Waiter",
     "after_block",
-    "check_count",
     "check_limit",
     "check_mode",
     "check_replicas",
