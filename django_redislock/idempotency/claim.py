@@ -22,14 +22,22 @@ from typing import Any
 from django.db import connections
 from django.http import HttpResponseBase
 
-from ..core.engine.keys import IdempotencyKeys
-from ..core.exceptions import RedisUnavailable
+from ..core import (
+    IdempotencyKeys,
+    Record,
+    RedisUnavailable,
+    forget_record,
+    forget_record_async,
+    read_record,
+    read_record_async,
+    write_record,
+    write_record_async,
+)
 from ..locking.options import LockOptions
 from ..locking.running import LockPlan, run_locked, run_locked_async
 from ..locking.transactions import Transactions, in_user_transaction
 from ..signals import count_key
 from ..stepping import Steps, run_steps, run_steps_async
-from . import records
 from .responses import answer, given, in_progress, running, snapshot
 from .settling import settle_at_commit
 
@@ -51,18 +59,16 @@ class KeyRecord:
         self._forget: Callable[..., Any]
         if asynchronous:
             read, self._write, self._forget = (
-                records.read_async,
-                records.write_async,
-                records.forget_async,
+                read_record_async,
+                write_record_async,
+                forget_record_async,
             )
         else:
-            read, self._write, self._forget = records.read, records.write, records.forget
+            read, self._write, self._forget = read_record, write_record, forget_record
         self.read: Callable[[], Any] = functools.partial(read, client, keys)
         self._bound = (client, keys)
 
-    def write(
-        self, record: records.Record, ttl: float, holder: bytes | None = None
-    ) -> Callable[[], Any]:
+    def write(self, record: Record, ttl: float, holder: bytes | None = None) -> Callable[[], Any]:
         return functools.partial(self._write, *self._bound, record, ttl, holder)
 
     def forget(self, attempt: bytes) -> Callable[[], Any]:
@@ -82,10 +88,10 @@ class Attempt:
         self.run = run
         self.id = secrets.token_hex(8).encode()
 
-    def marker(self) -> records.Record:
+    def marker(self) -> Record:
         return running(self.call.fingerprint, self.id)
 
-    def store(self, done: records.Record) -> Callable[[], Any]:
+    def store(self, done: Record) -> Callable[[], Any]:
         """The store of its response, over its own marker only: if the marker
         is another's (this one's was lost, and another attempt ran), that one
         is the record kept."""
@@ -99,7 +105,7 @@ class Attempt:
         yield self.forget()
         count_key("idempotency", self.call.label, "released")
 
-    def stored(self, done: records.Record) -> Steps[None]:
+    def stored(self, done: Record) -> Steps[None]:
         try:
             ours = yield self.store(done)
         except RedisUnavailable as exc:

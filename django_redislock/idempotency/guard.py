@@ -48,13 +48,11 @@ from typing import Any
 from django.http import HttpResponseBase
 
 from ..connection import get_async_client, get_client
-from ..core.engine.keys import IdempotencyKeys
-from ..core.exceptions import RedisUnavailable
+from ..core import IdempotencyKeys, Record, RedisUnavailable
 from ..http import Refusal
 from ..locking.factories import keyspace
 from ..locking.transactions import opted_out
 from ..stepping import sync_from_loop
-from . import records
 from .claim import Attempt, KeyRecord, claim, claim_async
 from .detached import to_the_end
 from .fingerprint import BadKey, fingerprint, fingerprint_async, key_of
@@ -191,7 +189,7 @@ async def prepare_async(
 
 
 # -- serving it ---------------------------------------------------------------------------
-def _looked(call: Call) -> tuple[records.Record, int] | RedisUnavailable:
+def _looked(call: Call) -> tuple[Record, int] | RedisUnavailable:
     """Step 1's round trip: the record and the lease, or why Redis did not answer."""
     try:
         return call.record.read()
@@ -199,7 +197,7 @@ def _looked(call: Call) -> tuple[records.Record, int] | RedisUnavailable:
         return exc
 
 
-async def _looked_async(call: Call) -> tuple[records.Record, int] | RedisUnavailable:
+async def _looked_async(call: Call) -> tuple[Record, int] | RedisUnavailable:
     try:
         return await call.record.read()
     except RedisUnavailable as exc:
@@ -207,7 +205,7 @@ async def _looked_async(call: Call) -> tuple[records.Record, int] | RedisUnavail
 
 
 def _early(
-    call: Call, looked: tuple[records.Record, int] | RedisUnavailable
+    call: Call, looked: tuple[Record, int] | RedisUnavailable
 ) -> HttpResponseBase | Refusal | RedisUnavailable | None:
     """What step 1 decides alone (a replay, a refusal, Redis's failure), or None: claim the key."""
     # On Django's request, which a DRF Request reads through.

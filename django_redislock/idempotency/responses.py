@@ -16,10 +16,9 @@ from typing import Any
 
 from django.http import HttpResponse, HttpResponseBase
 
-from ..core.exceptions import RedisUnavailable
+from ..core import Record, RedisUnavailable
 from ..http import Refusal, refuse, retry_after_header, unavailable_response
 from ..signals import count_key
-from .records import Record
 from .settings import Policy
 
 __all__ = [
