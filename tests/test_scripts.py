@@ -322,12 +322,15 @@ def test_commands_of_a_contended_hand_off(r: redis.Redis) -> None:
     assert r.hget(keys.lease, "t") == b.encode()
     assert set(r.hkeys(keys.lease)) == {b"t", b"f", b"o", b"x", b"q"}
     assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
-    # Behind a handed lease: its end is read with its holder, no PTTL.
+    # Behind a handed lease: its holder and end are the state's copy (`e`),
+    # read with the state: HMGET state, TIME, RPUSH; no read of the lease.
+    b_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
+    end = r.hget(keys.lease, "x").decode()  # type: ignore[union-attr]
+    assert r.hget(keys.state, "e") == f"{b}|{end}|{b_fence}".encode()
     left = _queue_up(r, name, d, 5_000)
     assert 29_000 < left <= 30_000
-    assert _script_commands(r, lambda: _queue_up(r, name, "e" * 16, 5_000)) == 4
+    assert _script_commands(r, lambda: _queue_up(r, name, "e" * 16, 5_000)) == 3
     # Its release reads the mark from the lease: no HGET of the state.
-    b_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
     assert _script_commands(r, lambda: _lock_call(r, scripts.RELEASE, name, b, b_fence)) == 5
     assert r.hget(keys.lease, "t") == c.encode()
     assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
