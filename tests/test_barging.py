@@ -22,7 +22,7 @@ import redis
 from django_redislock.core import AsyncLock, Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import BARGE_DEFER, BARGE_LIMIT, Acquisition, Move
-from django_redislock.core.io.wakeup import NO_CHANNEL, Handed
+from django_redislock.core.engine.wakeup_message import NO_CHANNEL, Handed
 from tests.drive import Drive, run_to_end
 from tests.helpers_oracles import Occupancy, audit_keyspace, exit_codes_of_forks, plant_sentinel
 

@@ -12,7 +12,7 @@ import redis
 
 from django_redislock.core import Lock
 from django_redislock.core.engine import scripts
-from django_redislock.core.io.wakeup import NO_CHANNEL
+from django_redislock.core.engine.wakeup_message import NO_CHANNEL
 from tests.helpers_oracles import audit_keyspace, lock_waiters, plant_sentinel
 
 LIMIT = 3  # a small bound, so that random walks reach it often

@@ -19,9 +19,9 @@ import redis.asyncio
 
 from django_redislock.core import AsyncLock, KeySpace, Lock, LockLost, RedisUnavailable
 from django_redislock.core.engine import scripts
+from django_redislock.core.engine.wakeup_message import NO_CHANNEL
 from django_redislock.core.io import wakeup
 from django_redislock.core.io.notify import Notifier
-from django_redislock.core.io.wakeup import NO_CHANNEL
 from django_redislock.core.ops.force import clear
 from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until

@@ -33,8 +33,8 @@ from django_redislock.core.drivers.rwlock import clear_rw_lock
 from django_redislock.core.drivers.semaphore import RELEASE as SEM_RELEASE
 from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
 from django_redislock.core.engine import scripts
+from django_redislock.core.engine.wakeup_message import NO_CHANNEL
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.io.wakeup import NO_CHANNEL
 from tests.drive import Drive
 from tests.faults.harness import ServerPool, bounded_client_for
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
