@@ -104,6 +104,23 @@ def test_the_seam_exports_only_what_the_django_layer_uses() -> None:
     assert sorted(set(core.__all__) - used - documented) == []
 
 
+@pytest.mark.parametrize(
+    "path",
+    sorted((PACKAGE / "core" / "engine").rglob("*.py")),
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_the_engine_does_no_io(path: Path) -> None:
+    """``core/engine/`` decides without I/O: it imports none of the folders
+    that talk to Redis (``io/``), hold handles (``drivers/``) or read for
+    operators (``ops/``)."""
+    io = [
+        f"line {line}: {module}"
+        for module, _names, line in imports(path)
+        if module.split(".")[2:3] and module.split(".")[2] in ("io", "drivers", "ops")
+    ]
+    assert io == []
+
+
 def test_no_hand_written_module_runs_past_400_lines() -> None:
     long = {
         str(path.relative_to(PACKAGE)): lines

@@ -64,6 +64,7 @@ PAIRS = [
     (CORE / "unique_async.py", CORE / "unique.py"),
     (CORE / "records_async.py", CORE / "records.py"),
     (IO / "pool_calls_async.py", IO / "pool_calls.py"),
+    (IO / "script_calls_async.py", IO / "script_calls.py"),
 ]
 
 RENAMES = {
@@ -110,6 +111,9 @@ RENAMES = {
     "StopAsyncIteration": "StopIteration",
     # The bounded calls (core/io): a batch on a pool's connection.
     "pool_calls_async": "pool_calls",
+    "script_calls_async": "script_calls",
+    "_sent_async": "_sent",
+    "_resent_async": "_resent",
     "call_on_pool_async": "call_on_pool",
     "guarded_async": "guarded",
     "_on_pool_async": "_on_pool",

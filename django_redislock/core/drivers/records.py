@@ -13,10 +13,9 @@ timeout, routed to the slot's node on a Cluster. A failure raises
 from __future__ import annotations
 
 from ..clients import RedisClient
-from ..engine import scripts
 from ..engine.keys import IdempotencyKeys
 from ..exceptions import RedisUnavailable
-from ..io import transport
+from ..io import script_calls, transport
 from .records_base import (
     FORGET,
     REPLACE,
@@ -53,13 +52,13 @@ def write_record(
     """Replace the record, which expires after ``ttl`` seconds; with ``holder``,
     only if that attempt wrote it (False: it did not, and nothing was written)."""
     args = replace_args(record, ttl, holder)
-    return bool(scripts.run(client, REPLACE, (keys.record,), args))
+    return bool(script_calls.run(client, REPLACE, (keys.record,), args))
 
 
 def forget_record(client: RedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
     """Delete the record if ``attempt`` wrote it: the key is free for a retry.
     A failure is logged, not raised: the record then expires by itself."""
     try:
-        scripts.run(client, FORGET, (keys.record,), (attempt,))
+        script_calls.run(client, FORGET, (keys.record,), (attempt,))
     except RedisUnavailable as exc:
         not_forgotten(keys, exc)

@@ -12,10 +12,9 @@ timeout, routed to the slot's node on a Cluster. A failure raises
 from __future__ import annotations
 
 from ..clients import AsyncRedisClient
-from ..engine import scripts
 from ..engine.keys import IdempotencyKeys
 from ..exceptions import RedisUnavailable
-from ..io import transport
+from ..io import script_calls_async, transport
 from .records_base import (
     FORGET,
     REPLACE,
@@ -52,7 +51,7 @@ async def write_record_async(
     """Replace the record, which expires after ``ttl`` seconds; with ``holder``,
     only if that attempt wrote it (False: it did not, and nothing was written)."""
     args = replace_args(record, ttl, holder)
-    return bool(await scripts.run_async(client, REPLACE, (keys.record,), args))
+    return bool(await script_calls_async.run_async(client, REPLACE, (keys.record,), args))
 
 
 async def forget_record_async(
@@ -61,6 +60,6 @@ async def forget_record_async(
     """Delete the record if ``attempt`` wrote it: the key is free for a retry.
     A failure is logged, not raised: the record then expires by itself."""
     try:
-        await scripts.run_async(client, FORGET, (keys.record,), (attempt,))
+        await script_calls_async.run_async(client, FORGET, (keys.record,), (attempt,))
     except RedisUnavailable as exc:
         not_forgotten(keys, exc)

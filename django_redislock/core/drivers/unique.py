@@ -12,8 +12,7 @@ timeout, routed to the key's node on a Cluster; a failure raises
 from __future__ import annotations
 
 from .. import failures
-from ..engine import scripts
-from ..io import transport
+from ..io import script_calls, transport
 from .lock import Lock
 from .unique_base import FIELDS, NOTE, TaskLease, note_args, task_lease
 
@@ -28,7 +27,7 @@ def note_task(lock: Lock, token: str, task_id: str | None, owner: str = "") -> b
     the lease: nothing was written.
     """
     keys = (lock.keys.lease,)
-    return bool(scripts.run(lock.client, NOTE, keys, note_args(token, task_id, owner)))
+    return bool(script_calls.run(lock.client, NOTE, keys, note_args(token, task_id, owner)))
 
 
 def read_task(lock: Lock) -> TaskLease | None:

@@ -11,8 +11,7 @@ timeout, routed to the key's node on a Cluster; a failure raises
 from __future__ import annotations
 
 from .. import failures
-from ..engine import scripts
-from ..io import transport
+from ..io import script_calls_async, transport
 from .lock_async import AsyncLock
 from .unique_base import FIELDS, NOTE, TaskLease, note_args, task_lease
 
@@ -29,7 +28,11 @@ async def note_task_async(
     the lease: nothing was written.
     """
     keys = (lock.keys.lease,)
-    return bool(await scripts.run_async(lock.client, NOTE, keys, note_args(token, task_id, owner)))
+    return bool(
+        await script_calls_async.run_async(
+            lock.client, NOTE, keys, note_args(token, task_id, owner)
+        )
+    )
 
 
 async def read_task_async(lock: AsyncLock) -> TaskLease | None:
