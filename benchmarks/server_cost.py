@@ -145,7 +145,7 @@ def _item_ops(client: Any, item: str, n: int) -> None:
             permit.acquire()
             permit.release()
     elif item == "waiter":
-        from django_redislock.core.io.wakeup import NO_CHANNEL
+        from django_redislock.core.engine.wakeup_message import NO_CHANNEL
 
         holder = Lock(client, "cost:queue", ttl=600, wait=0)
         holder.acquire()

@@ -60,10 +60,7 @@ _LAZY = {
 # these imports every lazy name would be Any to them. tests/test_typing.py
 # checks that this block and _LAZY name the same objects.
 if TYPE_CHECKING:
-    from .core.drivers.rwlock import ReadWriteLock
-    from .core.drivers.rwlock_async import AsyncReadWriteLock
-    from .core.drivers.semaphore import Semaphore
-    from .core.drivers.semaphore_async import AsyncSemaphore
+    from .core import AsyncReadWriteLock, AsyncSemaphore, ReadWriteLock, Semaphore
     from .idempotency import idempotent
     from .locking.blocks import redis_lock
     from .locking.context import current_fence, current_lock

@@ -23,10 +23,18 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
 from .conf import DEFAULTS, DJANGO_REDIS_CACHE, cache_backend, cache_locations, conf
-from .core import MAX_COUNT, count_problem, is_seconds, seconds_problem, seconds_range
-from .core.engine.keys import validate_prefix
-from .core.io.breaker import MAX_WINDOW
-from .core.io.green import RENEWAL_HINT, green_runtime, renewal_warning
+from .core import (
+    MAX_BREAKER_WINDOW,
+    MAX_COUNT,
+    RENEWAL_HINT,
+    count_problem,
+    green_runtime,
+    is_seconds,
+    renewal_warning,
+    seconds_problem,
+    seconds_range,
+    validate_prefix,
+)
 
 __all__ = [
     "SETTING_CHECKS",
@@ -149,9 +157,9 @@ def _bool_problem(value: Any) -> str | None:
 
 
 def _window_problem(value: Any) -> str | None:
-    if is_seconds(value, allow_zero=True) and value <= MAX_WINDOW:
+    if is_seconds(value, allow_zero=True) and value <= MAX_BREAKER_WINDOW:
         return None
-    return f"must be 0 (off) or a number of seconds up to {MAX_WINDOW:g}; got {value!r}"
+    return f"must be 0 (off) or a number of seconds up to {MAX_BREAKER_WINDOW:g}; got {value!r}"
 
 
 def _replicas_problem(value: Any) -> str | None:

@@ -34,9 +34,13 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from .conf import cache_backend, cache_locations, conf
-from .core import this_process
-from .core.clients import AsyncRedisClient, RedisClient
-from .core.io import breaker
+from .core import (
+    DEFAULT_BREAKER_WINDOW,
+    AsyncRedisClient,
+    RedisClient,
+    set_breaker_window,
+    this_process,
+)
 from .retrying import RETRIED, BoundedAsyncRetry, bounded_retry
 
 __all__ = ["get_async_client", "get_client", "reset"]
@@ -57,11 +61,11 @@ def _breaker_window() -> float:
     settings: a process that uses the core alone keeps the core's default,
     and a call that just timed out never waits for the settings to load."""
     if not settings.configured:
-        return breaker.DEFAULT_WINDOW
+        return DEFAULT_BREAKER_WINDOW
     return conf.BREAKER_WINDOW
 
 
-breaker.set_window(_breaker_window)
+set_breaker_window(_breaker_window)
 
 # The asyncio twin of each sync connection class.
 _SYNC_TO_ASYNC = {

@@ -35,7 +35,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from .core.drivers.base import LockBase, Observer
+from .core import LockBase, Observer
 
 __all__ = [
     "KEY_FAMILIES",

@@ -8,7 +8,11 @@ The contended figure is taken as ``python -m benchmarks.locks`` takes it: forked
 workers, a new handle per acquisition (what the decorator makes per call), a
 GET and a SET on the same Redis inside the section (left out of the count), and
 every other command the server ran, connection set-up aside, divided by the
-sections served.
+sections served. Each worker first serves a few sections of its own (its
+scripts cached on the server, its wake-up channel subscribed: what a process
+does once, not per section), then all start again together, so the count is
+what a running site pays per section, the first waiter of that burst and the
+TTL raises of a busy name included.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:This process .* fork:Deprecation
 ctx = multiprocessing.get_context("fork")
 
 # The ceilings, lowered as the hot path is cut (docs/benchmarks.rst gives the figures).
-CONTENDED_PER_SECTION = 13.5
+# A contended section is 12 commands; the first waiter of a burst and the TTL
+# raises of a busy name add about 0.05 here, and more where a loaded host lets
+# the queue run empty more often.
+CONTENDED_PER_SECTION = 12.2
 UNCONTENDED_NEW_NAME_PER_PAIR = 12
 UNCONTENDED_NAME_IN_USE_PER_PAIR = 12
 
@@ -36,6 +43,7 @@ _NOT_THE_LOCKS = frozenset({"info", "config", "ping", "hello", "client", "select
 
 WORKERS = 4
 SECTIONS = 60
+WARM = 10
 
 
 def _lock_commands(stats: dict[str, Any], section_commands: int = 0) -> dict[str, int]:
@@ -50,21 +58,27 @@ def _lock_commands(stats: dict[str, Any], section_commands: int = 0) -> dict[str
     return {c: n for c, n in counts.items() if n}
 
 
-def _worker(url: str, barrier: Any, errors: Any) -> None:
+def _worker(url: str, barriers: Any, errors: Any) -> None:
     try:
         client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
         plain = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
         client.ping()
         plain.ping()
-        barrier.wait(30)
-        for _ in range(SECTIONS):
-            lock = Lock(client, "budget", ttl=30, wait=60)
-            if not lock.acquire():
-                errors.put("acquire timed out")
-                return
-            value = int(plain.get("budget:counter") or 0)
-            plain.set("budget:counter", value + 1)
-            lock.release()
+        start, warmed, counted = barriers
+        # All start together, warm up, wait while the parent resets the count
+        # once every one is warm, then start together again.
+        for before, after, sections in ((start, None, WARM), (warmed, counted, SECTIONS)):
+            before.wait(30)
+            if after is not None:
+                after.wait(30)
+            for _ in range(sections):
+                lock = Lock(client, "budget", ttl=30, wait=60)
+                if not lock.acquire():
+                    errors.put("acquire timed out")
+                    return
+                value = int(plain.get("budget:counter") or 0)
+                plain.set("budget:counter", value + 1)
+                lock.release()
         client.close()
         plain.close()
     except BaseException:
@@ -72,33 +86,39 @@ def _worker(url: str, barrier: Any, errors: Any) -> None:
 
 
 def test_commands_per_contended_critical_section(redis_server: Any, r: redis.Redis) -> None:
-    barrier = ctx.Barrier(WORKERS + 1)
+    barriers = tuple(ctx.Barrier(WORKERS + 1) for _ in range(3))
     errors = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(redis_server.url, barrier, errors))
+        ctx.Process(target=_worker, args=(redis_server.url, barriers, errors))
         for _ in range(WORKERS)
     ]
     for p in procs:
         p.start()
+    start, warmed, counted = barriers
+    start.wait(30)
+    warmed.wait(60)
     r.config_resetstat()
-    barrier.wait(30)
+    counted.wait(30)
     for p in procs:
         p.join(120)
     assert errors.empty(), errors.get()
     done = WORKERS * SECTIONS
-    assert int(r.get("budget:counter") or 0) == done
     stats = r.info("commandstats")
+    assert int(r.get("budget:counter") or 0) == WORKERS * (WARM + SECTIONS)
     commands = _lock_commands(stats, section_commands=done)
     # The sections were contended: most were handed on to a queued waiter.
     assert stats["cmdstat_publish"]["calls"] >= done // 2, commands
     per_section = sum(commands.values()) / done
+    print(f"commands per contended section: {per_section:.3f} {commands}")
     assert per_section <= CONTENDED_PER_SECTION, (per_section, commands)
 
 
 @pytest.mark.parametrize("new_name", [True, False], ids=["new-name", "name-in-use"])
 def test_commands_per_uncontended_acquire_and_release(r: redis.Redis, new_name: bool) -> None:
     client = redis.Redis(connection_pool=r.connection_pool)
-    Lock(client, "budget-warm", ttl=30, wait=1).acquire()  # scripts loaded, connection made
+    warm = Lock(client, "budget-warm", ttl=30, wait=1)
+    assert warm.acquire()  # both scripts loaded, a connection made
+    warm.release()
     pairs = 20
     r.config_resetstat()
     for i in range(pairs):

@@ -312,20 +312,20 @@ def test_response_is_stored_only_when_the_transaction_commits(
 def test_atomic_requests_commit_before_the_store(
     db: str, coffee: Any, r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from django_redislock.idempotency import records as idempotency_records
+    from django_redislock.idempotency import claim as idempotency_claim
 
     coffee(db)
     monkeypatch.setitem(connections.settings[db], "ATOMIC_REQUESTS", True)
     at_store: list[Any] = []
     at_commit: list[Any] = []
-    real = idempotency_records.write
+    real = idempotency_claim.write_record
 
     def write(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
         if record.get(b"state") == b"done":  # the store: the transaction is over
             at_store.append((connections[db].in_atomic_block, Order.objects.using(db).count()))
         return real(client, keys, record, *args)
 
-    monkeypatch.setattr(idempotency_records, "write", write)
+    monkeypatch.setattr(idempotency_claim, "write_record", write)
     original = charge.__wrapped__  # type: ignore[attr-defined]
 
     def view_with_hook(request: HttpRequest, db: str) -> HttpResponse:

@@ -259,10 +259,10 @@ def test_a_duplicate_while_it_runs_gets_409_and_a_short_retry_after_then_the_rep
 def claimed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     """A gate at the first step after the claim: the read under the key's lock,
     before the request has recorded that it started (sync and asyncio reads)."""
-    from django_redislock.idempotency import records as idempotency_records
+    from django_redislock.idempotency import claim as idempotency_claim
 
     held = Gate()
-    real, real_async = idempotency_records.read, idempotency_records.read_async
+    real, real_async = idempotency_claim.read_record, idempotency_claim.read_record_async
 
     def read(client: Any, keys: Any) -> Any:
         if current_lock() is not None:
@@ -274,8 +274,8 @@ def claimed(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
             await asyncio.to_thread(held.pass_)
         return await real_async(client, keys)
 
-    monkeypatch.setattr(idempotency_records, "read", read)
-    monkeypatch.setattr(idempotency_records, "read_async", read_async)
+    monkeypatch.setattr(idempotency_claim, "read_record", read)
+    monkeypatch.setattr(idempotency_claim, "read_record_async", read_async)
     yield held
     held.open.set()
 
@@ -721,9 +721,9 @@ def test_a_response_that_cannot_be_stored_is_logged_and_never_run_again(
     the key is kept and a retry is answered 409 (it ran the view again before this
     change)."""
     from django_redislock import RedisUnavailable
-    from django_redislock.idempotency import records as idempotency_records
+    from django_redislock.idempotency import claim as idempotency_claim
 
-    real, real_async = idempotency_records.write, idempotency_records.write_async
+    real, real_async = idempotency_claim.write_record, idempotency_claim.write_record_async
 
     def failing(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
         if record.get(b"state") == b"done":  # Redis fails after the view's work
@@ -736,12 +736,12 @@ def test_a_response_that_cannot_be_stored_is_logged_and_never_run_again(
         return await real_async(client, keys, record, *args)
 
     with form(), caplog.at_level("WARNING", logger="django_redislock.idempotency"):
-        monkeypatch.setattr(idempotency_records, "write", failing)
-        monkeypatch.setattr(idempotency_records, "write_async", failing_async)
+        monkeypatch.setattr(idempotency_claim, "write_record", failing)
+        monkeypatch.setattr(idempotency_claim, "write_record_async", failing_async)
         assert send("plain").status_code == 200
         assert "answered 409, outcome unknown" in caplog.text
-        monkeypatch.setattr(idempotency_records, "write", real)
-        monkeypatch.setattr(idempotency_records, "write_async", real_async)
+        monkeypatch.setattr(idempotency_claim, "write_record", real)
+        monkeypatch.setattr(idempotency_claim, "write_record_async", real_async)
         retry = send("plain")
     assert retry.status_code == 409
     assert retry.json()["error"] == "idempotency_outcome_unknown"

@@ -118,12 +118,12 @@ def test_other_paths_are_left_alone(send: Any, r: redis.Redis) -> None:
 def test_atomic_requests_have_committed_before_the_store(
     r: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from django_redislock.idempotency import records as idempotency_records
+    from django_redislock.idempotency import claim as idempotency_claim
 
     Product.objects.create(name="tea", stock=5)
     monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
     at_store: list[Any] = []
-    real = idempotency_records.write
+    real = idempotency_claim.write_record
 
     def write(client: Any, keys: Any, record: dict[bytes, bytes], *args: Any) -> bool:
         if record.get(b"state") == b"done":  # the store: the transaction is over
@@ -136,7 +136,7 @@ def test_atomic_requests_have_committed_before_the_store(
         assert connections["default"].in_atomic_block
         return original_create(**kwargs)
 
-    monkeypatch.setattr(idempotency_records, "write", write)
+    monkeypatch.setattr(idempotency_claim, "write_record", write)
     monkeypatch.setattr(Order.objects, "create", create)
     response = Client().post(
         "/mw/pay/", "{}", content_type="application/json", headers={"Idempotency-Key": "c"}

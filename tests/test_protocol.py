@@ -14,8 +14,8 @@ from django_redislock.core.engine.protocol import (
     short_of_replicas,
     validity,
 )
+from django_redislock.core.engine.wakeup_message import NO_CHANNEL, Handed, parse_wakeup
 from django_redislock.core.exceptions import RedisUnavailable
-from django_redislock.core.io.wakeup import NO_CHANNEL, Handed, parse_wakeup
 
 
 def _acq(*, deadline: float = 10.0, ttl_ms: int = 1000, handed: bool = True) -> Acquisition:

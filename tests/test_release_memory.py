@@ -33,8 +33,9 @@ from django_redislock.core.drivers.rwlock import clear_rw_lock
 from django_redislock.core.drivers.semaphore import RELEASE as SEM_RELEASE
 from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
 from django_redislock.core.engine import scripts
+from django_redislock.core.engine.wakeup_message import NO_CHANNEL
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.io.wakeup import NO_CHANNEL
+from django_redislock.core.io import script_calls
 from tests.drive import Drive
 from tests.faults.harness import ServerPool, bounded_client_for
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
@@ -223,7 +224,9 @@ def r(r: redis.Redis) -> redis.Redis:
 
 def _clear_lock(r: redis.Redis, handle: Any) -> None:
     k = handle.keys
-    assert scripts.run(r, scripts.CLEAR, (k.lease, k.queue, k.state), (1000, handle.token)) == 1
+    assert (
+        script_calls.run(r, scripts.CLEAR, (k.lease, k.queue, k.state), (1000, handle.token)) == 1
+    )
 
 
 SCRIPT_KINDS: dict[str, tuple[Callable[..., Any], scripts.Script, Callable[..., Any]]] = {
@@ -278,7 +281,7 @@ class Name:
         self.held().release()
 
     def retry(self, handle: Any, args: tuple) -> int:
-        return int(scripts.run(self.r, self.script, handle._key_tuple, args))
+        return int(script_calls.run(self.r, self.script, handle._key_tuple, args))
 
 
 @pytest.mark.parametrize("kind", list(SCRIPT_KINDS))
@@ -321,12 +324,12 @@ def test_a_lease_that_ran_out_is_reported_lost(r: redis.Redis) -> None:
     assert victim.acquire()
     args = victim._release_args(victim.token)
     wait_until(lambda: not r.exists(victim.keys.lease), timeout=5)
-    assert scripts.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
+    assert script_calls.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
     for _ in range(10):
         other = Lock(r, "ran-out", ttl=30, wait=0)
         assert other.acquire()
         other.release()
-    assert scripts.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
+    assert script_calls.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
     assert r.hget(victim.keys.state, "u") == str(victim.fence).encode()
     with pytest.raises(LockLost):
         victim.release()
@@ -343,7 +346,7 @@ def test_a_permit_that_ran_out_is_reported_lost(r: redis.Redis) -> None:
         other = Semaphore(r, "ran-out", 1, ttl=30, wait=0)
         assert other.acquire()  # the first one's purge drops the victim, as lost
         other.release()
-    assert scripts.run(r, SEM_RELEASE, victim._key_tuple, args) == 0
+    assert script_calls.run(r, SEM_RELEASE, victim._key_tuple, args) == 0
 
 
 @pytest.mark.parametrize("kind", list(SCRIPT_KINDS))
@@ -405,12 +408,12 @@ def test_an_acquire_given_back_grants_nothing_after_releases(r: redis.Redis) -> 
     token = "0123456789abcdef"
     lock._round = 1
     args = lock._args_acquire(token, 30_000, "t", 0, NO_CHANNEL)
-    assert scripts.run(r, scripts.CANCEL, lock._key_tuple, (token,)) == 0
+    assert script_calls.run(r, scripts.CANCEL, lock._key_tuple, (token,)) == 0
     for _ in range(10):
         other = Lock(r, "late", ttl=30, wait=0)
         assert other.acquire()
         other.release()
-    assert scripts.run(r, scripts.ACQUIRE, lock._key_tuple, args) == 0
+    assert script_calls.run(r, scripts.ACQUIRE, lock._key_tuple, args) == 0
     assert not r.exists(lock.keys.lease)
     audit_keyspace(r)
 
@@ -449,13 +452,13 @@ def test_a_holder_outlasting_more_losses_than_the_memory_holds_is_still_released
         clear(r, later)
     args = holder._release_args(holder.token)
     holder.release()
-    assert int(scripts.run(r, script, holder._key_tuple, args)) == 1
+    assert int(script_calls.run(r, script, holder._key_tuple, args)) == 1
     # Still only what a lost grant's retry must hear: lost.
     victim = make()
     assert victim.acquire()
     victim_args = victim._release_args(victim.token)
     clear(r, victim)
-    assert int(scripts.run(r, script, victim._key_tuple, victim_args)) == 0
+    assert int(script_calls.run(r, script, victim._key_tuple, victim_args)) == 0
     audit_keyspace(r)
 
 
@@ -485,8 +488,8 @@ def test_a_release_whose_own_purge_passes_its_serial_is_still_released(
 
     wait_until(lambda: server_ms() > expiry, timeout=5)
     args = holder._release_args(holder.token)
-    assert int(scripts.run(r, script, holder._key_tuple, args)) == 1
-    assert int(scripts.run(r, script, holder._key_tuple, args)) == 1
+    assert int(script_calls.run(r, script, holder._key_tuple, args)) == 1
+    assert int(script_calls.run(r, script, holder._key_tuple, args)) == 1
     audit_keyspace(r)
 
 
@@ -507,4 +510,4 @@ def test_the_memory_of_releases_below_the_horizon_stays_small(r: redis.Redis) ->
     g = r.hget(holders[0].keys.state, "g") or b""
     assert 0 < len(g.split()) <= 8
     # The newest are still answered released.
-    assert int(scripts.run(r, SEM_RELEASE, holders[-1]._key_tuple, last)) == 1
+    assert int(script_calls.run(r, SEM_RELEASE, holders[-1]._key_tuple, last)) == 1

@@ -16,6 +16,7 @@ from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable
 from django_redislock.core.drivers import rwlock, semaphore
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
+from django_redislock.core.io import script_calls
 from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.topologies import ClusterTopology, wait_until
@@ -63,13 +64,13 @@ def test_the_keep_time_reaches_the_scripts_one_way(r: redis.Redis) -> None:
     keys = KeySpace().semaphore("keep-one-way")
     key_tuple = (keys.lease, keys.queue, keys.state)
     args = ("t" * 32, 60_000, b"keep-one-way", "{}", 0, b"-", 2000, 1, 1)
-    assert scripts.run(r, semaphore.ACQUIRE, key_tuple, args)[0] == 1
+    assert script_calls.run(r, semaphore.ACQUIRE, key_tuple, args)[0] == 1
     assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
     r.persist(keys.state)
     r.pexpire(keys.state, 1000)
-    assert scripts.run(r, semaphore.REFRESH, key_tuple, ("t" * 32, 60_000, 1)) == 1
+    assert script_calls.run(r, semaphore.REFRESH, key_tuple, ("t" * 32, 60_000, 1)) == 1
     assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
-    assert scripts.run(r, semaphore.RELEASE, key_tuple, ("t" * 32, 2000, 1, 1, "")) == 1
+    assert script_calls.run(r, semaphore.RELEASE, key_tuple, ("t" * 32, 2000, 1, 1, "")) == 1
 
 
 # The commands a script may run; what else the server counts (the client's
@@ -173,7 +174,7 @@ def test_error_reply_becomes_unavailable(r: redis.Redis) -> None:
 def test_unreachable_becomes_unavailable() -> None:
     client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, socket_timeout=1)
     with pytest.raises(RedisUnavailable, match="refused the connection") as info:
-        scripts.run(client, scripts.RELEASE, (b"a", b"b", b"c"), ("t",))
+        script_calls.run(client, scripts.RELEASE, (b"a", b"b", b"c"), ("t",))
     assert (info.value.reason, info.value.address) == ("refused", "127.0.0.1:1")
 
 
@@ -288,7 +289,7 @@ async def test_async_cluster_script_follows_moved(cluster: ClusterTopology) -> N
 
 def _lock_call(r: redis.Redis, script: scripts.Script, name: str, *args: Any) -> Any:
     keys = KeySpace().lock(name)
-    return scripts.run(r, script, (keys.lease, keys.queue, keys.state), args)
+    return script_calls.run(r, script, (keys.lease, keys.queue, keys.state), args)
 
 
 def _queue_up(r: redis.Redis, name: str, token: str, wait_ms: int) -> Any:
@@ -322,15 +323,113 @@ def test_commands_of_a_contended_hand_off(r: redis.Redis) -> None:
     assert r.hget(keys.lease, "t") == b.encode()
     assert set(r.hkeys(keys.lease)) == {b"t", b"f", b"o", b"x", b"q"}
     assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
-    # Behind a handed lease: its end is read with its holder, no PTTL.
+    # Behind a handed lease: its holder and end are the state's copy (`e`),
+    # read with the state: HMGET state, TIME, RPUSH; no read of the lease.
+    b_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
+    end = r.hget(keys.lease, "x").decode()  # type: ignore[union-attr]
+    assert r.hget(keys.state, "e") == f"{b}|{end}|{b_fence}".encode()
     left = _queue_up(r, name, d, 5_000)
     assert 29_000 < left <= 30_000
-    assert _script_commands(r, lambda: _queue_up(r, name, "e" * 16, 5_000)) == 4
+    assert _script_commands(r, lambda: _queue_up(r, name, "e" * 16, 5_000)) == 3
     # Its release reads the mark from the lease: no HGET of the state.
-    b_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
     assert _script_commands(r, lambda: _lock_call(r, scripts.RELEASE, name, b, b_fence)) == 5
     assert r.hget(keys.lease, "t") == c.encode()
     assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
+
+
+def _acquire_round(r: redis.Redis, name: str, token: str, wait_ms: int, round_: int) -> Any:
+    return _lock_call(
+        r,
+        scripts.ACQUIRE,
+        name,
+        token,
+        30_000,
+        "",
+        "{}",
+        wait_ms,
+        "-",
+        30_000 + STATE_KEEP_MS,
+        round_,
+    )
+
+
+def _handed_on(r: redis.Redis, name: str) -> tuple[str, str, str, str]:
+    """a holds uncontended, b queues, a releases: the lease is b's, and the
+    state's `e` is its copy. Returns b's token, fence and end, and the key of
+    the state."""
+    plant_sentinel(r)
+    a, b = "a" * 16, "b" * 16
+    fence = _queue_up(r, name, a, 0)
+    assert isinstance(_queue_up(r, name, b, 60_000), int)
+    assert _lock_call(r, scripts.RELEASE, name, a, fence) == 1
+    keys = KeySpace().lock(name)
+    b_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
+    end = r.hget(keys.lease, "x").decode()  # type: ignore[union-attr]
+    assert r.hget(keys.state, "e") == f"{b}|{end}|{b_fence}".encode()
+    assert r.hget(keys.state, "f") == b_fence.encode()
+    return b, b_fence, end, keys.state
+
+
+def test_the_states_copy_names_the_holder_only_of_the_last_lease_issued(r: redis.Redis) -> None:
+    """The state's copy of a handed lease (`e`, docs/internals.rst "TTLs of a
+    busy name") counts only while its fence is the state's last fence: a
+    grant that leaves `e` as it was (an earlier version's) has the queued
+    acquire read the lease, and learn its end from it."""
+    name = "copy-stale"
+    _handed_on(r, name)
+    keys = KeySpace().lock(name)
+    # An earlier version hands the lease to c: it writes the lease and `f`,
+    # and leaves `e`.
+    c, c_fence = "c" * 16, str(int(r.hget(keys.state, "f") or 0) + 1)  # type: ignore[arg-type]
+    now_ms = int(r.time()[0]) * 1000
+    r.hset(keys.lease, mapping={"t": c, "f": c_fence, "x": now_ms + 20_000})
+    r.pexpire(keys.lease, 20_000)
+    r.hset(keys.state, "f", c_fence)
+    # HMGET state, TIME, HMGET lease, RPUSH: its fallback timer is c's end.
+    assert _script_commands(r, lambda: _queue_up(r, name, "d" * 16, 5_000)) == 4
+    left = _queue_up(r, name, "e" * 16, 5_000)
+    assert 15_000 < left <= 20_000
+    audit_keyspace(r)
+
+
+def test_the_states_copy_is_read_again_from_the_lease_once_its_end_passed(
+    r: redis.Redis,
+) -> None:
+    """A copy whose end has passed (the lease was extended since, or ran out)
+    has the lease read; PTTL answers the timer when the lease's own end has
+    passed too."""
+    name = "copy-ended"
+    b, b_fence, _end, state = _handed_on(r, name)
+    keys = KeySpace().lock(name)
+    past = int(r.time()[0]) * 1000 - 1_000
+    r.hset(state, "e", f"{b}|{past}|{b_fence}")
+    r.hset(keys.lease, "x", past)  # as after an extend: its end as granted has passed
+    r.pexpire(keys.lease, 25_000)
+    left = _queue_up(r, name, "d" * 16, 5_000)
+    assert 20_000 < left <= 25_000
+    # HMGET state, TIME, HMGET lease, RPUSH, PTTL lease.
+    assert _script_commands(r, lambda: _queue_up(r, name, "e" * 16, 5_000)) == 5
+    audit_keyspace(r)
+
+
+def test_a_waiter_the_states_copy_names_finds_its_lease_in_the_lease(r: redis.Redis) -> None:
+    """A waiter that missed its wake-up and asks again finds the lease its own
+    (restarted for its TTL): the copy naming it is not taken for it, the
+    lease is read."""
+    name = "copy-own"
+    b, b_fence, _end, _state = _handed_on(r, name)
+    keys = KeySpace().lock(name)
+    r.pexpire(keys.lease, 5_000)
+    assert _acquire_round(r, name, b, 60_000, 2) == b_fence.encode()
+    assert r.pttl(keys.lease) > 25_000
+    # Its lease gone before the copy's end (an extend shortened it, and it ran
+    # out): it is granted anew, never told it holds a lease that is not there.
+    r.delete(keys.lease)
+    fence = _acquire_round(r, name, b, 60_000, 3)
+    assert int(fence) > int(b_fence)
+    assert r.hget(keys.lease, "t") == b.encode()
+    assert _lock_call(r, scripts.RELEASE, name, b, fence) == 1
+    audit_keyspace(r)
 
 
 def test_a_hand_off_leaves_nothing_of_the_former_lease(r: redis.Redis) -> None:

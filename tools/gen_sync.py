@@ -61,7 +61,10 @@ PAIRS = [
     (CORE / "semaphore_async.py", CORE / "semaphore.py"),
     (CORE / "rwlock_async.py", CORE / "rwlock.py"),
     (CORE / "multi_async.py", CORE / "multi.py"),
+    (CORE / "unique_async.py", CORE / "unique.py"),
+    (CORE / "records_async.py", CORE / "records.py"),
     (IO / "pool_calls_async.py", IO / "pool_calls.py"),
+    (IO / "script_calls_async.py", IO / "script_calls.py"),
 ]
 
 RENAMES = {
@@ -73,6 +76,8 @@ RENAMES = {
     "semaphore_async": "semaphore",
     "rwlock_async": "rwlock",
     "multi_async": "multi",
+    "unique_async": "unique",
+    "records_async": "records",
     "notify_async": "notify",
     "interrupts_async": "interrupts",
     # Classes.
@@ -92,6 +97,11 @@ RENAMES = {
     "clear_semaphore_async": "clear_semaphore",
     "clear_rw_lock_async": "clear_rw_lock",
     "release_permit_async": "release_permit",
+    "note_task_async": "note_task",
+    "read_task_async": "read_task",
+    "read_record_async": "read_record",
+    "write_record_async": "write_record",
+    "forget_record_async": "forget_record",
     "clear_holders_async": "clear_holders",
     # The protocols.
     "__aenter__": "__enter__",
@@ -101,6 +111,9 @@ RENAMES = {
     "StopAsyncIteration": "StopIteration",
     # The bounded calls (core/io): a batch on a pool's connection.
     "pool_calls_async": "pool_calls",
+    "script_calls_async": "script_calls",
+    "_sent_async": "_sent",
+    "_resent_async": "_resent",
     "call_on_pool_async": "call_on_pool",
     "guarded_async": "guarded",
     "_on_pool_async": "_on_pool",

@@ -46,10 +46,10 @@ from celery.utils import uuid
 from django.db import transaction
 
 from ..conf import conf
+from ..core import TaskLease
 from ..locking.naming import describe
 from ..tasks import celery_lifecycle, local
 from ..tasks.claims import (
-    Holder,
     claim,
     drop,
     give_up,
@@ -182,7 +182,7 @@ class UniqueTask(Task):
         ttl = ttl if limit is None else min(ttl, max(limit, 0.001))
         keep(found.name, found.token, found.fence, found.alias, ttl, "its retry was sent")
 
-    def _revoked_unrun(self, holder: Holder) -> bool:
+    def _revoked_unrun(self, holder: TaskLease) -> bool:
         """Whether the key's task was revoked before any run of it adopted the
         key: a worker records the revoke in the result backend when it hears
         of it, long before it meets the message (which may wait behind

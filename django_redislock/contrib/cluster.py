@@ -32,8 +32,7 @@ from typing import Any
 
 from redis.exceptions import RedisClusterException, RedisError
 
-from ..core.exceptions import RedisUnavailable
-from ..core.failures import UNREACHABLE
+from ..core import UNREACHABLE, RedisUnavailable
 
 __all__ = ["cluster_client_factory"]
 

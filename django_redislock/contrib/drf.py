@@ -30,7 +30,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from ..conf import conf
-from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
+from ..core import LockLost, LockNotAcquired, RedisUnavailable
 from ..refusals import UNAVAILABLE_RETRY_AFTER, Refusal, retry_after_header
 
 __all__ = [

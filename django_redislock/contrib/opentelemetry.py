@@ -61,8 +61,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .. import __version__, signals
 from ..conf import conf
-from ..core.drivers.base import LockBase
-from ..core.exceptions import RedisUnavailable
+from ..core import LockBase, RedisUnavailable
 from ..ops.metrics import (
     CAUSES,
     KINDS,

@@ -43,8 +43,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import signals
-from ..core.drivers.base import LockBase
-from ..core.exceptions import RedisUnavailable
+from ..core import LockBase, RedisUnavailable
 from ..ops.metrics import (
     CAUSES,
     HOLD_OUTCOMES,

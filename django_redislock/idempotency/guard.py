@@ -5,8 +5,8 @@ For a request with a key (a ``Call``), in this order:
 1. **Look.** The record and the lease, in one round trip: a stored response
    is replayed, a key reused for another request is refused (422), a key
    marked running that no request holds is an outcome unknown (409).
-2. **Claim.** The key's lock, taken by ``run_locked`` (the run under a lock
-   that ``redis_locked`` makes of every call) with the policy's ``wait``,
+2. **Claim** (``claim.py``). The key's lock, taken by ``run_locked`` (the run
+   under a lock that ``redis_locked`` makes of every call) with the policy's ``wait``,
    ``timeout`` and ``renew``: so the lease, its renewal, fencing, signals and
    metrics are those of every locked view, and so is the transaction
    handling. A busy key is a duplicate: it is answered from the record (409
@@ -24,6 +24,9 @@ For a request with a key (a ``Call``), in this order:
 6. **Release**, after the store (``run_locked`` releases after the
    transaction has ended; for a transaction someone else opened, when it does).
 
+What step 1 or a duplicate is answered is decided first and given once
+(``responses.given``: counted for the metrics, then rendered).
+
 An async view's steps 2 to 6 run in a task that the request's cancellation
 does not reach (``detached.py``): a client that leaves never leaves a key
 marked running with nobody to finish it.
@@ -37,41 +40,25 @@ its work, and is never run again for that key.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from django.db import connections
 from django.http import HttpResponseBase
 
 from ..connection import get_async_client, get_client
-from ..core.engine.keys import IdempotencyKeys
-from ..core.exceptions import RedisUnavailable
+from ..core import IdempotencyKeys, Record, RedisUnavailable
+from ..http import Refusal
 from ..locking.factories import keyspace
-from ..locking.options import LockOptions
-from ..locking.running import LockPlan, run_locked, run_locked_async
-from ..locking.transactions import Transactions, in_user_transaction, opted_out
-from ..signals import count_key
-from ..stepping import Steps, run_steps, run_steps_async, sync_from_loop
-from . import records
+from ..locking.transactions import opted_out
+from ..stepping import sync_from_loop
+from .claim import Attempt, KeyRecord, claim, claim_async
 from .detached import to_the_end
 from .fingerprint import BadKey, fingerprint, fingerprint_async, key_of
-from .responses import (
-    answer,
-    counted,
-    in_progress,
-    problem,
-    running,
-    snapshot,
-    unavailable,
-)
+from .responses import answer, given, problem
 from .scope import NotAuthenticated, ScopeUnknown, scope_of
 from .settings import Policy
-from .settling import settle_at_commit
 
 __all__ = ["SERVED", "Call", "prepare", "prepare_async", "serve", "serve_async"]
 
@@ -93,6 +80,8 @@ class Call:
     keys: IdempotencyKeys
     fingerprint: str
     label: str  # who holds the lock, for operators: the view, or the middleware
+    # The record's calls, on the client of the view's kind (sync, or asyncio).
+    record: KeyRecord
     # Databases whose ATOMIC_REQUESTS the view opted out of (non_atomic_requests).
     non_atomic: frozenset[str] = frozenset()
 
@@ -123,15 +112,24 @@ def _scope_refused(request: Any, exc: ScopeUnknown) -> HttpResponseBase:
 
 
 def _call(
-    request: Any, policy: Policy, found: tuple[str, str], digest: str, view: Any, label: str
+    request: Any,
+    policy: Policy,
+    found: tuple[str, str],
+    digest: str,
+    view: Any,
+    label: str,
+    asynchronous: bool,
 ) -> Call:
     scope, key = found
+    keys = keyspace().idempotency(scope, key)
+    client = get_async_client(policy.alias) if asynchronous else get_client(policy.alias)
     return Call(
         request=request,
         policy=policy,
-        keys=keyspace().idempotency(scope, key),
+        keys=keys,
         fingerprint=digest,
         label=label,
+        record=KeyRecord(client, keys, asynchronous),
         non_atomic=opted_out(view),
     )
 
@@ -169,7 +167,7 @@ def prepare(
     found = _scoped(request, policy, view, args, kwargs)
     if not isinstance(found, tuple):
         return found
-    return _call(request, policy, found, fingerprint(request), view, label)
+    return _call(request, policy, found, fingerprint(request), view, label, False)
 
 
 async def prepare_async(
@@ -186,214 +184,53 @@ async def prepare_async(
     found = await sync_from_loop(_scoped)(request, policy, view, args, kwargs)
     if not isinstance(found, tuple):
         return found
-    return _call(request, policy, found, await fingerprint_async(request), view, label)
+    digest = await fingerprint_async(request)
+    return _call(request, policy, found, digest, view, label, True)
 
 
-# -- one attempt --------------------------------------------------------------------------
-class _Record:
-    """The record's calls for one request, each of no arguments: what a body yields.
-
-    The same body runs sync (``run_steps``) and on the event loop
-    (``run_steps_async``); only the client and the functions differ.
-    """
-
-    def __init__(self, keys: IdempotencyKeys, alias: str | None, asynchronous: bool) -> None:
-        read: Callable[..., Any]
-        self._write: Callable[..., Any]
-        self._forget: Callable[..., Any]
-        if asynchronous:
-            client: Any = get_async_client(alias)
-            read, self._write, self._forget = (
-                records.read_async,
-                records.write_async,
-                records.forget_async,
-            )
-        else:
-            client = get_client(alias)
-            read, self._write, self._forget = records.read, records.write, records.forget
-        self.read = functools.partial(read, client, keys)
-        self._bound = (client, keys)
-
-    def write(
-        self, record: records.Record, ttl: float, holder: bytes | None = None
-    ) -> Callable[[], Any]:
-        return functools.partial(self._write, *self._bound, record, ttl, holder)
-
-    def forget(self, attempt: bytes) -> Callable[[], Any]:
-        return functools.partial(self._forget, *self._bound, attempt)
-
-
-class _Attempt:
-    """What one request did with the key: its marker, and its store."""
-
-    def __init__(self, call: Call, record: _Record, run: Callable[[], Any]) -> None:
-        self.call = call
-        self.record = record
-        self.run = run
-        self.id = secrets.token_hex(8).encode()
-
-    def marker(self) -> records.Record:
-        return running(self.call.fingerprint, self.id)
-
-    def store(self, done: records.Record) -> Callable[[], Any]:
-        """The store of its response, over its own marker only: if the marker
-        is another's (this one's was lost, and another attempt ran), that one
-        is the record kept."""
-        return self.record.write({**done, b"a": self.id}, self.call.policy.ttl, self.id)
-
-    def forget(self) -> Callable[[], Any]:
-        return self.record.forget(self.id)
-
-    def let_go(self) -> Steps[None]:
-        """The key freed: this attempt's marker removed, if still its own."""
-        yield self.forget()
-        count_key("idempotency", self.call.label, "released")
-
-    def stored(self, done: records.Record) -> Steps[None]:
-        try:
-            ours = yield self.store(done)
-        except RedisUnavailable as exc:
-            logger.warning(
-                "could not store the response for %s (%s): a retry with its key is answered "
-                "409, outcome unknown, until its record expires",
-                self.call.keys.name,
-                exc,
-            )
-            return
-        if not ours:
-            logger.warning(
-                "did not store the response for %s: its marker was gone, and the record "
-                "now there is another attempt's",
-                self.call.keys.name,
-            )
-
-
-def _under_lock(attempt: _Attempt) -> Steps[Any]:
-    """Steps 3, 5 and the undoing: the body run under the key's lock, sync or async."""
-    call, record = attempt.call, attempt.record
+# -- serving it ---------------------------------------------------------------------------
+def _looked(call: Call) -> tuple[Record, int] | RedisUnavailable:
+    """Step 1's round trip: the record and the lease, or why Redis did not answer."""
     try:
-        stored, _ = yield record.read
-        early = counted(
-            call.label, call.request, answer(call.policy, call.fingerprint, stored, None)
-        )
-        if early is not None:
-            return early
-        yield record.write(attempt.marker(), call.policy.ttl)
-        count_key("idempotency", call.label, "claimed")
+        return call.record.read()
     except RedisUnavailable as exc:
-        return unavailable(call.request, call.policy, call.keys.name, exc)
-    try:
-        response = yield attempt.run
-        # Rendered here, inside the transaction: a render that fails rolls back.
-        done = snapshot(response, call.request, call.policy, call.fingerprint)
-    except BaseException:
-        yield from attempt.let_go()
-        raise
-    if done is None:
-        yield from attempt.let_go()
-        return response
-    # Stored even if the lease ran out meanwhile: while the marker is this
-    # attempt's, no other has run (a duplicate found it and did not). A
-    # transaction open around the view is rolled back by run_locked, and
-    # then stores nothing.
-    aliases = [alias for alias in connections if in_user_transaction(alias)]
-    if aliases:  # only around a sync view: no atomic block is open on an event loop
-        settle_at_commit(aliases, lambda: run_steps(attempt.stored(done)), attempt.forget())
-        return response
-    yield from attempt.stored(done)
-    return response
+        return exc
 
 
-def _busy(attempt: _Attempt) -> Steps[HttpResponseBase]:
-    """The key's lock is held: by the first request with this key (or it just finished)."""
-    call = attempt.call
+async def _looked_async(call: Call) -> tuple[Record, int] | RedisUnavailable:
     try:
-        stored, pttl = yield attempt.record.read
+        return await call.record.read()
     except RedisUnavailable as exc:
-        return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = answer(call.policy, call.fingerprint, stored, pttl)
-    return counted(call.label, call.request, early or in_progress(call.policy, stored, pttl))
+        return exc
 
 
-# What metrics have always called every key's lock (one series for all keys),
-# kept so that dashboards built on it go on working.
-_METRIC_NAME = "django_redislock.idempotency.guard._cached_runner.<locals>.run"
-
-
-@functools.lru_cache(maxsize=256)
-def _plan(
-    label: str, alias: str | None, wait: float, timeout: float | None, renew: bool | None
-) -> LockPlan:
-    """The key's lock for one kind of call: the policy's ``wait``, ``timeout`` and
-    ``renew`` (checked where given: at decoration, or as the settings are read),
-    never failing open (running a retry unguarded is what this prevents)."""
-    opts = LockOptions(
-        timeout=timeout,
-        wait=wait,
-        renew=renew,
-        renew_max=None,
-        on_busy=None,
-        fail_open=False,
-        alias=alias,
-        label=label,
-    )
-    return LockPlan.of(opts, label, _METRIC_NAME)
-
-
-# The databases each kind of call connected to, for REDISLOCK['CONNECT_EARLY'].
-_learned: dict[str, set[str]] = collections.defaultdict(set)
-
-
-def _claim(attempt: _Attempt) -> Any:
-    """Steps 2 to 6 of a sync view: its body run under the key's lock, as a locked view runs."""
-    call, policy = attempt.call, attempt.call.policy
-    return run_locked(
-        _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew),
-        call.keys.name,
-        lambda: run_steps(_under_lock(attempt)),
-        # The view's own opt-outs; the other ATOMIC_REQUESTS blocks open inside the lock.
-        txn=Transactions.around(call.non_atomic, True, _learned[call.label]),
-        request=call.request,
-        on_busy=lambda: run_steps(_busy(attempt)),
-    )
-
-
-async def _claim_async(attempt: _Attempt) -> Any:
-    """``_claim`` for an async view."""
-    call, policy = attempt.call, attempt.call.policy
-    return await run_locked_async(
-        _plan(call.label, policy.alias, policy.wait, policy.timeout, policy.renew),
-        call.keys.name,
-        lambda: run_steps_async(_under_lock(attempt)),
-        request=call.request,
-        on_busy=lambda: run_steps_async(_busy(attempt)),
-    )
-
-
-def _serve(call: Call, run: Callable[[], Any], asynchronous: bool) -> Steps[Any]:
+def _early(
+    call: Call, looked: tuple[Record, int] | RedisUnavailable
+) -> HttpResponseBase | Refusal | RedisUnavailable | None:
+    """What step 1 decides alone (a replay, a refusal, Redis's failure), or None: claim the key."""
     # On Django's request, which a DRF Request reads through.
     setattr(getattr(call.request, "_request", call.request), SERVED, True)
-    record = _Record(call.keys, call.policy.alias, asynchronous)
-    try:
-        stored, pttl = yield record.read
-    except RedisUnavailable as exc:
-        return unavailable(call.request, call.policy, call.keys.name, exc)
-    early = counted(call.label, call.request, answer(call.policy, call.fingerprint, stored, pttl))
-    if early is not None:
-        return early
-    attempt = _Attempt(call, record, run)
-    if asynchronous:
-        # Claim, view, store and release: to their end, whatever happens to
-        # the request (detached.py).
-        return (yield functools.partial(to_the_end, call.keys.name, _claim_async, attempt))
-    return (yield functools.partial(_claim, attempt))
+    if isinstance(looked, RedisUnavailable):
+        return looked
+    return answer(call.policy, call.fingerprint, *looked)
 
 
 def serve(call: Call, run: Callable[[], Any]) -> Any:
     """Serve ``call``, running ``run()`` (the view) at most once per key and scope."""
-    return run_steps(_serve(call, run, asynchronous=False))
+    looked = _looked(call)
+    early = _early(call, looked)
+    if early is None:
+        attempt = Attempt(call, run)
+        return claim(attempt)
+    return given(call.label, call.request, call.policy, call.keys.name, early)
 
 
 async def serve_async(call: Call, run: Callable[[], Awaitable[Any]]) -> Any:
-    """``serve`` for an async view."""
-    return await run_steps_async(_serve(call, run, asynchronous=True))
+    """``serve`` for an async view: claim, view, store and release run to their
+    end, whatever happens to the request (``detached.py``)."""
+    looked = await _looked_async(call)
+    early = _early(call, looked)
+    if early is None:
+        attempt = Attempt(call, run)
+        return await to_the_end(call.keys.name, claim_async, attempt)
+    return given(call.label, call.request, call.policy, call.keys.name, early)

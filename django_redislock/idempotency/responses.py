@@ -1,7 +1,9 @@
 """What a request with a key is answered, and what of a response is stored.
 
-A refusal is a ``Refusal`` until it is answered (``counted``): in the
-library's one shape (``http.refuse``), or raised inside a DRF view.
+A refusal is a ``Refusal`` until it is given (``given``): in the library's
+one shape (``http.refuse``), or raised inside a DRF view. The guard decides
+first and gives once: what is counted and rendered is never interleaved with
+the decision.
 """
 
 from __future__ import annotations
@@ -14,22 +16,21 @@ from typing import Any
 
 from django.http import HttpResponse, HttpResponseBase
 
+from ..core import Record, RedisUnavailable
 from ..http import Refusal, refuse, retry_after_header, unavailable_response
 from ..signals import count_key
-from .records import Record
 from .settings import Policy
 
 __all__ = [
     "OMITTED_HEADER",
     "REPLAYED_HEADER",
     "answer",
-    "counted",
+    "given",
     "in_progress",
     "outcome_unknown",
     "problem",
     "refusal",
     "snapshot",
-    "unavailable",
 ]
 
 logger = logging.getLogger("django_redislock.idempotency")
@@ -38,18 +39,29 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 OMITTED_HEADER = "Idempotent-Body-Omitted"
 
 
-def counted(label: str, request: Any, answered: HttpResponseBase | Refusal | None) -> Any:
-    """``answered`` (a duplicate's answer, or None), counted for the metrics,
-    then given: a replay as it is, a refusal in the library's shape (raised
-    inside a DRF view, so it is counted first)."""
-    if answered is None:
+def given(
+    label: str,
+    request: Any,
+    policy: Policy,
+    name: str,
+    early: HttpResponseBase | Refusal | RedisUnavailable | None,
+) -> Any:
+    """What a request is given when its view does not run: ``early`` (a
+    duplicate's answer from ``answer`` or ``in_progress``, or the failure of
+    the record's read), counted for the metrics, then given. None as it is.
+
+    A replay is given as it is; a refusal in the library's shape (raised inside
+    a DRF view, so it is counted first); Redis unavailable is the 503 of
+    ``UNAVAILABLE_RESPONSE``, and no key event.
+    """
+    if early is None:
         return None
-    if isinstance(answered, Refusal):
-        count_key("idempotency", label, "refused")
-        return refuse(request, answered)
-    replayed = answered.has_header(REPLAYED_HEADER)
+    if isinstance(early, RedisUnavailable):
+        logger.warning("Redis unavailable for %s, not running the view: %s", policy.header, early)
+        return unavailable_response(request, name)
+    replayed = isinstance(early, HttpResponseBase) and early.has_header(REPLAYED_HEADER)
     count_key("idempotency", label, "replayed" if replayed else "refused")
-    return answered
+    return refuse(request, early) if isinstance(early, Refusal) else early
 
 
 _TITLES = {
@@ -166,11 +178,6 @@ def answer(
         # have done its work: running it again is what the key is for preventing.
         return outcome_unknown(policy)
     return None
-
-
-def unavailable(request: Any, policy: Policy, name: str, exc: Exception) -> HttpResponseBase:
-    logger.warning("Redis unavailable for %s, not running the view: %s", policy.header, exc)
-    return unavailable_response(request, name)
 
 
 def _rendered(response: HttpResponseBase, request: Any) -> HttpResponseBase:

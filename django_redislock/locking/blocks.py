@@ -10,9 +10,7 @@ from types import FrameType
 from typing import Any
 
 from ..conf import conf
-from ..core.drivers.base import after_block
-from ..core.drivers.multi import lock_names
-from ..core.exceptions import LockNotAcquired
+from ..core import LockNotAcquired, after_block, lock_names
 from ..stepping import Steps, run_steps, run_steps_async
 from .context import Held, pop, push, reenter, task_owner
 from .factories import lock_for

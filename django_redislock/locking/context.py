@@ -12,9 +12,7 @@ from contextvars import ContextVar, Token
 from typing import Any, TypeAlias
 
 from ..conf import conf
-from ..core.drivers.base import LockBase
-from ..core.drivers.multi import MultiBase
-from ..core.exceptions import LockError
+from ..core import LockBase, LockError, MultiBase
 from .options import LockOptions
 
 # What a running call or block holds: one name, or several all together.

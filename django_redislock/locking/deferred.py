@@ -49,10 +49,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..core.drivers.base import fields_of
-from ..core.drivers.lock import Lock
-from ..core.exceptions import LockLost
-from ..core.io import renewal
+from ..core import Lock, LockLost, fields_of, renewal_watchdog
 from .context import Key
 from .outcomes import release
 from .transactions import OutermostInTest, outermost_in_test
@@ -186,7 +183,7 @@ class Deferred:
         deferred = cls(lock, key)
         deferred._pending[key] = deferred
         deferred.cover(aliases)
-        renewal.watchdog.add(_Guard(deferred), 0.0)
+        renewal_watchdog.add(_Guard(deferred), 0.0)
         return deferred
 
     def cover(self, aliases: Iterable[str]) -> None:
@@ -332,7 +329,7 @@ class Deferred:
         if threading.get_ident() != self._thread:
             # Finalised elsewhere (a garbage collection in another thread):
             # only the owner may release. Stop renewing; the lease runs out.
-            renewal.watchdog.discard(self.lock)
+            renewal_watchdog.discard(self.lock)
             log_release.warning(
                 "could not release %r from another thread; its lease will expire",
                 self.lock.name,

@@ -13,16 +13,22 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ..conf import conf
 from ..connection import check_eviction, get_async_client, get_client
-from ..core import check_replicas, check_seconds
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.drivers.multi import MultiLock, lock_names
-from ..core.drivers.multi_async import AsyncMultiLock
-from ..core.drivers.rwlock import Mode, ReadWriteLock, check_mode
-from ..core.drivers.rwlock_async import AsyncReadWriteLock
-from ..core.drivers.semaphore import Semaphore
-from ..core.drivers.semaphore_async import AsyncSemaphore
-from ..core.engine.keys import KeySpace
+from ..core import (
+    AsyncLock,
+    AsyncMultiLock,
+    AsyncReadWriteLock,
+    AsyncSemaphore,
+    KeySpace,
+    Lock,
+    Mode,
+    MultiLock,
+    ReadWriteLock,
+    Semaphore,
+    check_mode,
+    check_replicas,
+    check_seconds,
+    lock_names,
+)
 from ..signals import observer
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from django.db.models import sql
 from django.db.models.query import ModelIterable
 
 from ..conf import conf
-from ..core.exceptions import LockLost
+from ..core import LockLost
 from .fence_shapes import Route, fence_holder, route
 
 __all__ = ["FencedQuerySet", "FencedQuerySetMixin", "StaleFence", "fenced_get", "fenced_update"]

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..core.drivers.multi import lock_names
+from ..core import lock_names
 
 _formatter = string.Formatter()
 _ROOT = re.compile(r"[^.\[]*")

@@ -6,10 +6,7 @@ import logging
 from typing import Any
 
 from ..conf import conf
-from ..core.drivers.base import LockBase, fields_of
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.exceptions import LockLost, LockNotAcquired, RedisUnavailable
+from ..core import AsyncLock, Lock, LockBase, LockLost, LockNotAcquired, RedisUnavailable, fields_of
 from ..http import error_response, unavailable_response
 from ..signals import send_unavailable
 

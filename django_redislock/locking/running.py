@@ -25,9 +25,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.exceptions import LockLost, RedisUnavailable
+from ..core import AsyncLock, Lock, LockLost, RedisUnavailable
 from ..signals import declare
 from .context import Key, pop, push, reenter, task_owner
 from .deferred import Deferred, adopt

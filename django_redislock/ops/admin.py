@@ -38,10 +38,17 @@ from django.utils.module_loading import import_string
 
 from ..conf import conf
 from ..connection import get_client
-from ..core.clients import RedisClient
-from ..core.exceptions import RedisUnavailable
-from ..core.ops.force import Shown, release, still_held
-from ..core.ops.inspection import HeldLock, TemplateSummary, list_locks, summarize
+from ..core import (
+    HeldLock,
+    RedisClient,
+    RedisUnavailable,
+    Shown,
+    TemplateSummary,
+    force_release,
+    list_locks,
+    still_held,
+    summarize,
+)
 from ..locking.factories import keyspace
 from .display import (
     duration,
@@ -295,7 +302,7 @@ def _post(
         )
         return TemplateResponse(request, "admin/django_redislock/confirm_release.html", context)
     who = admin_user(request)
-    result = release(client, ks, current, by=who)
+    result = force_release(client, ks, current, by=who)
     for row in result.released:
         logger.warning(
             "released from the admin by %s: %s",

@@ -13,7 +13,7 @@ import sys
 
 from django.core.management.base import CommandParser
 
-from ..core.clients import RedisClient
+from ..core import RedisClient
 
 __all__ = [
     "CLOSED_PIPE_STATUS",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from ..core.ops.inspection import HeldLock, Holder, TemplateSummary, Waiter
+from ..core import HeldLock, Holder, TemplateSummary, Waiter
 
 __all__ = [
     "COLUMNS",

@@ -22,7 +22,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from ..conf import conf
-from ..core.topology import is_cluster
+from ..core import is_cluster
 
 __all__ = ["OK", "PROBLEM", "WARN", "Finding", "Server", "examine", "gather", "judge"]
 

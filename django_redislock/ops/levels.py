@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.exceptions import RedisUnavailable
+from ..core import RedisUnavailable
 
 __all__ = ["SCRAPE_TIMEOUT", "Level", "levels_within", "semaphore_levels"]
 
@@ -42,7 +42,7 @@ def semaphore_levels() -> list[Level]:
     read-only script per rule; raises ``RedisUnavailable``.
     """
     from ..connection import get_client
-    from ..core.ops.inspection import find
+    from ..core import find_locks
     from ..locking.factories import keyspace
     from ..throttling.middleware import decorated_rules, semaphore_name
     from ..throttling.rules import current_rules
@@ -55,7 +55,9 @@ def semaphore_levels() -> list[Level]:
         return []
     by_semaphore = {semaphore_name(rule, None): rule for rule in rules.values()}
     # Counts only: no waiter is listed (a scrape must stay cheap).
-    rows, _missing = find(get_client(), keyspace(), by_semaphore, kinds=("semaphore",), waiters=0)
+    rows, _missing = find_locks(
+        get_client(), keyspace(), by_semaphore, kinds=("semaphore",), waiters=0
+    )
     found = {row.name: row for row in rows}
     levels = []
     for sem_name, rule in by_semaphore.items():

@@ -43,9 +43,7 @@ from django.core.signals import setting_changed
 from .. import signals
 from ..checks import Problem, register_problems
 from ..conf import conf
-from ..core.drivers.base import LockBase
-from ..core.drivers.semaphore import SemaphoreBase
-from ..core.engine.loss import CAUSES
+from ..core import CAUSES, LockBase, SemaphoreBase
 from .levels import SCRAPE_TIMEOUT, Level, levels_within, semaphore_levels
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.paginator import Page, Paginator
 
-from ..core.ops.rows import HeldLock, iso_time
+from ..core import HeldLock, iso_time
 
 __all__ = ["PAGE_SIZE", "REFRESH_CHOICES", "page_links", "page_of", "read_at", "refresh_of"]
 

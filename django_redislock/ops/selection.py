@@ -11,9 +11,7 @@ import base64
 import re
 from collections.abc import Iterable
 
-from ..core.engine.keys import decode_name, encode_name
-from ..core.ops.force import Shown
-from ..core.ops.inspection import KINDS, HeldLock
+from ..core import KINDS, HeldLock, Shown, decode_name, encode_name
 
 __all__ = ["merged", "parse_selection", "selection"]
 

@@ -29,7 +29,7 @@ from typing import Any
 from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
-from ..core.exceptions import RedisUnavailable
+from ..core import RedisUnavailable
 from .claims import held_by, keep, let_go
 from .options import DUPLICATE, HEADER, Claim, TaskNotUnique, UniqueOptions
 

@@ -5,25 +5,27 @@ See ``unique.py`` for the whole protocol.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 import time
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.engine import scripts
-from ..core.exceptions import LockError, RedisUnavailable
+from ..core import (
+    AsyncLock,
+    Lock,
+    LockError,
+    RedisUnavailable,
+    TaskLease,
+    note_task,
+    note_task_async,
+    read_task,
+)
 from ..locking.factories import get_lock
 from ..signals import count_key, send_task_duplicate
 from . import local
 from .options import Claim, TaskNotUnique, UniqueOptions
 
 __all__ = [
-    "Holder",
     "claim",
     "drop",
     "give_up",
@@ -42,10 +44,6 @@ logger = logging.getLogger("django_redislock.unique")
 # id is written one round trip after the key is taken (Celery) or once the
 # backend has queued the task (Django), so it is normally there at once.
 ID_WAIT = 1.0
-
-# Write the task id and the owner into a lease, if our token still holds it
-# (the header of the script says more). Repeatable: it writes the same again.
-_NOTE = scripts.load("unique_note", prelude=None, repeatable=True)
 
 
 def seconds_until(when: Any, *, naive_as_utc: bool = False) -> float:
@@ -81,7 +79,7 @@ def note(lock: Lock, token: str, task_id: str | None, owner: str = "") -> None:
     """Write the task id beside the token, for duplicates to find, and the
     owner (a worker that adopted the lease) for operators."""
     try:
-        scripts.run(lock.client, _NOTE, (lock.keys.lease,), (token, task_id or "", owner))
+        note_task(lock, token, task_id, owner)
     except RedisUnavailable as exc:
         _not_noted(lock.name, task_id, exc)
 
@@ -89,9 +87,7 @@ def note(lock: Lock, token: str, task_id: str | None, owner: str = "") -> None:
 async def note_async(lock: AsyncLock, token: str, task_id: str | None, owner: str = "") -> None:
     """``note`` for the asyncio driver."""
     try:
-        await scripts.run_async(
-            lock.client, _NOTE, (lock.keys.lease,), (token, task_id or "", owner)
-        )
+        await note_task_async(lock, token, task_id, owner)
     except RedisUnavailable as exc:
         _not_noted(lock.name, task_id, exc)
 
@@ -101,14 +97,11 @@ def _existing(lock: Lock) -> tuple[bool, str | None]:
     deadline = time.monotonic() + ID_WAIT
     delay = 0.005
     while True:
-        try:
-            token, task_id = lock.client.hmget(lock.keys.lease, ["t", "j"])
-        except RedisError as exc:
-            raise RedisUnavailable(f"could not read unique key {lock.name!r}: {exc}") from exc
-        if token is None:
+        held = read_task(lock)
+        if held is None:
             return False, None
-        if task_id is not None:
-            return True, task_id.decode() if isinstance(task_id, bytes) else str(task_id)
+        if held.task_id is not None:
+            return True, held.task_id
         # Held, but its enqueuer has not written the id yet: a window of one
         # round trip, or of the backend's enqueue. Bounded.
         if time.monotonic() + delay > deadline:
@@ -117,38 +110,9 @@ def _existing(lock: Lock) -> tuple[bool, str | None]:
         delay = min(delay * 2, 0.05)
 
 
-@dataclasses.dataclass(frozen=True)
-class Holder:
-    """What a unique key's lease says of the task that holds it."""
-
-    token: str
-    fence: int | None
-    task_id: str | None
-    # A worker's run adopted it (the unique_note script's `r`): the task ran,
-    # or runs.
-    ran: bool
-
-
-def _text(value: Any) -> str | None:
-    return value.decode() if isinstance(value, bytes) else None if value is None else str(value)
-
-
-def held_by(opts: UniqueOptions, name: str) -> Holder | None:
-    """Who holds the unique key ``name`` now; None if nobody does."""
-    lock = get_lock(name, wait=0, alias=opts.alias)
-    try:
-        token, fence, task_id, ran = lock.client.hmget(lock.keys.lease, ["t", "f", "j", "r"])
-    except RedisError as exc:
-        raise RedisUnavailable(f"could not read unique key {name!r}: {exc}") from exc
-    if token is None:
-        return None
-    fence_text = _text(fence)
-    return Holder(
-        token=_text(token) or "",
-        fence=int(fence_text) if fence_text and fence_text.isdigit() else None,
-        task_id=_text(task_id),
-        ran=ran is not None,
-    )
+def held_by(opts: UniqueOptions, name: str) -> TaskLease | None:
+    """What the unique key ``name``'s lease says of its task now; None if nobody holds it."""
+    return read_task(get_lock(name, wait=0, alias=opts.alias))
 
 
 def claim(

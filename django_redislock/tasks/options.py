@@ -10,8 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..conf import conf
-from ..core import check_seconds
-from ..core.exceptions import LockError
+from ..core import LockError, check_seconds
 from ..locking.naming import Namer
 
 __all__ = [

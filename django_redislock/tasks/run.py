@@ -11,9 +11,7 @@ import logging
 import threading
 from typing import Any
 
-from ..core.drivers.lock import Lock
-from ..core.drivers.lock_async import AsyncLock
-from ..core.exceptions import LockError, RedisUnavailable
+from ..core import AsyncLock, Lock, LockError, RedisUnavailable
 from ..locking.factories import get_async_lock, get_lock
 from ..signals import count_key
 from ..stepping import Steps, run_steps, run_steps_async

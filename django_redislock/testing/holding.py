@@ -12,8 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from ..core.drivers.lock import Lock
-    from ..core.drivers.semaphore import Semaphore
+    from ..core import Lock, Semaphore
 
 __all__ = [
     "HOLD_LABEL",
@@ -120,10 +119,10 @@ def _busy_message(what: str, name: str, kind: str, alias: str | None) -> str:
     detail = ""
     try:
         from ..connection import get_client
-        from ..core.ops.inspection import find
+        from ..core import find_locks
         from ..locking.factories import keyspace
 
-        rows, _missing = find(get_client(alias), keyspace(), [name], kinds=(kind,), waiters=0)
+        rows, _missing = find_locks(get_client(alias), keyspace(), [name], kinds=(kind,), waiters=0)
         if rows:
             row = rows[0]
             detail = f" (held by {describe_owner(row.label, row.host, row.pid, row.thread)})"
@@ -214,7 +213,7 @@ class hold_lock(_Hold["Lock"]):  # noqa: N801 - used like a function: ``with hol
         return lock
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        from ..core.drivers.base import after_block
+        from ..core import after_block
 
         lock, self.lock = self.lock, None
         assert lock is not None
@@ -298,7 +297,7 @@ class hold_permits(_Hold["list[Semaphore]"]):  # noqa: N801 - used like a functi
         return list(held)
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        from ..core.exceptions import LockError
+        from ..core import LockError
 
         held, self.permits, self._entered = self.permits, [], False
         _uncap(("semaphore", self.name), self.wait)

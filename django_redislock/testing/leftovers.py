@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .holding import describe_owner, hold_tokens, in_open_transaction, settle_transactions
 
 if TYPE_CHECKING:
-    from ..core.clients import RedisClient
+    from ..core import RedisClient
 
 __all__ = ["assert_no_locks_left", "leftovers"]
 
@@ -19,7 +19,7 @@ def _lease(left: float | None) -> str:
 
 def _queued(client: RedisClient, prefix: str) -> list[str]:
     """Waiters' queue entries (lock and semaphore queues) under ``prefix``."""
-    from ..core.ops.inspection import scan_keys
+    from ..core import scan_keys
 
     found: list[str] = []
     for code, kind in ((b"Q", "lock"), (b"SQ", "semaphore")):
@@ -59,7 +59,7 @@ def leftovers(*, alias: str | None = None) -> list[str]:
     ``CACHES`` alias (default ``REDISLOCK['CACHE']``).
     """
     from ..connection import get_client
-    from ..core.ops.inspection import list_locks
+    from ..core import list_locks
     from ..locking.factories import keyspace
 
     client = get_client(alias)

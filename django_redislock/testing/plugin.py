@@ -46,8 +46,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from ..core.drivers.lock import Lock
-    from ..core.drivers.semaphore import Semaphore
+    from ..core import Lock, Semaphore
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

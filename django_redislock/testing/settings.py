@@ -126,7 +126,7 @@ class isolated_prefix(Block):  # noqa: N801 - used like a function
     """
 
     def __init__(self, prefix: str | None = None) -> None:
-        from ..core.engine.keys import validate_prefix
+        from ..core import validate_prefix
 
         self.prefix = None if prefix is None else validate_prefix(prefix)
         self._active: list[redislock_settings] = []

@@ -39,7 +39,7 @@ from rest_framework.throttling import BaseThrottle
 
 from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
-from ..core.exceptions import RedisUnavailable
+from ..core import RedisUnavailable
 from ..stepping import run_steps
 from .keys import ANONYMOUS, Asker, key_of
 from .permits import (

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from ..caller import CallerUnknown, NotAuthenticated
 from ..conf import conf
-from ..core.exceptions import RedisUnavailable
+from ..core import RedisUnavailable
 from ..http import error_response, is_drf_view, rendered_by_drf_view, request_in
 from ..signals import declare
 from ..stepping import Steps, run_steps, run_steps_async

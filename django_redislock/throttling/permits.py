@@ -17,9 +17,7 @@ from redis.exceptions import RedisError
 
 from ..conf import conf
 from ..connection import get_client
-from ..core.drivers.base import fields_of
-from ..core.drivers.semaphore import SemaphoreBase, release_permit
-from ..core.exceptions import LockError, RedisUnavailable
+from ..core import LockError, RedisUnavailable, SemaphoreBase, fields_of, release_permit
 from ..http import unavailable_response
 from ..locking.factories import semaphore_for
 from ..signals import request_throttled, send_unavailable

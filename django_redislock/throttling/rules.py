@@ -26,7 +26,11 @@ from ..core import MAX_COUNT, count_problem, seconds_problem
 
 __all__ = [
     "PER_CHOICES",
+    "RULE_CHECKS",
+    "Invalid",
     "Rule",
+    "RuleError",
+    "RuleKey",
     "current_rules",
     "make_rule",
     "matching_rules",
@@ -36,9 +40,6 @@ __all__ = [
 logger = logging.getLogger("django_redislock.throttle")
 
 PER_CHOICES = ("global", "user", "ip")
-RULE_KEYS = frozenset(
-    {"name", "path", "url_name", "methods", "limit", "per", "wait", "timeout", "retry_after"}
-)
 
 
 class RuleError(ValueError):
@@ -70,6 +71,87 @@ class Rule:
         return self.per != "global"
 
 
+# -- a rule's keys, one row each ------------------------------------------------------------
+# A row reads one key's value into what a Rule holds, or raises Invalid: what
+# is wrong (the message is "<where>: '<key>' <what is wrong>."), and a hint
+# where the row's own does not fit that case.
+class Invalid(ValueError):
+    def __init__(self, problem: str, hint: str | None = None) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.hint = hint
+
+
+@dataclass(frozen=True)
+class RuleKey:
+    key: str
+    check_id: str
+    read: Callable[[Any], Any]
+    hint: str
+    default: Any = None  # what a rule without the key has
+    optional: bool = True  # None means "not set", and is not read
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise Invalid(f"must be a non-empty string; got {value!r}")
+    return value
+
+
+def _path(value: Any) -> re.Pattern[str]:
+    if not isinstance(value, str):
+        raise Invalid(f"must be a regular expression string; got {value!r}")
+    try:
+        return re.compile(value)
+    except re.error as exc:
+        raise Invalid(
+            f"{value!r} is not a valid regular expression: {exc}",
+            "Fix the pattern; it is matched with re.search against request.path_info.",
+        ) from None
+
+
+_KEY_FUNC_HINT = "Point it at a callable taking the request and returning a string key."
+
+
+def _per(value: Any) -> tuple[str, Callable[[HttpRequest], Any] | None]:
+    """(what the rule shows as its ``per``, the function of the request it counts by)."""
+    if callable(value):
+        return getattr(value, "__qualname__", "key"), value
+    if not isinstance(value, str) or not value:
+        raise Invalid(f"must be 'global', 'user', 'ip' or a dotted path; got {value!r}")
+    if value in PER_CHOICES:
+        return value, None
+    if "." not in value:
+        raise Invalid(
+            f"{value!r} is not 'global', 'user', 'ip' or a dotted path",
+            "Use one of 'global', 'user', 'ip', or 'package.module.function'.",
+        )
+    try:
+        key_func = import_string(value)
+    except ImportError as exc:
+        raise Invalid(f"{value!r} cannot be imported: {exc}", _KEY_FUNC_HINT) from None
+    if not callable(key_func):
+        raise Invalid(f"{value!r} is not callable", _KEY_FUNC_HINT)
+    return value, key_func
+
+
+def _limit(value: Any) -> int:
+    problem = count_problem(value, low=1, high=MAX_COUNT, unit="permits")
+    if problem is not None:
+        raise Invalid(problem)
+    return int(value)
+
+
+def _seconds(*, allow_zero: bool) -> Callable[[Any], float]:
+    def read(value: Any) -> float:
+        problem = seconds_problem(value, allow_zero=allow_zero)
+        if problem is not None:
+            raise Invalid(problem)
+        return float(value)
+
+    return read
+
+
 def _strings(value: object) -> list[str] | None:
     """A string or a non-empty list/tuple of non-empty strings, as a list."""
     if isinstance(value, str):
@@ -81,153 +163,124 @@ def _strings(value: object) -> list[str] | None:
     return None
 
 
+def _methods(value: Any) -> frozenset[str]:
+    items = _strings(value)
+    if items is None or not all(re.fullmatch(r"[A-Za-z]+", m) for m in items):
+        raise Invalid(f"must be an HTTP method or a list of them; got {value!r}")
+    return frozenset(m.upper() for m in items)
+
+
+def _url_names(value: Any) -> frozenset[str]:
+    items = _strings(value)
+    if items is None:
+        raise Invalid(f"must be a URL name or a list of them; got {value!r}")
+    return frozenset(items)
+
+
+# In the order their problems are reported. The IDs are stable: docs/checks.rst lists them.
+RULE_CHECKS: tuple[RuleKey, ...] = (
+    RuleKey(
+        "name",
+        "django_redislock.E021",
+        _name,
+        "Give every rule a unique name, e.g. 'name': 'reports'.",
+        optional=False,
+    ),
+    RuleKey("path", "django_redislock.E023", _path, "Use a string such as r'^/reports/'."),
+    RuleKey(
+        "per",
+        "django_redislock.E024",
+        _per,
+        "Use one of 'global', 'user', 'ip', or 'package.module.function' taking the request.",
+        default="global",
+        optional=False,
+    ),
+    RuleKey(
+        "limit",
+        "django_redislock.E025",
+        _limit,
+        "Set 'limit' to how many requests may run at once, e.g. 'limit': 2.",
+        optional=False,
+    ),
+    RuleKey(
+        "wait",
+        "django_redislock.E026",
+        _seconds(allow_zero=True),
+        "Set 'wait' to how long a request may queue for a permit, e.g. 'wait': 0.5.",
+        default=0,
+        optional=False,
+    ),
+    RuleKey(
+        "timeout",
+        "django_redislock.E027",
+        _seconds(allow_zero=False),
+        "Set 'timeout' to the longest a request may hold its permit, or remove it to use "
+        "REDISLOCK['PERMIT_TIMEOUT'].",
+    ),
+    RuleKey(
+        "methods",
+        "django_redislock.E028",
+        _methods,
+        "Use e.g. 'methods': ['POST', 'PUT'].",
+    ),
+    RuleKey(
+        "url_name",
+        "django_redislock.E029",
+        _url_names,
+        "Use the name given to path(), with its namespace: e.g. 'reports:detail'.",
+    ),
+    RuleKey(
+        "retry_after",
+        "django_redislock.E030",
+        _seconds(allow_zero=False),
+        "Set 'retry_after' to the Retry-After a throttled client gets, or remove it.",
+    ),
+)
+RULE_KEYS = frozenset(row.key for row in RULE_CHECKS)
+
+
 def make_rule(
     spec: dict[str, Any], *, where: str = "rule", errors: list[RuleError] | None = None
 ) -> Rule | None:
     """Build a Rule from a dict. Raises the first RuleError, or collects them all
     into ``errors`` (and returns None) when a list is given."""
     found: list[RuleError] = []
-
-    def bad(check_id: str, msg: str, hint: str) -> None:
-        found.append(RuleError(check_id, f"{where}: {msg}", hint))
-
-    name = spec.get("name")
-    if not isinstance(name, str) or not name.strip():
-        bad(
-            "django_redislock.E021",
-            f"'name' must be a non-empty string; got {name!r}.",
-            "Give every rule a unique name, e.g. 'name': 'reports'.",
-        )
     unknown = sorted(set(spec) - RULE_KEYS)
     if unknown:
-        bad(
-            "django_redislock.E022",
-            f"unknown key(s) {', '.join(map(repr, unknown))}.",
-            "Valid keys: " + ", ".join(sorted(RULE_KEYS)) + ".",
-        )
-    path = spec.get("path")
-    pattern = None
-    if path is not None:
-        if not isinstance(path, str):
-            bad(
-                "django_redislock.E023",
-                f"'path' must be a regular expression string; got {path!r}.",
-                "Use a string such as r'^/reports/'.",
+        found.append(
+            RuleError(
+                "django_redislock.E022",
+                f"{where}: unknown key(s) {', '.join(map(repr, unknown))}.",
+                "Valid keys: " + ", ".join(sorted(RULE_KEYS)) + ".",
             )
-        else:
-            try:
-                pattern = re.compile(path)
-            except re.error as exc:
-                bad(
-                    "django_redislock.E023",
-                    f"'path' {path!r} is not a valid regular expression: {exc}.",
-                    "Fix the pattern; it is matched with re.search against request.path_info.",
-                )
-    per = spec.get("per", "global")
-    key_func = None
-    if callable(per):
-        key_func = per
-    elif not isinstance(per, str) or not per:
-        bad(
-            "django_redislock.E024",
-            f"'per' must be 'global', 'user', 'ip' or a dotted path; got {per!r}.",
-            "Use one of 'global', 'user', 'ip', or 'package.module.function' taking the request.",
         )
-    elif per not in PER_CHOICES:
-        if "." not in per:
-            bad(
-                "django_redislock.E024",
-                f"'per' {per!r} is not 'global', 'user', 'ip' or a dotted path.",
-                "Use one of 'global', 'user', 'ip', or 'package.module.function'.",
-            )
-        else:
-            try:
-                key_func = import_string(per)
-            except ImportError as exc:
-                bad(
-                    "django_redislock.E024",
-                    f"'per' {per!r} cannot be imported: {exc}.",
-                    "Point it at a callable taking the request and returning a string key.",
-                )
-            else:
-                if not callable(key_func):
-                    bad(
-                        "django_redislock.E024",
-                        f"'per' {per!r} is not callable.",
-                        "Point it at a callable taking the request and returning a string key.",
-                    )
-    limit = spec.get("limit")
-    problem = count_problem(limit, low=1, high=MAX_COUNT, unit="permits")
-    if problem is not None:
-        bad(
-            "django_redislock.E025",
-            f"'limit' {problem}.",
-            "Set 'limit' to how many requests may run at once, e.g. 'limit': 2.",
-        )
-    wait = spec.get("wait", 0)
-    problem = seconds_problem(wait, allow_zero=True)
-    if problem is not None:
-        bad(
-            "django_redislock.E026",
-            f"'wait' {problem}.",
-            "Set 'wait' to how long a request may queue for a permit, e.g. 'wait': 0.5.",
-        )
-    timeout = spec.get("timeout")
-    problem = None if timeout is None else seconds_problem(timeout, allow_zero=False)
-    if problem is not None:
-        bad(
-            "django_redislock.E027",
-            f"'timeout' {problem}.",
-            "Set 'timeout' to the longest a request may hold its permit, or remove it to use "
-            "REDISLOCK['PERMIT_TIMEOUT'].",
-        )
-    methods = spec.get("methods")
-    method_set = None
-    if methods is not None:
-        items = _strings(methods)
-        if items is None or not all(re.fullmatch(r"[A-Za-z]+", m) for m in items):
-            bad(
-                "django_redislock.E028",
-                f"'methods' must be an HTTP method or a list of them; got {methods!r}.",
-                "Use e.g. 'methods': ['POST', 'PUT'].",
-            )
-        else:
-            method_set = frozenset(m.upper() for m in items)
-    url_name = spec.get("url_name")
-    url_names = None
-    if url_name is not None:
-        items = _strings(url_name)
-        if items is None:
-            bad(
-                "django_redislock.E029",
-                f"'url_name' must be a URL name or a list of them; got {url_name!r}.",
-                "Use the name given to path(), with its namespace: e.g. 'reports:detail'.",
-            )
-        else:
-            url_names = frozenset(items)
-    retry_after = spec.get("retry_after")
-    problem = None if retry_after is None else seconds_problem(retry_after, allow_zero=False)
-    if problem is not None:
-        bad(
-            "django_redislock.E030",
-            f"'retry_after' {problem}.",
-            "Set 'retry_after' to the Retry-After a throttled client gets, or remove it.",
-        )
+    read: dict[str, Any] = {}
+    for row in RULE_CHECKS:
+        value = spec.get(row.key, row.default)
+        if value is None and row.optional:
+            read[row.key] = None
+            continue
+        try:
+            read[row.key] = row.read(value)
+        except Invalid as bad:
+            message = f"{where}: '{row.key}' {bad.problem}."
+            found.append(RuleError(row.check_id, message, bad.hint or row.hint))
     if found:
         if errors is None:
             raise found[0]
         errors.extend(found)
         return None
+    per, key_func = read["per"]
     return Rule(
-        name=str(name),
-        limit=int(limit),  # type: ignore[arg-type]
-        per=per if isinstance(per, str) else getattr(per, "__qualname__", "key"),
-        wait=float(wait),
-        timeout=None if timeout is None else float(timeout),
-        retry_after=None if retry_after is None else float(retry_after),
-        path=pattern,
-        url_names=url_names,
-        methods=method_set,
+        name=read["name"],
+        limit=read["limit"],
+        per=per,
+        wait=read["wait"],
+        timeout=read["timeout"],
+        retry_after=read["retry_after"],
+        path=read["path"],
+        url_names=read["url_name"],
+        methods=read["methods"],
         key_func=key_func,
     )
 

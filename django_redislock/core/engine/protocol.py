@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..io.wakeup import NO_CHANNEL, Handed
+from .wakeup_message import NO_CHANNEL, Handed
 
 __all__ = [
     "STATE_KEEP_MS",

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
+from ..engine.wakeup_message import Handed, parse_wakeup
 from ..topology import is_sentinel
 from . import breaker
 from .notify_sharded import ShardedNotifier
@@ -46,12 +47,10 @@ from .wakeup import (
     FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     LIVENESS_INTERVAL,
-    Handed,
     Liveness,
     Reconnect,
     Wakeup,
     moved_from,
-    parse_wakeup,
     plain_address,
     registered,
 )

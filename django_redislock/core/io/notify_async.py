@@ -20,6 +20,7 @@ from typing import Any
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
+from ..engine.wakeup_message import Handed, parse_wakeup
 from ..topology import is_sentinel
 from . import breaker
 from .aio_calls import wait_for
@@ -28,11 +29,9 @@ from .wakeup import (
     FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     AsyncWakeup,
-    Handed,
     Liveness,
     Reconnect,
     moved_from,
-    parse_wakeup,
     plain_address,
     registered,
 )

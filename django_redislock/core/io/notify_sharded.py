@@ -55,6 +55,7 @@ from redis.client import PubSub
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
+from ..engine.wakeup_message import Handed
 from . import breaker
 from .cluster_calls import refresh_slots
 from .notify_sharded_base import (
@@ -64,7 +65,7 @@ from .notify_sharded_base import (
     logger,
     no_sharded_pubsub,
 )
-from .wakeup import Handed, Liveness, Reconnect, Wakeup
+from .wakeup import Liveness, Reconnect, Wakeup
 
 if TYPE_CHECKING:
     import redis

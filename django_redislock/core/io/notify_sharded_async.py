@@ -17,10 +17,11 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
+from ..engine.wakeup_message import Handed
 from . import breaker, notify_sharded
 from .cluster_calls import refresh_slots_async
 from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
-from .wakeup import AsyncWakeup, Handed, Liveness, Reconnect
+from .wakeup import AsyncWakeup, Liveness, Reconnect
 
 if TYPE_CHECKING:
     import redis.asyncio

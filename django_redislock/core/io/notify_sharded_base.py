@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from redis.exceptions import ResponseError
 
 from ..engine.keys import KeySpace
-from .wakeup import IDLE_TIMEOUT, NO_CHANNEL, Reconnect, parse_wakeup
+from ..engine.wakeup_message import NO_CHANNEL, parse_wakeup
+from .wakeup import IDLE_TIMEOUT, Reconnect
 
 if TYPE_CHECKING:
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster

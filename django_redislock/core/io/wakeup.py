@@ -1,15 +1,7 @@
-"""What a wake-up message says, and the events waiters sleep on.
+"""Wake-up channels' addresses, their upkeep, and the events waiters sleep on.
 
 Below every notifier and driver, so that none of them imports another for it.
-
-A script that frees a lock or a permit publishes on the waiter's channel:
-
-* ``<token>``: a permit was reserved for ``token``, or look again;
-* ``<token>:<fence>:<round>``: the lease was handed to ``token`` with that
-  fence, in answer to the acquire attempt numbered ``round``. A waiter takes
-  such a lease as it is only for the attempt it is waiting on (see
-  ``protocol.Acquisition.on_wakeup``): a message that was in flight while the
-  waiter sent a later attempt says nothing about that attempt.
+What a wake-up message says is the protocol's (``engine/wakeup_message.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +10,9 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..engine.wakeup_message import Handed
 from ..topology import is_cluster, is_sentinel
 from .aio_calls import wait_for
 
@@ -31,13 +24,10 @@ __all__ = [
     "IDLE_TIMEOUT",
     "LIVENESS_INTERVAL",
     "Liveness",
-    "NO_CHANNEL",
     "AsyncWakeup",
-    "Handed",
     "Reconnect",
     "Wakeup",
     "moved_from",
-    "parse_wakeup",
     "plain_address",
     "registered",
 ]
@@ -56,31 +46,6 @@ FOLLOW_INTERVAL = 1.0
 
 # Reconnection back-off bounds, seconds (Reconnect).
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 1.0
-
-# The channel address of a waiter that queued without a wake-up channel: the
-# scripts write its lease all the same, and it finds it at its next attempt.
-NO_CHANNEL = b"-"
-
-
-class Handed(NamedTuple):
-    """A lease handed to a waiter: its fence, and the attempt it answers."""
-
-    fence: int
-    round: int
-
-
-def parse_wakeup(data: bytes | str) -> tuple[str, Handed | None]:
-    """``(token, Handed or None)`` from a wake-up message.
-
-    A message without a round (or with a part that is not a number) hands
-    nothing over: the waiter looks again, which is always safe.
-    """
-    text = data.decode() if isinstance(data, bytes) else str(data)
-    token, _, rest = text.partition(":")
-    fence, _, round_ = rest.partition(":")
-    if fence.isdigit() and round_.isdigit():
-        return token, Handed(int(fence), int(round_))
-    return token, None
 
 
 def plain_address(client: Any, channel: bytes) -> bytes:

@@ -33,11 +33,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ...connection import get_client
-from ...core.clients import RedisClient
-from ...core.exceptions import RedisUnavailable
-from ...core.ops.force import release, select
-from ...core.ops.inspection import KINDS, WAITERS_SHOWN, HeldLock, list_locks, summarize
-from ...core.ops.rows import iso_time
+from ...core import (
+    KINDS,
+    WAITERS_SHOWN,
+    HeldLock,
+    RedisClient,
+    RedisUnavailable,
+    force_release,
+    iso_time,
+    list_locks,
+    select_shown,
+    summarize,
+)
 from ...locking.factories import keyspace
 from ...ops.command_process import (
     accept_common_options,
@@ -247,7 +254,7 @@ class Command(BaseCommand):
             )
         ks = keyspace()
         try:
-            rows, missing = select(
+            rows, missing = select_shown(
                 client,
                 ks,
                 names=names,
@@ -291,7 +298,7 @@ class Command(BaseCommand):
             if not self._confirm(rows):
                 self.stdout.write("Nothing released.")
                 raise CommandError("Declined: nothing was released.")
-        result = release(client, ks, rows, by=operator())
+        result = force_release(client, ks, rows, by=operator())
         for row in result.released:
             self.stdout.write(f"Released {describe(row)}.")
             if options["holder"]:

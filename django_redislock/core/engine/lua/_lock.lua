@@ -19,7 +19,14 @@
 --                        or 0 (1 from earlier versions): none known,
 --                      n=lock name,
 --                      e=the fence of the last lease that ended without a
---                        loss (released, or given back unused),
+--                        loss (released, or given back unused), or, once
+--                        a lease was granted with waiters queued (give()),
+--                        its copy <token>|<end ms>|<fence>: not a fence,
+--                        so as before it tells that the last lease issued
+--                        has not yet ended without a loss (every script
+--                        only ever compares `e` with `f`), and a waiter
+--                        that queues behind it learns its holder and end
+--                        from the state it reads anyway (acquire.lua),
 --                      h, u=the memory of losses (the prelude): a lease's
 --                        fence is its serial, and a lease ended in a loss
 --                        when it ended without `e` naming it (it ran out,
@@ -85,6 +92,7 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, mo
   -- the state outlives it by KEEP exactly, not by KEEP less however long
   -- the run has taken since.
   local now = lib.now()
+  local ends = now + tonumber(ttl)
   local fields = { 'f', f }
   if not last or not horizon then
     fields[3], fields[4] = 'h', f
@@ -99,17 +107,26 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, mo
       fields[#fields + 1] = more[i]
     end
   end
+  if mark then
+    -- Waiters are queued: the state's `e` becomes the new lease's copy (see
+    -- above), written with the fence, so a waiter that queues behind it
+    -- reads no more than the state. It claims no more than `f` does: it
+    -- counts only while its fence is the state's `f` (a grant by an earlier
+    -- version writes `f` and leaves `e`), and its end only until it has
+    -- passed.
+    fields[#fields + 1] = 'e'
+    fields[#fields + 1] = token .. '|' .. ends .. '|' .. f
+  end
   redis.call('HSET', state, unpack(fields))
   lib.cover(now + tonumber(state_ttl))
   -- A grant made with waiters queued keeps in the lease its end `x` and
-  -- the state's mark `q` as cover() left it: a waiter that queues behind it
-  -- learns when it ends from the lease it reads anyway (acquire.lua), and
-  -- its release learns the mark from the lease (release.lua), neither with
-  -- a call of its own. The copy never claims more than Redis holds: the
-  -- state's and the queue's TTLs were raised to the mark, and while the
-  -- lease exists nothing shortens them (the one TTL set outright, an
-  -- uncontended grant's, needs the lease gone).
-  local ends = now + tonumber(ttl)
+  -- the state's mark `q` as cover() left it: its release learns the mark
+  -- from the lease (release.lua), with no call of its own, and a waiter
+  -- that finds the state's copy stale learns the end from the lease. The
+  -- mark never claims more than Redis holds: the state's and the queue's
+  -- TTLs were raised to it, and while the lease exists nothing shortens
+  -- them (the one TTL set outright, an uncontended grant's, needs the lease
+  -- gone).
   local lease_fields = { 't', token, 'f', f, 'o', owner, 'x', ends }
   if mark then
     lease_fields[9], lease_fields[10] = 'q', mark
@@ -167,10 +184,13 @@ local function contended()
   -- gets one), and the mark says so when `q` is set. The mark never claims
   -- more than Redis holds: it is written only here, after both TTLs were
   -- raised to it; the one TTL set outright (an uncontended grant, acquire.lua)
-  -- is set while `q` is unset, and `q` is written anew as 0 (enqueue); and
-  -- a queue made anew is given the mark as its expiry (enqueue, acquire.lua).
-  -- Whether it raised them.
-  function lib.cover(until_ms)
+  -- is set while `q` is unset, and the waiter that finds `q` unset writes it
+  -- after this raised both (enqueue, acquire.lua); and a queue made anew is
+  -- given the mark as its expiry (enqueue). `made`: this run made the queue
+  -- anew (its RPUSH), so it has no TTL yet and is given one without asking.
+  -- The mark it raised them to (what the caller writes as `q` when it is
+  -- unset), or false when it raised nothing.
+  function lib.cover(until_ms, made)
     local x = mark and tonumber(mark)
     if x and x >= until_ms then
       return false
@@ -184,11 +204,15 @@ local function contended()
     if redis.call('PTTL', state) < left then
       redis.call('PEXPIREAT', state, target)
     end
-    local q = redis.call('PTTL', queue)
-    if q ~= -2 and q < left then
+    if made then
       redis.call('PEXPIREAT', queue, target)
+    else
+      local q = redis.call('PTTL', queue)
+      if q ~= -2 and q < left then
+        redis.call('PEXPIREAT', queue, target)
+      end
     end
-    return true
+    return target
   end
 
   -- The lock is free and someone may be queued: hand the lease straight to
@@ -211,16 +235,15 @@ local function contended()
   -- `last`, `ended` and `name` are the state's f, e and n as give() takes
   -- them; `horizon` its h when the caller has it (else h is read when
   -- someone waits: with the waiter's entry, when queued bare).
-  -- `released`: the fence of the lease the caller has just released, when
-  -- it is the key's (still there, to be written over) and `e` is yet to
-  -- name it: written with the next lease's fence. A waiter nobody heard
-  -- gets its lease deleted and `e` names it: nobody will release it, no
-  -- loss to remember.
+  -- A release passes its own fence as `ended` (its lease ended without a
+  -- loss): `e` is not written for it, since the grant writes its copy there
+  -- with the new fence, and `e` only ever counts when it names the last
+  -- fence issued. A waiter nobody heard gets its lease deleted and `e`
+  -- names it: nobody will release it, no loss to remember.
   -- `horizon`: the state's h, when the caller read it; a release passes its
   -- own fence in its stead (last and ended are that fence: the grant reads
   -- no h then, see give()).
-  function lib.hand_off(self, last, ended, name, released, horizon)
-    local more = released and { 'e', released }
+  function lib.hand_off(self, last, ended, name, horizon)
     while true do
       local head = redis.call('LPOP', queue)
       if not head then
@@ -275,8 +298,7 @@ local function contended()
           end
         end
         local fence = give(head, ttl, tonumber(ttl) + KEEP, name or '', owner, last, ended,
-          horizon, more)
-        more = nil
+          horizon)
         local message = head .. ':' .. fence
         if round then
           message = message .. ':' .. round

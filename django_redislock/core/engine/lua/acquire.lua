@@ -42,16 +42,15 @@ if st[3] and string.find(st[3], token, 1, true) then
   return 0
 end
 mark = st[1]
--- The holder's token and, when someone is queued (its lease was then most
--- likely granted with waiters queued), the lease's end as granted: the
--- waiter's fallback timer, below (see _lock.lua). Nobody queued: the token
--- alone, and none read when the state says the lease is free: no lease was
--- ever granted (a lease has a state, with `f`: it outlives every lease), or
--- the last one granted ended without a loss (`e` names it).
+-- The holder's token and, when someone is queued, the lease's end as
+-- granted: the waiter's fallback timer, below (see _lock.lua); both from
+-- the state's copy of the lease when it has one, after the helpers. Nobody
+-- queued: the lease's token alone, and none read when the state says the
+-- lease is free: no lease was ever granted (a lease has a state, with `f`:
+-- it outlives every lease), or the last one granted ended without a loss
+-- (`e` names it).
 local held
-if st[1] then
-  held = redis.call('HMGET', lease, 't', 'x')
-elseif st[2] and st[2] ~= st[4] then
+if not st[1] and st[2] and st[2] ~= st[4] then
   held = { redis.call('HGET', lease, 't') }
 end
 local lost -- the fence of a lease that ended in a loss, for the grant to record
@@ -92,9 +91,37 @@ if lost then
   end
   return issued
 end
-local holder = held[1]
-
 contended()
+
+if st[1] then
+  -- Someone is queued. A lease granted with waiters queued left its copy in
+  -- the state's `e`, <token>|<end>|<fence> (give() in _lock.lua): while its
+  -- fence is the state's `f` (the last lease issued, which has not ended
+  -- without a loss, or `e` would name it), its end has not passed and its
+  -- holder is another, that holder holds it, and the caller queues behind
+  -- it without reading the lease. (A force-release either hands the lease
+  -- on, writing `f`, or finds nobody queued and clears `q`; an extend that
+  -- shortened the lease may have let it end sooner: then this waiter,
+  -- queued behind the others, looks again at the copy's end, as they look
+  -- at the end they read.) Otherwise the lease is read: its holder may be
+  -- the caller, or nobody.
+  local copy = st[4]
+  local b1 = copy and string.find(copy, '|', 1, true)
+  if b1 then
+    local b2 = string.find(copy, '|', b1 + 1, true)
+    local by = string.sub(copy, 1, b1 - 1)
+    if string.sub(copy, b2 + 1) == st[2] and by ~= token then
+      local ends = string.sub(copy, b1 + 1, b2 - 1)
+      if tonumber(ends) > lib.now() then
+        held = { by, ends }
+      end
+    end
+  end
+  if not held then
+    held = redis.call('HMGET', lease, 't', 'x')
+  end
+end
+local holder = held[1]
 
 local function enqueue()
   if not string.find(ARGV[5], MS) then
@@ -106,19 +133,18 @@ local function enqueue()
     local entry = (now + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[8] .. '|'
       .. ARGV[4]
     local made
+    -- `q` unset: nobody is queued, nor is the caller. It queues, has both
+    -- TTLs raised (cover()) and then writes `q`, the mark they were raised
+    -- to, with `n` (and, barging, its entry): the mark never claims more
+    -- than Redis holds.
+    local fresh = not mark
     if limit then
       -- The barging order: the queue holds the token, the state its entry.
       -- The caller joins the queue when its entry is new: HSET counts the
       -- fields it made. With `q` set, `n` is (they are written together),
       -- and `q` still is (a hand_off before this kept it: it handed the
-      -- lease on); without, nobody is queued, nor is the caller.
-      local new
-      if mark then
-        new = redis.call('HSET', state, token, entry) == 1
-      else
-        redis.call('HSET', state, token, entry, 'q', '0', 'n', ARGV[3])
-        mark, new = '0', true
-      end
+      -- lease on).
+      local new = fresh or redis.call('HSET', state, token, entry) == 1
       made = new and redis.call('RPUSH', queue, token) == 1
     else
       -- The first-come order: the queue's element is the whole entry (see
@@ -126,11 +152,6 @@ local function enqueue()
       -- with each acquisition); a later one (its wake-up missed, its
       -- channel come up) may be: it keeps its place and when it began to
       -- wait, with its entry brought up to date.
-      local fresh = not mark
-      if fresh then
-        redis.call('HSET', state, 'q', '0', 'n', ARGV[3])
-        mark = '0'
-      end
       local at, since
       if ARGV[8] ~= '1' and not fresh then
         local prefix = token .. '|'
@@ -148,17 +169,26 @@ local function enqueue()
         made = redis.call('RPUSH', queue, token .. '|' .. now .. '|' .. entry) == 1
       end
     end
-    if not lib.cover(now_ms + wait + KEEP) and made then
+    if fresh then
+      mark = lib.cover(now_ms + wait + KEEP, made)
+      if limit then
+        redis.call('HSET', state, token, entry, 'q', mark, 'n', ARGV[3])
+      else
+        redis.call('HSET', state, 'q', mark, 'n', ARGV[3])
+      end
+    elseif not lib.cover(now_ms + wait + KEEP, made) and made then
       -- A queue made anew has no TTL; the mark covers this waiter already.
       redis.call('PEXPIREAT', queue, mark)
     end
-    if holder and held[2] then
-      -- The lease's end as granted (the PEXPIREAT of give()): unless it was
-      -- extended since, when it has passed and PTTL says.
-      local left = tonumber(held[2]) - now_ms
-      if left > 0 then
-        return left
-      end
+  end
+  if holder and held[2] and now_ms then
+    -- The lease's end as granted (the PEXPIREAT of give()): unless it was
+    -- extended since, when it has passed and PTTL says. (A caller that
+    -- will not wait has read the clock only when the state's copy told the
+    -- holder.)
+    local left = tonumber(held[2]) - now_ms
+    if left > 0 then
+      return left
     end
   end
   return redis.call('PTTL', lease)
@@ -203,7 +233,7 @@ if limit and not (st[7] and tonumber(st[7]) >= tonumber(limit)) then
 else
   -- The oldest live waiter goes first (in the barging order: the head has
   -- seen enough others served, and its count starts again).
-  local head = lib.hand_off(token, st[2], st[4], ARGV[3], nil, st[5])
+  local head = lib.hand_off(token, st[2], st[4], ARGV[3], st[5])
   if limit then
     redis.call('HDEL', state, 'b')
   end

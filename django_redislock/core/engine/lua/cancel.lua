@@ -20,7 +20,7 @@ outlive(KEEP, state)
 if held[1] == token then
   if st[2] then
     mark = st[2]
-    contended().hand_off(false, st[3], held[2], st[4], nil, st[5])
+    contended().hand_off(false, st[3], held[2], st[4], st[5])
   end
   return 1
 end

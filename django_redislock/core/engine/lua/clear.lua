@@ -11,6 +11,6 @@ local st = redis.call('HMGET', state, 'q', 'f', 'e', 'n', 'h')
 if st[1] then
   mark = st[1]
   -- The lease ended in a loss (`e` does not name it): the grant records it.
-  contended().hand_off(false, st[2], st[3], st[4], nil, st[5])
+  contended().hand_off(false, st[2], st[3], st[4], st[5])
 end
 return 1

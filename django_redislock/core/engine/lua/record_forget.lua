@@ -1,5 +1,5 @@
 -- Forget an idempotency record, if it is still the one this attempt wrote
--- (django_redislock/idempotency/records.py): an attempt whose lease ran out
+-- (django_redislock/core/drivers/records_base.py): an attempt whose lease ran out
 -- while it ran must not delete the record of the duplicate that ran after it.
 -- Stand-alone, no prelude.
 -- KEYS[1] the record (hash).

@@ -1,5 +1,5 @@
 -- Replace a hash with the given fields and give it a TTL, in one step, for
--- an idempotency record (django_redislock/idempotency/records.py): a duplicate never
+-- an idempotency record (django_redislock/core/drivers/records_base.py): a duplicate never
 -- reads a record half replaced. With a holder, only the record that attempt
 -- wrote is replaced: a response is stored over its own request's marker,
 -- never over the record of an attempt that ran after that marker was lost.

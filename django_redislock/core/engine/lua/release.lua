@@ -35,11 +35,11 @@ if held[3] then
   -- deleted and made anew.
   redis.call('DEL', lease)
   redis.call('HSET', state, 'e', held[2])
-  contended().hand_off(false, held[2], held[2], held[4], nil, held[2])
+  contended().hand_off(false, held[2], held[2], held[4], held[2])
   return 1
 end
 -- Any other is written over for the next waiter.
-if contended().hand_off(false, held[2], held[2], held[4], held[2], held[2]) or issued then
+if contended().hand_off(false, held[2], held[2], held[4], held[2]) or issued then
   -- Handed on, or handed to waiters nobody heard, each taken back (and `e`
   -- written with it).
   return 1

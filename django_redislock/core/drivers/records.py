@@ -1,0 +1,64 @@
+# generated from records_async.py by tools/gen_sync.py; do not edit
+"""Read, replace and forget an idempotency key's record.
+
+The record's fields are in ``records_base.py``. Written once, for asyncio;
+``tools/gen_sync.py`` makes the sync functions (``records.py``) from it (edit
+this source, never the generated file). Every call goes through the bounded
+transport, directly or as a script, as every lock call does: bounded by the
+client's socket timeout whatever its retry policy, never sent again after a
+timeout, routed to the slot's node on a Cluster. A failure raises
+``RedisUnavailable``.
+"""
+
+from __future__ import annotations
+
+from ..clients import RedisClient
+from ..engine.keys import IdempotencyKeys
+from ..exceptions import RedisUnavailable
+from ..io import script_calls, transport
+from .records_base import (
+    FORGET,
+    REPLACE,
+    Record,
+    not_forgotten,
+    read_failed,
+    record_reply,
+    replace_args,
+    request_of,
+)
+
+__all__ = ["forget_record", "read_record", "write_record"]
+
+
+def read_record(client: RedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
+    """The record (empty if none) and the lease's PTTL (negative: no request runs)."""
+    try:
+        replies = transport.call(client, request_of(keys), keys.record)
+    except transport.CallFailed as failed:
+        raise read_failed(client, failed.cause) from failed.cause
+    read = record_reply(replies)
+    if isinstance(read, Exception):
+        raise read_failed(client, read) from read
+    return read
+
+
+def write_record(
+    client: RedisClient,
+    keys: IdempotencyKeys,
+    record: Record,
+    ttl: float,
+    holder: bytes | None = None,
+) -> bool:
+    """Replace the record, which expires after ``ttl`` seconds; with ``holder``,
+    only if that attempt wrote it (False: it did not, and nothing was written)."""
+    args = replace_args(record, ttl, holder)
+    return bool(script_calls.run(client, REPLACE, (keys.record,), args))
+
+
+def forget_record(client: RedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
+    """Delete the record if ``attempt`` wrote it: the key is free for a retry.
+    A failure is logged, not raised: the record then expires by itself."""
+    try:
+        script_calls.run(client, FORGET, (keys.record,), (attempt,))
+    except RedisUnavailable as exc:
+        not_forgotten(keys, exc)
