@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import os
 import threading
 import weakref
 from typing import Any, cast
@@ -35,7 +34,13 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from .conf import cache_backend, cache_locations, conf
-from .core import DEFAULT_BREAKER_WINDOW, AsyncRedisClient, RedisClient, set_breaker_window
+from .core import (
+    DEFAULT_BREAKER_WINDOW,
+    AsyncRedisClient,
+    RedisClient,
+    set_breaker_window,
+    this_process,
+)
 from .retrying import RETRIED, BoundedAsyncRetry, bounded_retry
 
 __all__ = ["get_async_client", "get_client", "reset"]
@@ -215,6 +220,8 @@ def check_eviction(client: RedisClient) -> threading.Thread | None:
     request takes must not pay for it twice. Returns the checking thread the
     first time (tests join it), None after.
     """
+    if id(client) in _eviction_checks:
+        return None  # checked: every call after the first, without the lock
     with _lock:
         if id(client) in _eviction_checks:
             return None
@@ -253,7 +260,7 @@ def _new_client(alias: str, *, asyncio_client: bool) -> Any:
 def get_client(alias: str | None = None) -> RedisClient:
     """The library's sync client for ``alias`` (default ``REDISLOCK['CACHE']``)."""
     alias = alias or conf.CACHE
-    key = (alias, os.getpid(), conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
+    key = (alias, this_process.pid, conf.SOCKET_TIMEOUT, conf.CONNECT_TIMEOUT)
     client = _clients.get(key)
     if client is None:
         with _lock:

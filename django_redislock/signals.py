@@ -190,7 +190,8 @@ def _report(event: str, signal: Signal, lock: LockBase, detail: Any, **fields: A
     """An event of ``lock`` to the metrics sinks, then as ``signal`` to its receivers."""
     if _sinks:
         _tell(event, lock, detail)
-    _send(signal, type(lock), name=lock.name, lock=lock, **fields)
+    if signal.receivers:  # nobody listening (the common case): nothing to build
+        _send(signal, type(lock), name=lock.name, lock=lock, **fields)
 
 
 observer = SignalObserver()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from django_redislock.core import Lock, LockNotOwned
+from django_redislock.core import Lock, LockNotOwned, this_process
 from django_redislock.core.io import scheduler
 from tests.helpers_oracles import Occupancy, audit_keyspace, plant_sentinel, wait_until
 
@@ -206,6 +206,25 @@ def test_forked_child_cannot_release_parents_lease(r: redis.Redis) -> None:
         if child.is_alive():
             os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
             child.join(5)
+
+
+def test_the_process_id_read_once_is_the_child_s_after_a_fork() -> None:
+    # Handles compare it with their own on every call: a child must never see its parent's.
+    assert this_process.pid == os.getpid()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running the parent's cleanup
+        try:
+            os.write(write, b"1" if this_process.pid == os.getpid() else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert this_process.pid == os.getpid()
 
 
 def _queued_waiter(url: str) -> None:

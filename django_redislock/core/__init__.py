@@ -63,6 +63,7 @@ from .ops.inspection import (
     find as find_locks,
 )
 from .ops.rows import HeldLock, iso_time
+from .process import this_process
 from .topology import is_cluster
 from .validate import (
     MAX_BYTES,
@@ -155,4 +156,5 @@ __all__ = [
     "still_held",
     "summarize",
     "validate_prefix",
+    "this_process",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 import socket
 import time
@@ -18,6 +17,7 @@ from ..engine.keys import KeySpace, LockKeys, shows_name
 from ..engine.loss import Loss, Trace, cause_of
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
 from ..exceptions import LockError, LockLost
+from ..process import this_process
 from ..validate import check_replicas, check_seconds
 
 __all__ = [
@@ -251,7 +251,7 @@ class LockBase(Generic[ClientT]):
         # owner metadata it writes (``_owner_json``).
         self._asked_wait_ms = 0
         self._init_driver()
-        self._pid = os.getpid()
+        self._pid = this_process.pid
 
     def _init_driver(self) -> None:
         """What the sync or asyncio driver keeps per handle (gate, owner)."""
@@ -272,7 +272,7 @@ class LockBase(Generic[ClientT]):
         template = self.metric_name
         # Set by the caller after construction: anything but a str is left out.
         return _owner_json(
-            os.getpid(),
+            this_process.pid,
             who,
             self.label,
             template if isinstance(template, str) else None,
@@ -306,7 +306,7 @@ class LockBase(Generic[ClientT]):
     def remaining(self) -> float:
         """Seconds of conservative validity left (0 when not held or lost)."""
         # A forked child inherits the handle, never the lease.
-        if self.token is None or self.lost or self._pid != os.getpid():
+        if self.token is None or self.lost or self._pid != this_process.pid:
             return 0.0
         return max(0.0, self._valid_until - time.monotonic())
 

@@ -17,7 +17,6 @@ tasks do differently lives in the primitives module imported below.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Protocol, TypeVar
 
@@ -44,6 +43,7 @@ from ..exceptions import (
 from ..failures import said_retry
 from ..io import giveback, script_calls, transport
 from ..io.notify import get_notifier
+from ..process import this_process
 from ._sync_prims import (
     CLEANUP_TIMEOUT,
     HOLDER_KIND,
@@ -178,7 +178,7 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
     def _claim(self) -> Holder | None:
         """Who takes the handle: the running thread or task (a forked child's
         handle starts free); ``LockError`` if it holds the handle already."""
-        if self._pid != os.getpid():
+        if self._pid != this_process.pid:
             self._detach_after_fork()
         me = current_holder()
         if self.token is not None and self._holder == me:
@@ -358,7 +358,7 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
 
     def _detach_after_fork(self) -> None:
         # A child inherits the parent's handle, not what it holds: it starts free.
-        self._pid = os.getpid()
+        self._pid = this_process.pid
         self._gate = Gate()
         self._holder = None
         self._forget()
@@ -414,7 +414,7 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
     def _check_owner(self, action: str) -> str:
         """The token, if this thread or task may ``action`` it; else LockNotOwned."""
         # A forked child inherits the handle, never what it holds.
-        if self.token is None or self._pid != os.getpid():
+        if self.token is None or self._pid != this_process.pid:
             raise LockNotOwned(self._not_held.format(action=action, name=self.name))
         if self._holder != current_holder():
             raise LockNotOwned(

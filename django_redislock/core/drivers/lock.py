@@ -34,7 +34,6 @@ may have been granted, so a lease is never left behind it.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from redis.exceptions import RedisError
@@ -49,6 +48,7 @@ from ..exceptions import (
     LockError,
     RedisUnavailable,
 )
+from ..process import this_process
 from ._sync_prims import (
     HOLDER_KIND,
     Renewer,
@@ -177,7 +177,7 @@ class Lock(SyncHandle):
     def _renew_once(self) -> float | None:
         """One renewal: seconds until the next, or None to stop."""
         token = self.token
-        if token is None or self.lost or self._pid != os.getpid():
+        if token is None or self.lost or self._pid != this_process.pid:
             return None
         if self.renew_max is not None and time.monotonic() - self._acquired_at >= self.renew_max:
             log_renew.info(

@@ -46,7 +46,12 @@ def packed(conn: Any, commands: Sequence[Command]) -> list[bytes]:
     """
     if type(getattr(conn, "_command_packer", None)) is _HiredisPacker:
         try:
-            if all(type(c[0]) is str and " " not in c[0] for c in commands):
+            if len(commands) == 1:
+                # One script call, the usual batch: no generator, no join.
+                head = commands[0][0]
+                if type(head) is str and " " not in head:
+                    return [_pack_command(commands[0])]
+            elif all(type(c[0]) is str and " " not in c[0] for c in commands):
                 return [b"".join([_pack_command(c) for c in commands])]
         except TypeError:  # an argument hiredis does not take: redis-py converts it
             pass

@@ -24,6 +24,8 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..process import this_process
+
 try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
     from redis.observability import attributes as _metric_names
     from redis.observability import recorder as _metrics
@@ -105,7 +107,10 @@ def _record_checkout(pool: Any) -> None:
     The pool's ``release`` counts it back: without this, the opt-in
     connection-count metrics of redis-py 8 would drift by one per call.
     """
-    if _metrics is None:
+    enabled = getattr(_metrics, "is_enabled", None)  # absent: record, as before
+    if _metrics is None or (enabled is not None and not enabled()):
+        # Metrics off (the default): the pool's name and two records cost
+        # more than the rest of the checkout.
         return
     name = _metric_names.get_pool_name(pool)
     idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
@@ -113,13 +118,20 @@ def _record_checkout(pool: Any) -> None:
     _metrics.record_connection_count(pool_name=name, connection_state=used, counter=1)
 
 
-def _take(pool: Any, wait: float | None) -> Any:
+def _checkpid(pool: Any) -> None:
+    # The pool's own check (a forked child resets the pool it inherited),
+    # skipped while the pool is this process's: it asks the system each time.
+    if getattr(pool, "pid", None) != this_process.pid:
+        pool._checkpid()
+
+
+def _take(pool: Any) -> Any:
     """A connection of a ``ConnectionPool``, counted in use, not yet checked.
 
     The critical section of ``ConnectionPool.get_connection``; the pool's cap
     holds (``make_connection`` raises ``MaxConnectionsError`` past it).
     """
-    pool._checkpid()
+    _checkpid(pool)
     with pool._lock:
         try:
             conn = pool._available_connections.pop()
@@ -130,14 +142,16 @@ def _take(pool: Any, wait: float | None) -> Any:
     return conn
 
 
-def _take_blocking(pool: Any, wait: float | None) -> Any:
+def _take_blocking(pool: Any) -> Any:
     """``_take`` for a ``BlockingConnectionPool``: wait for a free slot."""
     import queue
 
     from redis.exceptions import MaxConnectionsError
 
-    pool._checkpid()
+    _checkpid(pool)
     timeout = pool.timeout
+    # Waiting for a slot and connecting together stay within one connect's bound.
+    wait = connect_bound(pool.connection_kwargs)
     if wait is not None and (timeout is None or timeout > wait):
         timeout = wait
     # During a maintenance notification (redis-py 8) the pool takes its lock
@@ -185,6 +199,8 @@ def _taker(pool: Any) -> Any:
 
 def _connect(conn: Any) -> None:
     """Connect ``conn`` (ours for now) once, with no retry; a no-op if connected."""
+    if getattr(conn, "_sock", None) is not None:
+        return  # connected: what ``connect`` would find first, without the swap
     saved = conn.retry
     conn.retry = _no_retry()
     try:
@@ -232,7 +248,7 @@ def checkout(pool: Any) -> Any:
                 type(pool).__name__,
             )
         return pool.get_connection(*_get_connection_args(pool))
-    conn = take(pool, connect_bound(pool.connection_kwargs))
+    conn = take(pool)
     try:
         _make_ready(pool, conn)
     except BaseException:

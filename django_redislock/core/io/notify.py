@@ -87,8 +87,10 @@ class Notifier:
         self._moved: Any = None
         self._slots: dict[str, Wakeup] = {}
         self._mutex = threading.Lock()
-        # Set when leadership is given up, for wait_ready() callers.
+        # Set when leadership is given up, for wait_ready() callers; how many
+        # wait on it (under the mutex), so that nobody notifies an empty room.
         self._led = threading.Condition(self._mutex)
+        self._awaiting_leader = 0
         self._leading = False
         # Touched only by the leader, or under the mutex while nobody leads.
         self._pubsub: Any = None
@@ -153,7 +155,7 @@ class Notifier:
             with self._mutex:
                 while self._leading:
                     # The leader is connecting, or reading a live channel.
-                    if self._pubsub is not None or not self._led.wait(deadline - time.monotonic()):
+                    if self._pubsub is not None or not self._await_leader(deadline):
                         return self._pubsub is not None
                 lead = self._leading = True
             while not self._connect(deadline):
@@ -202,11 +204,26 @@ class Notifier:
                     self._stop_leading(event)
 
     # -- leadership (under the mutex) ----------------------------------------
+    def _await_leader(self, deadline: float) -> bool:
+        """Wait (holding the mutex) until leadership is given up or the
+        channel comes up; False at ``deadline``."""
+        self._awaiting_leader += 1
+        try:
+            return self._led.wait(deadline - time.monotonic())
+        finally:
+            self._awaiting_leader -= 1
+
+    def _notify_led(self) -> None:
+        # Under the mutex. Waiters on their turn never wait here: only a
+        # first contention waiting for the channel does.
+        if self._awaiting_leader:
+            self._led.notify_all()
+
     def _stop_leading(self, leaving: Wakeup | None = None) -> None:
         with self._mutex:
             self._leading = False
             self._promote(exclude=leaving)
-            self._led.notify_all()
+            self._notify_led()
 
     def _promote(self, exclude: Wakeup | None = None) -> None:
         """Ask a sleeping waiter to read the channel (caller holds the mutex);
@@ -277,7 +294,7 @@ class Notifier:
         self._pubsub = pubsub
         self._subscribed()
         with self._mutex:
-            self._led.notify_all()  # wait_ready() callers: the channel is up
+            self._notify_led()  # wait_ready() callers: the channel is up
         self._start_housekeeping()
         return True
 
@@ -351,7 +368,7 @@ class Notifier:
                 # Back within a second to see whether the primary moved.
                 until = min(until, now + FOLLOW_INTERVAL)
             try:
-                self._read_once(until - now)
+                self._read_once(until - now, event)
             except Exception as exc:
                 self._drop(exc)
 
@@ -365,7 +382,9 @@ class Notifier:
         self._close(pubsub)
         self._retry_at = 0.0
 
-    def _read_once(self, timeout: float) -> None:
+    def _read_once(self, timeout: float, reader: Wakeup | None = None) -> None:
+        """One message or ``timeout``; ``reader``: the event of the waiter
+        reading, which this very thread finds fired on its return."""
         message = self._pubsub.get_message(timeout=max(0.0, timeout))
         now = time.monotonic()
         if message is None:
@@ -379,7 +398,12 @@ class Notifier:
             token, handed = parse_wakeup(message["data"])
             with self._mutex:
                 target = self._slots.get(token)
-                if target is not None:
+                if target is reader and target is not None:
+                    # Our own turn (the usual case, one waiter per process):
+                    # the reader sees ``fired`` as it returns; nobody sleeps
+                    # on its event, so it need not be set.
+                    target.handed, target.fired = handed, True
+                elif target is not None:
                     self._fire(target, handed)
         elif kind == "subscribe":
             # redis-py reconnected and subscribed again by itself.
@@ -439,6 +463,12 @@ def get_notifier(client: RedisClient, keyspace: KeySpace) -> Notifier | ShardedN
 
     A ``RedisCluster`` (which has no single pool) gets a ``ShardedNotifier``.
     """
+    # Asked by every acquire that may wait: found without the lock once made
+    # (a dict read is atomic), made under it.
+    pool = getattr(client, "connection_pool", None)
+    entry = _registry.get((id(client if pool is None else pool), keyspace.prefix))
+    if entry is not None and entry[0] is (client if pool is None else pool):
+        return entry[1]
     with _registry_lock:
         return registered(_registry, client, keyspace, Notifier, ShardedNotifier)
 
