@@ -275,6 +275,14 @@ def test_a_refusal_is_announced(users: dict[str, dict[str, str]]) -> None:
     assert seen == [{"sender": ConcurrencyThrottle, "rule": "exports", "status": 429}]
 
 
+# The tags the library's checks are registered under (apps.py). Not the whole
+# registry: Django's model checks ask each database backend about its fields,
+# and on Django 6.1 the MySQL backend then reads the server's version over a
+# connection this test may not open (once per process: whether it is read
+# here depends on which tests ran before in the same worker).
+LIBRARY_TAGS = ["compatibility", "urls"]
+
+
 @pytest.mark.parametrize(
     ("scopes", "check_id", "text"),
     [
@@ -289,12 +297,12 @@ def test_a_refusal_is_announced(users: dict[str, dict[str, str]]) -> None:
 )
 def test_bad_scopes_are_reported_by_the_checks(scopes: Any, check_id: str, text: str) -> None:
     with override_settings(REDISLOCK={**settings.REDISLOCK, "THROTTLE_SCOPES": scopes}):
-        found = [m for m in run_checks() if m.id == check_id]
-    assert len(found) == 1 and text in found[0].msg, [m.msg for m in run_checks()]
+        found = [m for m in run_checks(tags=LIBRARY_TAGS) if m.id == check_id]
+    assert len(found) == 1 and text in found[0].msg, [m.msg for m in run_checks(tags=LIBRARY_TAGS)]
 
 
 def test_good_scopes_pass_the_checks() -> None:
-    found = [m.id for m in run_checks() if m.id.startswith("django_redislock")]
+    found = [m.id for m in run_checks(tags=LIBRARY_TAGS) if m.id.startswith("django_redislock")]
     assert found == []
 
 
