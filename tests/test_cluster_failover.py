@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -24,11 +23,17 @@ import redis
 import redis.asyncio
 from redis.cluster import RedisCluster
 
-from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable
+from django_redislock.core import KeySpace, Lock, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
 from django_redislock.core.io import script_calls
-from tests.helpers_oracles import lock_waiters
+from tests.failover_parties import (
+    WAIT,
+    Sections,
+    async_waiters,
+    queued_with_a_channel,
+    sync_waiter,
+)
 from tests.servers import RedisServer, has_sharded_pubsub, requires_redis
 from tests.topologies import (
     ClusterTopology,
@@ -43,11 +48,6 @@ pytestmark = pytest.mark.cluster
 KS = KeySpace("redislock")
 # The shards whose wake-ups each kind of channel carries (see the module's docstring).
 KINDS = ["sharded", "plain"] if has_sharded_pubsub() else ["plain"]
-# Each waiter's wait: far longer than a failover takes, so that each is served.
-WAIT = 40.0
-# How long a holder stays inside: long enough that two holders of one
-# release would be seen inside together.
-HOLD = 0.2
 
 
 @pytest.fixture(scope="module")
@@ -197,70 +197,14 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
 # -- waiters of both drivers while the lock's shard fails over --------------------------------
 
 
-class Sections:
-    """What the holders record of themselves: how many are inside, and their fences."""
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.inside = 0
-        self.most = 0
-        self.fences: list[int] = []
-
-    def enter(self, fence: int) -> None:
-        with self.mutex:
-            self.inside += 1
-            self.most = max(self.most, self.inside)
-            self.fences.append(fence)
-
-    def leave(self) -> None:
-        with self.mutex:
-            self.inside -= 1
-
-
-def _sync_waiter(client: RedisCluster, name: str, sections: Sections, outcomes: list[Any]) -> None:
-    lock = Lock(client, name, ttl=10, wait=WAIT)
-    try:
-        acquired = lock.acquire()
-    except RedisUnavailable as exc:
-        outcomes.append(exc)
-        return
-    outcomes.append(acquired)
-    if acquired:
-        sections.enter(lock.fence or 0)
-        time.sleep(HOLD)
-        sections.leave()
-        lock.release()
-
-
 async def _async_waiters(
     cluster: ClusterTopology, name: str, sections: Sections, outcomes: list[Any], count: int
 ) -> None:
     client = async_cluster_client(cluster, client_name="waiter-async")
-
-    async def wait_once() -> None:
-        lock = AsyncLock(client, name, ttl=10, wait=WAIT)
-        try:
-            acquired = await lock.acquire()
-        except RedisUnavailable as exc:
-            outcomes.append(exc)
-            return
-        outcomes.append(acquired)
-        if acquired:
-            sections.enter(lock.fence or 0)
-            await asyncio.sleep(HOLD)
-            sections.leave()
-            await lock.release()
-
     try:
-        await asyncio.gather(*(wait_once() for _ in range(count)))
+        await async_waiters(client, name, sections, outcomes, count)
     finally:
         await close_async_cluster(client)
-
-
-def _queued_with_a_channel(client: RedisCluster, name: str) -> int:
-    """How many waiters of ``name`` are queued with a wake-up channel."""
-    entries = lock_waiters(client, KS.lock(name))
-    return sum(1 for v in entries.values() if v.split(b"|")[1][:1] != b"-")
 
 
 def _served_through(
@@ -276,7 +220,7 @@ def _served_through(
         assert holder.acquire()
         sections, outcomes = Sections(), []  # type: ignore[var-annotated]
         parties = [
-            threading.Thread(target=_sync_waiter, args=(waiters, name, sections, outcomes))
+            threading.Thread(target=sync_waiter, args=(waiters, name, sections, outcomes))
             for _ in range(2)
         ]
         parties.append(
@@ -286,7 +230,7 @@ def _served_through(
         )
         for party in parties:
             party.start()
-        wait_until("every waiter to queue", lambda: _queued_with_a_channel(look, name) == 4, 20)
+        wait_until("every waiter to queue", lambda: queued_with_a_channel(look, name) == 4, 20)
         fail(cluster.node_at(int(look.get_node_from_key(KS.lock(name).lease).port)))
         holder.release()
         for party in parties:
@@ -359,7 +303,7 @@ def _waiters_refused(
     outcomes: list[Any] = []
     client = cluster_client(cluster, client_name="waiter-sync")
     parties = [
-        threading.Thread(target=_sync_waiter, args=(client, name, sections, outcomes)),
+        threading.Thread(target=sync_waiter, args=(client, name, sections, outcomes)),
         threading.Thread(
             target=lambda: asyncio.run(_async_waiters(cluster, name, sections, outcomes, 1))
         ),

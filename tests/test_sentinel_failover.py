@@ -28,11 +28,18 @@ import redis.asyncio
 import redis.asyncio.sentinel
 from redis.sentinel import Sentinel
 
-from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable
+from django_redislock.core import KeySpace, Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
 from django_redislock.core.io import script_calls
 from django_redislock.core.io.notify import get_notifier
+from tests.failover_parties import (
+    WAIT,
+    Sections,
+    async_waiters,
+    queued_with_a_channel,
+    sync_waiter,
+)
 from tests.helpers_oracles import lock_waiters
 from tests.servers import RedisServer
 from tests.topologies import SERVICE, SentinelTopology, wait_until
@@ -40,11 +47,6 @@ from tests.topologies import SERVICE, SentinelTopology, wait_until
 pytestmark = [pytest.mark.sentinel]
 
 KS = KeySpace("redislock")
-# Each waiter's wait: far longer than a failover takes, so that each is served.
-WAIT = 40.0
-# How long a holder stays inside: long enough that two holders of one
-# release would be seen inside together.
-HOLD = 0.2
 # How soon after the release on the new primary every waiter (four, one
 # after the other) has been served. The sentinels make the old primary a
 # replica, which drops its listeners, no sooner than 8 s after naming the new
@@ -201,64 +203,12 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
 # -- waiters of both drivers while the primary fails over ------------------------------------
 
 
-class Sections:
-    """What the holders record of themselves: who is inside, their fences, when."""
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.inside = 0
-        self.most = 0
-        self.fences: list[int] = []
-        self.entered: list[float] = []
-
-    def enter(self, fence: int) -> None:
-        with self.mutex:
-            self.inside += 1
-            self.most = max(self.most, self.inside)
-            self.fences.append(fence)
-            self.entered.append(time.monotonic())
-
-    def leave(self) -> None:
-        with self.mutex:
-            self.inside -= 1
-
-
-def _sync_waiter(client: redis.Redis, name: str, sections: Sections, outcomes: list[Any]) -> None:
-    lock = Lock(client, name, ttl=10, wait=WAIT)
-    try:
-        acquired = lock.acquire()
-    except RedisUnavailable as exc:
-        outcomes.append(exc)
-        return
-    outcomes.append(acquired)
-    if acquired:
-        sections.enter(lock.fence or 0)
-        time.sleep(HOLD)
-        sections.leave()
-        lock.release()
-
-
 async def _async_waiters(
     topology: SentinelTopology, name: str, sections: Sections, outcomes: list[Any], count: int
 ) -> None:
     client = async_sentinel_client(topology)
-
-    async def wait_once() -> None:
-        lock = AsyncLock(client, name, ttl=10, wait=WAIT)
-        try:
-            acquired = await lock.acquire()
-        except RedisUnavailable as exc:
-            outcomes.append(exc)
-            return
-        outcomes.append(acquired)
-        if acquired:
-            sections.enter(lock.fence or 0)
-            await asyncio.sleep(HOLD)
-            sections.leave()
-            await lock.release()
-
     try:
-        await asyncio.gather(*(wait_once() for _ in range(count)))
+        await async_waiters(client, name, sections, outcomes, count)
     finally:
         for task in asyncio.all_tasks():
             if (
@@ -268,12 +218,6 @@ async def _async_waiters(
                 task.cancel()
         await asyncio.sleep(0)
         await client.aclose()
-
-
-def _queued_with_a_channel(client: redis.Redis, name: str) -> int:
-    """How many waiters of ``name`` are queued with a wake-up channel."""
-    entries = lock_waiters(client, KS.lock(name)).values()
-    return sum(1 for entry in entries if entry.split(b"|")[1][:1] != b"-")
 
 
 def _served_through(topology: SentinelTopology, name: str, fail: Callable[[], None]) -> None:
@@ -288,7 +232,7 @@ def _served_through(topology: SentinelTopology, name: str, fail: Callable[[], No
         assert holder.acquire()
         sections, outcomes = Sections(), []  # type: ignore[var-annotated]
         parties = [
-            threading.Thread(target=_sync_waiter, args=(waiters, name, sections, outcomes))
+            threading.Thread(target=sync_waiter, args=(waiters, name, sections, outcomes))
             for _ in range(2)
         ]
         parties.append(
@@ -298,7 +242,7 @@ def _served_through(topology: SentinelTopology, name: str, fail: Callable[[], No
         )
         for party in parties:
             party.start()
-        wait_until("every waiter to queue", lambda: _queued_with_a_channel(look, name) == 4, 20)
+        wait_until("every waiter to queue", lambda: queued_with_a_channel(look, name) == 4, 20)
         fail()
         # The holder's process asks the sentinels (as its next connection
         # would): its release goes to the new primary, not to an old one
