@@ -109,13 +109,7 @@ class _Setting(Generic[T]):
     def __get__(self, settings: Settings, owner: type) -> T: ...
 
     def __get__(self, settings: Settings | None, owner: type) -> _Setting[T] | T:
-        if settings is None:
-            return self
-        # ``settings.get(self.key)``, inlined: a decorated call reads a dozen.
-        raw = settings._raw
-        if raw is None:
-            raw = settings.raw
-        return self.cast(raw.get(self.key, DEFAULTS[self.key]))
+        return self if settings is None else self.cast(settings.get(self.key))
 
     def __set__(self, settings: Settings, value: Any) -> None:
         raise AttributeError(f"{self.key} is read from settings.REDISLOCK")

@@ -50,6 +50,7 @@ from .wakeup import (
     Liveness,
     Reconnect,
     Wakeup,
+    found,
     moved_from,
     plain_address,
     registered,
@@ -465,10 +466,9 @@ def get_notifier(client: RedisClient, keyspace: KeySpace) -> Notifier | ShardedN
     """
     # Asked by every acquire that may wait: found without the lock once made
     # (a dict read is atomic), made under it.
-    pool = getattr(client, "connection_pool", None)
-    entry = _registry.get((id(client if pool is None else pool), keyspace.prefix))
-    if entry is not None and entry[0] is (client if pool is None else pool):
-        return entry[1]
+    notifier = found(_registry, client, keyspace)
+    if notifier is not None:
+        return notifier
     with _registry_lock:
         return registered(_registry, client, keyspace, Notifier, ShardedNotifier)
 

@@ -27,6 +27,7 @@ __all__ = [
     "AsyncWakeup",
     "Reconnect",
     "Wakeup",
+    "found",
     "moved_from",
     "plain_address",
     "registered",
@@ -185,6 +186,22 @@ _Plain = TypeVar("_Plain")
 _Sharded = TypeVar("_Sharded")
 
 
+def _pool_of(client: Any) -> Any:
+    """What a notifier is registered for: the client's pool, or the client
+    itself when it has none (a Cluster)."""
+    pool = getattr(client, "connection_pool", None)
+    return client if pool is None else pool
+
+
+def found(registry: dict[tuple[int, str], tuple[Any, Any]], client: Any, keyspace: KeySpace) -> Any:
+    """The notifier in ``registry`` for the client's pool and prefix, or None.
+    A dict read, safe without the registry's lock: every acquire that may
+    wait asks, and only the first one makes it (``registered``)."""
+    pool = _pool_of(client)
+    entry = registry.get((id(pool), keyspace.prefix))
+    return entry[1] if entry is not None and entry[0] is pool else None
+
+
 def registered(
     registry: dict[tuple[int, str], tuple[Any, Any]],
     client: Any,
@@ -194,12 +211,9 @@ def registered(
 ) -> _Plain | _Sharded:
     """The notifier in ``registry`` for the client's pool and prefix, made if
     missing: ``sharded`` for a Cluster (which has no single pool), else ``plain``."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        pool = client
-    key = (id(pool), keyspace.prefix)
-    entry = registry.get(key)
-    if entry is None or entry[0] is not pool:
-        entry = (pool, (sharded if is_cluster(client) else plain)(client, keyspace))
-        registry[key] = entry
-    return entry[1]
+    notifier = found(registry, client, keyspace)
+    if notifier is None:
+        pool = _pool_of(client)
+        notifier = (sharded if is_cluster(client) else plain)(client, keyspace)
+        registry[(id(pool), keyspace.prefix)] = (pool, notifier)
+    return notifier
