@@ -46,10 +46,9 @@ import threading
 import time
 from typing import Any
 
-from django_redislock.core import Lock
+from django_redislock.core import Lock, write_record
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
-from django_redislock.idempotency import records
 
 from .common import PrivateCluster, PrivateRedis, fmt, machine_facts, table
 
@@ -143,7 +142,7 @@ def idempotency_records(client: Any, n: int, body: int) -> float:
             b"headers": b'[["Content-Type", "application/json"]]',
             b"body": b"x" * body,
         }
-        records.write(client, keys, record, ttl=600)
+        write_record(client, keys, record, ttl=600)
     return (used_memory(client) - before) / n
 
 

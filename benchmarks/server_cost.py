@@ -129,10 +129,9 @@ def per_pair(key: str, ops: int, fresh: bool = False) -> float:
 
 
 def _item_ops(client: Any, item: str, n: int) -> None:
-    from django_redislock.core import Lock
+    from django_redislock.core import Lock, read_record, write_record
     from django_redislock.core.drivers.semaphore import Semaphore
     from django_redislock.core.engine.keys import KeySpace
-    from django_redislock.idempotency import records
 
     if item == "lock":
         for i in range(n):
@@ -162,8 +161,8 @@ def _item_ops(client: Any, item: str, n: int) -> None:
         for i in range(n):
             keys = space.idempotency("user:42", f"key-{i:08d}")
             done = {b"fp": b"f" * 64, b"state": b"done", b"status": b"201", b"body": b""}
-            records.write(client, keys, done, ttl=600)
-            records.read(client, keys)
+            write_record(client, keys, done, ttl=600)
+            read_record(client, keys)
     else:
         raise ValueError(item)
 
