@@ -78,7 +78,7 @@ RENAMES = {
     "multi_async": "multi",
     "unique_async": "unique",
     "records_async": "records",
-    "notify_async": "notify",
+    "wakeups_async": "wakeups",
     "interrupts_async": "interrupts",
     # Classes.
     "AsyncHandle": "SyncHandle",

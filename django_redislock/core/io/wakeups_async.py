@@ -1,10 +1,10 @@
 """Wake-ups for asyncio waiters: one pub/sub reader task per event loop and pool.
 
-The asyncio counterpart of ``notify.py``: hundreds of waiting tasks cost one
+The asyncio counterpart of ``wakeups.py``: hundreds of waiting tasks cost one
 connection. The reader sets the event of the task whose turn came (with the
 lease, when it was handed over) and, when the channel comes back after an
 outage, wakes every task to look again. Through Sentinel it follows the
-primary as ``notify.py`` describes: while anyone waits, a task asks the
+primary as ``wakeups.py`` describes: while anyone waits, a task asks the
 sentinels once a second where the primary is.
 """
 
@@ -24,8 +24,7 @@ from ..engine.wakeup_message import Handed, parse_wakeup
 from ..topology import is_sentinel
 from . import breaker
 from .aio_calls import wait_for
-from .notify_sharded_async import AsyncShardedNotifier
-from .wakeup import (
+from .wakeups_base import (
     FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     AsyncWakeup,
@@ -35,6 +34,7 @@ from .wakeup import (
     plain_address,
     registered,
 )
+from .wakeups_sharded_async import AsyncShardedNotifier
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
 

@@ -1,4 +1,4 @@
-"""Wake-ups on a Redis Cluster for asyncio waiters: ``notify_sharded.py``'s twin.
+"""Wake-ups on a Redis Cluster for asyncio waiters: ``wakeups_sharded.py``'s twin.
 
 The same sharded channels, one per lock slot, read by one task per node per
 event loop instead of a thread; plain SUBSCRIBE on a node that has no sharded
@@ -18,10 +18,17 @@ from redis.asyncio.client import PubSub as AsyncPubSub
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed
-from . import breaker, notify_sharded
+from . import breaker, wakeups_sharded
 from .cluster_calls import refresh_slots_async
-from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
-from .wakeup import AsyncWakeup, Liveness, Reconnect
+from .wakeups_base import (
+    AsyncWakeup,
+    Liveness,
+    NodeListenerBase,
+    Reconnect,
+    ShardedBase,
+    SubscribedTag,
+    logger,
+)
 
 if TYPE_CHECKING:
     import redis.asyncio
@@ -143,7 +150,7 @@ class _SlotwisePubSub(AsyncPubSub):
     """redis-py's asyncio ``PubSub`` (5.1 and later), but a connection made
     anew subscribes its sharded channels again one per SSUBSCRIBE: they live
     in different slots, and Redis refuses one command across slots
-    (CROSSSLOT). ``notify_sharded._SlotwisePubSub``'s twin."""
+    (CROSSSLOT). ``wakeups_sharded._SlotwisePubSub``'s twin."""
 
     async def on_connect(self, connection: Any) -> None:
         sharded = getattr(self, "shard_channels", None)
@@ -272,7 +279,7 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
             # Tags nobody serves: their node is gone, or dropped them.
             await refresh_slots_async(self._client)
         for tag, state in list(self._tags.items()):
-            if state.users <= 0 and now - state.idle_since > notify_sharded.TAG_IDLE:
+            if state.users <= 0 and now - state.idle_since > wakeups_sharded.TAG_IDLE:
                 del self._tags[tag]
                 self._by_channel.pop(state.channel, None)
                 owner = self._listeners.get(state.node or "")

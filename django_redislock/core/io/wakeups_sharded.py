@@ -58,20 +58,22 @@ from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed
 from . import breaker
 from .cluster_calls import refresh_slots
-from .notify_sharded_base import (
+from .wakeups_base import (
+    Liveness,
     NodeListenerBase,
+    Reconnect,
     ShardedBase,
     SubscribedTag,
+    Wakeup,
     logger,
     no_sharded_pubsub,
 )
-from .wakeup import Liveness, Reconnect, Wakeup
 
 if TYPE_CHECKING:
     import redis
     from redis.cluster import RedisCluster
 
-# ShardedBase and SubscribedTag are shared with the asyncio twin (notify_sharded_base.py).
+# ShardedBase and SubscribedTag are shared with the asyncio twin (wakeups_base.py).
 __all__ = [
     "TAG_IDLE",
     "ShardedBase",

@@ -42,8 +42,7 @@ from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed, parse_wakeup
 from ..topology import is_sentinel
 from . import breaker
-from .notify_sharded import ShardedNotifier
-from .wakeup import (
+from .wakeups_base import (
     FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     LIVENESS_INTERVAL,
@@ -55,6 +54,7 @@ from .wakeup import (
     plain_address,
     registered,
 )
+from .wakeups_sharded import ShardedNotifier
 
 __all__ = ["Notifier", "get_notifier"]
 
@@ -107,7 +107,7 @@ class Notifier:
 
     # -- waiters' side -----------------------------------------------------
     # One process-wide channel and PUBLISH: the tag arguments are for the
-    # Cluster notifier (notify_sharded.py), which listens per hash slot.
+    # Cluster notifier (wakeups_sharded.py), which listens per hash slot.
 
     def address_for(self, tag: bytes = b"") -> bytes:
         return self.address
