@@ -35,7 +35,7 @@ from django_redislock.core import (
     RedisUnavailable,
     ReplicationTimeout,
 )
-from django_redislock.core.io import wakeups_sharded
+from django_redislock.core.io import wakeups_base
 from django_redislock.core.io.wakeups import get_notifier
 from tests.drive import DRIVERS, Drive, run_to_end
 from tests.helpers_oracles import Occupancy, exit_codes_of_forks, lock_waiters
@@ -230,7 +230,7 @@ def test_idle_tags_are_unsubscribed(rc: RedisCluster, monkeypatch: pytest.Monkey
     # Subscribed while waited on, and kept a while after (TAG_IDLE)...
     assert subscribed() == 1
     # ...then dropped once idle (listeners check once a second).
-    monkeypatch.setattr(wakeups_sharded, "TAG_IDLE", 0.0)
+    monkeypatch.setattr(wakeups_base, "TAG_IDLE", 0.0)
     wait_until("the idle tag to be unsubscribed", lambda: subscribed() == 0, 10)
     holder.release()
 

@@ -35,6 +35,7 @@ __all__ = [
     "IDLE_TIMEOUT",
     "LIVENESS_INTERVAL",
     "MAP_REFRESH_INTERVAL",
+    "TAG_IDLE",
     "AsyncWakeup",
     "Liveness",
     "NodeListenerBase",
@@ -184,6 +185,10 @@ class Wakeup(threading.Event):
     promoted: bool = False
     needs_channel: bool = False
 
+    # Sleep until set or the timeout passes (the Cluster notifier's sleep):
+    # ``AsyncWakeup.sleep``'s meaning for a thread, with no call in between.
+    sleep = threading.Event.wait
+
 
 class AsyncWakeup(asyncio.Event):
     """A waiting task's event; ``handed`` as for ``Wakeup``."""
@@ -199,6 +204,12 @@ class AsyncWakeup(asyncio.Event):
         handed, self.handed = self.handed, None
         self.clear()
         return handed
+
+    async def sleep(self, timeout: float) -> None:
+        """Sleep until set or ``timeout`` passes; the caller takes ``handed``
+        and clears the event (the Cluster notifier, under its mutex)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await wait_for(self.wait(), timeout)
 
 
 _Plain = TypeVar("_Plain")
@@ -244,6 +255,9 @@ def registered(
 # it a replica), or that we lost, has the slot map read again before its
 # tags are routed anew: at most once in this many seconds per notifier.
 MAP_REFRESH_INTERVAL = 1.0
+# A tag nobody waits on stays subscribed this long: a busy lock does not pay
+# a subscription round trip for every contended acquire.
+TAG_IDLE = 30.0
 
 
 def _text(value: Any) -> str:
@@ -423,6 +437,27 @@ class ShardedBase(Generic[_K]):
             state.users -= 1
             if state.users <= 0:
                 state.idle_since = time.monotonic()
+
+    def _drop_idle(self, now: float) -> list[SubscribedTag]:
+        """Forget the tags nobody has waited on for ``TAG_IDLE``; the owner
+        unsubscribes them where they are (``state.node``)."""
+        idle = [
+            (tag, state)
+            for tag, state in self._tags.items()
+            if state.users <= 0 and now - state.idle_since > TAG_IDLE
+        ]
+        for tag, state in idle:
+            del self._tags[tag]
+            self._by_channel.pop(state.channel, None)
+        return [state for _tag, state in idle]
+
+    def _moved(self, state: SubscribedTag, name: str) -> bool:
+        """Whether the client's slot map (which every MOVED a lock call meets
+        updates) puts ``state``'s channel on another node than ``name``."""
+        try:
+            return bool(self._node_of(state.channel).name != name)
+        except Exception:  # slot not covered: where it goes is the next upkeep's
+            return False
 
 
 class NodeListenerBase:

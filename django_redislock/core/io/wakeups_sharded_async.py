@@ -1,25 +1,85 @@
-"""Wake-ups on a Redis Cluster for asyncio waiters: ``wakeups_sharded.py``'s twin.
+"""Wake-ups on a Redis Cluster: sharded pub/sub, one channel per lock slot.
 
-The same sharded channels, one per lock slot, read by one task per node per
-event loop instead of a thread; plain SUBSCRIBE on a node that has no sharded
-pub/sub, following the slot's primary, and one SSUBSCRIBE per channel on a
-connection made anew, as there.
+Plain PUBLISH on a Cluster is broadcast to every node over the cluster bus,
+and a channel has no slot, so a lock script could not address it safely. On a
+Cluster each process therefore listens on one *sharded* channel per hash tag
+it is waiting on, ``P:N:{T}:<process id>``: it hashes to the same slot as the
+lock's keys, so the script that frees the lock SPUBLISHes on its own node and
+the waiter entry's address starts with ``s``.
+
+Per process (and cluster client) there is one listener per node holding
+subscribed tags; its connection comes from the cluster client's own node
+settings. A tag is subscribed the first time a local waiter needs it (the
+waiter queues only once the subscription is confirmed), stays subscribed
+while it is in use and for ``TAG_IDLE`` seconds after, then is dropped.
+
+Subscriptions follow the slot's primary. A node that no longer serves a
+slot (it moved, or a failover made the node a replica) drops our
+subscriptions of it unasked, and a listener may lose its node: either way
+the slot map is read again (``MAP_REFRESH_INTERVAL``) and the tags are
+subscribed where it says. Each listener also checks once a second that its
+tags still belong to its node by the client's map (which every MOVED a lock
+call meets updates) and moves them otherwise. The waiters of a tag are woken
+to look again once it is subscribed again (a wake-up may have been missed
+meanwhile), not when it was lost: a missed message costs at most the time
+the lock's state needs to change by itself, as on one server.
+
+A node counts only its own listeners as receivers of a wake-up, while Redis
+delivers it to every node of the shard: a listener left on a replica hears
+it. The scripts therefore never take a count of 0 for a dead waiter on a
+Cluster, and hand a waiter not seen listening on the lock's node a claim it
+confirms (``_lock.lua``, ``hand_off``); following the primary keeps that
+rare.
+
+A node without sharded pub/sub (Redis before 7.0) refuses SSUBSCRIBE as an
+unknown command. Its listener then subscribes the same channels with plain
+SUBSCRIBE, and the waiter entries of those tags carry ``c``: the script
+PUBLISHes on the lock's node (a Cluster copies the message to every other
+node, which costs bus traffic, and is why a count there is no proof either).
+Which kind a tag is on is learnt from its subscription's confirmation, so a
+Cluster that mixes versions is served node by node.
+
+redis-py subscribes a connection made anew to all its sharded channels with
+one SSUBSCRIBE, which Redis refuses across slots (CROSSSLOT): the listeners'
+connections subscribe them one per command instead (``node_pubsub``).
+
+This asyncio source is the one place these decisions are written; the thread
+notifier (``wakeups_sharded.py``) is generated from it. Where a thread and a
+task differ (a listener is a thread or a task, the state is guarded by a
+mutex or by the loop, a listener's client is the Cluster client's or its
+own), the code names ``_wakeup_prims_async.py``, whose twin says what it
+means for threads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from redis.asyncio.client import PubSub as AsyncPubSub
-
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed
-from . import breaker, wakeups_sharded
+from . import breaker
+from ._wakeup_prims_async import (
+    Background,
+    Event,
+    Mutex,
+    Runner,
+    at_home,
+    close_node_client,
+    close_pubsub,
+    connected,
+    home,
+    node_client,
+    node_pubsub,
+    opened_here,
+    running,
+    sleep,
+    start,
+)
 from .cluster_calls import refresh_slots_async
+from .interrupts_async import Cancelled
 from .wakeups_base import (
     AsyncWakeup,
     Liveness,
@@ -31,236 +91,183 @@ from .wakeups_base import (
 )
 
 if TYPE_CHECKING:
-    import redis.asyncio
-    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from ._wakeup_prims_async import Cluster
 
 __all__ = ["AsyncShardedNotifier"]
 
 
 class _AsyncNodeListener(NodeListenerBase):
-    """Reads one node's sharded subscriptions in a task of its own."""
+    """Reads one node's sharded subscriptions, in a runner of its own."""
 
-    def __init__(
-        self, owner: AsyncShardedNotifier, name: str, redis_client: redis.asyncio.Redis
-    ) -> None:
+    def __init__(self, owner: AsyncShardedNotifier, name: str, redis_client: Any) -> None:
         super().__init__(name, owner._unsharded)
         self.redis = redis_client
         self.owner = owner
-        self.task: asyncio.Task[None] | None = None
+        # Guards ``wanted`` and ``pubsub`` against the owner's calls (threads).
+        self.lock = Mutex()
+        self.runner: Runner | None = None
 
     async def add(self, channel: bytes) -> None:
-        self.wanted.add(channel)
-        if self.pubsub is not None:
-            try:
-                await self.command(self.pubsub, "subscribe")(channel)
-            except Exception as exc:
-                logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
+        with self.lock:
+            self.wanted.add(channel)
+            if self.pubsub is not None:
+                try:
+                    await self.command(self.pubsub, "subscribe")(channel)
+                except Exception as exc:  # the reader notices and reconnects
+                    logger.info("could not subscribe %r on %s: %s", channel, self.name, exc)
 
     async def remove(self, channel: bytes) -> None:
-        self.forget(channel)
-        if self.pubsub is not None:
-            with contextlib.suppress(Exception):
-                await self.command(self.pubsub, "unsubscribe")(channel)
+        with self.lock:
+            self.forget(channel)
+            if self.pubsub is not None:
+                with contextlib.suppress(Exception):
+                    await self.command(self.pubsub, "unsubscribe")(channel)
 
     async def run(self) -> None:
         reconnect = Reconnect()
         delay = 0.0
         try:
             while True:
-                pubsub = _async_pubsub(self.redis)
+                pubsub = node_pubsub(self.redis)
                 try:
-                    for channel in sorted(self.wanted):
-                        await self.command(pubsub, "subscribe")(channel)
-                    self.pubsub = pubsub
+                    with self.lock:
+                        # One SSUBSCRIBE per channel: they are in different slots.
+                        for channel in sorted(self.wanted):
+                            await self.command(pubsub, "subscribe")(channel)
+                        self.pubsub = pubsub
                     reconnect.up(time.monotonic())
                     if await self._listen():
                         return
-                except asyncio.CancelledError:
+                except Cancelled:
                     raise
                 except Exception as exc:
                     delay = self.lost(exc, reconnect)
                 finally:
-                    self.pubsub = None
-                    with contextlib.suppress(Exception):
-                        await pubsub.aclose()
+                    with self.lock:
+                        self.pubsub = None
+                    await close_pubsub(pubsub)
                     await self.owner._listener_down(self)
                 if self.owner._retire(self):
                     return
-                await asyncio.sleep(delay)
+                await sleep(delay)
         finally:
-            with contextlib.suppress(Exception):
-                await self.redis.aclose()
+            await close_node_client(self.redis)
 
     async def _listen(self) -> bool:
+        """Read until the connection fails (raises) or the listener retires (True)."""
         liveness = Liveness(time.monotonic())
         self.checked_at = liveness.last_heard
         while True:
-            if self.pubsub.connection is None:
-                await asyncio.sleep(0.05)
-                message = None
-            else:
+            if connected(self.pubsub):
                 message = await self.pubsub.get_message(timeout=1.0)
+            else:
+                await sleep(0.05)
+                message = None
             now = time.monotonic()
             if message is not None:
                 liveness.heard(now)
-                dropped = self.owner._on_message(message, self.name)
-                if dropped:
-                    await self.owner._follow(self, dropped)
+                await self.owner._handle(message, self)
             if self.upkeep_due(now):
                 await self.owner._maintain(self)
                 if self.idle(now):
                     return self.owner._retire(self)
-            connected = self.pubsub.connection is not None
-            if message is None and connected and liveness.ping_due(now) and self.wanted:
-                await self.pubsub.ping()
+            # Pinged only while a tag is wanted: an empty listener retires.
+            if (
+                message is None
+                and connected(self.pubsub)
+                and liveness.ping_due(now)
+                and self.wanted
+            ):
+                with self.lock:
+                    await self.pubsub.ping()
                 liveness.ping_sent = now
 
 
-class _ShardedPubSub(AsyncPubSub):
-    """Sharded pub/sub for redis-py before 5.1, whose asyncio ``PubSub`` lacks it.
-
-    The raw commands work there (their replies come back from ``get_message()``
-    as "ssubscribe"/"smessage" messages); what is missing is subscribing the
-    channels again when the connection comes back, done here as later
-    redis-py versions do it.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._sharded: set[bytes] = set()
-
-    # Only ever instantiated where the base class has no such methods.
-    async def ssubscribe(self, channel: bytes) -> None:  # type: ignore[override]
-        await self.execute_command("SSUBSCRIBE", channel)
-        # Recorded after sending, as redis-py does: a reconnect while sending
-        # must not subscribe it twice.
-        self._sharded.add(channel)
-
-    async def sunsubscribe(self, channel: bytes) -> None:  # type: ignore[override]
-        self._sharded.discard(channel)
-        await self.execute_command("SUNSUBSCRIBE", channel)
-
-    async def on_connect(self, connection: Any) -> None:
-        await super().on_connect(connection)
-        for channel in sorted(self._sharded):
-            await self.execute_command("SSUBSCRIBE", channel)
-
-
-class _SlotwisePubSub(AsyncPubSub):
-    """redis-py's asyncio ``PubSub`` (5.1 and later), but a connection made
-    anew subscribes its sharded channels again one per SSUBSCRIBE: they live
-    in different slots, and Redis refuses one command across slots
-    (CROSSSLOT). ``wakeups_sharded._SlotwisePubSub``'s twin."""
-
-    async def on_connect(self, connection: Any) -> None:
-        sharded = getattr(self, "shard_channels", None)
-        if not sharded:
-            await super().on_connect(connection)
-            return
-        self.shard_channels = {}
-        try:
-            await super().on_connect(connection)
-        finally:
-            self.shard_channels = sharded
-        for channel in list(sharded):
-            await self.execute_command("SSUBSCRIBE", channel)
-
-
-def _async_pubsub(client: redis.asyncio.Redis) -> Any:
-    """A pubsub of ``client`` that subscribes one sharded channel per command."""
-    pubsub = client.pubsub()
-    if not hasattr(pubsub, "ssubscribe"):
-        return _ShardedPubSub(client.connection_pool)
-    if type(pubsub) is AsyncPubSub:
-        pubsub.__class__ = _SlotwisePubSub
-    return pubsub
-
-
-def _async_node_client(node: Any) -> redis.asyncio.Redis:
-    """A ``redis.asyncio.Redis`` for one cluster node, with the cluster's settings."""
-    import redis.asyncio
-
-    kwargs = {
-        k: v
-        for k, v in node.connection_kwargs.items()
-        if k not in ("event_dispatcher", "response_callbacks", "connection_pool")
-    }
-    pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, **kwargs)
-    return redis.asyncio.Redis(connection_pool=pool)
-
-
-class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
-    """``AsyncNotifier`` for ``redis.asyncio.cluster.RedisCluster``."""
+class AsyncShardedNotifier(ShardedBase["Cluster"]):
+    """The notifier of a Cluster client (``get_async_notifier``): SSUBSCRIBE per waited-on tag."""
 
     def __init__(self, client: AsyncRedisClient, keyspace: KeySpace) -> None:
         # Made only for a client that ``is_cluster`` says is one (``get_async_notifier``).
-        super().__init__(cast("AsyncRedisCluster", client), keyspace)
+        super().__init__(cast("Cluster", client), keyspace)
+        self._mutex = Mutex()
         self._listeners: dict[str, _AsyncNodeListener] = {}
-        self._pending: set[asyncio.Task[None]] = set()
-        self._loop = asyncio.get_running_loop()
+        self._background = Background()
+        self._home = home()
         breaker.on_open(self._on_breaker_open)
 
     def _on_breaker_open(self, opened: breaker.Breaker) -> None:
-        # As the thread notifier does; called from whichever thread saw the timeout.
-        if any(known is opened for known in breaker.node_breakers(self._client)):
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                self._loop.call_soon_threadsafe(self._wake_everyone)
+        # A node of this Cluster timed out: every waiter looks again now (one
+        # on another node at the cost of a round trip), and those of that
+        # node fail fast rather than sleep out their wait. Called from
+        # whichever thread saw the timeout.
+        if opened_here(self._client, opened):
+            at_home(self._home, self._wake_everyone)
 
     def _wake_everyone(self) -> None:
-        for event, _tag in list(self._slots.values()):
-            event.set()
+        with self._mutex:
+            for event, _tag in list(self._slots.values()):
+                event.set()
 
+    # -- waiters' side -----------------------------------------------------
     def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
         event = AsyncWakeup()
-        unrouted = self._join(token, event, tag, asyncio.Event)
-        if unrouted is not None:
-            self._spawn(self._route(unrouted))
+        with self._mutex:
+            unrouted = self._join(token, event, tag, Event)
+            if unrouted is not None:
+                self._background.spawn(self._route, unrouted)
         return event
 
     def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
         """Register ``token`` if its tag's channel is subscribed, else None."""
-        return self.register(token, tag) if self.is_ready(tag) else None
+        with self._mutex:
+            return self.register(token, tag) if self.is_ready(tag) else None
+
+    def unregister(self, token: str) -> None:
+        with self._mutex:
+            self._forget(token)
 
     async def wait(self, event: AsyncWakeup, timeout: float) -> Handed | None:
         """Sleep until a listener sets ``event`` or ``timeout`` passes; the
         fence of a lease handed over, else None."""
-        return await event.take(timeout)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    def unregister(self, token: str) -> None:
-        self._forget(token)
+        await event.sleep(timeout)
+        with self._mutex:
+            handed, event.handed = event.handed, None
+            event.clear()
+        return handed
 
     async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         if state is None:
             return False
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(state.ready.wait(), timeout)
-        return state.ready.is_set()
+        return await state.ready.within(timeout)
 
+    # -- listeners ------------------------------------------------------------
     async def _route(self, state: SubscribedTag) -> None:
+        """Subscribe a tag on the node that owns its slot (under the mutex)."""
         if state.node is not None:
             return
         try:
             node = self._node_of(state.channel)
-        except Exception as exc:
+            listener = self._listeners.get(node.name)
+            fresh = listener is None or not running(listener.runner)
+            redis_client = node_client(self._client, node) if fresh else None
+        except Exception as exc:  # slot not covered yet: the next maintenance retries
             logger.info("no node for wake-up channel %r yet: %s", state.channel, exc)
             return
         state.node = node.name
-        listener = self._listeners.get(node.name)
-        if listener is None or listener.task is None or listener.task.done():
-            listener = _AsyncNodeListener(self, node.name, _async_node_client(node))
+        if listener is None or fresh:
+            listener = _AsyncNodeListener(self, node.name, redis_client)
             self._listeners[node.name] = listener
             listener.wanted.add(state.channel)
-            listener.task = asyncio.get_running_loop().create_task(
-                listener.run(), name=f"redislock-notify-{node.name}"
-            )
+            listener.runner = start(listener.run, f"redislock-notify-{node.name}")
             return
         await listener.add(state.channel)
+
+    async def _handle(self, message: dict[str, Any], listener: _AsyncNodeListener) -> None:
+        with self._mutex:
+            dropped = self._on_message(message, listener.name)
+        if dropped:
+            await self._follow(listener, dropped)
 
     async def _follow(self, listener: _AsyncNodeListener, dropped: list[bytes]) -> None:
         """``listener``'s node dropped ``dropped`` unasked: forget them there,
@@ -270,48 +277,57 @@ class AsyncShardedNotifier(ShardedBase["AsyncRedisCluster"]):
             await listener.remove(channel)
         if self._map_due():
             await refresh_slots_async(self._client)
-            for state in self._unrouted():
-                await self._route(state)
+            with self._mutex:
+                for state in self._unrouted():
+                    await self._route(state)
 
     async def _maintain(self, listener: _AsyncNodeListener) -> None:
+        """Once a second per listener: drop idle tags, move tags whose slot moved."""
         now = time.monotonic()
-        if self._unrouted() and self._map_due():
+        with self._mutex:
+            unrouted = bool(self._unrouted())
+        if unrouted and self._map_due():
             # Tags nobody serves: their node is gone, or dropped them.
             await refresh_slots_async(self._client)
-        for tag, state in list(self._tags.items()):
-            if state.users <= 0 and now - state.idle_since > wakeups_sharded.TAG_IDLE:
-                del self._tags[tag]
-                self._by_channel.pop(state.channel, None)
+        drop: list[tuple[_AsyncNodeListener, bytes]] = []
+        with self._mutex:
+            for state in self._drop_idle(now):
                 owner = self._listeners.get(state.node or "")
                 if owner is not None:
-                    await owner.remove(state.channel)
-                continue
-            if state.node is None and state.users > 0:
-                await self._route(state)
-            elif state.node == listener.name:
-                with contextlib.suppress(Exception):
-                    if self._node_of(state.channel).name != listener.name:
-                        state.ready.clear()
-                        state.node = None
-                        await listener.remove(state.channel)
-                        await self._route(state)
+                    drop.append((owner, state.channel))
+            for state in list(self._tags.values()):
+                if state.node is None and state.users > 0:
+                    await self._route(state)
+                elif state.node == listener.name and self._moved(state, listener.name):
+                    state.ready.clear()
+                    state.node = None
+                    drop.append((listener, state.channel))
+                    await self._route(state)
+        # Unsubscribed outside the mutex: waiters need not wait on the node.
+        for owner, channel in drop:
+            await owner.remove(channel)
 
     async def _listener_down(self, listener: _AsyncNodeListener) -> None:
-        served = any(s.node == listener.name and s.users > 0 for s in self._tags.values())
+        with self._mutex:
+            served = any(s.node == listener.name and s.users > 0 for s in self._tags.values())
         if served and self._map_due():
             # The node may be gone for good (a failover): ask where its slots went.
             await refresh_slots_async(self._client)
-        self._listener_lost(listener.name)
-        listener.wanted.clear()
-        # The listener stays the node's: a tag routed to the node again joins
-        # it, and it reconnects after its back-off (Reconnect), not at once.
-        for state in self._unrouted():
-            await self._route(state)
+        with self._mutex:
+            self._listener_lost(listener.name)
+            with listener.lock:
+                listener.wanted.clear()
+            # The listener stays the node's: a tag routed to the node again joins
+            # it, and it reconnects after its back-off (Reconnect), not at once.
+            for state in self._unrouted():
+                await self._route(state)
 
     def _retire(self, listener: _AsyncNodeListener) -> bool:
-        if self._listeners.get(listener.name) is not listener:
+        """Whether ``listener`` is to end: no longer the node's, or nothing to read."""
+        with self._mutex, listener.lock:
+            if self._listeners.get(listener.name) is not listener:
+                return True
+            if listener.wanted:
+                return False
+            del self._listeners[listener.name]
             return True
-        if listener.wanted:
-            return False
-        del self._listeners[listener.name]
-        return True

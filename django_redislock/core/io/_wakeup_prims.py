@@ -1,0 +1,154 @@
+"""The thread meaning of ``_wakeup_prims_async.py``'s names, for ``wakeups_sharded.py``.
+
+``wakeups_sharded.py`` is generated from ``wakeups_sharded_async.py``; what
+threads do differently from tasks is here. A node's listener is a daemon
+thread, the notifier's state is guarded by a mutex (waiters and listeners
+are threads of their own), a registration routes its tag at once (under that
+mutex) rather than in a task, and a listener reads through the Cluster
+client's own connection settings for its node, which it does not close.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from redis.client import PubSub
+
+from . import breaker
+
+if TYPE_CHECKING:
+    import redis
+    from redis.cluster import RedisCluster as Cluster
+
+__all__ = [
+    "Background",
+    "Cluster",
+    "Event",
+    "Home",
+    "Mutex",
+    "Runner",
+    "at_home",
+    "close_node_client",
+    "close_pubsub",
+    "connected",
+    "home",
+    "node_client",
+    "node_pubsub",
+    "opened_here",
+    "running",
+    "sleep",
+    "slotwise",
+    "start",
+]
+
+_T = TypeVar("_T")
+
+
+class Event(threading.Event):
+    """What a tag's subscription sets once confirmed."""
+
+    # Whether set, waiting up to ``timeout`` seconds for it: no call in between.
+    within = threading.Event.wait
+
+
+Runner = threading.Thread
+# Threads need no home: a call from any of them runs where it is made.
+Home = object
+# Re-entrant: a waiter that holds it may route its tag, which takes it again.
+Mutex = threading.RLock
+
+
+class Background:
+    """Nothing to keep: a step runs in the caller's thread (under the
+    notifier's mutex, which it holds)."""
+
+    def spawn(self, step: Callable[[_T], None], arg: _T) -> None:
+        step(arg)
+
+
+def home() -> Home:
+    return None
+
+
+def at_home(_home: Home, call: Callable[[], None]) -> None:
+    call()
+
+
+def start(run: Callable[[], None], name: str) -> Runner:
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def running(runner: Runner | None) -> bool:
+    return runner is not None and runner.is_alive()
+
+
+sleep = time.sleep
+
+
+def opened_here(client: Any, opened: breaker.Breaker) -> bool:
+    """Whether ``opened`` is the breaker of a node of Cluster ``client``."""
+    pools = (getattr(node.redis_connection, "connection_pool", None) for node in client.get_nodes())
+    return any(pool is not None and breaker.breaker_of(pool) is opened for pool in pools)
+
+
+# -- a node's connection -----------------------------------------------------
+
+
+def node_client(cluster: Cluster, node: Any) -> redis.Redis:
+    """The Cluster client's own client for ``node``."""
+    return cluster.get_redis_connection(node)
+
+
+def close_node_client(client: redis.Redis) -> None:
+    """Nothing: the node's client is the Cluster client's, still in use."""
+    return None
+
+
+def close_pubsub(pubsub: Any) -> None:
+    # Already broken, perhaps: there is nothing left to release.
+    with contextlib.suppress(Exception):
+        pubsub.close()
+
+
+def connected(pubsub: Any) -> bool:
+    """Always: the sync ``PubSub`` reads nothing, and waits, before its first
+    subscription."""
+    return True
+
+
+class _SlotwisePubSub(PubSub):
+    """redis-py's ``PubSub``, but a connection made anew subscribes its
+    sharded channels again one per SSUBSCRIBE: they live in different slots,
+    and Redis refuses one command across slots (CROSSSLOT)."""
+
+    def on_connect(self, connection: Any) -> None:
+        sharded = getattr(self, "shard_channels", None)
+        if not sharded:
+            super().on_connect(connection)
+            return
+        self.shard_channels = {}
+        try:
+            super().on_connect(connection)
+        finally:
+            self.shard_channels = sharded
+        for channel in list(sharded):
+            self.execute_command("SSUBSCRIBE", channel)
+
+
+def slotwise(pubsub: Any) -> Any:
+    """``pubsub`` (a node client's ``pubsub()``), made to subscribe its sharded
+    channels again one per command when its connection is made anew."""
+    if type(pubsub) is PubSub:
+        pubsub.__class__ = _SlotwisePubSub
+    return pubsub
+
+
+def node_pubsub(client: redis.Redis) -> Any:
+    """A pubsub of ``client`` that subscribes one sharded channel per command."""
+    return slotwise(client.pubsub())
