@@ -14,23 +14,25 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from redis.client import PubSub
 
+from ..engine.wakeup_message import Handed
 from . import breaker
+from .wakeups_base import ShardedBase, SubscribedTag, Wakeup
 
 if TYPE_CHECKING:
     import redis
     from redis.cluster import RedisCluster as Cluster
 
 __all__ = [
-    "Background",
     "Cluster",
     "Event",
     "Home",
     "Mutex",
     "Runner",
+    "Waiters",
     "at_home",
     "close_node_client",
     "close_pubsub",
@@ -45,8 +47,6 @@ __all__ = [
     "start",
 ]
 
-_T = TypeVar("_T")
-
 
 class Event(threading.Event):
     """What a tag's subscription sets once confirmed."""
@@ -60,14 +60,6 @@ Runner = threading.Thread
 Home = object
 # Re-entrant: a waiter that holds it may route its tag, which takes it again.
 Mutex = threading.RLock
-
-
-class Background:
-    """Nothing to keep: a step runs in the caller's thread (under the
-    notifier's mutex, which it holds)."""
-
-    def spawn(self, step: Callable[[_T], None], arg: _T) -> None:
-        step(arg)
 
 
 def home() -> Home:
@@ -95,6 +87,57 @@ def opened_here(client: Any, opened: breaker.Breaker) -> bool:
     """Whether ``opened`` is the breaker of a node of Cluster ``client``."""
     pools = (getattr(node.redis_connection, "connection_pool", None) for node in client.get_nodes())
     return any(pool is not None and breaker.breaker_of(pool) is opened for pool in pools)
+
+
+class Waiters(ShardedBase["Cluster"]):
+    """The waiters' side of the thread Cluster notifier, and its reading of a
+    message: ``_wakeup_prims_async.Waiters``'s steps, each under the
+    notifier's mutex, since waiters and listeners are threads of their own;
+    a registration routes its tag at once, in the waiter's thread."""
+
+    def __init__(self, client: Any, keyspace: Any) -> None:
+        super().__init__(client, keyspace)
+        self._mutex = Mutex()
+
+    def _route(self, state: SubscribedTag) -> None:
+        raise NotImplementedError  # the notifier's
+
+    def _follow(self, listener: Any, dropped: list[bytes]) -> None:
+        raise NotImplementedError  # the notifier's
+
+    def register(self, token: str, tag: bytes = b"") -> Wakeup:
+        event = Wakeup()
+        with self._mutex:
+            unrouted = self._join(token, event, tag, Event)
+            if unrouted is not None:
+                self._route(unrouted)
+        return event
+
+    def register_if_ready(self, token: str, tag: bytes = b"") -> Wakeup | None:
+        """Register ``token`` if its tag's channel is subscribed, else None:
+        one step under the mutex, so the tag cannot be dropped in between."""
+        with self._mutex:
+            return self.register(token, tag) if self.is_ready(tag) else None
+
+    def unregister(self, token: str) -> None:
+        with self._mutex:
+            self._forget(token)
+
+    def wait(self, event: Wakeup, timeout: float) -> Handed | None:
+        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
+        fence of a lease handed over, else None."""
+        event.wait(timeout)
+        with self._mutex:
+            handed, event.handed = event.handed, None
+            event.clear()
+        return handed
+
+    def _handle(self, message: dict[str, Any], listener: Any) -> None:
+        """A message of ``listener``'s node."""
+        with self._mutex:
+            dropped = self._on_message(message, listener.name)
+        if dropped:
+            self._follow(listener, dropped)
 
 
 # -- a node's connection -----------------------------------------------------

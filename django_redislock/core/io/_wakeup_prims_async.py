@@ -12,23 +12,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.client import PubSub as AsyncPubSub
 
+from ..engine.wakeup_message import Handed
 from . import breaker
+from .wakeups_base import AsyncWakeup, ShardedBase, SubscribedTag
 
 if TYPE_CHECKING:
     import redis.asyncio
     from redis.asyncio.cluster import RedisCluster as Cluster
 
 __all__ = [
-    "Background",
     "Cluster",
     "Event",
     "Home",
     "Mutex",
     "Runner",
+    "Waiters",
     "at_home",
     "close_node_client",
     "close_pubsub",
@@ -41,8 +43,6 @@ __all__ = [
     "sleep",
     "start",
 ]
-
-_T = TypeVar("_T")
 
 
 class Event(asyncio.Event):
@@ -71,19 +71,6 @@ class Mutex:
         return None
 
 
-class Background:
-    """The routing tasks a waiter's registration starts, kept until done."""
-
-    def __init__(self) -> None:
-        self._pending: set[asyncio.Task[None]] = set()
-
-    def spawn(self, step: Callable[[_T], Coroutine[Any, Any, None]], arg: _T) -> None:
-        """Run ``step(arg)`` in a task of its own (the caller is not async)."""
-        task = asyncio.get_running_loop().create_task(step(arg))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-
 def home() -> Home:
     return asyncio.get_running_loop()
 
@@ -108,6 +95,53 @@ sleep = asyncio.sleep
 def opened_here(client: Any, opened: breaker.Breaker) -> bool:
     """Whether ``opened`` is the breaker of a node of Cluster ``client``."""
     return any(known is opened for known in breaker.node_breakers(client))
+
+
+class Waiters(ShardedBase["Cluster"]):
+    """The waiters' side of the asyncio Cluster notifier, and its reading of a
+    message: each a step of ``ShardedBase``'s, with no guard and no call in
+    between (the loop is the guard), as cheap as a waiter's turn can be. The
+    thread twin takes the notifier's mutex around the same steps; the rest of
+    the notifier is generated (``wakeups_sharded_async.py``)."""
+
+    def __init__(self, client: Any, keyspace: Any) -> None:
+        super().__init__(client, keyspace)
+        self._mutex = Mutex()
+        # The routing tasks registrations start, kept until done.
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def _route(self, state: SubscribedTag) -> None:
+        raise NotImplementedError  # the notifier's
+
+    async def _follow(self, listener: Any, dropped: list[bytes]) -> None:
+        raise NotImplementedError  # the notifier's
+
+    def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
+        event = AsyncWakeup()
+        unrouted = self._join(token, event, tag, Event)
+        if unrouted is not None:
+            task = asyncio.get_running_loop().create_task(self._route(unrouted))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        return event
+
+    def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
+        """Register ``token`` if its tag's channel is subscribed, else None."""
+        return self.register(token, tag) if self.is_ready(tag) else None
+
+    def unregister(self, token: str) -> None:
+        self._forget(token)
+
+    async def wait(self, event: AsyncWakeup, timeout: float) -> Handed | None:
+        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
+        fence of a lease handed over, else None."""
+        return await event.take(timeout)
+
+    async def _handle(self, message: dict[str, Any], listener: Any) -> None:
+        """A message of ``listener``'s node."""
+        dropped = self._on_message(message, listener.name)
+        if dropped:
+            await self._follow(listener, dropped)
 
 
 # -- a node's connection -----------------------------------------------------

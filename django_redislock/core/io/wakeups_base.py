@@ -185,10 +185,6 @@ class Wakeup(threading.Event):
     promoted: bool = False
     needs_channel: bool = False
 
-    # Sleep until set or the timeout passes (the Cluster notifier's sleep):
-    # ``AsyncWakeup.sleep``'s meaning for a thread, with no call in between.
-    sleep = threading.Event.wait
-
 
 class AsyncWakeup(asyncio.Event):
     """A waiting task's event; ``handed`` as for ``Wakeup``."""
@@ -204,12 +200,6 @@ class AsyncWakeup(asyncio.Event):
         handed, self.handed = self.handed, None
         self.clear()
         return handed
-
-    async def sleep(self, timeout: float) -> None:
-        """Sleep until set or ``timeout`` passes; the caller takes ``handed``
-        and clears the event (the Cluster notifier, under its mutex)."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await wait_for(self.wait(), timeout)
 
 
 _Plain = TypeVar("_Plain")

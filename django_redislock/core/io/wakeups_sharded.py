@@ -49,7 +49,10 @@ notifier (``wakeups_sharded.py``) is generated from it. Where a thread and a
 task differ (a listener is a thread or a task, the state is guarded by a
 mutex or by the loop, a listener's client is the Cluster client's or its
 own), the code names ``_wakeup_prims.py``, whose twin says what it
-means for threads.
+means for threads. Among those names is ``Waiters``, a waiter's turn
+(register, sleep, unregister) and a listener's reading of a message: steps of
+``ShardedBase`` that threads take under the notifier's mutex and a loop takes
+bare, written once per world so that neither pays a call the other needs.
 """
 
 from __future__ import annotations
@@ -60,13 +63,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
-from ..engine.wakeup_message import Handed
 from . import breaker
 from ._wakeup_prims import (
-    Background,
-    Event,
     Mutex,
     Runner,
+    Waiters,
     at_home,
     close_node_client,
     close_pubsub,
@@ -85,9 +86,7 @@ from .wakeups_base import (
     Liveness,
     NodeListenerBase,
     Reconnect,
-    ShardedBase,
     SubscribedTag,
-    Wakeup,
     logger,
 )
 
@@ -184,15 +183,13 @@ class _NodeListener(NodeListenerBase):
                 liveness.ping_sent = now
 
 
-class ShardedNotifier(ShardedBase["Cluster"]):
+class ShardedNotifier(Waiters):
     """The notifier of a Cluster client (``get_notifier``): SSUBSCRIBE per waited-on tag."""
 
     def __init__(self, client: RedisClient, keyspace: KeySpace) -> None:
         # Made only for a client that ``is_cluster`` says is one (``get_notifier``).
         super().__init__(cast("Cluster", client), keyspace)
-        self._mutex = Mutex()
         self._listeners: dict[str, _NodeListener] = {}
-        self._background = Background()
         self._home = home()
         breaker.on_open(self._on_breaker_open)
 
@@ -209,33 +206,7 @@ class ShardedNotifier(ShardedBase["Cluster"]):
             for event, _tag in list(self._slots.values()):
                 event.set()
 
-    # -- waiters' side -----------------------------------------------------
-    def register(self, token: str, tag: bytes = b"") -> Wakeup:
-        event = Wakeup()
-        with self._mutex:
-            unrouted = self._join(token, event, tag, Event)
-            if unrouted is not None:
-                self._background.spawn(self._route, unrouted)
-        return event
-
-    def register_if_ready(self, token: str, tag: bytes = b"") -> Wakeup | None:
-        """Register ``token`` if its tag's channel is subscribed, else None."""
-        with self._mutex:
-            return self.register(token, tag) if self.is_ready(tag) else None
-
-    def unregister(self, token: str) -> None:
-        with self._mutex:
-            self._forget(token)
-
-    def wait(self, event: Wakeup, timeout: float) -> Handed | None:
-        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
-        fence of a lease handed over, else None."""
-        event.sleep(timeout)
-        with self._mutex:
-            handed, event.handed = event.handed, None
-            event.clear()
-        return handed
-
+    # -- waiters' side (registering and sleeping: ``Waiters``) ---------------
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         if state is None:
@@ -263,12 +234,6 @@ class ShardedNotifier(ShardedBase["Cluster"]):
             listener.runner = start(listener.run, f"redislock-notify-{node.name}")
             return
         listener.add(state.channel)
-
-    def _handle(self, message: dict[str, Any], listener: _NodeListener) -> None:
-        with self._mutex:
-            dropped = self._on_message(message, listener.name)
-        if dropped:
-            self._follow(listener, dropped)
 
     def _follow(self, listener: _NodeListener, dropped: list[bytes]) -> None:
         """``listener``'s node dropped ``dropped`` unasked: forget them there,

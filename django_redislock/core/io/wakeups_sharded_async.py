@@ -48,7 +48,10 @@ notifier (``wakeups_sharded.py``) is generated from it. Where a thread and a
 task differ (a listener is a thread or a task, the state is guarded by a
 mutex or by the loop, a listener's client is the Cluster client's or its
 own), the code names ``_wakeup_prims_async.py``, whose twin says what it
-means for threads.
+means for threads. Among those names is ``Waiters``, a waiter's turn
+(register, sleep, unregister) and a listener's reading of a message: steps of
+``ShardedBase`` that threads take under the notifier's mutex and a loop takes
+bare, written once per world so that neither pays a call the other needs.
 """
 
 from __future__ import annotations
@@ -59,13 +62,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
-from ..engine.wakeup_message import Handed
 from . import breaker
 from ._wakeup_prims_async import (
-    Background,
-    Event,
     Mutex,
     Runner,
+    Waiters,
     at_home,
     close_node_client,
     close_pubsub,
@@ -81,11 +82,9 @@ from ._wakeup_prims_async import (
 from .cluster_calls import refresh_slots_async
 from .interrupts_async import Cancelled
 from .wakeups_base import (
-    AsyncWakeup,
     Liveness,
     NodeListenerBase,
     Reconnect,
-    ShardedBase,
     SubscribedTag,
     logger,
 )
@@ -183,15 +182,13 @@ class _AsyncNodeListener(NodeListenerBase):
                 liveness.ping_sent = now
 
 
-class AsyncShardedNotifier(ShardedBase["Cluster"]):
+class AsyncShardedNotifier(Waiters):
     """The notifier of a Cluster client (``get_async_notifier``): SSUBSCRIBE per waited-on tag."""
 
     def __init__(self, client: AsyncRedisClient, keyspace: KeySpace) -> None:
         # Made only for a client that ``is_cluster`` says is one (``get_async_notifier``).
         super().__init__(cast("Cluster", client), keyspace)
-        self._mutex = Mutex()
         self._listeners: dict[str, _AsyncNodeListener] = {}
-        self._background = Background()
         self._home = home()
         breaker.on_open(self._on_breaker_open)
 
@@ -208,33 +205,7 @@ class AsyncShardedNotifier(ShardedBase["Cluster"]):
             for event, _tag in list(self._slots.values()):
                 event.set()
 
-    # -- waiters' side -----------------------------------------------------
-    def register(self, token: str, tag: bytes = b"") -> AsyncWakeup:
-        event = AsyncWakeup()
-        with self._mutex:
-            unrouted = self._join(token, event, tag, Event)
-            if unrouted is not None:
-                self._background.spawn(self._route, unrouted)
-        return event
-
-    def register_if_ready(self, token: str, tag: bytes = b"") -> AsyncWakeup | None:
-        """Register ``token`` if its tag's channel is subscribed, else None."""
-        with self._mutex:
-            return self.register(token, tag) if self.is_ready(tag) else None
-
-    def unregister(self, token: str) -> None:
-        with self._mutex:
-            self._forget(token)
-
-    async def wait(self, event: AsyncWakeup, timeout: float) -> Handed | None:
-        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
-        fence of a lease handed over, else None."""
-        await event.sleep(timeout)
-        with self._mutex:
-            handed, event.handed = event.handed, None
-            event.clear()
-        return handed
-
+    # -- waiters' side (registering and sleeping: ``Waiters``) ---------------
     async def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         if state is None:
@@ -262,12 +233,6 @@ class AsyncShardedNotifier(ShardedBase["Cluster"]):
             listener.runner = start(listener.run, f"redislock-notify-{node.name}")
             return
         await listener.add(state.channel)
-
-    async def _handle(self, message: dict[str, Any], listener: _AsyncNodeListener) -> None:
-        with self._mutex:
-            dropped = self._on_message(message, listener.name)
-        if dropped:
-            await self._follow(listener, dropped)
 
     async def _follow(self, listener: _AsyncNodeListener, dropped: list[bytes]) -> None:
         """``listener``'s node dropped ``dropped`` unasked: forget them there,
