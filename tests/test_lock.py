@@ -595,10 +595,10 @@ def test_a_short_sleeper_leaves_a_slow_subscribe_for_the_next(redis_factory: Any
         notifier = Notifier(client, KeySpace("short-sleeper"))
         with proxy.fault(latency=0.05):
             assert notifier.wait(Wakeup(), 0.005) is None
-            assert notifier._reconnect.failures == 0 and notifier._retry_at == 0.0
+            assert notifier._channel.reconnect.failures == 0 and notifier._retry_at == 0.0
             assert notifier._pending is not None
             assert notifier.wait_ready(2.0)
-        assert notifier._reconnect.failures == 0 and notifier._pending is None
+        assert notifier._channel.reconnect.failures == 0 and notifier._pending is None
     finally:
         client.close()
         proxy.close()

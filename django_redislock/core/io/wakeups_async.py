@@ -21,7 +21,6 @@ from typing import Any
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed, parse_wakeup
-from ..topology import is_sentinel
 from . import breaker
 from .aio_calls import wait_for
 from .wakeups_base import (
@@ -29,8 +28,9 @@ from .wakeups_base import (
     IDLE_TIMEOUT,
     AsyncWakeup,
     Liveness,
-    Reconnect,
+    PlainChannel,
     moved_from,
+    opened_for,
     plain_address,
     registered,
 )
@@ -48,13 +48,11 @@ class AsyncNotifier:
         self._client = client
         self.channel = keyspace.channel(secrets.token_hex(8))
         self.address = plain_address(client, self.channel)
-        self._sentinel = is_sentinel(client)
+        self._channel = PlainChannel(client)
         self._slots: dict[str, AsyncWakeup] = {}
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._idle_since = time.monotonic()
-        self._connected_before = False
-        self._reconnect = Reconnect()
         self._loop = asyncio.get_running_loop()
         breaker.on_open(self._on_breaker_open)
 
@@ -100,8 +98,7 @@ class AsyncNotifier:
     def _on_breaker_open(self, opened: breaker.Breaker) -> None:
         # A call to this Redis timed out: the waiting tasks look again now,
         # and fail fast. Called from whichever thread saw the timeout.
-        pool = getattr(self._client, "connection_pool", None)
-        if pool is not None and opened is breaker.breaker_of(pool):
+        if opened_for(self._client, opened):
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 self._loop.call_soon_threadsafe(self._wake_all)
 
@@ -119,19 +116,14 @@ class AsyncNotifier:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                delay = self._reconnect.failed(time.monotonic())
-                # One warning per outage; each retry after it is only a debug line.
-                first = self._reconnect.first and bool(self._slots)
-                log = log_notify.warning if first else log_notify.debug
-                log("wake-up channel lost, reconnecting: %s", exc)
+                delay = self._channel.lost(time.monotonic(), exc, bool(self._slots))
             finally:
                 self._ready.clear()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
-                # Followed the primary, or lost the channel through Sentinel
-                # (the primary may be gone: a look would fail at once): the
-                # confirmation of the next subscription wakes every task.
-                if not (follow or self._sentinel):
+                # Followed the primary: the confirmation of the next
+                # subscription wakes every task.
+                if not follow and self._channel.loss_wakes:
                     self._wake_all()
             if follow:
                 continue
@@ -152,7 +144,7 @@ class AsyncNotifier:
                         return True
                     looking = None
                 if (
-                    self._sentinel
+                    self._channel.sentinel
                     and looking is None
                     and self._slots
                     and time.monotonic() - looked_at >= FOLLOW_INTERVAL
@@ -198,16 +190,9 @@ class AsyncNotifier:
                 event.handed = handed
                 event.set()
         elif kind == "subscribe":
-            failures = self._reconnect.up(now)
-            if failures:
-                log_notify.info("wake-up channel back after %d attempt(s)", failures)
             self._ready.set()
-            for event in list(self._slots.values()):
-                # Back after an outage, wake-ups may have been missed; and
-                # whoever queued without the channel can now queue with it.
-                if self._connected_before or event.needs_channel:
-                    event.set()
-            self._connected_before = True
+            for event in self._channel.up(now, self._slots.values()):
+                event.set()
         return False
 
 

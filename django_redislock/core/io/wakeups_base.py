@@ -16,7 +16,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from redis.exceptions import ResponseError
@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import NO_CHANNEL, Handed, parse_wakeup
 from ..topology import is_cluster, is_sentinel
+from . import breaker
 from .aio_calls import wait_for
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ __all__ = [
     "AsyncWakeup",
     "Liveness",
     "NodeListenerBase",
+    "PlainChannel",
     "Reconnect",
     "ShardedBase",
     "SubscribedTag",
@@ -47,6 +49,7 @@ __all__ = [
     "logger",
     "moved_from",
     "no_sharded_pubsub",
+    "opened_for",
     "plain_address",
     "registered",
 ]
@@ -200,6 +203,66 @@ class AsyncWakeup(asyncio.Event):
         handed, self.handed = self.handed, None
         self.clear()
         return handed
+
+
+_Waiter = TypeVar("_Waiter", "Wakeup", "AsyncWakeup")
+
+
+class PlainChannel:
+    """What a plain notifier (one channel per process and pool: ``wakeups.py``
+    for threads, ``wakeups_async.py`` for a loop) decides about its channel,
+    without I/O: how loudly it tells a loss and a recovery, and whom each wakes."""
+
+    def __init__(self, client: Any) -> None:
+        # Through Sentinel the channel follows the primary, and its count of
+        # receivers proves nothing (``plain_address``).
+        self.sentinel = is_sentinel(client)
+        self.reconnect = Reconnect()
+        # Subscribed before: a confirmation now is a recovery, and wake-ups
+        # may have been missed meanwhile.
+        self.connected_before = False
+
+    def up(self, now: float, waiters: Iterable[_Waiter]) -> list[_Waiter]:
+        """The subscription is confirmed at ``now``: the waiters to wake to
+        look again (the notifier's mutex held, in threads)."""
+        failures = self.reconnect.up(now)
+        if failures:
+            logger.info("wake-up channel back after %d attempt(s)", failures)
+        # Back after an outage, wake-ups may have been missed; and whoever
+        # queued without the channel can now queue with it.
+        woken = [w for w in waiters if self.connected_before or w.needs_channel]
+        self.connected_before = True
+        return woken
+
+    def lost(self, now: float, exc: BaseException, waiting: bool) -> float:
+        """The connection failed at ``now``: seconds until the next attempt."""
+        delay = self.reconnect.failed(now)
+        # One warning per outage, and only if someone is waiting: an idle
+        # channel losing its connection affects nobody.
+        log = logger.warning if self.reconnect.first and waiting else logger.debug
+        log("wake-up channel lost, reconnecting: %s", exc)
+        return delay
+
+    @property
+    def loss_wakes(self) -> bool:
+        """Whether a lost channel wakes every waiter to look again: waiters
+        must not sleep on a channel nobody reads. Not through Sentinel: the
+        primary may be gone, and a look now would meet it and fail at once;
+        the confirmation of the next subscription (where the sentinels say)
+        wakes them instead."""
+        return not self.sentinel
+
+    def closed(self) -> None:
+        """Closed on purpose (idle): the next subscription recovers nothing."""
+        self.connected_before = False
+
+
+def opened_for(client: Any, opened: Any) -> bool:
+    """Whether ``opened`` is the breaker of ``client``'s pool: a call to this
+    Redis timed out, and its waiters look again now, and fail fast, rather
+    than sleep out their wait on a silent channel."""
+    pool = getattr(client, "connection_pool", None)
+    return pool is not None and opened is breaker.breaker_of(pool)
 
 
 _Plain = TypeVar("_Plain")
