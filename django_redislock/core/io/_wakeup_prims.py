@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from redis.client import PubSub
+from redis.cluster import RedisCluster as Cluster
 
 from ..engine.wakeup_message import Handed
 from . import breaker
@@ -24,7 +25,6 @@ from .wakeups_base import ShardedBase, SubscribedTag, Wakeup
 
 if TYPE_CHECKING:
     import redis
-    from redis.cluster import RedisCluster as Cluster
 
 __all__ = [
     "Cluster",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio.client import PubSub as AsyncPubSub
+from redis.asyncio.cluster import RedisCluster as Cluster
 
 from ..engine.wakeup_message import Handed
 from . import breaker
@@ -22,7 +23,6 @@ from .wakeups_base import AsyncWakeup, ShardedBase, SubscribedTag
 
 if TYPE_CHECKING:
     import redis.asyncio
-    from redis.asyncio.cluster import RedisCluster as Cluster
 
 __all__ = [
     "Cluster",

@@ -59,12 +59,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from . import breaker
 from ._wakeup_prims import (
+    Cluster,
     Mutex,
     Runner,
     Waiters,
@@ -89,9 +90,6 @@ from .wakeups_base import (
     SubscribedTag,
     logger,
 )
-
-if TYPE_CHECKING:
-    from ._wakeup_prims import Cluster
 
 __all__ = ["ShardedNotifier"]
 

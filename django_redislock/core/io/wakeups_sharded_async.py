@@ -58,12 +58,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from . import breaker
 from ._wakeup_prims_async import (
+    Cluster,
     Mutex,
     Runner,
     Waiters,
@@ -88,9 +89,6 @@ from .wakeups_base import (
     SubscribedTag,
     logger,
 )
-
-if TYPE_CHECKING:
-    from ._wakeup_prims_async import Cluster
 
 __all__ = ["AsyncShardedNotifier"]
 
