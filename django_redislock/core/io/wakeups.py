@@ -30,7 +30,6 @@ a count of receivers proves nothing while a listener may sit on a replica.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import secrets
 import threading
@@ -57,8 +56,6 @@ from .wakeups_base import (
 from .wakeups_sharded import ShardedNotifier
 
 __all__ = ["Notifier", "get_notifier"]
-
-logger = logging.getLogger("django_redislock.notify")
 
 # How often the housekeeping thread looks.
 HOUSEKEEPING_INTERVAL = 5.0
@@ -360,7 +357,7 @@ class Notifier:
         there. No back-off, nothing to warn of; the confirmation wakes every
         waiter to look again (grants may have gone unheard meanwhile)."""
         primary, self._moved = self._moved, None
-        logger.info("the primary moved to %s:%s: the wake-up channel follows", *primary)
+        self._channel.follows(primary)
         pubsub, self._pubsub = self._pubsub, None
         self._close(pubsub)
         self._retry_at = 0.0
@@ -430,7 +427,7 @@ class Notifier:
         try:
             primary = self._client.connection_pool.get_master_address()  # type: ignore[attr-defined]
         except Exception as exc:  # no sentinel answers: the channel stays where it is
-            logger.debug("could not ask the sentinels for the primary: %s", exc)
+            self._channel.unanswered(exc)
             return
         if pubsub is self._pubsub and moved_from(pubsub.connection, primary):
             self._moved = primary

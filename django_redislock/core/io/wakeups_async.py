@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import secrets
 import time
 import weakref
@@ -37,8 +36,6 @@ from .wakeups_base import (
 from .wakeups_sharded_async import AsyncShardedNotifier
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
-
-log_notify = logging.getLogger("django_redislock.notify")
 
 
 class AsyncNotifier:
@@ -163,10 +160,10 @@ class AsyncNotifier:
         try:
             primary = await self._client.connection_pool.get_master_address()  # type: ignore[attr-defined]
         except Exception as exc:  # no sentinel answers: the channel stays where it is
-            log_notify.debug("could not ask the sentinels for the primary: %s", exc)
+            self._channel.unanswered(exc)
             return False
         if moved_from(pubsub.connection, primary):
-            log_notify.info("the primary moved to %s:%s: the wake-up channel follows", *primary)
+            self._channel.follows(primary)
             return True
         return False
 

@@ -256,6 +256,16 @@ class PlainChannel:
         """Closed on purpose (idle): the next subscription recovers nothing."""
         self.connected_before = False
 
+    # Through Sentinel: asking where the primary is, off every waiter's path.
+    def unanswered(self, exc: BaseException) -> None:
+        """No sentinel answered: the channel stays where it is."""
+        logger.debug("could not ask the sentinels for the primary: %s", exc)
+
+    def follows(self, primary: Any) -> None:
+        """The sentinels named another primary than the channel's: it is
+        subscribed there, with no back-off and nothing to warn of."""
+        logger.info("the primary moved to %s:%s: the wake-up channel follows", *primary)
+
 
 def opened_for(client: Any, opened: Any) -> bool:
     """Whether ``opened`` is the breaker of ``client``'s pool: a call to this
