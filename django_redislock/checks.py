@@ -327,7 +327,7 @@ def _cache_problems(alias: Any, client: Any) -> list[Problem]:
 # -- renewal on green threads ----------------------------------------------------------
 def _green_problems() -> list[Problem]:
     # Only REDISLOCK["RENEW"]: a decorator's or a lock's own renew=True is
-    # told by the log at its first renewal (core/io/renewal.py), in the process
+    # told by the log at its first renewal (core/io/background.py), in the process
     # that runs it, which is where green threads matter.
     runtime = green_runtime()
     if runtime is None or conf.raw.get("RENEW") is not True:

@@ -35,8 +35,8 @@ from django_redislock.core import (
     RedisUnavailable,
     ReplicationTimeout,
 )
-from django_redislock.core.io import notify_sharded
-from django_redislock.core.io.notify import get_notifier
+from django_redislock.core.io import wakeups_base
+from django_redislock.core.io.wakeups import get_notifier
 from tests.drive import DRIVERS, Drive, run_to_end
 from tests.helpers_oracles import Occupancy, exit_codes_of_forks, lock_waiters
 from tests.servers import free_port, has_sharded_pubsub
@@ -230,9 +230,37 @@ def test_idle_tags_are_unsubscribed(rc: RedisCluster, monkeypatch: pytest.Monkey
     # Subscribed while waited on, and kept a while after (TAG_IDLE)...
     assert subscribed() == 1
     # ...then dropped once idle (listeners check once a second).
-    monkeypatch.setattr(notify_sharded, "TAG_IDLE", 0.0)
+    monkeypatch.setattr(wakeups_base, "TAG_IDLE", 0.0)
     wait_until("the idle tag to be unsubscribed", lambda: subscribed() == 0, 10)
     holder.release()
+
+
+def test_an_idle_listener_ends_and_the_next_waiter_is_served(
+    rc: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The thread listener of an idle node used to retire while holding its
+    # own lock, then ask for it again: it hung for good, and so did the next
+    # waiter routed to that node, holding the notifier's mutex.
+    name = names_on_every_node(rc, stem="retire")[0]
+    holder = Lock(rc, name, ttl=30, wait=0)
+    assert holder.acquire()
+    assert not Lock(rc, name, ttl=30, wait=0.3).acquire()
+    notifier = get_notifier(rc, KS)
+    node = rc.get_node_from_key(KS.lock(name).lease).name
+    first = notifier._listeners[node].runner
+    monkeypatch.setattr(wakeups_base, "TAG_IDLE", 0.0)
+    monkeypatch.setattr(wakeups_base, "IDLE_TIMEOUT", 0.0)
+    wait_until("the idle listener to end", lambda: not first.is_alive(), 10)
+    monkeypatch.undo()
+
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(Lock(rc, name, ttl=30, wait=10).acquire()))
+    waiter.start()
+    wait_until("a new listener", lambda: notifier.is_ready(KS.lock(name).tag), 10)
+    holder.release()
+    waiter.join(15)
+    assert got == [True]
+    assert notifier._listeners[node].runner is not first
 
 
 async def _contend(drive: Drive, lock: Any, occupancy: Occupancy, rounds: int) -> None:

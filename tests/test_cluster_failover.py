@@ -435,7 +435,7 @@ def test_a_listener_connection_made_anew_subscribes_each_slot_alone(
     """redis-py subscribes a connection made anew to all its sharded channels
     in one SSUBSCRIBE, which Redis refuses across slots (CROSSSLOT): the
     listeners' subscriptions are made again one per channel."""
-    from django_redislock.core.io import notify_sharded, notify_sharded_async
+    from django_redislock.core.io import _wakeup_prims, _wakeup_prims_async
 
     rc = cluster_client(cluster)
     try:
@@ -450,7 +450,7 @@ def test_a_listener_connection_made_anew_subscribes_each_slot_alone(
         def confirmed(messages: list[Any]) -> list[bytes]:
             return sorted(m["channel"] for m in messages if m["type"] == "ssubscribe")
 
-        pubsub = notify_sharded.slotwise(rc.get_redis_connection(node).pubsub())
+        pubsub = _wakeup_prims.node_pubsub(rc.get_redis_connection(node))
         for channel in channels[:2]:
             pubsub.ssubscribe(channel)
         assert confirmed([pubsub.get_message(timeout=5) for _ in range(2)]) == sorted(channels[:2])
@@ -462,7 +462,7 @@ def test_a_listener_connection_made_anew_subscribes_each_slot_alone(
 
         async def asyncio_twin() -> list[bytes]:
             client = redis.asyncio.Redis(host=node.host, port=node.port, socket_timeout=5)
-            pubsub = notify_sharded_async._async_pubsub(client)
+            pubsub = _wakeup_prims_async.node_pubsub(client)
             try:
                 for channel in channels[:2]:
                     await pubsub.ssubscribe(channel)

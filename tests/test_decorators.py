@@ -28,7 +28,7 @@ from django_redislock import (
     redis_locked,
 )
 from django_redislock import connection as rl_connection
-from django_redislock.core.io import notify_async
+from django_redislock.core.io import wakeups_async
 from django_redislock.signals import (
     lock_acquired,
     lock_busy,
@@ -76,7 +76,7 @@ async def close_async_clients() -> None:
     """
     loop = asyncio.get_running_loop()
     # Wake-up listeners first: they hold a connection of the client.
-    for _pool, notifier in notify_async._notifiers.pop(loop, {}).values():
+    for _pool, notifier in wakeups_async._notifiers.pop(loop, {}).values():
         task = notifier._task
         if task is not None and not task.done():
             task.cancel()

@@ -19,7 +19,12 @@ import redis
 import redis.asyncio
 
 from django_redislock.core import AsyncLock, KeySpace, LockNotOwned, RedisUnavailable
-from django_redislock.core.io.wakeup import BACKOFF_MAX, BACKOFF_MIN, LIVENESS_INTERVAL, Reconnect
+from django_redislock.core.io.wakeups_base import (
+    BACKOFF_MAX,
+    BACKOFF_MIN,
+    LIVENESS_INTERVAL,
+    Reconnect,
+)
 from tests.drive import Drive
 from tests.servers import free_port
 
@@ -156,7 +161,7 @@ async def test_a_flapping_channel_warns_once_per_outage(
     # a connection that drops again and again right after subscribing logged
     # a warning every time (and never backed off from the bottom again). The
     # sync notifier warned once per outage; both now follow one policy.
-    from django_redislock.core.io.notify_async import AsyncNotifier
+    from django_redislock.core.io.wakeups_async import AsyncNotifier
     from tests.faults.proxy import FaultProxy
 
     server = redis_factory(port=free_port(), unix=False).start()

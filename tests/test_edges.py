@@ -20,8 +20,8 @@ import redis.asyncio
 from django_redislock.core import AsyncLock, KeySpace, Lock, LockLost, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.wakeup_message import NO_CHANNEL
-from django_redislock.core.io import script_calls, script_calls_async, wakeup
-from django_redislock.core.io.notify import Notifier
+from django_redislock.core.io import script_calls, script_calls_async, wakeups_base
+from django_redislock.core.io.wakeups import Notifier
 from django_redislock.core.ops.force import clear
 from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
@@ -198,7 +198,7 @@ async def test_an_async_waiter_never_takes_a_lease_handed_in_an_earlier_round(
         return await run_async(c, script, keys, args)
 
     # The waiter's sleep on its wake-up event (AsyncWakeup.take).
-    sleep = wakeup.wait_for
+    sleep = wakeups_base.wait_for
 
     async def paused_sleep(aw: Any, timeout: float, undo: Any = None) -> Any:
         # The waiter's sleep: whether it ended by its timer or a wake-up,
@@ -211,7 +211,7 @@ async def test_an_async_waiter_never_takes_a_lease_handed_in_an_earlier_round(
     if point == "before retry":
         monkeypatch.setattr(script_calls_async, "run_async", paused_run)
     else:
-        monkeypatch.setattr(wakeup, "wait_for", paused_sleep)
+        monkeypatch.setattr(wakeups_base, "wait_for", paused_sleep)
     third = Lock(r, "stale-a", ttl=20, wait=0)
 
     async def wait_for_it() -> tuple[bool, Any, Any]:

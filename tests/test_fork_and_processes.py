@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from django_redislock.core import Lock, LockNotOwned, this_process
-from django_redislock.core.io import scheduler
+from django_redislock.core.io import background
 from tests.helpers_oracles import Occupancy, audit_keyspace, plant_sentinel, wait_until
 
 # Python 3.12+ warns about fork() in a process with threads (the test runner's
@@ -154,12 +154,12 @@ def _child_of_holder(lock: Lock, parent_released: Any, out: Any) -> None:
                 report[action] = "no error"
             except LockNotOwned as exc:
                 report[action] = type(exc).__name__
-        report["renewing"] = scheduler.current().running
+        report["renewing"] = background.current().running
         report["try_while_parent_holds"] = lock.acquire(wait=0)
         out.send(report)
         parent_released.wait(20)
         report2 = {"acquired": lock.acquire(wait=10), "fence": lock.fence}
-        report2["renewing"] = scheduler.current().running
+        report2["renewing"] = background.current().running
         lock.release()
         out.send(report2)
     except BaseException:
@@ -171,7 +171,7 @@ def test_forked_child_cannot_release_parents_lease(r: redis.Redis) -> None:
     lock = Lock(r, "forked", ttl=3, wait=0, renew=True)
     assert lock.acquire()
     parent_fence = lock.fence
-    wait_until(lambda: scheduler.current().running)
+    wait_until(lambda: background.current().running)
     parent_released = ctx.Event()
     parent_end, child_end = ctx.Pipe()
     child = ctx.Process(target=_child_of_holder, args=(lock, parent_released, child_end))

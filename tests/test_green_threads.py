@@ -37,7 +37,7 @@ from django.test import override_settings
 from django_redislock import LockLost, get_async_lock
 from django_redislock.checks import check_settings
 from django_redislock.core.engine.keys import KeySpace
-from django_redislock.core.io.green import green_runtime
+from django_redislock.core.io.background import green_runtime
 from tests.helpers import end_process
 from tests.servers import RedisServer, free_port
 from tests.test_decorators import close_async_clients
@@ -156,7 +156,7 @@ if mode == "gevent":
     monkey.patch_all()
 import redis
 from django_redislock.core import Lock, LockLost
-from django_redislock.core.io.green import green_runtime
+from django_redislock.core.io.background import green_runtime
 
 log = io.StringIO()
 handler = logging.StreamHandler(log)

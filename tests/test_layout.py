@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
@@ -142,5 +143,45 @@ def test_in_the_core_only_ops_imports_the_drivers_and_nothing_imports_ops(path: 
         f"line {line}: {module}"
         for module, _names, line in imports(path)
         if module.split(".")[2:3] and module.split(".")[2] in forbidden - {folder}
+    ]
+    assert wrong == []
+
+
+WAKEUPS = PACKAGE / "core" / "io"
+# The notifiers, each a shell around wakeups_base.py's I/O-free decisions.
+NOTIFIERS = ("wakeups.py", "wakeups_async.py", "wakeups_sharded_async.py", "wakeups_sharded.py")
+
+
+def test_the_cluster_notifiers_are_one_asyncio_source_and_its_generated_twin() -> None:
+    """A Cluster's wake-ups are decided once: the thread notifier
+    (``wakeups_sharded.py``) is generated from the asyncio one by
+    ``tools/gen_sync.py``, and what threads do differently is in the
+    primitives (``_wakeup_prims.py``), never in the generated file."""
+    spec = importlib.util.spec_from_file_location("gen_sync", PACKAGE.parent / "tools/gen_sync.py")
+    assert spec is not None and spec.loader is not None
+    gen_sync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_sync)
+    pairs = {(str(source), str(target)) for source, target in gen_sync.PAIRS}
+    io = "django_redislock/core/io/"
+    assert (io + "wakeups_sharded_async.py", io + "wakeups_sharded.py") in pairs
+    first = (WAKEUPS / "wakeups_sharded.py").read_text(encoding="utf-8").splitlines()[0]
+    assert first == gen_sync.header(Path("wakeups_sharded_async.py")).rstrip("\n")
+
+
+@pytest.mark.parametrize("name", NOTIFIERS)
+def test_a_notifier_imports_no_other_notifier_but_the_cluster_one(name: str) -> None:
+    """Below every notifier is ``wakeups_base.py`` (addresses, reconnection,
+    liveness, events, a Cluster's tags and messages): a notifier takes what it
+    shares from there, never from another notifier; only the registries of
+    ``wakeups.py`` and ``wakeups_async.py`` make the Cluster notifier."""
+    allowed = {
+        "wakeups.py": {"wakeups_sharded"},
+        "wakeups_async.py": {"wakeups_sharded_async"},
+    }.get(name, set())
+    others = {n.removesuffix(".py") for n in NOTIFIERS} - allowed - {name.removesuffix(".py")}
+    wrong = [
+        f"line {line}: {module}"
+        for module, _names, line in imports(WAKEUPS / name)
+        if module.rpartition(".")[2] in others
     ]
     assert wrong == []

@@ -506,7 +506,7 @@ def test_a_waiter_that_gives_up_hands_the_channel_to_the_next(r: redis.Redis) ->
     # reading gives up, another must take over: otherwise the next wake-up
     # would wait for nobody, and its waiter would sleep out the holder's
     # whole 30 s lease.
-    from django_redislock.core.io.notify import get_notifier
+    from django_redislock.core.io.wakeups import get_notifier
 
     holder = Lock(r, "relay", ttl=30, wait=0)
     assert holder.acquire()
@@ -546,7 +546,7 @@ def test_a_waiter_queued_while_the_channel_was_down_queues_again_with_it(r: redi
     # queued without it. Once the channel is up it must queue again with it:
     # otherwise a lease handed over would go unnoticed until the holder's
     # whole 30 s lease had run out.
-    from django_redislock.core.io.notify import get_notifier
+    from django_redislock.core.io.wakeups import get_notifier
 
     holder = Lock(r, "channel-late", ttl=30, wait=0)
     assert holder.acquire()
@@ -585,7 +585,7 @@ def test_a_short_sleeper_leaves_a_slow_subscribe_for_the_next(redis_factory: Any
     # SUBSCRIBE confirmation over a slow link (50 ms each way here): that is
     # not a failure (no back-off, no warning); the subscription stays pending
     # and the next waiter finishes it.
-    from django_redislock.core.io.notify import Notifier, Wakeup
+    from django_redislock.core.io.wakeups import Notifier, Wakeup
     from tests.faults.proxy import FaultProxy
 
     server = redis_factory(port=free_port(), unix=False).start()
@@ -595,10 +595,10 @@ def test_a_short_sleeper_leaves_a_slow_subscribe_for_the_next(redis_factory: Any
         notifier = Notifier(client, KeySpace("short-sleeper"))
         with proxy.fault(latency=0.05):
             assert notifier.wait(Wakeup(), 0.005) is None
-            assert notifier._reconnect.failures == 0 and notifier._retry_at == 0.0
+            assert notifier._channel.reconnect.failures == 0 and notifier._retry_at == 0.0
             assert notifier._pending is not None
             assert notifier.wait_ready(2.0)
-        assert notifier._reconnect.failures == 0 and notifier._pending is None
+        assert notifier._channel.reconnect.failures == 0 and notifier._pending is None
     finally:
         client.close()
         proxy.close()

@@ -162,8 +162,7 @@ class _CountingCondition(threading.Condition):
 def test_a_later_renewal_does_not_wake_the_watchdog() -> None:
     """Each acquire adds a renewal; only one due before the thread's next wake-up
     may wake it (a wake-up takes the GIL from the holder in its critical section)."""
-    from django_redislock.core.io.renewal import Watchdog
-    from django_redislock.core.io.scheduler import Scheduler
+    from django_redislock.core.io.background import Scheduler, Watchdog
 
     on = Scheduler()
     on._cond = _CountingCondition()

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from django_redislock.core import Lock
-from django_redislock.core.io import renewal
-from django_redislock.core.io.scheduler import Scheduler
+from django_redislock.core.io import background
+from django_redislock.core.io.background import Scheduler
 
 BOUND = 30.0  # seconds; only ever reached when the test fails
 
@@ -56,7 +56,7 @@ class Renewing(Lock):
 def scheduler(monkeypatch: pytest.MonkeyPatch) -> Iterator[Scheduler]:
     on = Scheduler(name="redislock-scheduler-test")
     on._cond = _Watched()
-    monkeypatch.setattr(renewal, "watchdog", renewal.Watchdog(on))
+    monkeypatch.setattr(background, "watchdog", background.Watchdog(on))
     yield on
 
 

@@ -32,7 +32,7 @@ from django_redislock.core import KeySpace, Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
 from django_redislock.core.io import script_calls
-from django_redislock.core.io.notify import get_notifier
+from django_redislock.core.io.wakeups import get_notifier
 from tests.failover_parties import (
     WAIT,
     Sections,

@@ -13,7 +13,8 @@ decision is written once. The transformation maps names only:
 
 What threads and tasks do differently is in ``core/drivers/_async_prims.py`` and
 ``core/drivers/_sync_prims.py`` (and, for ``core/io``, ``interrupts_async.py`` and
-``interrupts.py``), which export the same names: never in a generated file.
+``interrupts.py``, ``_wakeup_prims_async.py`` and ``_wakeup_prims.py``), which
+export the same names: never in a generated file.
 The result goes through ``ruff`` (import order, then format), so that it
 reads like the rest of the code.
 
@@ -65,6 +66,7 @@ PAIRS = [
     (CORE / "records_async.py", CORE / "records.py"),
     (IO / "pool_calls_async.py", IO / "pool_calls.py"),
     (IO / "script_calls_async.py", IO / "script_calls.py"),
+    (IO / "wakeups_sharded_async.py", IO / "wakeups_sharded.py"),
 ]
 
 RENAMES = {
@@ -78,7 +80,7 @@ RENAMES = {
     "multi_async": "multi",
     "unique_async": "unique",
     "records_async": "records",
-    "notify_async": "notify",
+    "wakeups_async": "wakeups",
     "interrupts_async": "interrupts",
     # Classes.
     "AsyncHandle": "SyncHandle",
@@ -121,6 +123,14 @@ RENAMES = {
     "checkout_async": "checkout",
     "disconnect_async": "disconnect",
     "drain_async": "drain",
+    # Wake-ups on a Cluster (core/io): a node's listener is a task or a thread.
+    "_wakeup_prims_async": "_wakeup_prims",
+    "wakeups_sharded_async": "wakeups_sharded",
+    "AsyncShardedNotifier": "ShardedNotifier",
+    "_AsyncNodeListener": "_NodeListener",
+    "AsyncNotifier": "Notifier",
+    "AsyncWakeup": "Wakeup",
+    "refresh_slots_async": "refresh_slots",
 }
 
 _WORD = re.compile(r"\b(" + "|".join(sorted(RENAMES, key=len, reverse=True)) + r")\b")

@@ -35,6 +35,8 @@ from .exceptions import (
     ReplicationTimeout,
 )
 from .failures import UNREACHABLE
+from .io.background import RENEWAL_HINT, green_runtime, renewal_warning
+from .io.background import watchdog as renewal_watchdog
 from .io.breaker import (
     DEFAULT_WINDOW as DEFAULT_BREAKER_WINDOW,
 )
@@ -44,8 +46,6 @@ from .io.breaker import (
 from .io.breaker import (
     set_window as set_breaker_window,
 )
-from .io.green import RENEWAL_HINT, green_runtime, renewal_warning
-from .io.renewal import watchdog as renewal_watchdog
 from .ops.force import Shown, still_held
 from .ops.force import release as force_release
 from .ops.force import select as select_shown

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Protocol, TypeAlias, TypeVar
 
-from ..io import renewal
+from ..io import background
 from ..io.aio_calls import CLEANUP_TIMEOUT as CLEANUP_TIMEOUT
 from ..io.interrupts import CallTimeout as CallTimeout
 from ..io.interrupts import Cancelled as Cancelled
@@ -83,11 +83,11 @@ class Renewing(Protocol):
 
 def start_renewal(handle: Renewing, delay: float) -> Renewer:
     """Renew ``handle`` after ``delay`` seconds, and then as it says: on the
-    process's background thread (``renewal.py``, ``scheduler.py``)."""
-    renewal.watchdog.add(handle, delay)
+    process's background thread (``background.py``)."""
+    background.watchdog.add(handle, delay)
     return True
 
 
 def stop_renewal(handle: Renewing, renewer: Renewer | None) -> None:
     if renewer:
-        renewal.watchdog.discard(handle)
+        background.watchdog.discard(handle)

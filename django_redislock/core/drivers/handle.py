@@ -3,7 +3,7 @@
 
 The gate (a handle shared between threads or tasks is held by one at a time),
 the wait loop (attempt, listen, sleep on the process's wake-up channel,
-``notify.py``, accept or give back), and giving back whatever an
+``wakeups.py``, accept or give back), and giving back whatever an
 interrupted, cancelled or timed-out attempt may hold, so a lease is never
 left behind it. ``Lock``, ``Semaphore`` and ``ReadWriteLock``
 say how to try and how to give back.
@@ -42,7 +42,7 @@ from ..exceptions import (
 )
 from ..failures import said_retry
 from ..io import giveback, script_calls, transport
-from ..io.notify import get_notifier
+from ..io.wakeups import get_notifier
 from ..process import this_process
 from ._sync_prims import (
     CLEANUP_TIMEOUT,

@@ -2,7 +2,7 @@
 
 The gate (a handle shared between threads or tasks is held by one at a time),
 the wait loop (attempt, listen, sleep on the process's wake-up channel,
-``notify_async.py``, accept or give back), and giving back whatever an
+``wakeups_async.py``, accept or give back), and giving back whatever an
 interrupted, cancelled or timed-out attempt may hold, so a lease is never
 left behind it. ``AsyncLock``, ``AsyncSemaphore`` and ``AsyncReadWriteLock``
 say how to try and how to give back.
@@ -41,7 +41,7 @@ from ..exceptions import (
 )
 from ..failures import said_retry
 from ..io import giveback, script_calls_async, transport
-from ..io.notify_async import get_async_notifier
+from ..io.wakeups_async import get_async_notifier
 from ..process import this_process
 from ._async_prims import (
     CLEANUP_TIMEOUT,

@@ -9,7 +9,7 @@ A script that frees a lock or a permit publishes on the waiter's channel:
   ``protocol.Acquisition.on_wakeup``): a message that was in flight while the
   waiter sent a later attempt says nothing about that attempt.
 
-No I/O: the channels that carry it are ``io/wakeup.py``'s and the notifiers'.
+No I/O: the channels that carry it are ``io/wakeups_base.py``'s and the notifiers'.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import breaker, scheduler
+from . import background, breaker
 
 __all__ = ["Pending", "drain", "drain_async", "submit", "submit_async"]
 
@@ -152,7 +152,7 @@ class _Drain:
 
 def drain(pending: Pending) -> None:
     """Take over a connection whose replies are late: read them, then free it."""
-    scheduler.current().add(_Drain(pending))
+    background.current().add(_Drain(pending))
 
 
 class _GiveBack:
@@ -205,11 +205,11 @@ def submit(
     if pending is not None:
         pending.keep_until(deadline)
         pending.once_answered(
-            lambda: scheduler.current().add(_GiveBack(call, deadline, what + " (again)"))
+            lambda: background.current().add(_GiveBack(call, deadline, what + " (again)"))
         )
     # The drain of ``after`` was queued before this, due sooner: its first
     # turn (a short poll for the late replies) comes before the first attempt.
-    scheduler.current().add(_GiveBack(call, deadline, what))
+    background.current().add(_GiveBack(call, deadline, what))
 
 
 # -- asyncio ---------------------------------------------------------------------

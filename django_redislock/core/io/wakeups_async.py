@@ -1,10 +1,10 @@
 """Wake-ups for asyncio waiters: one pub/sub reader task per event loop and pool.
 
-The asyncio counterpart of ``notify.py``: hundreds of waiting tasks cost one
+The asyncio counterpart of ``wakeups.py``: hundreds of waiting tasks cost one
 connection. The reader sets the event of the task whose turn came (with the
 lease, when it was handed over) and, when the channel comes back after an
 outage, wakes every task to look again. Through Sentinel it follows the
-primary as ``notify.py`` describes: while anyone waits, a task asks the
+primary as ``wakeups.py`` describes: while anyone waits, a task asks the
 sentinels once a second where the primary is.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import secrets
 import time
 import weakref
@@ -21,24 +20,22 @@ from typing import Any
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed, parse_wakeup
-from ..topology import is_sentinel
 from . import breaker
 from .aio_calls import wait_for
-from .notify_sharded_async import AsyncShardedNotifier
-from .wakeup import (
+from .wakeups_base import (
     FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     AsyncWakeup,
     Liveness,
-    Reconnect,
+    PlainChannel,
     moved_from,
+    opened_for,
     plain_address,
     registered,
 )
+from .wakeups_sharded_async import AsyncShardedNotifier
 
 __all__ = ["AsyncNotifier", "get_async_notifier"]
-
-log_notify = logging.getLogger("django_redislock.notify")
 
 
 class AsyncNotifier:
@@ -48,13 +45,11 @@ class AsyncNotifier:
         self._client = client
         self.channel = keyspace.channel(secrets.token_hex(8))
         self.address = plain_address(client, self.channel)
-        self._sentinel = is_sentinel(client)
+        self._channel = PlainChannel(client)
         self._slots: dict[str, AsyncWakeup] = {}
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._idle_since = time.monotonic()
-        self._connected_before = False
-        self._reconnect = Reconnect()
         self._loop = asyncio.get_running_loop()
         breaker.on_open(self._on_breaker_open)
 
@@ -100,8 +95,7 @@ class AsyncNotifier:
     def _on_breaker_open(self, opened: breaker.Breaker) -> None:
         # A call to this Redis timed out: the waiting tasks look again now,
         # and fail fast. Called from whichever thread saw the timeout.
-        pool = getattr(self._client, "connection_pool", None)
-        if pool is not None and opened is breaker.breaker_of(pool):
+        if opened_for(self._client, opened):
             with contextlib.suppress(RuntimeError):  # the loop is closed
                 self._loop.call_soon_threadsafe(self._wake_all)
 
@@ -119,19 +113,14 @@ class AsyncNotifier:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                delay = self._reconnect.failed(time.monotonic())
-                # One warning per outage; each retry after it is only a debug line.
-                first = self._reconnect.first and bool(self._slots)
-                log = log_notify.warning if first else log_notify.debug
-                log("wake-up channel lost, reconnecting: %s", exc)
+                delay = self._channel.lost(time.monotonic(), exc, bool(self._slots))
             finally:
                 self._ready.clear()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
-                # Followed the primary, or lost the channel through Sentinel
-                # (the primary may be gone: a look would fail at once): the
-                # confirmation of the next subscription wakes every task.
-                if not (follow or self._sentinel):
+                # Followed the primary: the confirmation of the next
+                # subscription wakes every task.
+                if not follow and self._channel.loss_wakes:
                     self._wake_all()
             if follow:
                 continue
@@ -152,7 +141,7 @@ class AsyncNotifier:
                         return True
                     looking = None
                 if (
-                    self._sentinel
+                    self._channel.sentinel
                     and looking is None
                     and self._slots
                     and time.monotonic() - looked_at >= FOLLOW_INTERVAL
@@ -171,10 +160,10 @@ class AsyncNotifier:
         try:
             primary = await self._client.connection_pool.get_master_address()  # type: ignore[attr-defined]
         except Exception as exc:  # no sentinel answers: the channel stays where it is
-            log_notify.debug("could not ask the sentinels for the primary: %s", exc)
+            self._channel.unanswered(exc)
             return False
         if moved_from(pubsub.connection, primary):
-            log_notify.info("the primary moved to %s:%s: the wake-up channel follows", *primary)
+            self._channel.follows(primary)
             return True
         return False
 
@@ -198,16 +187,9 @@ class AsyncNotifier:
                 event.handed = handed
                 event.set()
         elif kind == "subscribe":
-            failures = self._reconnect.up(now)
-            if failures:
-                log_notify.info("wake-up channel back after %d attempt(s)", failures)
             self._ready.set()
-            for event in list(self._slots.values()):
-                # Back after an outage, wake-ups may have been missed; and
-                # whoever queued without the channel can now queue with it.
-                if self._connected_before or event.needs_channel:
-                    event.set()
-            self._connected_before = True
+            for event in self._channel.up(now, self._slots.values()):
+                event.set()
         return False
 
 

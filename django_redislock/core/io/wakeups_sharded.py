@@ -1,3 +1,4 @@
+# generated from wakeups_sharded_async.py by tools/gen_sync.py; do not edit
 """Wake-ups on a Redis Cluster: sharded pub/sub, one channel per lock slot.
 
 Plain PUBLISH on a Cluster is broadcast to every node over the cluster bus,
@@ -41,89 +42,68 @@ Cluster that mixes versions is served node by node.
 
 redis-py subscribes a connection made anew to all its sharded channels with
 one SSUBSCRIBE, which Redis refuses across slots (CROSSSLOT): the listeners'
-connections subscribe them one per command instead (``slotwise``).
+connections subscribe them one per command instead (``node_pubsub``).
+
+This asyncio source is the one place these decisions are written; the thread
+notifier (``wakeups_sharded.py``) is generated from it. Where a thread and a
+task differ (a listener is a thread or a task, the state is guarded by a
+mutex or by the loop, a listener's client is the Cluster client's or its
+own), the code names ``_wakeup_prims.py``, whose twin says what it
+means for threads. Among those names is ``Waiters``, a waiter's turn
+(register, sleep, unregister) and a listener's reading of a message: steps of
+``ShardedBase`` that threads take under the notifier's mutex and a loop takes
+bare, written once per world so that neither pays a call the other needs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
-
-from redis.client import PubSub
+from typing import Any, cast
 
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
-from ..engine.wakeup_message import Handed
 from . import breaker
+from ._wakeup_prims import (
+    Cluster,
+    Mutex,
+    Runner,
+    Waiters,
+    at_home,
+    close_node_client,
+    close_pubsub,
+    connected,
+    home,
+    node_client,
+    node_pubsub,
+    opened_here,
+    running,
+    sleep,
+    start,
+)
 from .cluster_calls import refresh_slots
-from .notify_sharded_base import (
+from .interrupts import Cancelled
+from .wakeups_base import (
+    Liveness,
     NodeListenerBase,
-    ShardedBase,
+    Reconnect,
     SubscribedTag,
     logger,
-    no_sharded_pubsub,
 )
-from .wakeup import Liveness, Reconnect, Wakeup
 
-if TYPE_CHECKING:
-    import redis
-    from redis.cluster import RedisCluster
-
-# ShardedBase and SubscribedTag are shared with the asyncio twin (notify_sharded_base.py).
-__all__ = [
-    "TAG_IDLE",
-    "ShardedBase",
-    "ShardedNotifier",
-    "SubscribedTag",
-    "no_sharded_pubsub",
-    "slotwise",
-]
-
-# A tag nobody waits on stays subscribed this long: a busy lock does not pay
-# a subscription round trip for every contended acquire.
-TAG_IDLE = 30.0
-
-
-class _SlotwisePubSub(PubSub):
-    """redis-py's ``PubSub``, but a connection made anew subscribes its
-    sharded channels again one per SSUBSCRIBE: they live in different slots,
-    and Redis refuses one command across slots (CROSSSLOT)."""
-
-    def on_connect(self, connection: Any) -> None:
-        sharded = getattr(self, "shard_channels", None)
-        if not sharded:
-            super().on_connect(connection)
-            return
-        self.shard_channels = {}
-        try:
-            super().on_connect(connection)
-        finally:
-            self.shard_channels = sharded
-        for channel in list(sharded):
-            self.execute_command("SSUBSCRIBE", channel)
-
-
-def slotwise(pubsub: Any) -> Any:
-    """``pubsub`` (a node client's ``pubsub()``), made to subscribe its sharded
-    channels again one per command when its connection is made anew."""
-    if type(pubsub) is PubSub:
-        pubsub.__class__ = _SlotwisePubSub
-    return pubsub
+__all__ = ["ShardedNotifier"]
 
 
 class _NodeListener(NodeListenerBase):
-    """Reads one node's sharded subscriptions in a thread of its own."""
+    """Reads one node's sharded subscriptions, in a runner of its own."""
 
-    def __init__(self, owner: ShardedNotifier, name: str, redis_client: redis.Redis) -> None:
+    def __init__(self, owner: ShardedNotifier, name: str, redis_client: Any) -> None:
         super().__init__(name, owner._unsharded)
         self.redis = redis_client
         self.owner = owner
-        self.lock = threading.Lock()
-        self.thread = threading.Thread(
-            target=self._run, name=f"redislock-notify-{name}", daemon=True
-        )
+        # Guards ``wanted`` and ``pubsub`` against the owner's calls (threads).
+        self.lock = Mutex()
+        self.runner: Runner | None = None
 
     def add(self, channel: bytes) -> None:
         with self.lock:
@@ -141,146 +121,124 @@ class _NodeListener(NodeListenerBase):
                 with contextlib.suppress(Exception):
                     self.command(self.pubsub, "unsubscribe")(channel)
 
-    def _run(self) -> None:
+    def run(self) -> None:
         reconnect = Reconnect()
         delay = 0.0
-        while True:
-            try:
-                with self.lock:
-                    self.pubsub = slotwise(self.redis.pubsub())
-                    # One SSUBSCRIBE per channel: they are in different slots.
-                    for channel in sorted(self.wanted):
-                        self.command(self.pubsub, "subscribe")(channel)
-                reconnect.up(time.monotonic())
-                if self._listen():
+        try:
+            while True:
+                pubsub = node_pubsub(self.redis)
+                try:
+                    with self.lock:
+                        # One SSUBSCRIBE per channel: they are in different slots.
+                        for channel in sorted(self.wanted):
+                            self.command(pubsub, "subscribe")(channel)
+                        self.pubsub = pubsub
+                    reconnect.up(time.monotonic())
+                    if self._listen():
+                        return
+                except Cancelled:
+                    raise
+                except Exception as exc:
+                    delay = self.lost(exc, reconnect)
+                finally:
+                    with self.lock:
+                        self.pubsub = None
+                    close_pubsub(pubsub)
+                    self.owner._listener_down(self)
+                if self.owner._retire(self):
                     return
-            except Exception as exc:
-                delay = self.lost(exc, reconnect)
-            finally:
-                with self.lock:
-                    pubsub, self.pubsub = self.pubsub, None
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        pubsub.close()
-                self.owner._listener_down(self)
-            if self.owner._retire(self):
-                return
-            time.sleep(delay)
+                sleep(delay)
+        finally:
+            close_node_client(self.redis)
 
     def _listen(self) -> bool:
         """Read until the connection fails (raises) or the listener retires (True)."""
         liveness = Liveness(time.monotonic())
         self.checked_at = liveness.last_heard
         while True:
-            message = self.pubsub.get_message(timeout=1.0)
+            if connected(self.pubsub):
+                message = self.pubsub.get_message(timeout=1.0)
+            else:
+                sleep(0.05)
+                message = None
             now = time.monotonic()
             if message is not None:
-                self.owner._handle(message, self.name)
                 liveness.heard(now)
+                self.owner._handle(message, self)
             if self.upkeep_due(now):
                 self.owner._maintain(self)
-                with self.lock:
-                    if self.idle(now):
-                        return self.owner._retire(self)
+                if self.idle(now):
+                    return self.owner._retire(self)
             # Pinged only while a tag is wanted: an empty listener retires.
-            if message is None and liveness.ping_due(now) and self.wanted:
+            if (
+                message is None
+                and connected(self.pubsub)
+                and liveness.ping_due(now)
+                and self.wanted
+            ):
                 with self.lock:
                     self.pubsub.ping()
                 liveness.ping_sent = now
 
 
-class ShardedNotifier(ShardedBase["RedisCluster"]):
-    """``Notifier`` for a sync ``RedisCluster``: SSUBSCRIBE per waited-on tag."""
+class ShardedNotifier(Waiters):
+    """The notifier of a Cluster client (``get_notifier``): SSUBSCRIBE per waited-on tag."""
 
     def __init__(self, client: RedisClient, keyspace: KeySpace) -> None:
         # Made only for a client that ``is_cluster`` says is one (``get_notifier``).
-        super().__init__(cast("RedisCluster", client), keyspace)
-        self._mutex = threading.RLock()
+        super().__init__(cast("Cluster", client), keyspace)
         self._listeners: dict[str, _NodeListener] = {}
+        self._home = home()
         breaker.on_open(self._on_breaker_open)
 
     def _on_breaker_open(self, opened: breaker.Breaker) -> None:
         # A node of this Cluster timed out: every waiter looks again now (one
         # on another node at the cost of a round trip), and those of that
-        # node fail fast rather than sleep out their wait.
-        pools = (
-            getattr(node.redis_connection, "connection_pool", None)
-            for node in self._client.get_nodes()
-        )
-        if any(pool is not None and breaker.breaker_of(pool) is opened for pool in pools):
-            with self._mutex:
-                for event, _tag in list(self._slots.values()):
-                    event.set()
+        # node fail fast rather than sleep out their wait. Called from
+        # whichever thread saw the timeout.
+        if opened_here(self._client, opened):
+            at_home(self._home, self._wake_everyone)
 
-    # -- waiters' side -----------------------------------------------------
-    def register(self, token: str, tag: bytes = b"") -> Wakeup:
-        event = Wakeup()
+    def _wake_everyone(self) -> None:
         with self._mutex:
-            unrouted = self._join(token, event, tag, threading.Event)
-            if unrouted is not None:
-                self._route(unrouted)
-        return event
+            for event, _tag in list(self._slots.values()):
+                event.set()
 
-    def register_if_ready(self, token: str, tag: bytes = b"") -> Wakeup | None:
-        """Register ``token`` if its tag's channel is subscribed, else None."""
-        with self._mutex:
-            if not self.wait_ready(0, tag):
-                return None
-            return self.register(token, tag)
-
-    def unregister(self, token: str) -> None:
-        with self._mutex:
-            self._forget(token)
-
-    def wait(self, event: Wakeup, timeout: float) -> Handed | None:
-        """Sleep until a listener sets ``event`` or ``timeout`` passes; the
-        fence of a lease handed over, else None."""
-        event.wait(timeout)
-        with self._mutex:
-            handed, event.handed = event.handed, None
-            event.clear()
-        return handed
-
+    # -- waiters' side (registering and sleeping: ``Waiters``) ---------------
     def wait_ready(self, timeout: float, tag: bytes = b"") -> bool:
         state = self._tags.get(tag)
         if state is None:
             return False
-        return bool(state.ready.wait(timeout))
+        return state.ready.within(timeout)
 
     # -- listeners ------------------------------------------------------------
     def _route(self, state: SubscribedTag) -> None:
         """Subscribe a tag on the node that owns its slot (under the mutex)."""
+        if state.node is not None:
+            return
         try:
             node = self._node_of(state.channel)
-            redis_client = self._client.get_redis_connection(node)
+            listener = self._listeners.get(node.name)
+            fresh = listener is None or not running(listener.runner)
+            redis_client = node_client(self._client, node) if fresh else None
         except Exception as exc:  # slot not covered yet: the next maintenance retries
             logger.info("no node for wake-up channel %r yet: %s", state.channel, exc)
             return
-        listener = self._listeners.get(node.name)
-        if listener is None or not listener.thread.is_alive():
+        state.node = node.name
+        if listener is None or fresh:
             listener = _NodeListener(self, node.name, redis_client)
             self._listeners[node.name] = listener
-            state.node = node.name
             listener.wanted.add(state.channel)
-            listener.thread.start()
+            listener.runner = start(listener.run, f"redislock-notify-{node.name}")
             return
-        state.node = node.name
         listener.add(state.channel)
 
-    def _handle(self, message: dict[str, Any], node: str) -> None:
-        with self._mutex:
-            dropped = self._on_message(message, node)
-        if dropped:
-            self._follow(node, dropped)
-
-    def _follow(self, name: str, dropped: list[bytes]) -> None:
-        """Node ``name`` dropped ``dropped`` unasked: forget them there, read
-        the slot map again and subscribe their tags where it says (or at the
-        next upkeep, if the map was read less than a second ago)."""
-        listener = self._listeners.get(name)
-        if listener is not None:
-            for channel in dropped:
-                listener.remove(channel)
+    def _follow(self, listener: _NodeListener, dropped: list[bytes]) -> None:
+        """``listener``'s node dropped ``dropped`` unasked: forget them there,
+        read the slot map again and subscribe their tags where it says (or at
+        the next upkeep, if the map was read less than a second ago)."""
+        for channel in dropped:
+            listener.remove(channel)
         if self._map_due():
             refresh_slots(self._client)
             with self._mutex:
@@ -290,32 +248,28 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
     def _maintain(self, listener: _NodeListener) -> None:
         """Once a second per listener: drop idle tags, move tags whose slot moved."""
         now = time.monotonic()
-        drop: list[bytes] = []
         with self._mutex:
             unrouted = bool(self._unrouted())
         if unrouted and self._map_due():
             # Tags nobody serves: their node is gone, or dropped them.
             refresh_slots(self._client)
+        drop: list[tuple[_NodeListener, bytes]] = []
         with self._mutex:
-            for tag, state in list(self._tags.items()):
-                if state.users <= 0 and now - state.idle_since > TAG_IDLE:
-                    del self._tags[tag]
-                    self._by_channel.pop(state.channel, None)
-                    if state.node == listener.name:
-                        drop.append(state.channel)
-                    elif state.node is not None and state.node in self._listeners:
-                        self._listeners[state.node].remove(state.channel)
-                    continue
+            for state in self._drop_idle(now):
+                owner = self._listeners.get(state.node or "")
+                if owner is not None:
+                    drop.append((owner, state.channel))
+            for state in list(self._tags.values()):
                 if state.node is None and state.users > 0:
                     self._route(state)
-                elif state.node == listener.name:
-                    with contextlib.suppress(Exception):
-                        if self._node_of(state.channel).name != listener.name:
-                            state.ready.clear()
-                            drop.append(state.channel)
-                            self._route(state)
-        for channel in drop:
-            listener.remove(channel)
+                elif state.node == listener.name and self._moved(state, listener.name):
+                    state.ready.clear()
+                    state.node = None
+                    drop.append((listener, state.channel))
+                    self._route(state)
+        # Unsubscribed outside the mutex: waiters need not wait on the node.
+        for owner, channel in drop:
+            owner.remove(channel)
 
     def _listener_down(self, listener: _NodeListener) -> None:
         with self._mutex:
@@ -327,12 +281,17 @@ class ShardedNotifier(ShardedBase["RedisCluster"]):
             self._listener_lost(listener.name)
             with listener.lock:
                 listener.wanted.clear()
+            # The listener stays the node's: a tag routed to the node again joins
+            # it, and it reconnects after its back-off (Reconnect), not at once.
             for state in self._unrouted():
                 self._route(state)
 
     def _retire(self, listener: _NodeListener) -> bool:
+        """Whether ``listener`` is to end: no longer the node's, or nothing to read."""
         with self._mutex, listener.lock:
-            if listener.wanted or self._listeners.get(listener.name) is not listener:
-                return self._listeners.get(listener.name) is not listener
+            if self._listeners.get(listener.name) is not listener:
+                return True
+            if listener.wanted:
+                return False
             del self._listeners[listener.name]
             return True

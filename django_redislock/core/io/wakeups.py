@@ -30,7 +30,6 @@ a count of receivers proves nothing while a listener may sit on a replica.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import secrets
 import threading
@@ -40,25 +39,23 @@ from typing import Any
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed, parse_wakeup
-from ..topology import is_sentinel
 from . import breaker
-from .notify_sharded import ShardedNotifier
-from .wakeup import (
+from .wakeups_base import (
     FOLLOW_INTERVAL,
     IDLE_TIMEOUT,
     LIVENESS_INTERVAL,
     Liveness,
-    Reconnect,
+    PlainChannel,
     Wakeup,
     found,
     moved_from,
+    opened_for,
     plain_address,
     registered,
 )
+from .wakeups_sharded import ShardedNotifier
 
 __all__ = ["Notifier", "get_notifier"]
-
-logger = logging.getLogger("django_redislock.notify")
 
 # How often the housekeeping thread looks.
 HOUSEKEEPING_INTERVAL = 5.0
@@ -84,7 +81,7 @@ class Notifier:
         # A Sentinel client's channel follows the primary (_housekeep); the
         # primary's address once the sentinels named another than the
         # channel's, for the reader to subscribe there.
-        self._sentinel = is_sentinel(client)
+        self._channel = PlainChannel(client)
         self._moved: Any = None
         self._slots: dict[str, Wakeup] = {}
         self._mutex = threading.Lock()
@@ -97,8 +94,6 @@ class Notifier:
         self._pubsub: Any = None
         self._pending: Any = None  # a SUBSCRIBE sent, not yet confirmed
         self._pending_since = 0.0
-        self._connected_before = False
-        self._reconnect = Reconnect()
         self._retry_at = 0.0
         self._liveness = Liveness(0.0)
         self._idle_since = time.monotonic()
@@ -107,7 +102,7 @@ class Notifier:
 
     # -- waiters' side -----------------------------------------------------
     # One process-wide channel and PUBLISH: the tag arguments are for the
-    # Cluster notifier (notify_sharded.py), which listens per hash slot.
+    # Cluster notifier (wakeups_sharded.py), which listens per hash slot.
 
     def address_for(self, tag: bytes = b"") -> bytes:
         return self.address
@@ -250,8 +245,7 @@ class Notifier:
     def _on_breaker_open(self, opened: breaker.Breaker) -> None:
         # A call to this Redis timed out: the waiters look again now, and
         # fail fast, rather than sleep out their wait on a silent channel.
-        pool = getattr(self._client, "connection_pool", None)
-        if pool is not None and opened is breaker.breaker_of(pool):
+        if opened_for(self._client, opened):
             self._wake_all()
 
     # -- the leader's side -------------------------------------------------------
@@ -311,37 +305,22 @@ class Notifier:
         now = time.monotonic()
         self._liveness.heard(now)
         self._retry_at = 0.0
-        failures = self._reconnect.up(now)
-        if failures:
-            logger.info("wake-up channel back after %d attempt(s)", failures)
         with self._mutex:
-            for event in self._slots.values():
-                # Back after an outage, wake-ups may have been missed; and
-                # whoever queued without the channel can now queue with it.
-                if self._connected_before or event.needs_channel:
-                    self._fire(event, event.handed)
-        self._connected_before = True
+            for event in self._channel.up(now, self._slots.values()):
+                self._fire(event, event.handed)
 
     def _failed(self, exc: BaseException) -> None:
         now = time.monotonic()
-        self._retry_at = now + self._reconnect.failed(now)
-        # One warning per outage, and only if someone is waiting: an idle
-        # channel losing its connection affects nobody.
         with self._mutex:
             waiting = bool(self._slots)
-        log = logger.warning if self._reconnect.first and waiting else logger.debug
-        log("wake-up channel lost, reconnecting: %s", exc)
+        self._retry_at = now + self._channel.lost(now, exc, waiting)
 
     def _drop(self, exc: BaseException) -> None:
         pubsub, self._pubsub = self._pubsub, None
         self._close(pubsub)
         self._failed(exc)
-        if not self._sentinel:
-            # Waiters must not sleep on a channel nobody is reading.
+        if self._channel.loss_wakes:
             self._wake_all()
-        # Through Sentinel a lost channel may be a primary gone: a look now
-        # would meet it and fail at once. The reader subscribes again where
-        # the sentinels say, and the confirmation wakes every waiter to look.
 
     def _read(self, event: Wakeup, deadline: float) -> None:
         """Read the channel until ``event`` fires or ``deadline`` passes."""
@@ -365,7 +344,7 @@ class Notifier:
                 continue
             # A slice at most: a breaker that opened meanwhile is seen soon.
             until = min(deadline, self._liveness.next_check(), now + READ_SLICE)
-            if self._sentinel:
+            if self._channel.sentinel:
                 # Back within a second to see whether the primary moved.
                 until = min(until, now + FOLLOW_INTERVAL)
             try:
@@ -378,7 +357,7 @@ class Notifier:
         there. No back-off, nothing to warn of; the confirmation wakes every
         waiter to look again (grants may have gone unheard meanwhile)."""
         primary, self._moved = self._moved, None
-        logger.info("the primary moved to %s:%s: the wake-up channel follows", *primary)
+        self._channel.follows(primary)
         pubsub, self._pubsub = self._pubsub, None
         self._close(pubsub)
         self._retry_at = 0.0
@@ -423,7 +402,7 @@ class Notifier:
         """Close the channel once nobody has waited for IDLE_TIMEOUT; through
         Sentinel, see once a second that it is subscribed on the primary."""
         while True:
-            time.sleep(FOLLOW_INTERVAL if self._sentinel else HOUSEKEEPING_INTERVAL)
+            time.sleep(FOLLOW_INTERVAL if self._channel.sentinel else HOUSEKEEPING_INTERVAL)
             with self._mutex:
                 pubsub = self._pubsub
                 waiting = bool(self._slots)
@@ -433,11 +412,10 @@ class Notifier:
                 if not busy and time.monotonic() - self._idle_since >= IDLE_TIMEOUT:
                     pubsubs = (self._pubsub, self._pending)
                     self._pubsub = self._pending = None
-                    # Closed on purpose: the next subscription recovers nothing.
-                    self._connected_before = False
+                    self._channel.closed()
                     self._housekeeper = None
                     break
-            if self._sentinel and waiting and pubsub is not None:
+            if self._channel.sentinel and waiting and pubsub is not None:
                 self._see_primary(pubsub)
         for pubsub in pubsubs:
             self._close(pubsub)
@@ -449,7 +427,7 @@ class Notifier:
         try:
             primary = self._client.connection_pool.get_master_address()  # type: ignore[attr-defined]
         except Exception as exc:  # no sentinel answers: the channel stays where it is
-            logger.debug("could not ask the sentinels for the primary: %s", exc)
+            self._channel.unanswered(exc)
             return
         if pubsub is self._pubsub and moved_from(pubsub.connection, primary):
             self._moved = primary
