@@ -18,7 +18,7 @@ import redis.asyncio
 from django_redislock.core import Lock, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import may_have_run
-from django_redislock.core.io import giveback, script_calls, script_calls_async
+from django_redislock.core.io import giveback, giveback_async, script_calls, script_calls_async
 from tests.servers import RedisServer
 from tests.topologies import wait_until
 
@@ -135,7 +135,7 @@ async def test_async_give_back_lands_after_the_late_acquire(server: RedisServer)
             await script_calls_async.run_async(
                 client, scripts.ACQUIRE, lock._key_tuple, _acquire_args(lock, token)
             )
-        task = giveback.submit_async(
+        task = giveback_async.submit_async(
             lambda: script_calls_async.run_async(client, scripts.CANCEL, lock._key_tuple, (token,)),
             within=30,
             after=info.value,

@@ -40,7 +40,7 @@ from ..exceptions import (
     ReplicationTimeout,
 )
 from ..failures import said_retry
-from ..io import giveback, script_calls_async, transport
+from ..io import giveback_async, script_calls_async, transport
 from ..io.notify_async import get_async_notifier
 from ..process import this_process
 from ._async_prims import (
@@ -350,7 +350,7 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         """Give back whatever ``token`` may hold, retried off the caller's
         path until Redis answers or the lease would have ended anyway;
         ``after``: the failed call it follows, whose late reply comes first."""
-        giveback.submit_async(
+        giveback_async.submit_async(
             lambda: self._cancel_call(token),
             within=self.ttl,
             after=after if self._give_back_after_late_reply else None,

@@ -33,7 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..failures import said_retry
-from . import giveback
+from . import giveback_async
 from .batch import CallFailed, Command
 from .breaker import Breaker, breaker_of, node_breaker
 from .checkout import connect_bound, fresh
@@ -344,7 +344,7 @@ async def _on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
     except CallFailed as failed:
         if failed.pending is not None:
             failed.pending.release = lambda: _node_release(node, conn)
-            giveback.drain_async(failed.pending)
+            giveback_async.drain_async(failed.pending)
             conn = None
         raise
     finally:

@@ -16,29 +16,36 @@ up), and again once they have been read, so that a late request that ran
 after the first gives back nothing it granted. The cancel scripts are safe
 to repeat. Sync and asyncio code follow this one policy (``Pending``).
 
-Sync code runs them on the process's one background thread (``scheduler.py``:
-started on first use, started anew in a forked child); asyncio code runs each
-give-back as a task on the running loop.
+Sync code runs them here, on the process's one background thread
+(``scheduler.py``: started on first use, started anew in a forked child);
+asyncio code runs each give-back as a task on the running loop
+(``giveback_async.py``, the name ``tools/gen_sync.py`` maps to this module).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import breaker, scheduler
+from . import scheduler
 
-__all__ = ["Pending", "drain", "drain_async", "submit", "submit_async"]
+__all__ = [
+    "DRAIN_DEFAULT",
+    "DRAIN_POLL",
+    "FIRST_DELAY",
+    "MAX_DELAY",
+    "Pending",
+    "drain",
+    "pending_of",
+    "submit",
+]
 
 logger = logging.getLogger("django_redislock.giveback")
 
@@ -47,11 +54,11 @@ DRAIN_DEFAULT = 30.0
 # Back-off between attempts: short, so that a Redis that comes back is
 # answered within about one round trip; each attempt against a stalled Redis
 # already waits a socket timeout, so this does not hammer it.
-_FIRST_DELAY = 0.02
-_MAX_DELAY = 0.25
+FIRST_DELAY = 0.02
+MAX_DELAY = 0.25
 # How long a sync drain polls its connection per turn before the next job's
 # turn; a give-back that follows the drained call waits as long under asyncio.
-_DRAIN_POLL = 0.05
+DRAIN_POLL = 0.05
 
 
 @dataclass(eq=False)
@@ -95,11 +102,12 @@ class Pending:
                 action()
 
 
-def _pending_of(after: BaseException | None) -> Pending | None:
+def pending_of(after: BaseException | None) -> Pending | None:
+    """The late replies the failed call ``after`` left, if any."""
     return getattr(after, "pending", None) if after is not None else None
 
 
-# -- sync ------------------------------------------------------------------------
+# -- sync: jobs of the scheduler ----------------------------------------------------
 #
 # Drains and give-backs are jobs of the process's scheduler (``scheduler.py``),
 # the thread that also renews leases. Each takes turns with the others: a
@@ -120,7 +128,7 @@ class _Drain:
         left = pending.deadline - time.monotonic()
         if pending.unread and left > 0:
             try:
-                if not conn.can_read(timeout=min(_DRAIN_POLL, left)):
+                if not conn.can_read(timeout=min(DRAIN_POLL, left)):
                     return 0.0
                 conn.read_response(disconnect_on_error=False)
             except ResponseError:
@@ -162,7 +170,7 @@ class _GiveBack:
         self.call = call
         self.deadline = deadline
         self.what = what
-        self.delay = _FIRST_DELAY
+        self.delay = FIRST_DELAY
         self.attempts = 0
 
     def __call__(self) -> float | None:
@@ -178,7 +186,7 @@ class _GiveBack:
                 return None
             logger.debug("giving back %s failed (%s); trying again", self.what, exc)
             delay = self.delay
-            self.delay = min(self.delay * 2, _MAX_DELAY)
+            self.delay = min(self.delay * 2, MAX_DELAY)
             return delay
         if self.attempts > 1:
             logger.info("gave back %s after %d attempts", self.what, self.attempts)
@@ -201,7 +209,7 @@ def submit(
     docstring says why). Returns at once.
     """
     deadline = time.monotonic() + within
-    pending = _pending_of(after)
+    pending = pending_of(after)
     if pending is not None:
         pending.keep_until(deadline)
         pending.once_answered(
@@ -210,118 +218,3 @@ def submit(
     # The drain of ``after`` was queued before this, due sooner: its first
     # turn (a short poll for the late replies) comes before the first attempt.
     scheduler.current().add(_GiveBack(call, deadline, what))
-
-
-# -- asyncio ---------------------------------------------------------------------
-
-_tasks: set[asyncio.Task[Any]] = set()
-
-
-def _spawn(coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-    loop = asyncio.get_running_loop()
-    task: asyncio.Task[Any] = loop.create_task(coro, name=name)  # type: ignore[arg-type]
-    # The loop holds tasks weakly: keep them until they are done.
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
-    return task
-
-
-def drain_async(pending: Pending) -> None:
-    """``drain`` for an asyncio connection: a task of the running loop."""
-    _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
-
-
-async def _read_late_replies_async(pending: Pending) -> None:
-    conn = pending.conn
-    try:
-        while pending.unread:
-            left = pending.deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                # Bounded by the connection's socket timeout, which raises. (Given
-                # a timeout of its own, read_response returns None instead: that
-                # could not be told from a nil reply.)
-                read = conn.read_response(disconnect_on_error=False)
-                if getattr(conn, "socket_timeout", None) is None:
-                    await asyncio.wait_for(read, left)
-                else:
-                    await read
-            except ResponseError:
-                pass
-            except (RedisTimeoutError, asyncio.TimeoutError):
-                continue
-            except Exception:
-                logger.debug("connection with late replies closed", exc_info=True)
-                break
-            pending.unread -= 1
-        pending.answered = pending.unread == 0
-    finally:
-        if not pending.answered:
-            with contextlib.suppress(Exception):
-                await conn.disconnect(nowait=True)
-        try:
-            released = pending.release()
-            if inspect.isawaitable(released):
-                await released
-        finally:
-            pending.done.set()
-            pending.settle()
-
-
-async def _retry_until_async(
-    make_call: Callable[[], Awaitable[Any]],
-    deadline: float,
-    what: str,
-    pending: Pending | None,
-) -> None:
-    breaker.off_path()  # this task holds no request
-    # The drain's first look for the late replies (see submit).
-    look_until = min(deadline, time.monotonic() + _DRAIN_POLL)
-    while pending is not None and not pending.done.is_set():
-        if time.monotonic() >= look_until:
-            break
-        await asyncio.sleep(0.01)
-    delay = _FIRST_DELAY
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            await make_call()
-        except Exception as exc:
-            if time.monotonic() + delay >= deadline:
-                logger.warning(
-                    "gave up giving back %s after %d attempt(s): %s", what, attempts, exc
-                )
-                return
-            logger.debug("giving back %s failed (%s); trying again", what, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY)
-            continue
-        if attempts > 1:
-            logger.info("gave back %s after %d attempts", what, attempts)
-        return
-
-
-def submit_async(
-    make_call: Callable[[], Awaitable[Any]],
-    *,
-    within: float,
-    after: BaseException | None = None,
-    what: str = "a lease",
-) -> asyncio.Task[Any]:
-    """``submit`` for asyncio: a task on the running loop (returned, for tests).
-
-    ``make_call`` makes a new awaitable for each attempt.
-    """
-    deadline = time.monotonic() + within
-    pending = _pending_of(after)
-    if pending is not None:
-        pending.keep_until(deadline)
-        pending.once_answered(
-            lambda: _spawn(
-                _retry_until_async(make_call, deadline, what + " (again)", None),
-                "redislock-giveback",
-            )
-        )
-    return _spawn(_retry_until_async(make_call, deadline, what, pending), "redislock-giveback")

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import giveback
+from . import giveback_async
 from .batch import CallFailed, Command, packed
 from .breaker import Breaker, breaker_of
 from .checkout import checkout_async, disconnect_async
@@ -109,7 +109,7 @@ async def _on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
         except CallFailed as failed:
             if failed.pending is not None:
                 failed.pending.release = lambda c=conn: pool.release(c)
-                giveback.drain_async(failed.pending)
+                giveback_async.drain_async(failed.pending)
                 conn = None
             raise
         finally:
