@@ -34,8 +34,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..failures import said_retry
 from . import giveback_async
-from .batch import CallFailed, Command
 from .breaker import Breaker, breaker_of, node_breaker
+from .calls_base import CallFailed, Command
 from .checkout import connect_bound, fresh
 from .pool_calls import call_on_pool
 from .pool_calls_async import exchange_async, guarded_async

@@ -14,7 +14,7 @@ once after the drain's first look for the late replies (not after all of
 them, so that a reply lost on the way does not hold it until the drain gives
 up), and again once they have been read, so that a late request that ran
 after the first gives back nothing it granted. The cancel scripts are safe
-to repeat. Sync and asyncio code follow this one policy (``Pending``).
+to repeat. Sync and asyncio code follow this one policy (``calls_base.Pending``).
 
 Sync code runs them here, on the process's one background thread
 (``scheduler.py``: started on first use, started anew in a forked child);
@@ -25,90 +25,20 @@ asyncio code runs each give-back as a task on the running loop
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import scheduler
+from .calls_base import DRAIN_POLL, FIRST_DELAY, MAX_DELAY, Pending, pending_of
 
-__all__ = [
-    "DRAIN_DEFAULT",
-    "DRAIN_POLL",
-    "FIRST_DELAY",
-    "MAX_DELAY",
-    "Pending",
-    "drain",
-    "pending_of",
-    "submit",
-]
+__all__ = ["drain", "submit"]
 
 logger = logging.getLogger("django_redislock.giveback")
 
-# A connection whose replies are late is kept this long, at least, for them.
-DRAIN_DEFAULT = 30.0
-# Back-off between attempts: short, so that a Redis that comes back is
-# answered within about one round trip; each attempt against a stalled Redis
-# already waits a socket timeout, so this does not hammer it.
-FIRST_DELAY = 0.02
-MAX_DELAY = 0.25
-# How long a sync drain polls its connection per turn before the next job's
-# turn; a give-back that follows the drained call waits as long under asyncio.
-DRAIN_POLL = 0.05
-
-
-@dataclass(eq=False)
-class Pending:
-    """A connection with ``unread`` replies still owed by Redis."""
-
-    conn: Any
-    unread: int
-    release: Any  # how the connection goes back to its pool (sync or async callable)
-    deadline: float = field(default_factory=lambda: time.monotonic() + DRAIN_DEFAULT)
-    done: threading.Event = field(default_factory=threading.Event)
-    # True once the late replies were read: whatever the batch did is done.
-    answered: bool = False
-    # What to run once they are read (the give-backs to send again), and
-    # whether the drain has ended.
-    _again: list[Callable[[], Any]] = field(default_factory=list)
-    _settled: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def keep_until(self, deadline: float) -> None:
-        """Wait for the late replies at least until ``deadline`` (monotonic)."""
-        self.deadline = max(self.deadline, deadline)
-
-    def once_answered(self, action: Callable[[], Any]) -> None:
-        """Run ``action`` when the drain has read every late reply.
-
-        Nothing if the drain has ended already: a give-back queued now runs
-        after whatever it read.
-        """
-        with self._lock:
-            if not self._settled:
-                self._again.append(action)
-
-    def settle(self) -> None:
-        """The drain has ended: run what waited for the late replies, if read."""
-        with self._lock:
-            self._settled = True
-            actions, self._again = self._again, []
-        if self.answered:
-            for action in actions:
-                action()
-
-
-def pending_of(after: BaseException | None) -> Pending | None:
-    """The late replies the failed call ``after`` left, if any."""
-    return getattr(after, "pending", None) if after is not None else None
-
-
-# -- sync: jobs of the scheduler ----------------------------------------------------
-#
 # Drains and give-backs are jobs of the process's scheduler (``scheduler.py``),
 # the thread that also renews leases. Each takes turns with the others: a
 # drain polls its connection briefly per turn, so a reply that never comes

@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import breaker
-from .giveback import DRAIN_POLL, FIRST_DELAY, MAX_DELAY, Pending, pending_of
+from .calls_base import DRAIN_POLL, FIRST_DELAY, MAX_DELAY, Pending, pending_of
 
 __all__ = ["drain_async", "submit_async"]
 

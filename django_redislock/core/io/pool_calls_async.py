@@ -1,7 +1,7 @@
 """One batch of commands on one connection of a pool: written once, a reply each.
 
 Written for asyncio; the sync twin is generated from it by ``tools/gen_sync.py``.
-See ``batch.py`` for the policy. A call cut short by anything but Redis (a
+See ``calls_base.py`` for the policy. A call cut short by anything but Redis (a
 cancelled task; in sync code, a signal's ``KeyboardInterrupt`` or
 ``SystemExit``) closes its connection, whose reply would otherwise wait for
 the next caller, and goes on as itself: it is not Redis failing.
@@ -17,10 +17,9 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import giveback_async
-from .batch import CallFailed, Command, packed
 from .breaker import Breaker, breaker_of
+from .calls_base import CallFailed, Command, Pending, packed
 from .checkout import checkout_async, disconnect_async
-from .giveback import Pending
 from .interrupts_async import CallTimeout
 
 __all__ = ["call_on_pool_async", "exchange_async", "guarded_async"]

@@ -1,7 +1,7 @@
 """Run a Lua script on a client, bounded, as every lock call is.
 
 The decisions (EVALSHA or EVAL, whether to send again, what a failure is)
-are ``script_calls_base.ScriptCall``'s; this module only sends its batches.
+are ``calls_base.ScriptCall``'s; this module only sends its batches.
 Written once, for asyncio; ``tools/gen_sync.py`` makes the sync functions
 (``script_calls.py``) from it (edit this source, never the generated file).
 """
@@ -13,7 +13,7 @@ from typing import Any
 from ..clients import AsyncRedisClient
 from ..engine.scripts import Script
 from . import transport
-from .script_calls_base import Args, Keys, ScriptCall, clean, first_batch, wait_for_replicas
+from .calls_base import Args, Keys, ScriptCall, clean, first_batch, wait_for_replicas
 
 __all__ = ["run_acked_async", "run_async"]
 

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..clients import AsyncRedisClient, RedisClient
 from ..topology import is_cluster
-from .batch import CallFailed, Command
+from .calls_base import CallFailed, Command, Pending
 from .cluster_calls import cluster_call, cluster_call_async
-from .giveback import Pending
 from .pool_calls import call_on_pool
 from .pool_calls_async import call_on_pool_async
 
