@@ -12,9 +12,9 @@ decision is written once. The transformation maps names only:
   docstrings and comments.
 
 What threads and tasks do differently is in ``core/drivers/_async_prims.py`` and
-``core/drivers/_sync_prims.py`` (and, for ``core/io``, ``interrupts_async.py``
-and ``giveback_async.py`` and their sync namesakes), which export the same
-names: never in a generated file.
+``core/drivers/_sync_prims.py`` (and, for ``core/io``, ``interrupts_async.py``,
+``calls_prims_async.py`` and ``giveback_async.py`` and their sync namesakes),
+which export the same names: never in a generated file.
 The result goes through ``ruff`` (import order, then format), so that it
 reads like the rest of the code.
 
@@ -113,6 +113,8 @@ RENAMES = {
     # The bounded calls (core/io): a batch on a pool's connection.
     "pool_calls_async": "pool_calls",
     "giveback_async": "giveback",
+    "calls_prims_async": "calls_prims",
+    "make_ready_async": "make_ready",
     "script_calls_async": "script_calls",
     "_sent_async": "_sent",
     "_resent_async": "_resent",

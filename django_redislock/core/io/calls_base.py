@@ -18,14 +18,19 @@ with the library's own policy:
 
 This module holds the decisions: what a batch is and how it is packed
 (``Command``, ``packed``), how it fails (``CallFailed``) and what a late one
-still owes (``Pending``); and one call of a script (``ScriptCall``).
-``transport`` and its steps (``checkout``, ``pool_calls_async.py``,
-``cluster_calls``) and the script runner (``script_calls_async.py``) do the I/O.
+still owes (``Pending``); how long connecting may take (``connect_bound``);
+and one call of a script (``ScriptCall``).
+``transport`` and its steps (``pool_calls_async.py``, ``cluster_calls``) and
+the script runner (``script_calls_async.py``) do the I/O;
+``calls_prims_async.py`` and ``calls_prims.py`` hold what a task and a thread
+do differently.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import socket
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -54,7 +59,10 @@ __all__ = [
     "Pending",
     "ScriptCall",
     "clean",
+    "connect_bound",
+    "connect_may_linger",
     "first_batch",
+    "get_connection_args",
     "packed",
     "pending_of",
     "wait_for_replicas",
@@ -170,6 +178,70 @@ class CallFailed(Exception):
         self.cause = cause
         self.may_have_run = may_have_run
         self.pending: Pending | None = None
+
+
+# -- connecting --------------------------------------------------------------------
+#
+# Lock calls stay within the pool's ``max_connections`` with everything else the
+# client does: at the cap a lock call fails as a plain command does. The pool's
+# connections may retry a connect (redis-py 8's default policy retries timeouts,
+# with back-off), so the library does not let ``get_connection`` connect them: it
+# takes a connection as the pool's checkout does, then connects it itself, once,
+# with the connection's retry policy set aside and restored (the connection is
+# the caller's alone meanwhile). The asyncio pools have a public method for the
+# first step (``get_available_connection``); the sync ones do the same under
+# their lock (``calls_prims.py``).
+
+_wants_command_name: dict[type, bool] = {}
+
+
+def _is_timeout_error(error: Any) -> bool:
+    if not isinstance(error, type):
+        return False
+    timeouts = (RedisTimeoutError, TimeoutError, socket.timeout)
+    # A class above TimeoutError (RedisError, Exception) catches timeouts too.
+    return issubclass(error, timeouts) or any(issubclass(t, error) for t in timeouts)
+
+
+def connect_may_linger(kwargs: dict[str, Any]) -> bool:
+    """Whether connections made from ``kwargs`` may retry a connect that timed out,
+    or retry more than once: their pool cannot be used for a bounded call."""
+    if kwargs.get("retry_on_timeout"):
+        return True
+    extra = list(kwargs.get("retry_on_error") or ())
+    retry = kwargs.get("retry")
+    if retry is None:
+        # redis-py retries once on the listed errors, or not at all.
+        return any(_is_timeout_error(e) for e in extra)
+    retries = getattr(retry, "_retries", None)
+    if retries == 0:
+        return False
+    if not isinstance(retries, int) or retries < 0 or retries > 1:
+        return True
+    errors = tuple(getattr(retry, "_supported_errors", (Exception,))) + tuple(extra)
+    return any(_is_timeout_error(e) for e in errors)
+
+
+def connect_bound(kwargs: dict[str, Any]) -> float | None:
+    """How long connecting may take: one connect timeout, and one socket
+    timeout for the handshake (HELLO, AUTH, CLIENT SETINFO)."""
+    timeout = kwargs.get("socket_timeout")
+    connect = kwargs.get("socket_connect_timeout") or timeout
+    if timeout is None or connect is None:
+        return None
+    return float(connect) + float(timeout)
+
+
+def get_connection_args(pool: Any) -> tuple[str, ...]:
+    """What ``pool.get_connection`` is called with: redis-py before 5.3
+    requires a command name; later versions warn on one."""
+    kind = type(pool)
+    wants = _wants_command_name.get(kind)
+    if wants is None:
+        parameter = inspect.signature(kind.get_connection).parameters.get("command_name")
+        wants = parameter is not None and parameter.default is inspect.Parameter.empty
+        _wants_command_name[kind] = wants
+    return ("EVALSHA",) if wants else ()
 
 
 # -- one call of a script -----------------------------------------------------------

@@ -36,7 +36,7 @@ from ..failures import said_retry
 from . import giveback_async
 from .breaker import Breaker, breaker_of, node_breaker
 from .calls_base import CallFailed, Command
-from .checkout import connect_bound, fresh
+from .calls_prims_async import make_ready_async
 from .pool_calls import call_on_pool
 from .pool_calls_async import exchange_async, guarded_async
 
@@ -337,7 +337,7 @@ async def _on_node_async(node: Any, commands: Sequence[Command]) -> list[Any]:
         raise CallFailed(exc, may_have_run=False) from exc
     try:
         try:
-            await fresh(conn, connect_bound(node.connection_kwargs))
+            await make_ready_async(node, conn)
         except RedisError as exc:
             raise CallFailed(exc, may_have_run=False) from exc
         return await exchange_async(conn, commands)

@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import giveback
 from .breaker import Breaker, breaker_of
 from .calls_base import CallFailed, Command, Pending, packed
-from .checkout import checkout, disconnect
+from .calls_prims import checkout, disconnect
 from .interrupts import CallTimeout
 
 __all__ = ["call_on_pool", "exchange", "guarded"]

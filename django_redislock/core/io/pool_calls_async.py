@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import giveback_async
 from .breaker import Breaker, breaker_of
 from .calls_base import CallFailed, Command, Pending, packed
-from .checkout import checkout_async, disconnect_async
+from .calls_prims_async import checkout_async, disconnect_async
 from .interrupts_async import CallTimeout
 
 __all__ = ["call_on_pool_async", "exchange_async", "guarded_async"]
