@@ -64,8 +64,7 @@ PAIRS = [
     (CORE / "multi_async.py", CORE / "multi.py"),
     (CORE / "unique_async.py", CORE / "unique.py"),
     (CORE / "records_async.py", CORE / "records.py"),
-    (IO / "pool_calls_async.py", IO / "pool_calls.py"),
-    (IO / "script_calls_async.py", IO / "script_calls.py"),
+    (IO / "calls_async.py", IO / "calls.py"),
 ]
 
 RENAMES = {
@@ -110,12 +109,18 @@ RENAMES = {
     "__aiter__": "__iter__",
     "__anext__": "__next__",
     "StopAsyncIteration": "StopIteration",
-    # The bounded calls (core/io): a batch on a pool's connection.
-    "pool_calls_async": "pool_calls",
-    "giveback_async": "giveback",
+    # The bounded calls (core/io): the module, its primitives, the give-back.
+    "calls_async": "calls",
     "calls_prims_async": "calls_prims",
+    "giveback_async": "giveback",
+    "cluster_call_async": "cluster_call",
+    "refresh_slots_async": "refresh_slots",
+    "_moved_since_async": "_moved_since",
+    "_call_on_node_async": "_call_on_node",
+    "_on_node_async": "_on_node",
     "make_ready_async": "make_ready",
-    "script_calls_async": "script_calls",
+    "follow_moved_async": "follow_moved",
+    "pause_async": "pause",
     "_sent_async": "_sent",
     "_resent_async": "_resent",
     "call_on_pool_async": "call_on_pool",

@@ -19,52 +19,69 @@ with the library's own policy:
 This module holds the decisions: what a batch is and how it is packed
 (``Command``, ``packed``), how it fails (``CallFailed``) and what a late one
 still owes (``Pending``); how long connecting may take (``connect_bound``);
-and one call of a script (``ScriptCall``).
-``transport`` and its steps (``pool_calls_async.py``, ``cluster_calls``) and
-the script runner (``script_calls_async.py``) do the I/O;
-``calls_prims_async.py`` and ``calls_prims.py`` hold what a task and a thread
-do differently.
+one call of a script (``ScriptCall``); and on a Redis Cluster, which failures
+say a node may be gone, where a redirection leads and when a refused batch is
+sent again. ``calls_async.py`` (and its generated sync twin ``calls.py``) does
+the I/O; ``calls_prims_async.py`` and ``calls_prims.py`` hold what a task and
+a thread do differently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+import weakref
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.connection
+from redis.exceptions import AskError, MovedError, NoScriptError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import failures
 from ..clients import AnyRedisClient
 from ..engine.scripts import Script
 from ..exceptions import RedisUnavailable
+from .breaker import Breaker
+
+if TYPE_CHECKING:
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+    from redis.cluster import RedisCluster
 
 __all__ = [
     "DRAIN_DEFAULT",
     "DRAIN_POLL",
     "FIRST_DELAY",
     "MAX_DELAY",
+    "MAX_REDIRECTS",
     "Args",
     "CallFailed",
     "Command",
     "Keys",
     "Pending",
+    "Retries",
     "ScriptCall",
     "clean",
     "connect_bound",
     "connect_may_linger",
     "first_batch",
     "get_connection_args",
+    "looked_up_again_if_gone",
+    "next_hop",
+    "hop",
     "packed",
     "pending_of",
+    "redirect_target",
+    "refused",
+    "release_to_node",
+    "slot_maps_due",
+    "unwritten",
     "wait_for_replicas",
 ]
 
@@ -251,7 +268,7 @@ def get_connection_args(pool: Any) -> tuple[str, ...]:
 # for the next EVALSHA; a broken connection sends a repeatable script once more
 # on a new one, never after a timeout (the first may still be on its way); an
 # error reply or a failure becomes ``RedisUnavailable``. ``ScriptCall`` is that
-# decision; the script runner (``script_calls_async.py``) sends its batches.
+# decision; the script runner of ``calls_async.py`` sends its batches.
 
 Keys = tuple[bytes, ...]
 Args = tuple[Any, ...]
@@ -351,3 +368,159 @@ def first_batch(script: Script, keys: Keys, args: Args, extra: Args) -> tuple[li
 def wait_for_replicas(replicas: int, timeout: float) -> Args:
     # WAIT 0 would block forever: the smallest bound is one millisecond.
     return (("WAIT", replicas, max(1, int(timeout * 1000))),)
+
+
+# -- on a Redis Cluster ---------------------------------------------------------------
+#
+# A batch goes to the node that owns the key's slot, and is sent again only
+# where Redis says that it did not run:
+#
+# * MOVED and ASK are followed (at most ``MAX_REDIRECTS`` times);
+# * TRYAGAIN (a command on several keys of a slot that is being migrated) and
+#   CLUSTERDOWN (some slot has no primary: a failover under way) are sent
+#   again after a short pause, until one socket timeout of the node has passed
+#   since the call began: what a silent node would have cost the caller. Past
+#   that the error reaches the caller, whose wait may allow more
+#   (``failures.said_retry``);
+# * a connection that failed before anything was written (nothing listens
+#   there any more: the node died) has the slot map read again at once, and
+#   the batch goes to the slot's new owner if the map names another.
+#
+# A node that failed to answer may be gone for good (a failover): the slot map
+# is read again before the next call. Nothing that may have run is sent again.
+
+# A redirection is followed this many times at most: a slot moving while we
+# follow it is rare, a loop between two confused nodes must not hang a call.
+MAX_REDIRECTS = 5
+# Clients whose slot map is read again before their next call.
+slot_maps_due: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# TRYAGAIN and CLUSTERDOWN are retried after a pause that doubles from the
+# first to the last, within one socket timeout of the node, or within
+# _PATIENCE for a node that has none.
+_PAUSES = (0.01, 0.2)
+_PATIENCE = 2.0
+
+
+def _node_may_be_gone(failed: CallFailed) -> bool:
+    from redis.exceptions import MaxConnectionsError
+
+    # A pool at its cap says nothing of the node: it must not cost the
+    # next call a refresh of the slot map (which replaces node clients).
+    return isinstance(failed.cause, (RedisConnectionError, RedisTimeoutError)) and not (
+        isinstance(failed.cause, MaxConnectionsError)
+    )
+
+
+def unwritten(failed: CallFailed) -> bool:
+    """Whether the node could not be reached at all: nothing was written."""
+    return (
+        not failed.may_have_run
+        and failed.pending is None
+        and _node_may_be_gone(failed)
+        and not isinstance(failed.cause, RedisTimeoutError)
+    )
+
+
+def redirect_target(client: RedisCluster | AsyncRedisCluster, error: AskError) -> Any:
+    """The client's slot map told of a MOVED; an awaitable to await first, from
+    an asyncio client's slot map, else None."""
+    # Its methods differ across redis-py versions: asked for by name below.
+    manager: Any = client.nodes_manager
+    if isinstance(error, MovedError):
+        for method in ("move_slot", "update_moved_exception"):
+            if hasattr(manager, method):
+                outcome = getattr(manager, method)(error)
+                break
+        else:
+            manager._moved_exception = error
+            outcome = None
+        if inspect.isawaitable(outcome):
+            return outcome  # the asyncio manager: the caller awaits it first
+        if getattr(manager, "_moved_exception", None) is error:
+            # redis-py 5.0 only notes the move and applies it at the next
+            # get_node_from_slot (get_node_from_key does not look): apply it.
+            manager.get_node_from_slot(error.slot_id)
+    return None
+
+
+def _node_at(client: RedisCluster | AsyncRedisCluster, error: AskError) -> Any:
+    node = client.get_node(host=error.host, port=error.port)
+    if node is None and isinstance(error, MovedError):
+        node = client.nodes_manager.get_node_from_slot(error.slot_id)
+    if node is None:
+        raise CallFailed(error, may_have_run=False)
+    return node
+
+
+@contextlib.contextmanager
+def looked_up_again_if_gone(client: RedisCluster | AsyncRedisCluster) -> Iterator[None]:
+    """A failure that says the node may be gone for good (a failover), or a
+    failed reading of the slot map, has the map read again before the next call."""
+    try:
+        yield
+    except CallFailed as failed:
+        if _node_may_be_gone(failed):
+            slot_maps_due[client] = True
+        raise
+    except (RedisError, RedisClusterException) as exc:
+        # RedisClusterException (no startup node answers, a slot nobody
+        # serves) is not a RedisError: it must not reach the caller raw.
+        slot_maps_due[client] = True
+        raise CallFailed(exc, may_have_run=False) from exc
+
+
+def next_hop(
+    client: RedisCluster | AsyncRedisCluster, error: AskError
+) -> tuple[Any, tuple[Command, ...]]:
+    """Where a redirected batch goes, and what goes before it there."""
+    # Redirected: the command did not run there; a WAIT after it had nothing
+    # to wait for. The whole batch goes where Redis says, after ASKING for ASK.
+    return _node_at(client, error), () if isinstance(error, MovedError) else (("ASKING",),)
+
+
+class Retries:
+    """When a batch refused with TRYAGAIN or CLUSTERDOWN is sent again."""
+
+    def __init__(self, node: Any) -> None:
+        timeout = _kwargs_of(node).get("socket_timeout")
+        self.until = time.monotonic() + (float(timeout) if timeout else _PATIENCE)
+        self.pause = _PAUSES[0]
+
+    def next_pause(self) -> float | None:
+        """Seconds to pause before sending again, or None: give up."""
+        pause = self.pause
+        if time.monotonic() + pause > self.until:
+            return None
+        self.pause = min(self.pause * 2, _PAUSES[1])
+        return pause
+
+
+def _kwargs_of(node: Any) -> dict[str, Any]:
+    connection = getattr(node, "redis_connection", None)
+    pool = getattr(connection, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or getattr(node, "connection_kwargs", None)
+    return kwargs if isinstance(kwargs, dict) else {}
+
+
+def release_to_node(node: Any, conn: Any) -> Any:
+    """Give ``conn`` back to the asyncio Cluster node it was taken from."""
+    if hasattr(node, "release"):
+        node.release(conn)
+    else:  # redis-py 5.0
+        node._free.append(conn)
+
+
+def refused(breaker: Breaker | None) -> bool:
+    """Whether a call to that node would be refused now: then the slot map is
+    not read again in its caller's path either (the read may well ask the
+    frozen node first, and wait its timeout). The refresh stays due, for the
+    first call its breaker lets through."""
+    return breaker is not None and breaker.refusing()
+
+
+def hop(hops: int, failed: CallFailed | None) -> int:
+    """One more hop to another node; past ``MAX_REDIRECTS`` the call fails."""
+    if hops + 1 >= MAX_REDIRECTS:
+        cause = failed.cause if failed is not None else RedisError("too many Cluster redirections")
+        raise CallFailed(cause, may_have_run=False)
+    return hops + 1

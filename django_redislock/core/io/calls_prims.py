@@ -1,6 +1,6 @@
 """What a thread does its own way under the bounded calls: ``calls_prims_async.py``'s twin.
 
-The generated ``pool_calls.py`` imports these names where its asyncio source
+The generated ``calls.py`` imports these names where its asyncio source
 imports those of ``calls_prims_async.py``; each means the same for threads.
 
 A sync pool's checkout (``get_connection``) would connect with the
@@ -17,16 +17,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..process import this_process
+from .breaker import Breaker, breaker_of
 from .calls_base import (
     connect_bound,
     connect_may_linger,
     get_connection_args,
+    redirect_target,
+    refused,
 )
 
 try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
@@ -35,15 +40,27 @@ try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
 except ImportError:  # pragma: no cover - redis-py before 8
     _metric_names = _metrics = None  # type: ignore[assignment]
 
+if TYPE_CHECKING:
+    # The clients of this shell, as ``calls_async.py``'s annotations name them.
+    from redis import Redis as ServerClient  # noqa: F401
+    from redis.cluster import RedisCluster as ClusterClient
+    from redis.exceptions import AskError
 
 __all__ = [
     "checkout",
     "disconnect",
+    "follow_moved",
     "make_ready",
+    "node_pool",
+    "owner_refused",
+    "pause",
 ]
 
 # The warnings of this module are those of the bounded calls it serves.
 logger = logging.getLogger("django_redislock.transport")
+
+# A pause before a batch is sent again (the thread sleeps).
+pause = time.sleep
 
 # Connects once: no back-off, nothing retried (it keeps no state between calls).
 _NO_RETRY: Any = None
@@ -218,3 +235,28 @@ def checkout(pool: Any) -> Any:
         pool.release(conn)
         raise
     return conn
+
+
+def node_pool(client: ClusterClient, node: Any) -> Any:
+    """The pool a batch for ``node`` is sent on: that of the node's client."""
+    return (node.redis_connection or client.get_redis_connection(node)).connection_pool
+
+
+def _breaker_of_node(client: ClusterClient, key: bytes) -> Breaker | None:
+    """The breaker of the node the current slot map names for ``key``, if it has a pool yet."""
+    try:
+        node = client.get_node_from_key(key)
+    except (RedisError, RedisClusterException):
+        return None
+    pool = getattr(getattr(node, "redis_connection", None), "connection_pool", None)
+    return breaker_of(pool) if pool is not None else None
+
+
+def owner_refused(client: ClusterClient, key: bytes) -> bool:
+    """Whether the node the slot map names for ``key`` has its breaker open."""
+    return refused(_breaker_of_node(client, key))
+
+
+def follow_moved(client: ClusterClient, error: AskError) -> None:
+    """Tell the client's slot map of a MOVED (``redirect_target``)."""
+    redirect_target(client, error)

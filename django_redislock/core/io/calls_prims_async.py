@@ -1,11 +1,18 @@
-"""What a task does its own way under the bounded calls (``pool_calls_async.py``).
+"""What a task does its own way under the bounded calls (``calls_async.py``).
 
 ``tools/gen_sync.py`` maps this module to ``calls_prims.py``, whose names mean
 the same for threads; the calls themselves, and every decision in them, are
-written once, for asyncio. Only what a task and a thread truly do differently
-is here: taking a connection of the caller's own pool and connecting it once,
-without retries. The asyncio pools have a public method for the first step
-(``get_available_connection``); a sync pool is taken from under its lock.
+written once, in ``calls_async.py``. Only what a task and a thread truly do
+differently is here:
+
+* taking a connection of the caller's own pool and connecting it once,
+  without retries: the asyncio pools have a public method for the first step
+  (``get_available_connection``); a sync pool is taken from under its lock;
+* where a batch goes on a Cluster node: an asyncio node has connections of its
+  own and no pool (``node_pool`` is None); a sync node's client has a pool;
+* whether a node's breaker refuses calls (kept per client and node name for
+  an asyncio Cluster client, per pool for a sync one);
+* pausing, and telling an asyncio client's slot map of a MOVED (awaited).
 """
 
 from __future__ import annotations
@@ -13,20 +20,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import select
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .calls_base import connect_bound, get_connection_args
+from .breaker import node_breaker
+from .calls_base import connect_bound, get_connection_args, redirect_target, refused
+
+if TYPE_CHECKING:
+    # The clients of this shell, as ``calls_async.py``'s annotations name them.
+    from redis.asyncio import Redis as ServerClient  # noqa: F401
+    from redis.asyncio.cluster import RedisCluster as ClusterClient
+    from redis.exceptions import AskError
 
 __all__ = [
     "checkout_async",
     "disconnect_async",
+    "follow_moved_async",
     "make_ready_async",
+    "node_pool",
+    "owner_refused",
+    "pause_async",
 ]
 
 # The warnings of this module are those of the bounded calls it serves.
 logger = logging.getLogger("django_redislock.transport")
+
+# A pause before a batch is sent again (the event loop runs meanwhile).
+pause_async = asyncio.sleep
 
 
 async def disconnect_async(conn: Any) -> None:
@@ -125,3 +147,25 @@ async def make_ready_async(pool: Any, conn: Any) -> None:
             # Data or EOF on an idle connection: it is stale, start afresh.
             await disconnect_async(conn)
     await connected(conn, bound)
+
+
+def node_pool(client: ClusterClient, node: Any) -> Any:
+    """The pool a batch for ``node`` is sent on: none, an asyncio Cluster node
+    has connections of its own (its breaker is kept per client and node name)."""
+    return None
+
+
+def owner_refused(client: ClusterClient, key: bytes) -> bool:
+    """Whether the node the slot map names for ``key`` has its breaker open."""
+    try:
+        owner = client.get_node_from_key(key)  # type: ignore[arg-type]
+    except (RedisError, RedisClusterException, LookupError):
+        return False  # no slot map to read: the call reads it
+    return owner is not None and refused(node_breaker(client, owner))
+
+
+async def follow_moved_async(client: ClusterClient, error: AskError) -> None:
+    """Tell the client's slot map of a MOVED (``redirect_target``), awaited."""
+    moved_slot = redirect_target(client, error)
+    if moved_slot is not None:
+        await moved_slot

@@ -57,7 +57,7 @@ from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed
 from . import breaker
-from .cluster_calls import refresh_slots
+from .calls import refresh_slots
 from .notify_sharded_base import (
     NodeListenerBase,
     ShardedBase,

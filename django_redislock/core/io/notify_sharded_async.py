@@ -19,7 +19,7 @@ from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..engine.wakeup_message import Handed
 from . import breaker, notify_sharded
-from .cluster_calls import refresh_slots_async
+from .calls_async import refresh_slots_async
 from .notify_sharded_base import NodeListenerBase, ShardedBase, SubscribedTag, logger
 from .wakeup import AsyncWakeup, Liveness, Reconnect
 
