@@ -24,7 +24,7 @@ def _renames() -> dict[str, str]:
     return dict(gen_sync.RENAMES)
 
 
-@pytest.mark.parametrize("source", ["calls_prims_async", "giveback_async", "interrupts_async"])
+@pytest.mark.parametrize("source", ["_calls_prims_async", "giveback_async", "interrupts_async"])
 def test_each_io_primitives_module_has_a_sync_namesake_with_every_name(source: str) -> None:
     """``tools/gen_sync.py`` maps the module, and each of its names, to the sync one's."""
     renames = _renames()

@@ -13,7 +13,7 @@ decision is written once. The transformation maps names only:
 
 What threads and tasks do differently is in ``core/drivers/_async_prims.py`` and
 ``core/drivers/_sync_prims.py`` (and, for ``core/io``, ``interrupts_async.py``,
-``calls_prims_async.py`` and ``giveback_async.py`` and their sync namesakes),
+``_calls_prims_async.py`` and ``giveback_async.py`` and their sync namesakes),
 which export the same names: never in a generated file.
 The result goes through ``ruff`` (import order, then format), so that it
 reads like the rest of the code.
@@ -111,7 +111,7 @@ RENAMES = {
     "StopAsyncIteration": "StopIteration",
     # The bounded calls (core/io): the module, its primitives, the give-back.
     "calls_async": "calls",
-    "calls_prims_async": "calls_prims",
+    "_calls_prims_async": "_calls_prims",
     "giveback_async": "giveback",
     "cluster_call_async": "cluster_call",
     "refresh_slots_async": "refresh_slots",

@@ -5,7 +5,7 @@
 source: edit it, never the generated file. The policy, and every decision
 that needs no I/O, is in ``calls_base.py``; what a task and a thread do
 differently (taking a connection of a pool, pausing) is in
-``calls_prims.py``. The steps, from the caller down:
+``_calls_prims.py``. The steps, from the caller down:
 
 * the script runner (``run``, ``run_acked``) sends the batches
   ``ScriptCall`` decides on;
@@ -38,6 +38,15 @@ from ..engine.scripts import Script
 from ..failures import said_retry
 from ..topology import is_cluster
 from . import giveback
+from ._calls_prims import (
+    checkout,
+    disconnect,
+    follow_moved,
+    make_ready,
+    node_pool,
+    owner_refused,
+    pause,
+)
 from .breaker import Breaker, breaker_of, node_breaker
 from .calls_base import (
     Args,
@@ -58,19 +67,10 @@ from .calls_base import (
     unwritten,
     wait_for_replicas,
 )
-from .calls_prims import (
-    checkout,
-    disconnect,
-    follow_moved,
-    make_ready,
-    node_pool,
-    owner_refused,
-    pause,
-)
 from .interrupts import CallTimeout
 
 if TYPE_CHECKING:
-    from .calls_prims import ClusterClient, ServerClient
+    from ._calls_prims import ClusterClient, ServerClient
 
 __all__ = [
     "CallFailed",

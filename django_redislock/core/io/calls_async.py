@@ -4,7 +4,7 @@
 source: edit it, never the generated file. The policy, and every decision
 that needs no I/O, is in ``calls_base.py``; what a task and a thread do
 differently (taking a connection of a pool, pausing) is in
-``calls_prims_async.py``. The steps, from the caller down:
+``_calls_prims_async.py``. The steps, from the caller down:
 
 * the script runner (``run_async``, ``run_acked_async``) sends the batches
   ``ScriptCall`` decides on;
@@ -37,6 +37,15 @@ from ..engine.scripts import Script
 from ..failures import said_retry
 from ..topology import is_cluster
 from . import giveback_async
+from ._calls_prims_async import (
+    checkout_async,
+    disconnect_async,
+    follow_moved_async,
+    make_ready_async,
+    node_pool,
+    owner_refused,
+    pause_async,
+)
 from .breaker import Breaker, breaker_of, node_breaker
 from .calls_base import (
     Args,
@@ -57,19 +66,10 @@ from .calls_base import (
     unwritten,
     wait_for_replicas,
 )
-from .calls_prims_async import (
-    checkout_async,
-    disconnect_async,
-    follow_moved_async,
-    make_ready_async,
-    node_pool,
-    owner_refused,
-    pause_async,
-)
 from .interrupts_async import CallTimeout
 
 if TYPE_CHECKING:
-    from .calls_prims_async import ClusterClient, ServerClient
+    from ._calls_prims_async import ClusterClient, ServerClient
 
 __all__ = [
     "CallFailed",

@@ -22,7 +22,7 @@ still owes (``Pending``); how long connecting may take (``connect_bound``);
 one call of a script (``ScriptCall``); and on a Redis Cluster, which failures
 say a node may be gone, where a redirection leads and when a refused batch is
 sent again. ``calls_async.py`` (and its generated sync twin ``calls.py``) does
-the I/O; ``calls_prims_async.py`` and ``calls_prims.py`` hold what a task and
+the I/O; ``_calls_prims_async.py`` and ``_calls_prims.py`` hold what a task and
 a thread do differently.
 """
 
@@ -207,7 +207,7 @@ class CallFailed(Exception):
 # with the connection's retry policy set aside and restored (the connection is
 # the caller's alone meanwhile). The asyncio pools have a public method for the
 # first step (``get_available_connection``); the sync ones do the same under
-# their lock (``calls_prims.py``).
+# their lock (``_calls_prims.py``).
 
 _wants_command_name: dict[type, bool] = {}
 

@@ -1,6 +1,6 @@
 """What a task does its own way under the bounded calls (``calls_async.py``).
 
-``tools/gen_sync.py`` maps this module to ``calls_prims.py``, whose names mean
+``tools/gen_sync.py`` maps this module to ``_calls_prims.py``, whose names mean
 the same for threads; the calls themselves, and every decision in them, are
 written once, in ``calls_async.py``. Only what a task and a thread truly do
 differently is here:

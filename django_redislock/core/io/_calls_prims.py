@@ -1,7 +1,7 @@
-"""What a thread does its own way under the bounded calls: ``calls_prims_async.py``'s twin.
+"""What a thread does its own way under the bounded calls: ``_calls_prims_async.py``'s twin.
 
 The generated ``calls.py`` imports these names where its asyncio source
-imports those of ``calls_prims_async.py``; each means the same for threads.
+imports those of ``_calls_prims_async.py``; each means the same for threads.
 
 A sync pool's checkout (``get_connection``) would connect with the
 connections' retry policy (redis-py 8's default one retries timeouts, with
