@@ -84,5 +84,5 @@ def bounded_retry(kind: Any = BoundedRetry) -> Any:
     # Redis; more would stretch the caller's bound for little gain. Timeouts
     # are not retried: the command may have run, and the caller is better
     # told "unavailable" than handed the result of running it twice. (Lock
-    # scripts do not use this policy at all: see core/io/transport.py.)
+    # scripts do not use this policy at all: see core/io/calls_async.py.)
     return kind(ExponentialBackoff(cap=0.1, base=0.01), 1, supported_errors=RETRIED)

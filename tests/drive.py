@@ -57,7 +57,7 @@ from django_redislock.core.drivers.rwlock import clear_rw_lock
 from django_redislock.core.drivers.rwlock_async import clear_rw_lock_async
 from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
 from django_redislock.core.drivers.semaphore_async import AsyncSemaphore, clear_semaphore_async
-from django_redislock.core.io import script_calls, script_calls_async
+from django_redislock.core.io import calls, calls_async
 
 T = TypeVar("T")
 
@@ -137,7 +137,7 @@ class Drive:
             self.MultiLock: Any = AsyncMultiLock
             self.clear_semaphore: Any = clear_semaphore_async
             self.clear_rw_lock: Any = clear_rw_lock_async
-            self.run_script: Any = script_calls_async.run_async
+            self.run_script: Any = calls_async.run_async
         else:
             self.Lock = Lock
             self.Semaphore = Semaphore
@@ -145,7 +145,7 @@ class Drive:
             self.MultiLock = MultiLock
             self.clear_semaphore = clear_semaphore
             self.clear_rw_lock = clear_rw_lock
-            self.run_script = script_calls.run
+            self.run_script = calls.run
 
     async def __call__(self, result: T | Awaitable[T]) -> T:
         """A driver call's result, whichever driver made it."""

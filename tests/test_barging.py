@@ -23,7 +23,7 @@ from django_redislock.core import AsyncLock, Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import BARGE_DEFER, BARGE_LIMIT, Acquisition, Move
 from django_redislock.core.engine.wakeup_message import NO_CHANNEL, Handed
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from tests.drive import Drive, run_to_end
 from tests.helpers_oracles import Occupancy, audit_keyspace, exit_codes_of_forks, plant_sentinel
 
@@ -37,7 +37,7 @@ def _queue_fake_waiter(r: redis.Redis, lock: Lock, token: str, address: bytes) -
     waiter = Lock(r, lock.name, ttl=30, wait=0, fair=False)
     waiter._round = 1
     args = waiter._args_acquire(token, 30_000, "fake", 10_000, address)
-    assert script_calls.run(r, scripts.ACQUIRE_BARGING, waiter._key_tuple, args) > 0  # busy, queued
+    assert calls.run(r, scripts.ACQUIRE_BARGING, waiter._key_tuple, args) > 0  # busy, queued
     assert r.lrange(lock.keys.queue, 0, -1) == [token.encode()]
 
 
@@ -108,7 +108,7 @@ async def test_a_releaser_takes_the_lock_back_then_hands_it_over_at_the_bound(
     assert not r.hexists(holder.keys.state, "b")  # the count starts again
     assert r.llen(holder.keys.queue) == 0
     args = (waiter_token, BARGE_LIMIT)
-    assert script_calls.run(r, scripts.RELEASE_BARGING, holder._key_tuple, args) == 1
+    assert calls.run(r, scripts.RELEASE_BARGING, holder._key_tuple, args) == 1
     # The queue is empty again: the next acquire is the uncontended one.
     assert await drive(holder.acquire(wait=0))
     await drive(holder.release())
@@ -220,7 +220,7 @@ async def test_a_woken_waiter_is_not_woken_again_before_it_looks(
     waiter = Lock(r, "once", ttl=30, wait=0, fair=False)
     waiter._round = 2
     again = waiter._args_acquire(token, 30_000, "fake", 10_000, b"p" + channel.encode())
-    assert script_calls.run(r, scripts.ACQUIRE_BARGING, waiter._key_tuple, again) > 0
+    assert calls.run(r, scripts.ACQUIRE_BARGING, waiter._key_tuple, again) > 0
     await drive(holder.release())
     assert r.hget(holder.keys.state, "w").startswith(token.encode() + b"|2|")  # type: ignore[union-attr]
     r.publish(channel, "end")
@@ -233,7 +233,7 @@ async def test_a_woken_waiter_is_not_woken_again_before_it_looks(
         heard.append(message["data"])
     assert heard == [token.encode(), token.encode()]  # once per look, not per release
     pubsub.close()
-    assert script_calls.run(r, scripts.CANCEL, waiter._key_tuple, (token,)) == 0
+    assert calls.run(r, scripts.CANCEL, waiter._key_tuple, (token,)) == 0
     assert r.llen(holder.keys.queue) == 0
 
 
@@ -319,10 +319,10 @@ async def test_release_is_repeatable(drive: Drive, r: redis.Redis) -> None:
     # A retry of the first release, whose reply was lost, reports success and
     # leaves the new holder alone.
     args = (token, BARGE_LIMIT, fence)
-    assert script_calls.run(r, scripts.RELEASE_BARGING, lock._key_tuple, args) == 1
+    assert calls.run(r, scripts.RELEASE_BARGING, lock._key_tuple, args) == 1
     assert await drive(other.owned())
-    assert script_calls.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1, fence)) == 1
-    assert script_calls.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1)) == 0
+    assert calls.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1, fence)) == 1
+    assert calls.run(r, scripts.RELEASE_BARGING, lock._key_tuple, ("f" * 16, 1)) == 0
     await drive(other.release())
 
 
@@ -334,15 +334,15 @@ async def test_a_given_back_acquire_grants_nothing(drive: Drive, r: redis.Redis)
     token = "0123456789abcdef"
     lock._round = 1
     args = lock._args_acquire(token, 30_000, "t", 0, NO_CHANNEL)
-    assert int(script_calls.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, args)) > 1  # a fence
-    assert script_calls.run(r, scripts.CANCEL, lock._key_tuple, (token,)) == 1
+    assert int(calls.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, args)) > 1  # a fence
+    assert calls.run(r, scripts.CANCEL, lock._key_tuple, (token,)) == 1
     assert not r.exists(lock.keys.lease)
-    assert script_calls.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, args) == 0
+    assert calls.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, args) == 0
     assert not r.exists(lock.keys.lease)
     holder = drive.Lock(drive.client, "late", ttl=30, wait=0, fair=False)
     assert await drive(holder.acquire())
     queued = lock._args_acquire(token, 30_000, "t", 5_000, NO_CHANNEL)
-    assert script_calls.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, queued) == 0
+    assert calls.run(r, scripts.ACQUIRE_BARGING, lock._key_tuple, queued) == 0
     assert r.llen(lock.keys.queue) == 0, "a given-back token joined the queue"
     await drive(holder.release())
     audit_keyspace(r)

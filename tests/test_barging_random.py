@@ -13,7 +13,7 @@ import redis
 from django_redislock.core import Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.wakeup_message import NO_CHANNEL
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from tests.helpers_oracles import audit_keyspace, lock_waiters, plant_sentinel
 
 LIMIT = 3  # a small bound, so that random walks reach it often
@@ -40,7 +40,7 @@ def _acquire(r: redis.Redis, c: Client, fair: bool, wait_ms: int) -> object:
     script = scripts.ACQUIRE if fair else scripts.ACQUIRE_BARGING
     if not fair:
         args = (*args[:8], LIMIT)
-    return script_calls.run(r, script, c.lock._key_tuple, args)
+    return calls.run(r, script, c.lock._key_tuple, args)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -65,12 +65,12 @@ def test_random_interleavings_keep_the_invariants(r: redis.Redis, seed: int) -> 
             if rng.random() < 0.8:
                 script = scripts.RELEASE if c.fair else scripts.RELEASE_BARGING
                 args = (c.token,) if c.fair else (c.token, LIMIT)
-                assert script_calls.run(r, script, keys_tuple(c), args) == 1, where
+                assert calls.run(r, script, keys_tuple(c), args) == 1, where
             else:  # its release's reply was lost: the give-back frees it
-                assert script_calls.run(r, scripts.CANCEL, keys_tuple(c), (c.token,)) == 1, where
+                assert calls.run(r, scripts.CANCEL, keys_tuple(c), (c.token,)) == 1, where
             c.token, c.queued = "", False
         elif c.queued and rng.random() < 0.2:
-            script_calls.run(r, scripts.CANCEL, keys_tuple(c), (c.token,))
+            calls.run(r, scripts.CANCEL, keys_tuple(c), (c.token,))
             c.token, c.queued = "", False
         else:
             if not c.token:

@@ -27,7 +27,7 @@ from django_redislock import connection
 from django_redislock.core import RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import may_have_run
-from django_redislock.core.io import script_calls, script_calls_async
+from django_redislock.core.io import calls, calls_async
 from tests.drive import Drive, run_to_end
 from tests.servers import RedisServer
 from tests.topologies import SERVICE, SentinelTopology, wait_until
@@ -93,12 +93,12 @@ async def test_plain_client_is_bounded_and_not_resent(
 def test_acked_call_is_bounded_and_not_resent(frozen_server: RedisServer) -> None:
     client = redis.Redis(unix_socket_path=frozen_server.socket_path, socket_timeout=0.5)
     try:
-        assert script_calls.run_acked(client, COUNT, (COUNTER,), (), 0, 0.1) == (1, 0)
+        assert calls.run_acked(client, COUNT, (COUNTER,), (), 0, 0.1) == (1, 0)
         frozen_server.pause()
         try:
             started = time.monotonic()
             with pytest.raises(RedisUnavailable):
-                script_calls.run_acked(client, COUNT, (COUNTER,), (), 0, 0.1)
+                calls.run_acked(client, COUNT, (COUNTER,), (), 0, 0.1)
             assert time.monotonic() - started < BOUND
         finally:
             frozen_server.resume()
@@ -130,7 +130,7 @@ def test_refused_connection_did_not_run(redis_factory: Any) -> None:
     try:
         server.stop()
         with pytest.raises(RedisUnavailable, match="refused the connection") as info:
-            script_calls.run(client, COUNT, (COUNTER,), ())
+            calls.run(client, COUNT, (COUNTER,), ())
         assert not may_have_run(info.value)
     finally:
         client.close()
@@ -152,19 +152,19 @@ def test_sentinel_client_with_retries_is_bounded(sentinel_topology: SentinelTopo
     )
     primary = sentinel_topology.primary()
     try:
-        assert script_calls.run(client, COUNT, (COUNTER,), ()) == 1
+        assert calls.run(client, COUNT, (COUNTER,), ()) == 1
         # Short: the sentinels must not start a failover (down-after is 1 s).
         primary.pause()
         try:
             started = time.monotonic()
             with pytest.raises(RedisUnavailable):
-                script_calls.run(client, COUNT, (COUNTER,), ())
+                calls.run(client, COUNT, (COUNTER,), ())
             took = time.monotonic() - started
         finally:
             primary.resume()
         assert took < BOUND, f"took {took:.2f}s"
         assert _settled_runs(primary, 2) == 2
-        assert script_calls.run(client, COUNT, (COUNTER,), ()) == 3
+        assert calls.run(client, COUNT, (COUNTER,), ()) == 3
     finally:
         client.close()
         with primary.client(socket_timeout=5) as c:
@@ -212,14 +212,14 @@ async def test_library_async_client_is_bounded(frozen_server: RedisServer) -> No
     try:
         with override_settings(CACHES=_caches(frozen_server), REDISLOCK={"SOCKET_TIMEOUT": 0.5}):
             client = connection.get_async_client()
-            assert await script_calls_async.run_async(client, COUNT, (COUNTER,), ()) == 1
+            assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) == 1
             assert await client.hget(b"redislock-test:none", b"x") is None
             connections = _connections_received(frozen_server)
             frozen_server.pause()
             try:
                 started = time.monotonic()
                 with pytest.raises(RedisUnavailable):
-                    await script_calls_async.run_async(client, COUNT, (COUNTER,), ())
+                    await calls_async.run_async(client, COUNT, (COUNTER,), ())
                 assert time.monotonic() - started < BOUND
                 started = time.monotonic()
                 # A new connection whose handshake times out: not tried again.

@@ -40,7 +40,7 @@ from django_redislock.core.drivers import semaphore_base as sem_base
 from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.keys import KeySpace
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from django_redislock.core.ops.summary import summarize
 from django_redislock.idempotency import idempotent
 from django_redislock.testing import hold_lock, hold_permits
@@ -311,7 +311,7 @@ def _sem_args(token: str, ttl: str = "10000", wait: str = "0", limit: str = "1")
 
 
 def _run(client: redis.Redis, script: scripts.Script, keys: Any, args: tuple) -> Any:
-    return script_calls.run(client, script, (keys.lease, keys.queue, keys.state), args)
+    return calls.run(client, script, (keys.lease, keys.queue, keys.state), args)
 
 
 def _sem_waiter(client: redis.Redis) -> None:
@@ -372,7 +372,7 @@ SCRIPT_CASES = {
     ),
     "idempotency record ttl": ScriptCase(
         lambda c: None,
-        lambda c, bad: script_calls.run(c, RECORD, (b"bare-record",), (bad, "state", "done")),
+        lambda c, bad: calls.run(c, RECORD, (b"bare-record",), (bad, "state", "done")),
     ),
 }
 RECORD = scripts.load("record_replace", prelude=None)

@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 from django_redislock.core import KeySpace, Lock, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from tests.failover_parties import (
     WAIT,
     Sections,
@@ -152,7 +152,7 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
 
         def acquire(token: str, wait_ms: int, address: bytes, round_: int = 1) -> Any:
             args = (token, 30_000, name, "{}", wait_ms, address, 30_000 + STATE_KEEP_MS, round_)
-            return script_calls.run(rc, scripts.ACQUIRE, key_tuple, args)
+            return calls.run(rc, scripts.ACQUIRE, key_tuple, args)
 
         holder, here, *elsewhere = (c * 16 for c in "aebcd")
         channels = {t.encode(): KS.channel(t, keys.tag) for t in (here, *elsewhere)}
@@ -166,7 +166,7 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
             assert isinstance(acquire(token, 60_000, letter + channels[token.encode()]), int)
 
         # The first waiter listens on the lock's node: a grant it takes as it is.
-        assert script_calls.run(rc, scripts.RELEASE, key_tuple, (holder, fence)) == 1
+        assert calls.run(rc, scripts.RELEASE, key_tuple, (holder, fence)) == 1
         heard = _heard(primary, kind, listeners, channels)
         assert _grants_taken_as_they_are(heard) == {(here.encode(), rc.hget(keys.lease, "f"))}
         assert rc.hget(keys.lease, "t") == here.encode()
@@ -174,7 +174,7 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
 
         # The next listens on a replica: its grant is a claim, and nobody else's.
         fence = rc.hget(keys.lease, "f")
-        assert script_calls.run(rc, scripts.RELEASE, key_tuple, (here, fence)) == 1
+        assert calls.run(rc, scripts.RELEASE, key_tuple, (here, fence)) == 1
         heard = _heard(primary, kind, listeners, channels)
         assert _grants_taken_as_they_are(heard) == set()
         first = elsewhere[0].encode()

@@ -20,7 +20,7 @@ import redis.asyncio
 from django_redislock.core import AsyncLock, KeySpace, Lock, LockLost, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.wakeup_message import NO_CHANNEL
-from django_redislock.core.io import script_calls, script_calls_async, wakeups_base
+from django_redislock.core.io import calls, calls_async, wakeups_base
 from django_redislock.core.io.wakeups import Notifier
 from django_redislock.core.ops.force import clear
 from tests.drive import Drive
@@ -87,14 +87,14 @@ def pause(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Pause]:
 
 def _pause_before_retry(monkeypatch: pytest.MonkeyPatch, probe: _Pause, who: str) -> None:
     """Pause ``who`` (a thread name) just before it sends an acquire script."""
-    run = script_calls.run
+    run = calls.run
 
     def paused_run(client: Any, script: Any, keys: Any, args: Any) -> Any:
         if script is scripts.ACQUIRE and threading.current_thread().name == who:
             probe.hold()
         return run(client, script, keys, args)
 
-    monkeypatch.setattr(script_calls, "run", paused_run)
+    monkeypatch.setattr(calls, "run", paused_run)
 
 
 def _pause_after_wakeup(monkeypatch: pytest.MonkeyPatch, probe: _Pause, who: str) -> None:
@@ -184,7 +184,7 @@ async def test_an_async_waiter_never_takes_a_lease_handed_in_an_earlier_round(
     waiter = AsyncLock(client, "stale-a", ttl=0.3, wait=2)
     reached, resume = asyncio.Event(), asyncio.Event()
     armed = {"on": False}
-    run_async = script_calls_async.run_async
+    run_async = calls_async.run_async
 
     async def hold() -> None:
         if armed["on"]:
@@ -209,7 +209,7 @@ async def test_an_async_waiter_never_takes_a_lease_handed_in_an_earlier_round(
             await hold()
 
     if point == "before retry":
-        monkeypatch.setattr(script_calls_async, "run_async", paused_run)
+        monkeypatch.setattr(calls_async, "run_async", paused_run)
     else:
         monkeypatch.setattr(wakeups_base, "wait_for", paused_sleep)
     third = Lock(r, "stale-a", ttl=20, wait=0)
@@ -261,15 +261,15 @@ def test_an_acquire_that_arrives_after_its_give_back_grants_nothing(r: redis.Red
     lock = Lock(r, "late", ttl=30, wait=0)
     token = "0123456789abcdef"
     keys = lock._key_tuple
-    assert script_calls.run(r, scripts.CANCEL, keys, (token,)) == 0
+    assert calls.run(r, scripts.CANCEL, keys, (token,)) == 0
     lock._round = 1
     args = lock._args_acquire(token, 30_000, "t", 0, NO_CHANNEL)
-    assert script_calls.run(r, scripts.ACQUIRE, keys, args) == 0
+    assert calls.run(r, scripts.ACQUIRE, keys, args) == 0
     assert not r.exists(lock.keys.lease)
     queued = lock._args_acquire(token, 30_000, "t", 5_000, NO_CHANNEL)
     holder = Lock(r, "late", ttl=30, wait=0)
     assert holder.acquire()
-    assert script_calls.run(r, scripts.ACQUIRE, keys, queued) == 0
+    assert calls.run(r, scripts.ACQUIRE, keys, queued) == 0
     assert r.llen(lock.keys.queue) == 0, "a given-back token joined the queue"
     holder.release()
     assert Lock(r, "late", ttl=1, wait=0).acquire()
@@ -289,15 +289,15 @@ def test_a_lease_found_already_handed_keeps_its_state_alive(r: redis.Redis) -> N
     token = "fedcba9876543210"
     waiter._round = 1
     queued = waiter._args_acquire(token, 1_000, "t", 5_000, NO_CHANNEL)
-    assert script_calls.run(r, scripts.ACQUIRE, waiter._key_tuple, queued) > 0  # busy, queued
+    assert calls.run(r, scripts.ACQUIRE, waiter._key_tuple, queued) > 0  # busy, queued
     holder.release()  # handed to the waiter, which has no channel
     assert r.hget(holder.keys.lease, "t") == token.encode()
     waiter._round = 2
     again = waiter._args_acquire(token, 60_000, "t", 5_000, NO_CHANNEL)
-    fence = script_calls.run(r, scripts.ACQUIRE, waiter._key_tuple, again)
+    fence = calls.run(r, scripts.ACQUIRE, waiter._key_tuple, again)
     assert int(fence) > 0
     assert r.pttl(holder.keys.state) >= r.pttl(holder.keys.lease) > 30_000
-    assert script_calls.run(r, scripts.RELEASE, waiter._key_tuple, (token,)) == 1
+    assert calls.run(r, scripts.RELEASE, waiter._key_tuple, (token,)) == 1
     audit_keyspace(r)
 
 
@@ -332,7 +332,7 @@ def test_a_waiter_queued_by_the_previous_version_is_still_handed_the_lease(
         assert r.hget(holder.keys.lease, "o") == owner.encode()
     finally:
         pubsub.close()
-    assert script_calls.run(r, scripts.RELEASE, holder._key_tuple, (token,)) == 1
+    assert calls.run(r, scripts.RELEASE, holder._key_tuple, (token,)) == 1
     audit_keyspace(r)
 
 

@@ -18,7 +18,7 @@ import redis.asyncio
 from django_redislock.core import Lock, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import may_have_run
-from django_redislock.core.io import giveback, script_calls, script_calls_async
+from django_redislock.core.io import calls, calls_async, giveback, giveback_async
 from tests.servers import RedisServer
 from tests.topologies import wait_until
 
@@ -69,18 +69,18 @@ def test_give_back_lands_after_the_late_acquire(server: RedisServer) -> None:
     lock = Lock(client, "late", ttl=30, wait=0)
     try:
         token = "t" * 32
-        script_calls.run(client, scripts.RELEASE, lock._key_tuple, ("warm",))  # cached, connected
+        calls.run(client, scripts.RELEASE, lock._key_tuple, ("warm",))  # cached, connected
         _preload(server)
         before = _scripts_run(server)
         server.pause()
         with pytest.raises(RedisUnavailable) as info:
-            script_calls.run(client, scripts.ACQUIRE, lock._key_tuple, _acquire_args(lock, token))
+            calls.run(client, scripts.ACQUIRE, lock._key_tuple, _acquire_args(lock, token))
         assert may_have_run(info.value)
         sent_from: list[int] = []
 
         def cancel() -> Any:
             sent_from.append(threading.get_ident())
-            return script_calls.run(client, scripts.CANCEL, lock._key_tuple, (token,))
+            return calls.run(client, scripts.CANCEL, lock._key_tuple, (token,))
 
         giveback.submit(cancel, within=30, after=info.value, what=f"lock {lock.name!r}")
         # The caller only enqueues: the cancel is sent from another thread,
@@ -109,7 +109,7 @@ def test_give_back_gives_up_at_its_deadline(server: RedisServer, caplog: Any) ->
 
         def cancel() -> None:
             try:
-                script_calls.run(client, scripts.CANCEL, lock._key_tuple, ("x",))
+                calls.run(client, scripts.CANCEL, lock._key_tuple, ("x",))
             finally:
                 done.append(True)
 
@@ -127,16 +127,16 @@ async def test_async_give_back_lands_after_the_late_acquire(server: RedisServer)
     lock = Lock(redis.Redis(unix_socket_path=server.socket_path), "late-async", ttl=30)
     try:
         token = "a" * 32
-        await script_calls_async.run_async(client, scripts.RELEASE, lock._key_tuple, ("warm",))
+        await calls_async.run_async(client, scripts.RELEASE, lock._key_tuple, ("warm",))
         _preload(server)
         before = _scripts_run(server)
         server.pause()
         with pytest.raises(RedisUnavailable) as info:
-            await script_calls_async.run_async(
+            await calls_async.run_async(
                 client, scripts.ACQUIRE, lock._key_tuple, _acquire_args(lock, token)
             )
-        task = giveback.submit_async(
-            lambda: script_calls_async.run_async(client, scripts.CANCEL, lock._key_tuple, (token,)),
+        task = giveback_async.submit_async(
+            lambda: calls_async.run_async(client, scripts.CANCEL, lock._key_tuple, (token,)),
             within=30,
             after=info.value,
         )

@@ -147,25 +147,62 @@ def test_in_the_core_only_ops_imports_the_drivers_and_nothing_imports_ops(path: 
     assert wrong == []
 
 
-WAKEUPS = PACKAGE / "core" / "io"
-# The notifiers, each a shell around wakeups_base.py's I/O-free decisions.
-NOTIFIERS = ("wakeups.py", "wakeups_async.py", "wakeups_sharded_async.py", "wakeups_sharded.py")
+def _hand_written_twins(path: Path) -> list[str]:
+    """The functions ``x_async`` (coroutines, or functions that start a task)
+    of ``path`` beside a ``def x`` of the same module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    functions = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    sync = {n.name for n in functions if isinstance(n, ast.FunctionDef)}
+    return sorted(
+        n.name
+        for n in functions
+        if n.name.endswith("_async") and n.name.removesuffix("_async") in sync
+    )
 
 
-def test_the_cluster_notifiers_are_one_asyncio_source_and_its_generated_twin() -> None:
-    """A Cluster's wake-ups are decided once: the thread notifier
-    (``wakeups_sharded.py``) is generated from the asyncio one by
-    ``tools/gen_sync.py``, and what threads do differently is in the
-    primitives (``_wakeup_prims.py``), never in the generated file."""
+@pytest.mark.parametrize(
+    "path", sorted((PACKAGE / "core" / "io").glob("*.py")), ids=lambda p: p.name
+)
+def test_no_io_module_writes_a_sync_and_an_asyncio_twin_side_by_side(path: Path) -> None:
+    """A call with both shells is written once, for asyncio, and its sync twin
+    generated (``tools/gen_sync.py``); what truly differs lives in a primitives
+    module of each shell, never as two hand-written twins in one file."""
+    assert _hand_written_twins(path) == []
+
+
+def test_each_io_module_with_both_shells_is_an_asyncio_source_with_a_generated_twin() -> None:
+    """The bounded calls (``calls_async.py``) and a Cluster's wake-ups
+    (``wakeups_sharded_async.py``) are pairs of ``tools/gen_sync.py``, and every
+    generated module of ``core/io`` says so and has its source beside it: what
+    threads do differently is in the primitives, never in a generated file."""
     spec = importlib.util.spec_from_file_location("gen_sync", PACKAGE.parent / "tools/gen_sync.py")
     assert spec is not None and spec.loader is not None
     gen_sync = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen_sync)
-    pairs = {(str(source), str(target)) for source, target in gen_sync.PAIRS}
-    io = "django_redislock/core/io/"
-    assert (io + "wakeups_sharded_async.py", io + "wakeups_sharded.py") in pairs
-    first = (WAKEUPS / "wakeups_sharded.py").read_text(encoding="utf-8").splitlines()[0]
-    assert first == gen_sync.header(Path("wakeups_sharded_async.py")).rstrip("\n")
+    io = PACKAGE / "core" / "io"
+    pairs = {
+        (PACKAGE.parent / source).name: (PACKAGE.parent / target).name
+        for source, target in gen_sync.PAIRS
+        if (PACKAGE.parent / source).parent == io
+    }
+    assert pairs.get("calls_async.py") == "calls.py"
+    assert pairs.get("wakeups_sharded_async.py") == "wakeups_sharded.py"
+    generated = {
+        p.name: p.read_text(encoding="utf-8").splitlines()[0]
+        for p in io.glob("*.py")
+        if p.read_text(encoding="utf-8").startswith("# generated from")
+    }
+    assert generated == {
+        target: f"# generated from {source} by tools/gen_sync.py; do not edit"
+        for source, target in pairs.items()
+    }
+
+
+WAKEUPS = PACKAGE / "core" / "io"
+# The notifiers, each a shell around wakeups_base.py's I/O-free decisions.
+NOTIFIERS = ("wakeups.py", "wakeups_async.py", "wakeups_sharded_async.py", "wakeups_sharded.py")
 
 
 @pytest.mark.parametrize("name", NOTIFIERS)

@@ -28,7 +28,7 @@ from django_redislock.core import (
     RedisUnavailable,
 )
 from django_redislock.core.engine import scripts
-from django_redislock.core.io import script_calls, script_calls_async
+from django_redislock.core.io import calls, calls_async
 from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
 from tests.servers import free_port
@@ -250,7 +250,7 @@ async def test_lost_lease_is_reported(drive: Drive, r: redis.Redis, how: str) ->
     assert await drive(a.acquire())
     fence_a = a.fence
     if how == "clear":
-        assert script_calls.run(r, scripts.CLEAR, a._key_tuple, (2000, "")) == 1
+        assert calls.run(r, scripts.CLEAR, a._key_tuple, (2000, "")) == 1
     else:
         r.delete(a.keys.lease)
     assert not await drive(a.owned())
@@ -297,7 +297,7 @@ async def test_lost_in_context_manager_raises(drive: Drive, r: redis.Redis) -> N
 async def test_clear_with_wrong_token_does_nothing(drive: Drive, r: redis.Redis) -> None:
     a = drive.Lock(drive.client, "clear", ttl=10, wait=0)
     assert await drive(a.acquire())
-    assert script_calls.run(r, scripts.CLEAR, a._key_tuple, (2000, "someone-else")) == 0
+    assert calls.run(r, scripts.CLEAR, a._key_tuple, (2000, "someone-else")) == 0
     assert await drive(a.owned())
     await drive(a.release())
 
@@ -714,14 +714,14 @@ async def test_a_repeated_release_reports_success_never_a_new_holders_lease(
     lock = drive.Lock(drive.client, "repeat", ttl=5, wait=0)
     assert await drive(lock.acquire())
     keys, args = lock._key_tuple, lock._release_args(lock.token)
-    assert script_calls.run(r, scripts.RELEASE, keys, args) == 1
-    assert script_calls.run(r, scripts.RELEASE, keys, args) == 1
+    assert calls.run(r, scripts.RELEASE, keys, args) == 1
+    assert calls.run(r, scripts.RELEASE, keys, args) == 1
     other = drive.Lock(drive.client, "repeat", ttl=5, wait=0)
     assert await drive(other.acquire())
-    assert script_calls.run(r, scripts.RELEASE, keys, args) == 1
+    assert calls.run(r, scripts.RELEASE, keys, args) == 1
     assert await drive(other.owned())
     await drive(other.release())
-    assert script_calls.run(r, scripts.RELEASE, keys, args) == 1
+    assert calls.run(r, scripts.RELEASE, keys, args) == 1
 
 
 async def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
@@ -746,9 +746,9 @@ async def test_a_repeated_release_after_the_lease_went_to_a_waiter_is_no_loss(
     party = drive.spawn(wait_for_it)
     try:
         await drive.until(lambda: r.llen(lock.keys.queue) == 1, timeout=10)
-        assert script_calls.run(r, scripts.RELEASE, keys, args) == 1  # handed to the waiter
+        assert calls.run(r, scripts.RELEASE, keys, args) == 1  # handed to the waiter
         await got.wait(10)
-        assert script_calls.run(r, scripts.RELEASE, keys, args) == 1  # the retry
+        assert calls.run(r, scripts.RELEASE, keys, args) == 1  # the retry
         assert await drive(waiter.owned())
     finally:
         checked.set()
@@ -841,7 +841,7 @@ async def test_cancel_at_every_await_leaves_nothing(
             outcomes.add(result)
             assert result is True and not contended
             assert r.hget(lock.keys.lease, "t") == lock.token.encode()  # type: ignore[union-attr]
-            assert script_calls.run(r, scripts.CLEAR, lock._key_tuple, (2000, lock.token)) == 1
+            assert calls.run(r, scripts.CLEAR, lock._key_tuple, (2000, lock.token)) == 1
         await _state_clean(r, holder)
         if contended:
             assert r.hget(holder.keys.lease, "t") == holder.token.encode()  # type: ignore[union-attr]
@@ -853,14 +853,14 @@ async def test_cancel_at_every_await_leaves_nothing(
 
 def _slow_script(monkeypatch: pytest.MonkeyPatch, which: Any, delay: float) -> None:
     """Stretch one script's round trip, to cancel a task in the middle of it."""
-    original = script_calls_async.run_async
+    original = calls_async.run_async
 
     async def slow(client: Any, script: Any, keys: Any, args: Any) -> Any:
         if script is which:
             await asyncio.sleep(delay)
         return await original(client, script, keys, args)
 
-    monkeypatch.setattr(script_calls_async, "run_async", slow)
+    monkeypatch.setattr(calls_async, "run_async", slow)
 
 
 async def test_a_release_cut_by_cancellation_still_frees_the_lock(

@@ -7,7 +7,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import DataError
 
-from django_redislock.core.io.batch import packed
+from django_redislock.core.io.calls_base import packed
 
 BATCHES = [
     [("EVALSHA", "a" * 40, 3, b"k:1", b"k:2", b"k:3", "tok", 30000, b"", '{"p":1}')],

@@ -29,7 +29,7 @@ from django_redislock import connection
 from django_redislock.core import Lock, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import may_have_run
-from django_redislock.core.io import script_calls, script_calls_async
+from django_redislock.core.io import calls, calls_async
 from tests.servers import RedisServer
 from tests.topologies import SERVICE, ClusterTopology, SentinelTopology
 
@@ -98,12 +98,12 @@ def test_a_lock_call_at_the_cap_fails_as_a_plain_command_does(
         with pytest.raises(redis.ConnectionError):
             client.incr(COUNTER)
         with pytest.raises(RedisUnavailable) as info:
-            script_calls.run(client, COUNT, (COUNTER,), ())
+            calls.run(client, COUNT, (COUNTER,), ())
         assert not may_have_run(info.value)
         assert connections_named(server) == CAP
         for conn in held:
             pool.release(conn)
-        assert script_calls.run(client, COUNT, (COUNTER,), ()) == 1
+        assert calls.run(client, COUNT, (COUNTER,), ()) == 1
         assert connections_named(server) == CAP
     finally:
         client.close()
@@ -164,12 +164,12 @@ async def test_an_async_lock_call_at_the_cap_fails_as_a_plain_command_does(
         with pytest.raises(redis.ConnectionError):
             await client.incr(COUNTER)
         with pytest.raises(RedisUnavailable) as info:
-            await script_calls_async.run_async(client, COUNT, (COUNTER,), ())
+            await calls_async.run_async(client, COUNT, (COUNTER,), ())
         assert not may_have_run(info.value)
         assert connections_named(server) == CAP
         for conn in held:
             await pool.release(conn)
-        assert await script_calls_async.run_async(client, COUNT, (COUNTER,), ()) == 1
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) == 1
         assert connections_named(server) == CAP
     finally:
         await client.aclose()
@@ -196,11 +196,11 @@ def test_the_library_client_has_the_cache_pool_s_cap(server: RedisServer, pool_c
             assert type(pool).__name__ == pool_class.split(".")[1]
             held = take_all(pool)
             with pytest.raises(RedisUnavailable):
-                script_calls.run(client, COUNT, (COUNTER,), ())
+                calls.run(client, COUNT, (COUNTER,), ())
             assert connections_named(server) == CAP
             for conn in held:
                 pool.release(conn)
-            assert script_calls.run(client, COUNT, (COUNTER,), ()) == 1
+            assert calls.run(client, COUNT, (COUNTER,), ()) == 1
     finally:
         connection.reset()
 
@@ -222,7 +222,7 @@ async def test_the_library_async_client_has_the_cache_pool_s_cap(server: RedisSe
             client = connection.get_async_client()
             held = await atake_all(client.connection_pool)
             with pytest.raises(RedisUnavailable):
-                await script_calls_async.run_async(client, COUNT, (COUNTER,), ())
+                await calls_async.run_async(client, COUNT, (COUNTER,), ())
             assert connections_named(server) == CAP
             for conn in held:
                 await client.connection_pool.release(conn)
@@ -249,9 +249,9 @@ def test_a_connection_closed_by_a_restart_is_replaced_before_a_script_is_sent(
     else:
         client = capped_client(server, "pool")
     try:
-        assert script_calls.run(client, COUNT, (COUNTER,), ()) == 1
+        assert calls.run(client, COUNT, (COUNTER,), ()) == 1
         server.restart(kill=True)
-        assert script_calls.run(client, COUNT, (COUNTER,), ()) == 1
+        assert calls.run(client, COUNT, (COUNTER,), ()) == 1
     finally:
         client.close()
 
@@ -280,11 +280,11 @@ def test_a_sentinel_client_s_lock_calls_stay_within_its_cap(
     try:
         held = take_all(pool)
         with pytest.raises(RedisUnavailable):
-            script_calls.run(client, COUNT, (COUNTER,), ())
+            calls.run(client, COUNT, (COUNTER,), ())
         assert connections_named(primary) == CAP
         for conn in held:
             pool.release(conn)
-        assert script_calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
         assert connections_named(primary) == CAP
     finally:
         client.close()
@@ -317,11 +317,11 @@ def test_a_cluster_client_s_lock_calls_stay_within_each_node_s_cap(
         pool = client.get_redis_connection(node).connection_pool
         held = take_all(pool)
         with pytest.raises(RedisUnavailable):
-            script_calls.run(client, COUNT, (COUNTER,), ())
+            calls.run(client, COUNT, (COUNTER,), ())
         assert connections_named(server) == CAP
         for conn in held:
             pool.release(conn)
-        assert script_calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
         assert connections_named(server) == CAP
     finally:
         client.delete(COUNTER)
@@ -356,7 +356,7 @@ def test_redis_py_s_connection_metrics_stay_balanced(
         watched[:] = [get_pool_name(client.connection_pool)]
         try:
             for _ in range(3):
-                assert script_calls.run(client, COUNT, (COUNTER,), ()) >= 1
+                assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
             # One connection, made once, idle again after each call.
             idle, used = recorder.ConnectionState.IDLE, recorder.ConnectionState.USED
             assert counts == {str(idle): 1, str(used): 0}, kind

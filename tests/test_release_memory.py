@@ -35,7 +35,7 @@ from django_redislock.core.drivers.semaphore import Semaphore, clear_semaphore
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.wakeup_message import NO_CHANNEL
 from django_redislock.core.exceptions import LockLost
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from tests.drive import Drive
 from tests.faults.harness import ServerPool, bounded_client_for
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
@@ -224,9 +224,7 @@ def r(r: redis.Redis) -> redis.Redis:
 
 def _clear_lock(r: redis.Redis, handle: Any) -> None:
     k = handle.keys
-    assert (
-        script_calls.run(r, scripts.CLEAR, (k.lease, k.queue, k.state), (1000, handle.token)) == 1
-    )
+    assert calls.run(r, scripts.CLEAR, (k.lease, k.queue, k.state), (1000, handle.token)) == 1
 
 
 SCRIPT_KINDS: dict[str, tuple[Callable[..., Any], scripts.Script, Callable[..., Any]]] = {
@@ -281,7 +279,7 @@ class Name:
         self.held().release()
 
     def retry(self, handle: Any, args: tuple) -> int:
-        return int(script_calls.run(self.r, self.script, handle._key_tuple, args))
+        return int(calls.run(self.r, self.script, handle._key_tuple, args))
 
 
 @pytest.mark.parametrize("kind", list(SCRIPT_KINDS))
@@ -324,12 +322,12 @@ def test_a_lease_that_ran_out_is_reported_lost(r: redis.Redis) -> None:
     assert victim.acquire()
     args = victim._release_args(victim.token)
     wait_until(lambda: not r.exists(victim.keys.lease), timeout=5)
-    assert script_calls.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
+    assert calls.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
     for _ in range(10):
         other = Lock(r, "ran-out", ttl=30, wait=0)
         assert other.acquire()
         other.release()
-    assert script_calls.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
+    assert calls.run(r, scripts.RELEASE, victim._key_tuple, args) == 0
     assert r.hget(victim.keys.state, "u") == str(victim.fence).encode()
     with pytest.raises(LockLost):
         victim.release()
@@ -346,7 +344,7 @@ def test_a_permit_that_ran_out_is_reported_lost(r: redis.Redis) -> None:
         other = Semaphore(r, "ran-out", 1, ttl=30, wait=0)
         assert other.acquire()  # the first one's purge drops the victim, as lost
         other.release()
-    assert script_calls.run(r, SEM_RELEASE, victim._key_tuple, args) == 0
+    assert calls.run(r, SEM_RELEASE, victim._key_tuple, args) == 0
 
 
 @pytest.mark.parametrize("kind", list(SCRIPT_KINDS))
@@ -408,12 +406,12 @@ def test_an_acquire_given_back_grants_nothing_after_releases(r: redis.Redis) -> 
     token = "0123456789abcdef"
     lock._round = 1
     args = lock._args_acquire(token, 30_000, "t", 0, NO_CHANNEL)
-    assert script_calls.run(r, scripts.CANCEL, lock._key_tuple, (token,)) == 0
+    assert calls.run(r, scripts.CANCEL, lock._key_tuple, (token,)) == 0
     for _ in range(10):
         other = Lock(r, "late", ttl=30, wait=0)
         assert other.acquire()
         other.release()
-    assert script_calls.run(r, scripts.ACQUIRE, lock._key_tuple, args) == 0
+    assert calls.run(r, scripts.ACQUIRE, lock._key_tuple, args) == 0
     assert not r.exists(lock.keys.lease)
     audit_keyspace(r)
 
@@ -452,13 +450,13 @@ def test_a_holder_outlasting_more_losses_than_the_memory_holds_is_still_released
         clear(r, later)
     args = holder._release_args(holder.token)
     holder.release()
-    assert int(script_calls.run(r, script, holder._key_tuple, args)) == 1
+    assert int(calls.run(r, script, holder._key_tuple, args)) == 1
     # Still only what a lost grant's retry must hear: lost.
     victim = make()
     assert victim.acquire()
     victim_args = victim._release_args(victim.token)
     clear(r, victim)
-    assert int(script_calls.run(r, script, victim._key_tuple, victim_args)) == 0
+    assert int(calls.run(r, script, victim._key_tuple, victim_args)) == 0
     audit_keyspace(r)
 
 
@@ -488,8 +486,8 @@ def test_a_release_whose_own_purge_passes_its_serial_is_still_released(
 
     wait_until(lambda: server_ms() > expiry, timeout=5)
     args = holder._release_args(holder.token)
-    assert int(script_calls.run(r, script, holder._key_tuple, args)) == 1
-    assert int(script_calls.run(r, script, holder._key_tuple, args)) == 1
+    assert int(calls.run(r, script, holder._key_tuple, args)) == 1
+    assert int(calls.run(r, script, holder._key_tuple, args)) == 1
     audit_keyspace(r)
 
 
@@ -510,4 +508,4 @@ def test_the_memory_of_releases_below_the_horizon_stays_small(r: redis.Redis) ->
     g = r.hget(holders[0].keys.state, "g") or b""
     assert 0 < len(g.split()) <= 8
     # The newest are still answered released.
-    assert int(script_calls.run(r, SEM_RELEASE, holders[-1]._key_tuple, last)) == 1
+    assert int(calls.run(r, SEM_RELEASE, holders[-1]._key_tuple, last)) == 1

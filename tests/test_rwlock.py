@@ -226,10 +226,10 @@ async def test_extend_renew_and_repeatable_release(drive: Drive, r: redis.Redis)
     args = reader._release_args(reader.token)
     await drive(reader.release())
     from django_redislock.core.drivers.rwlock import RELEASE
-    from django_redislock.core.io import script_calls
+    from django_redislock.core.io import calls
 
     # A retried release (its reply lost) still reports success.
-    assert script_calls.run(r, RELEASE, (k.lease, k.queue, k.state), args) == 1
+    assert calls.run(r, RELEASE, (k.lease, k.queue, k.state), args) == 1
     # A TTL long enough that a renewal delayed by a loaded host (it runs every
     # third of it) still comes in time; the reader waits longer than the TTL.
     # 1.5 s leaves a renewal 1 s to come in, as in tests/test_renewal.py.
@@ -339,7 +339,7 @@ async def test_a_woken_waiter_that_died_costs_the_next_only_the_grace(
     drive: Drive, r: redis.Redis
 ) -> None:
     from django_redislock.core.drivers.rwlock import ACQUIRE
-    from django_redislock.core.io import script_calls
+    from django_redislock.core.io import calls
 
     holder = rw(drive, "write", ttl=60, grace=0.3)
     assert await drive(holder.acquire())
@@ -347,7 +347,7 @@ async def test_a_woken_waiter_that_died_costs_the_next_only_the_grace(
     # A waiter of a process that then died: queued, it never claims its turn.
     dead = "00000000deadbeef"
     args = (dead, 60_000, b"doc", "{}", 60_000, b"-", 300, 10_000, b"w")
-    assert list(script_calls.run(r, ACQUIRE, (k.lease, k.queue, k.state), args))[0] == 0
+    assert list(calls.run(r, ACQUIRE, (k.lease, k.queue, k.state), args))[0] == 0
 
     async def wait_in_line() -> tuple[bool, float]:
         started = time.monotonic()

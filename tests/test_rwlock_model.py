@@ -29,7 +29,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from django_redislock.core import KeySpace
 from django_redislock.core.drivers.rwlock import ACQUIRE, CANCEL, CLEAR, RELEASE
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from tests.servers import RedisServer
 
 KS = KeySpace("rwmodel")
@@ -115,7 +115,7 @@ class RWModel(RuleBasedStateMachine):
         if token not in self.holders:
             self.ended.pop(token, None)  # a new acquisition (a real one has a new token)
         expected = self._expect_acquire(token, mode, wait)
-        reply = script_calls.run(
+        reply = calls.run(
             self.r,
             ACQUIRE,
             KEY_TUPLE,
@@ -139,7 +139,7 @@ class RWModel(RuleBasedStateMachine):
     @rule(token=st.sampled_from(TOKENS))
     def release(self, token: str) -> None:
         held = token in self.holders and token not in self.reserved
-        released = script_calls.run(self.r, RELEASE, KEY_TUPLE, (token, LONG, 10_000))
+        released = calls.run(self.r, RELEASE, KEY_TUPLE, (token, LONG, 10_000))
         if held:
             assert released == 1
             self.ended[token] = (self.serials.pop(token), True)
@@ -153,7 +153,7 @@ class RWModel(RuleBasedStateMachine):
         if token not in self.ended or token in self.holders:
             return  # (a real retry's token never holds again: tokens are not reused)
         serial, released = self.ended[token]
-        answer = script_calls.run(self.r, RELEASE, KEY_TUPLE, (token, LONG, 10_000, serial))
+        answer = calls.run(self.r, RELEASE, KEY_TUPLE, (token, LONG, 10_000, serial))
         if not released:
             assert answer == 0, "a lost turn reported released"
         elif answer == 0:
@@ -161,7 +161,7 @@ class RWModel(RuleBasedStateMachine):
 
     @rule(token=st.sampled_from(TOKENS))
     def give_up(self, token: str) -> None:
-        script_calls.run(self.r, CANCEL, KEY_TUPLE, (token, LONG))
+        calls.run(self.r, CANCEL, KEY_TUPLE, (token, LONG))
         self.serials.pop(token, None)  # given back unheard: nobody releases it
         if token in self.holders:
             del self.holders[token]
@@ -172,7 +172,7 @@ class RWModel(RuleBasedStateMachine):
 
     @rule(token=st.sampled_from(TOKENS))
     def force_release(self, token: str) -> None:
-        dropped = script_calls.run(self.r, CLEAR, KEY_TUPLE, (LONG, token))
+        dropped = calls.run(self.r, CLEAR, KEY_TUPLE, (LONG, token))
         assert dropped == (1 if token in self.holders else 0)
         if token in self.serials:
             serial = self.serials.pop(token)

@@ -16,7 +16,7 @@ from django_redislock.core import AsyncLock, KeySpace, Lock, RedisUnavailable
 from django_redislock.core.drivers import rwlock, semaphore
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel
 from tests.topologies import ClusterTopology, wait_until
@@ -64,13 +64,13 @@ def test_the_keep_time_reaches_the_scripts_one_way(r: redis.Redis) -> None:
     keys = KeySpace().semaphore("keep-one-way")
     key_tuple = (keys.lease, keys.queue, keys.state)
     args = ("t" * 32, 60_000, b"keep-one-way", "{}", 0, b"-", 2000, 1, 1)
-    assert script_calls.run(r, semaphore.ACQUIRE, key_tuple, args)[0] == 1
+    assert calls.run(r, semaphore.ACQUIRE, key_tuple, args)[0] == 1
     assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
     r.persist(keys.state)
     r.pexpire(keys.state, 1000)
-    assert script_calls.run(r, semaphore.REFRESH, key_tuple, ("t" * 32, 60_000, 1)) == 1
+    assert calls.run(r, semaphore.REFRESH, key_tuple, ("t" * 32, 60_000, 1)) == 1
     assert r.pttl(keys.state) > 60_000 + STATE_KEEP_MS - 5_000
-    assert script_calls.run(r, semaphore.RELEASE, key_tuple, ("t" * 32, 2000, 1, 1, "")) == 1
+    assert calls.run(r, semaphore.RELEASE, key_tuple, ("t" * 32, 2000, 1, 1, "")) == 1
 
 
 # The commands a script may run; what else the server counts (the client's
@@ -174,7 +174,7 @@ def test_error_reply_becomes_unavailable(r: redis.Redis) -> None:
 def test_unreachable_becomes_unavailable() -> None:
     client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, socket_timeout=1)
     with pytest.raises(RedisUnavailable, match="refused the connection") as info:
-        script_calls.run(client, scripts.RELEASE, (b"a", b"b", b"c"), ("t",))
+        calls.run(client, scripts.RELEASE, (b"a", b"b", b"c"), ("t",))
     assert (info.value.reason, info.value.address) == ("refused", "127.0.0.1:1")
 
 
@@ -289,7 +289,7 @@ async def test_async_cluster_script_follows_moved(cluster: ClusterTopology) -> N
 
 def _lock_call(r: redis.Redis, script: scripts.Script, name: str, *args: Any) -> Any:
     keys = KeySpace().lock(name)
-    return script_calls.run(r, script, (keys.lease, keys.queue, keys.state), args)
+    return calls.run(r, script, (keys.lease, keys.queue, keys.state), args)
 
 
 def _queue_up(r: redis.Redis, name: str, token: str, wait_ms: int) -> Any:

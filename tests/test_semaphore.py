@@ -334,9 +334,9 @@ def test_reservation_given_back_when_limit_drops_before_claim(r: redis.Redis) ->
     low = Semaphore(r, "claim", 1, wait=0)
     assert low.acquire() is False
     from django_redislock.core.drivers.semaphore import ACQUIRE
-    from django_redislock.core.io import script_calls
+    from django_redislock.core.io import calls
 
-    granted, _ = script_calls.run(
+    granted, _ = calls.run(
         r,
         ACQUIRE,
         (k.lease, k.queue, k.state),
@@ -350,7 +350,7 @@ def test_reservation_given_back_when_limit_drops_before_claim(r: redis.Redis) ->
     r.hset(k.state, "w:w2", f"{server_ms + 30_000}|-")
     b.release()  # current limit is 2 (w1's), one permit free: reserved for w2
     assert r.hget(k.state, "r:w2") == b"1"
-    granted, _ = script_calls.run(
+    granted, _ = calls.run(
         r,
         ACQUIRE,
         (k.lease, k.queue, k.state),

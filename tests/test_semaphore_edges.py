@@ -30,7 +30,7 @@ from django_redislock.core.drivers.semaphore import (
 )
 from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
 from django_redislock.core.engine.keys import KeySpace
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from django_redislock.signals import observer
 from tests.drive import Drive
 from tests.helpers_oracles import audit_keyspace, plant_sentinel, wait_until
@@ -103,8 +103,8 @@ async def test_release_script_run_twice_reports_released(drive: Drive, r: redis.
     sem = drive.Semaphore(drive.client, "twice", 2, ttl=30, wait=0)
     assert await drive(sem.acquire())
     args = sem._release_args(sem.token)
-    assert script_calls.run(r, RELEASE, key_tuple("twice"), args) == 1
-    assert script_calls.run(r, RELEASE, key_tuple("twice"), args) == 1
+    assert calls.run(r, RELEASE, key_tuple("twice"), args) == 1
+    assert calls.run(r, RELEASE, key_tuple("twice"), args) == 1
     assert r.zcard(keys("twice").lease) == 0
     # Released by the driver, then the retry, as the client would send it again.
     again = drive.Semaphore(drive.client, "twice", 2, ttl=30, wait=0)
@@ -120,12 +120,12 @@ def test_release_retried_after_the_permit_went_to_a_waiter(r: redis.Redis) -> No
     assert holder.acquire()
     waiter = QueuedWaiter(r, "handed")
     args = holder._release_args(holder.token)
-    assert script_calls.run(r, RELEASE, key_tuple("handed"), args) == 1
+    assert calls.run(r, RELEASE, key_tuple("handed"), args) == 1
     assert waiter.got.wait(10) and waiter.ok is True
     held_by = [waiter.sem.token.encode()]
     assert r.zrange(keys("handed").lease, 0, -1) == held_by
     # The retry finds the permit held by someone else: still ours was released.
-    assert script_calls.run(r, RELEASE, key_tuple("handed"), args) == 1
+    assert calls.run(r, RELEASE, key_tuple("handed"), args) == 1
     assert r.zrange(keys("handed").lease, 0, -1) == held_by
     waiter.finish()
     audit_keyspace(r)
@@ -139,8 +139,8 @@ def test_a_permit_lost_before_release_is_still_reported_lost(r: redis.Redis) -> 
     token = sem.token
     assert clear_semaphore(r, KS, "cleared") == 1
     args = sem._release_args(token)
-    assert script_calls.run(r, RELEASE, key_tuple("cleared"), args) == 0
-    assert script_calls.run(r, RELEASE, key_tuple("cleared"), ("f" * 32, 2000, 1, 10000)) == 0
+    assert calls.run(r, RELEASE, key_tuple("cleared"), args) == 0
+    assert calls.run(r, RELEASE, key_tuple("cleared"), ("f" * 32, 2000, 1, 10000)) == 0
 
 
 def test_memory_of_releases_does_not_grow_with_releases(r: redis.Redis) -> None:
@@ -324,7 +324,7 @@ def test_next_in_line_is_told_of_a_reservation(r: redis.Redis) -> None:
         ]
         assert r.hexists(k.state, "r:ta") and r.lrange(k.queue, 0, -1) == [b"tb"]
         # tb runs acquire again: its fallback timer is now ta's reservation.
-        reply = script_calls.run(
+        reply = calls.run(
             r,
             ACQUIRE,
             key_tuple("told"),
@@ -376,7 +376,7 @@ def test_every_path_leaves_every_key_with_a_ttl(r: redis.Redis) -> None:
     k = keys("audit")
 
     def run(script: Any, args: tuple) -> Any:
-        reply = script_calls.run(r, script, kt, args)
+        reply = calls.run(r, script, kt, args)
         audit_keyspace(r)
         return reply
 

@@ -31,7 +31,7 @@ from redis.sentinel import Sentinel
 from django_redislock.core import KeySpace, Lock
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import STATE_KEEP_MS
-from django_redislock.core.io import script_calls
+from django_redislock.core.io import calls
 from django_redislock.core.io.wakeups import get_notifier
 from tests.failover_parties import (
     WAIT,
@@ -161,7 +161,7 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
 
         def acquire(token: str, wait_ms: int, to: bytes, round_: int = 1) -> Any:
             args = (token, 30_000, name, "{}", wait_ms, to, 30_000 + STATE_KEEP_MS, round_)
-            return script_calls.run(client, scripts.ACQUIRE, key_tuple, args)
+            return calls.run(client, scripts.ACQUIRE, key_tuple, args)
 
         holder, here, *elsewhere = (c * 16 for c in "aebcd")
         channels = {t.encode(): KS.channel(t) for t in (here, *elsewhere)}
@@ -173,14 +173,14 @@ def test_a_grant_is_taken_as_it_is_only_where_its_waiter_is_heard(
             assert isinstance(acquire(token, 60_000, letter + channels[token.encode()]), int)
 
         # The first waiter listens on the primary: a grant it takes as it is.
-        assert script_calls.run(client, scripts.RELEASE, key_tuple, (holder, fence)) == 1
+        assert calls.run(client, scripts.RELEASE, key_tuple, (holder, fence)) == 1
         heard = _heard(primary, listeners, channels)
         assert _grants_taken_as_they_are(heard) == {(here.encode(), client.hget(keys.lease, "f"))}
         assert client.hget(keys.lease, "t") == here.encode()
 
         # The next listens on the replica: its grant is a claim, and nobody else's.
         fence = client.hget(keys.lease, "f")
-        assert script_calls.run(client, scripts.RELEASE, key_tuple, (here, fence)) == 1
+        assert calls.run(client, scripts.RELEASE, key_tuple, (here, fence)) == 1
         heard = _heard(primary, listeners, channels)
         assert _grants_taken_as_they_are(heard) == set()
         first = elsewhere[0].encode()

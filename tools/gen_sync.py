@@ -12,9 +12,10 @@ decision is written once. The transformation maps names only:
   docstrings and comments.
 
 What threads and tasks do differently is in ``core/drivers/_async_prims.py`` and
-``core/drivers/_sync_prims.py`` (and, for ``core/io``, ``interrupts_async.py`` and
-``interrupts.py``, ``_wakeup_prims_async.py`` and ``_wakeup_prims.py``), which
-export the same names: never in a generated file.
+``core/drivers/_sync_prims.py`` (and, for ``core/io``, ``interrupts_async.py``,
+``_calls_prims_async.py``, ``giveback_async.py`` and ``_wakeup_prims_async.py``
+and their sync namesakes), which export the same names: never in a generated
+file.
 The result goes through ``ruff`` (import order, then format), so that it
 reads like the rest of the code.
 
@@ -64,8 +65,7 @@ PAIRS = [
     (CORE / "multi_async.py", CORE / "multi.py"),
     (CORE / "unique_async.py", CORE / "unique.py"),
     (CORE / "records_async.py", CORE / "records.py"),
-    (IO / "pool_calls_async.py", IO / "pool_calls.py"),
-    (IO / "script_calls_async.py", IO / "script_calls.py"),
+    (IO / "calls_async.py", IO / "calls.py"),
     (IO / "wakeups_sharded_async.py", IO / "wakeups_sharded.py"),
 ]
 
@@ -111,9 +111,18 @@ RENAMES = {
     "__aiter__": "__iter__",
     "__anext__": "__next__",
     "StopAsyncIteration": "StopIteration",
-    # The bounded calls (core/io): a batch on a pool's connection.
-    "pool_calls_async": "pool_calls",
-    "script_calls_async": "script_calls",
+    # The bounded calls (core/io): the module, its primitives, the give-back.
+    "calls_async": "calls",
+    "_calls_prims_async": "_calls_prims",
+    "giveback_async": "giveback",
+    "cluster_call_async": "cluster_call",
+    "refresh_slots_async": "refresh_slots",
+    "_moved_since_async": "_moved_since",
+    "_call_on_node_async": "_call_on_node",
+    "_on_node_async": "_on_node",
+    "make_ready_async": "make_ready",
+    "follow_moved_async": "follow_moved",
+    "pause_async": "pause",
     "_sent_async": "_sent",
     "_resent_async": "_resent",
     "call_on_pool_async": "call_on_pool",
@@ -130,7 +139,6 @@ RENAMES = {
     "_AsyncNodeListener": "_NodeListener",
     "AsyncNotifier": "Notifier",
     "AsyncWakeup": "Wakeup",
-    "refresh_slots_async": "refresh_slots",
 }
 
 _WORD = re.compile(r"\b(" + "|".join(sorted(RENAMES, key=len, reverse=True)) + r")\b")

@@ -10,7 +10,7 @@ Everything else the library uses of a client depends on what it is (a
 single server's connection pool, a Cluster's nodes): that is asked at run
 time (``topology.is_cluster``), never assumed of every client.
 
-Scripts are sent on a connection of the client's own pool (``io/transport.py``);
+Scripts are sent on a connection of the client's own pool (``io/calls_async.py``);
 ``evalsha`` and ``script_load`` are the fallbacks and the pipelined reads.
 Positional-only parameters: redis-py's names for them are not part of the seam.
 """

@@ -41,7 +41,7 @@ from ..exceptions import (
     ReplicationTimeout,
 )
 from ..failures import said_retry
-from ..io import giveback, script_calls, transport
+from ..io import calls, giveback
 from ..io.wakeups import get_notifier
 from ..process import this_process
 from ._sync_prims import (
@@ -89,7 +89,7 @@ def clear_holders(
     holders share a sorted set, with its ``script``: how many went, unclaimed
     reservations included."""
     args = (int(DEFAULT_GRACE * 1000), token or "")
-    return int(script_calls.run(client, script, (keys.lease, keys.queue, keys.state), args))
+    return int(calls.run(client, script, (keys.lease, keys.queue, keys.state), args))
 
 
 class HeldInBlock:
@@ -141,9 +141,9 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         """Run the acquire script once: (1, fence) or (0, ms until a change)."""
         args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
         if not self.replicas:
-            reply = script_calls.run(self.client, self._acquire_script, self._key_tuple, args)
+            reply = calls.run(self.client, self._acquire_script, self._key_tuple, args)
             return self._acquire_reply(reply)
-        reply, acked = script_calls.run_acked(
+        reply, acked = calls.run_acked(
             self.client,
             self._acquire_script,
             self._key_tuple,
@@ -354,7 +354,7 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
 
     def _cancel_call(self, token: str) -> Any:
         script, args = self._cancel_script, self._cancel_args(token)
-        return script_calls.run(self.client, script, self._key_tuple, args)
+        return calls.run(self.client, script, self._key_tuple, args)
 
     def _detach_after_fork(self) -> None:
         # A child inherits the parent's handle, not what it holds: it starts free.
@@ -396,20 +396,20 @@ class SyncHandle(LockBase[RedisClient], HeldInBlock):
         force-release mark of ``token`` and the name's state. None when Redis
         does not answer: the holder's clock alone says then."""
         try:
-            replies = transport.call(
+            replies = calls.call(
                 self.client, inquiry(self.keys, self._forced_key, token), self.keys.state
             )
-        except transport.CallFailed:
+        except calls.CallFailed:
             return None
         return trace_of(replies)
 
     def _extend_call(self, token: str, ttl_ms: int) -> bool:
         script, args = self._extend_script, self._extend_args(token, ttl_ms)
-        return bool(script_calls.run(self.client, script, self._key_tuple, args))
+        return bool(calls.run(self.client, script, self._key_tuple, args))
 
     def _release_call(self, token: str) -> int:
         script, args = self._release_script, self._release_args(token)
-        return int(script_calls.run(self.client, script, self._key_tuple, args))
+        return int(calls.run(self.client, script, self._key_tuple, args))
 
     def _check_owner(self, action: str) -> str:
         """The token, if this thread or task may ``action`` it; else LockNotOwned."""

@@ -40,7 +40,7 @@ from ..exceptions import (
     ReplicationTimeout,
 )
 from ..failures import said_retry
-from ..io import giveback, script_calls_async, transport
+from ..io import calls_async, giveback_async
 from ..io.wakeups_async import get_async_notifier
 from ..process import this_process
 from ._async_prims import (
@@ -89,9 +89,7 @@ async def clear_holders_async(
     reservations included."""
     args = (int(DEFAULT_GRACE * 1000), token or "")
     return int(
-        await script_calls_async.run_async(
-            client, script, (keys.lease, keys.queue, keys.state), args
-        )
+        await calls_async.run_async(client, script, (keys.lease, keys.queue, keys.state), args)
     )
 
 
@@ -144,11 +142,11 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         """Run the acquire script once: (1, fence) or (0, ms until a change)."""
         args = self._args_acquire(token, ttl_ms, who, wait_ms, address)
         if not self.replicas:
-            reply = await script_calls_async.run_async(
+            reply = await calls_async.run_async(
                 self.client, self._acquire_script, self._key_tuple, args
             )
             return self._acquire_reply(reply)
-        reply, acked = await script_calls_async.run_acked_async(
+        reply, acked = await calls_async.run_acked_async(
             self.client,
             self._acquire_script,
             self._key_tuple,
@@ -350,7 +348,7 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         """Give back whatever ``token`` may hold, retried off the caller's
         path until Redis answers or the lease would have ended anyway;
         ``after``: the failed call it follows, whose late reply comes first."""
-        giveback.submit_async(
+        giveback_async.submit_async(
             lambda: self._cancel_call(token),
             within=self.ttl,
             after=after if self._give_back_after_late_reply else None,
@@ -359,7 +357,7 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
 
     async def _cancel_call(self, token: str) -> Any:
         script, args = self._cancel_script, self._cancel_args(token)
-        return await script_calls_async.run_async(self.client, script, self._key_tuple, args)
+        return await calls_async.run_async(self.client, script, self._key_tuple, args)
 
     def _detach_after_fork(self) -> None:
         # A child inherits the parent's handle, not what it holds: it starts free.
@@ -401,20 +399,20 @@ class AsyncHandle(LockBase[AsyncRedisClient], AsyncHeldInBlock):
         force-release mark of ``token`` and the name's state. None when Redis
         does not answer: the holder's clock alone says then."""
         try:
-            replies = await transport.call_async(
+            replies = await calls_async.call_async(
                 self.client, inquiry(self.keys, self._forced_key, token), self.keys.state
             )
-        except transport.CallFailed:
+        except calls_async.CallFailed:
             return None
         return trace_of(replies)
 
     async def _extend_call(self, token: str, ttl_ms: int) -> bool:
         script, args = self._extend_script, self._extend_args(token, ttl_ms)
-        return bool(await script_calls_async.run_async(self.client, script, self._key_tuple, args))
+        return bool(await calls_async.run_async(self.client, script, self._key_tuple, args))
 
     async def _release_call(self, token: str) -> int:
         script, args = self._release_script, self._release_args(token)
-        return int(await script_calls_async.run_async(self.client, script, self._key_tuple, args))
+        return int(await calls_async.run_async(self.client, script, self._key_tuple, args))
 
     def _check_owner(self, action: str) -> str:
         """The token, if this thread or task may ``action`` it; else LockNotOwned."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..clients import RedisClient
 from ..engine.keys import IdempotencyKeys
 from ..exceptions import RedisUnavailable
-from ..io import script_calls, transport
+from ..io import calls
 from .records_base import (
     FORGET,
     REPLACE,
@@ -33,8 +33,8 @@ __all__ = ["forget_record", "read_record", "write_record"]
 def read_record(client: RedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
     """The record (empty if none) and the lease's PTTL (negative: no request runs)."""
     try:
-        replies = transport.call(client, request_of(keys), keys.record)
-    except transport.CallFailed as failed:
+        replies = calls.call(client, request_of(keys), keys.record)
+    except calls.CallFailed as failed:
         raise read_failed(client, failed.cause) from failed.cause
     read = record_reply(replies)
     if isinstance(read, Exception):
@@ -52,13 +52,13 @@ def write_record(
     """Replace the record, which expires after ``ttl`` seconds; with ``holder``,
     only if that attempt wrote it (False: it did not, and nothing was written)."""
     args = replace_args(record, ttl, holder)
-    return bool(script_calls.run(client, REPLACE, (keys.record,), args))
+    return bool(calls.run(client, REPLACE, (keys.record,), args))
 
 
 def forget_record(client: RedisClient, keys: IdempotencyKeys, attempt: bytes) -> None:
     """Delete the record if ``attempt`` wrote it: the key is free for a retry.
     A failure is logged, not raised: the record then expires by itself."""
     try:
-        script_calls.run(client, FORGET, (keys.record,), (attempt,))
+        calls.run(client, FORGET, (keys.record,), (attempt,))
     except RedisUnavailable as exc:
         not_forgotten(keys, exc)

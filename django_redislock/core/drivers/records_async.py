@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..clients import AsyncRedisClient
 from ..engine.keys import IdempotencyKeys
 from ..exceptions import RedisUnavailable
-from ..io import script_calls_async, transport
+from ..io import calls_async
 from .records_base import (
     FORGET,
     REPLACE,
@@ -32,8 +32,8 @@ __all__ = ["forget_record_async", "read_record_async", "write_record_async"]
 async def read_record_async(client: AsyncRedisClient, keys: IdempotencyKeys) -> tuple[Record, int]:
     """The record (empty if none) and the lease's PTTL (negative: no request runs)."""
     try:
-        replies = await transport.call_async(client, request_of(keys), keys.record)
-    except transport.CallFailed as failed:
+        replies = await calls_async.call_async(client, request_of(keys), keys.record)
+    except calls_async.CallFailed as failed:
         raise read_failed(client, failed.cause) from failed.cause
     read = record_reply(replies)
     if isinstance(read, Exception):
@@ -51,7 +51,7 @@ async def write_record_async(
     """Replace the record, which expires after ``ttl`` seconds; with ``holder``,
     only if that attempt wrote it (False: it did not, and nothing was written)."""
     args = replace_args(record, ttl, holder)
-    return bool(await script_calls_async.run_async(client, REPLACE, (keys.record,), args))
+    return bool(await calls_async.run_async(client, REPLACE, (keys.record,), args))
 
 
 async def forget_record_async(
@@ -60,6 +60,6 @@ async def forget_record_async(
     """Delete the record if ``attempt`` wrote it: the key is free for a retry.
     A failure is logged, not raised: the record then expires by itself."""
     try:
-        await script_calls_async.run_async(client, FORGET, (keys.record,), (attempt,))
+        await calls_async.run_async(client, FORGET, (keys.record,), (attempt,))
     except RedisUnavailable as exc:
         not_forgotten(keys, exc)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..clients import RedisClient
 from ..engine.keys import KeySpace
 from ..exceptions import LockError
-from ..io import script_calls
+from ..io import calls
 from ._sync_prims import HOLDER_KIND
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .handle import SyncHandle, clear_holders
@@ -86,7 +86,7 @@ def release_permit(
     """
     keys = keyspace.semaphore(name)
     return bool(
-        script_calls.run(
+        calls.run(
             client,
             RELEASE,
             (keys.lease, keys.queue, keys.state),

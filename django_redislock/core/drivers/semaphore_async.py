@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..clients import AsyncRedisClient
 from ..engine.keys import KeySpace
 from ..exceptions import LockError
-from ..io import script_calls_async
+from ..io import calls_async
 from ._async_prims import HOLDER_KIND
 from .base import DEFAULT_GRACE, STATE_KEEP_MS
 from .handle_async import AsyncHandle, clear_holders_async
@@ -85,7 +85,7 @@ async def release_permit_async(
     """
     keys = keyspace.semaphore(name)
     return bool(
-        await script_calls_async.run_async(
+        await calls_async.run_async(
             client,
             RELEASE,
             (keys.lease, keys.queue, keys.state),

@@ -12,7 +12,7 @@ timeout, routed to the key's node on a Cluster; a failure raises
 from __future__ import annotations
 
 from .. import failures
-from ..io import script_calls, transport
+from ..io import calls
 from .lock import Lock
 from .unique_base import FIELDS, NOTE, TaskLease, note_args, task_lease
 
@@ -27,15 +27,15 @@ def note_task(lock: Lock, token: str, task_id: str | None, owner: str = "") -> b
     the lease: nothing was written.
     """
     keys = (lock.keys.lease,)
-    return bool(script_calls.run(lock.client, NOTE, keys, note_args(token, task_id, owner)))
+    return bool(calls.run(lock.client, NOTE, keys, note_args(token, task_id, owner)))
 
 
 def read_task(lock: Lock) -> TaskLease | None:
     """What the lease of ``lock``'s name says of its task; None when nobody holds it."""
     lease = lock.keys.lease
     try:
-        replies = transport.call(lock.client, [("HMGET", lease, *FIELDS)], lease)
-    except transport.CallFailed as failed:
+        replies = calls.call(lock.client, [("HMGET", lease, *FIELDS)], lease)
+    except calls.CallFailed as failed:
         cause = failed.cause
     else:
         if not isinstance(replies[0], Exception):

@@ -11,7 +11,7 @@ timeout, routed to the key's node on a Cluster; a failure raises
 from __future__ import annotations
 
 from .. import failures
-from ..io import script_calls_async, transport
+from ..io import calls_async
 from .lock_async import AsyncLock
 from .unique_base import FIELDS, NOTE, TaskLease, note_args, task_lease
 
@@ -29,9 +29,7 @@ async def note_task_async(
     """
     keys = (lock.keys.lease,)
     return bool(
-        await script_calls_async.run_async(
-            lock.client, NOTE, keys, note_args(token, task_id, owner)
-        )
+        await calls_async.run_async(lock.client, NOTE, keys, note_args(token, task_id, owner))
     )
 
 
@@ -39,8 +37,8 @@ async def read_task_async(lock: AsyncLock) -> TaskLease | None:
     """What the lease of ``lock``'s name says of its task; None when nobody holds it."""
     lease = lock.keys.lease
     try:
-        replies = await transport.call_async(lock.client, [("HMGET", lease, *FIELDS)], lease)
-    except transport.CallFailed as failed:
+        replies = await calls_async.call_async(lock.client, [("HMGET", lease, *FIELDS)], lease)
+    except calls_async.CallFailed as failed:
         cause = failed.cause
     else:
         if not isinstance(replies[0], Exception):

@@ -72,7 +72,7 @@ LISTEN_TIMEOUT = 2.0
 # to try again (Acquisition.on_refused): it doubles from the first to the
 # last. A slot's migration ends in milliseconds, a failover in about twice
 # cluster-node-timeout; the call itself already tried again for one socket
-# timeout (core/io/cluster_calls.py).
+# timeout (core/io/calls_base.py).
 REFUSED_PAUSES = (0.05, 0.5)
 
 

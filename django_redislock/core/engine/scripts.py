@@ -7,7 +7,7 @@ then its kind's own piece, then its body: ``_lock.lua`` for a lock;
 ``_holders.lua`` (what semaphores and read-write locks share) and then
 ``_semaphore.lua`` or ``_rwlock.lua``. A script that needs no more than
 ``_holders.lua`` is one script for both kinds (``HOLDERS_REFRESH``).
-No I/O: ``io/script_calls_async.py`` (and its generated twin) runs them.
+No I/O: ``io/calls_async.py`` (and its generated twin) runs them.
 """
 
 from __future__ import annotations

@@ -14,94 +14,32 @@ once after the drain's first look for the late replies (not after all of
 them, so that a reply lost on the way does not hold it until the drain gives
 up), and again once they have been read, so that a late request that ran
 after the first gives back nothing it granted. The cancel scripts are safe
-to repeat. Sync and asyncio code follow this one policy (``Pending``).
+to repeat. Sync and asyncio code follow this one policy (``calls_base.Pending``).
 
-Sync code runs them on the process's one background thread (``scheduler.py``:
-started on first use, started anew in a forked child); asyncio code runs each
-give-back as a task on the running loop.
+Sync code runs them here, on the process's one background thread
+(``background.py``: started on first use, started anew in a forked child);
+asyncio code runs each give-back as a task on the running loop
+(``giveback_async.py``, the name ``tools/gen_sync.py`` maps to this module).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import inspect
 import logging
-import threading
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import background, breaker
+from . import background
+from .calls_base import DRAIN_POLL, FIRST_DELAY, MAX_DELAY, Pending, pending_of
 
-__all__ = ["Pending", "drain", "drain_async", "submit", "submit_async"]
+__all__ = ["drain", "submit"]
 
 logger = logging.getLogger("django_redislock.giveback")
 
-# A connection whose replies are late is kept this long, at least, for them.
-DRAIN_DEFAULT = 30.0
-# Back-off between attempts: short, so that a Redis that comes back is
-# answered within about one round trip; each attempt against a stalled Redis
-# already waits a socket timeout, so this does not hammer it.
-_FIRST_DELAY = 0.02
-_MAX_DELAY = 0.25
-# How long a sync drain polls its connection per turn before the next job's
-# turn; a give-back that follows the drained call waits as long under asyncio.
-_DRAIN_POLL = 0.05
-
-
-@dataclass(eq=False)
-class Pending:
-    """A connection with ``unread`` replies still owed by Redis."""
-
-    conn: Any
-    unread: int
-    release: Any  # how the connection goes back to its pool (sync or async callable)
-    deadline: float = field(default_factory=lambda: time.monotonic() + DRAIN_DEFAULT)
-    done: threading.Event = field(default_factory=threading.Event)
-    # True once the late replies were read: whatever the batch did is done.
-    answered: bool = False
-    # What to run once they are read (the give-backs to send again), and
-    # whether the drain has ended.
-    _again: list[Callable[[], Any]] = field(default_factory=list)
-    _settled: bool = False
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def keep_until(self, deadline: float) -> None:
-        """Wait for the late replies at least until ``deadline`` (monotonic)."""
-        self.deadline = max(self.deadline, deadline)
-
-    def once_answered(self, action: Callable[[], Any]) -> None:
-        """Run ``action`` when the drain has read every late reply.
-
-        Nothing if the drain has ended already: a give-back queued now runs
-        after whatever it read.
-        """
-        with self._lock:
-            if not self._settled:
-                self._again.append(action)
-
-    def settle(self) -> None:
-        """The drain has ended: run what waited for the late replies, if read."""
-        with self._lock:
-            self._settled = True
-            actions, self._again = self._again, []
-        if self.answered:
-            for action in actions:
-                action()
-
-
-def _pending_of(after: BaseException | None) -> Pending | None:
-    return getattr(after, "pending", None) if after is not None else None
-
-
-# -- sync ------------------------------------------------------------------------
-#
-# Drains and give-backs are jobs of the process's scheduler (``scheduler.py``),
+# Drains and give-backs are jobs of the process's scheduler (``background.py``),
 # the thread that also renews leases. Each takes turns with the others: a
 # drain polls its connection briefly per turn, so a reply that never comes
 # (lost on the way) does not hold up the give-backs that need not wait for it.
@@ -120,7 +58,7 @@ class _Drain:
         left = pending.deadline - time.monotonic()
         if pending.unread and left > 0:
             try:
-                if not conn.can_read(timeout=min(_DRAIN_POLL, left)):
+                if not conn.can_read(timeout=min(DRAIN_POLL, left)):
                     return 0.0
                 conn.read_response(disconnect_on_error=False)
             except ResponseError:
@@ -162,7 +100,7 @@ class _GiveBack:
         self.call = call
         self.deadline = deadline
         self.what = what
-        self.delay = _FIRST_DELAY
+        self.delay = FIRST_DELAY
         self.attempts = 0
 
     def __call__(self) -> float | None:
@@ -178,7 +116,7 @@ class _GiveBack:
                 return None
             logger.debug("giving back %s failed (%s); trying again", self.what, exc)
             delay = self.delay
-            self.delay = min(self.delay * 2, _MAX_DELAY)
+            self.delay = min(self.delay * 2, MAX_DELAY)
             return delay
         if self.attempts > 1:
             logger.info("gave back %s after %d attempts", self.what, self.attempts)
@@ -201,7 +139,7 @@ def submit(
     docstring says why). Returns at once.
     """
     deadline = time.monotonic() + within
-    pending = _pending_of(after)
+    pending = pending_of(after)
     if pending is not None:
         pending.keep_until(deadline)
         pending.once_answered(
@@ -210,118 +148,3 @@ def submit(
     # The drain of ``after`` was queued before this, due sooner: its first
     # turn (a short poll for the late replies) comes before the first attempt.
     background.current().add(_GiveBack(call, deadline, what))
-
-
-# -- asyncio ---------------------------------------------------------------------
-
-_tasks: set[asyncio.Task[Any]] = set()
-
-
-def _spawn(coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-    loop = asyncio.get_running_loop()
-    task: asyncio.Task[Any] = loop.create_task(coro, name=name)  # type: ignore[arg-type]
-    # The loop holds tasks weakly: keep them until they are done.
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
-    return task
-
-
-def drain_async(pending: Pending) -> None:
-    """``drain`` for an asyncio connection: a task of the running loop."""
-    _spawn(_read_late_replies_async(pending), "redislock-giveback-drain")
-
-
-async def _read_late_replies_async(pending: Pending) -> None:
-    conn = pending.conn
-    try:
-        while pending.unread:
-            left = pending.deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                # Bounded by the connection's socket timeout, which raises. (Given
-                # a timeout of its own, read_response returns None instead: that
-                # could not be told from a nil reply.)
-                read = conn.read_response(disconnect_on_error=False)
-                if getattr(conn, "socket_timeout", None) is None:
-                    await asyncio.wait_for(read, left)
-                else:
-                    await read
-            except ResponseError:
-                pass
-            except (RedisTimeoutError, asyncio.TimeoutError):
-                continue
-            except Exception:
-                logger.debug("connection with late replies closed", exc_info=True)
-                break
-            pending.unread -= 1
-        pending.answered = pending.unread == 0
-    finally:
-        if not pending.answered:
-            with contextlib.suppress(Exception):
-                await conn.disconnect(nowait=True)
-        try:
-            released = pending.release()
-            if inspect.isawaitable(released):
-                await released
-        finally:
-            pending.done.set()
-            pending.settle()
-
-
-async def _retry_until_async(
-    make_call: Callable[[], Awaitable[Any]],
-    deadline: float,
-    what: str,
-    pending: Pending | None,
-) -> None:
-    breaker.off_path()  # this task holds no request
-    # The drain's first look for the late replies (see submit).
-    look_until = min(deadline, time.monotonic() + _DRAIN_POLL)
-    while pending is not None and not pending.done.is_set():
-        if time.monotonic() >= look_until:
-            break
-        await asyncio.sleep(0.01)
-    delay = _FIRST_DELAY
-    attempts = 0
-    while True:
-        attempts += 1
-        try:
-            await make_call()
-        except Exception as exc:
-            if time.monotonic() + delay >= deadline:
-                logger.warning(
-                    "gave up giving back %s after %d attempt(s): %s", what, attempts, exc
-                )
-                return
-            logger.debug("giving back %s failed (%s); trying again", what, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _MAX_DELAY)
-            continue
-        if attempts > 1:
-            logger.info("gave back %s after %d attempts", what, attempts)
-        return
-
-
-def submit_async(
-    make_call: Callable[[], Awaitable[Any]],
-    *,
-    within: float,
-    after: BaseException | None = None,
-    what: str = "a lease",
-) -> asyncio.Task[Any]:
-    """``submit`` for asyncio: a task on the running loop (returned, for tests).
-
-    ``make_call`` makes a new awaitable for each attempt.
-    """
-    deadline = time.monotonic() + within
-    pending = _pending_of(after)
-    if pending is not None:
-        pending.keep_until(deadline)
-        pending.once_answered(
-            lambda: _spawn(
-                _retry_until_async(make_call, deadline, what + " (again)", None),
-                "redislock-giveback",
-            )
-        )
-    return _spawn(_retry_until_async(make_call, deadline, what, pending), "redislock-giveback")

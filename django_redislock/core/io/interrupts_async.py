@@ -1,6 +1,6 @@
 """What can cut an awaited call short besides Redis, as the asyncio sources name it.
 
-The asyncio sources (``pool_calls_async.py``, the drivers) never name
+The asyncio sources (``calls_async.py``, the drivers) never name
 ``asyncio`` themselves: they name these, and their generated sync twins get
 the names of ``interrupts.py``, which mean the same for threads. A task is
 cancelled at an await (``Cancelled``) and an ``asyncio`` wait runs out of time

@@ -81,7 +81,7 @@ from ._wakeup_prims import (
     sleep,
     start,
 )
-from .cluster_calls import refresh_slots
+from .calls import refresh_slots
 from .interrupts import Cancelled
 from .wakeups_base import (
     Liveness,

@@ -80,7 +80,7 @@ from ._wakeup_prims_async import (
     sleep,
     start,
 )
-from .cluster_calls import refresh_slots_async
+from .calls_async import refresh_slots_async
 from .interrupts_async import Cancelled
 from .wakeups_base import (
     Liveness,

@@ -30,7 +30,7 @@ from ..drivers.base import DEFAULT_GRACE
 from ..engine import scripts
 from ..engine.keys import KeySpace
 from ..engine.loss import FORCED_KEEP_MS, forced_mark
-from ..io import script_calls, transport
+from ..io import calls
 from .inspection import KINDS, HeldLock, Holder, find, list_locks
 
 __all__ = ["ClearResult", "Shown", "clear", "release", "select", "still_held"]
@@ -106,8 +106,8 @@ def _clear_script(kind: str, keyspace: KeySpace, name: str) -> tuple[Any, tuple[
 def _marked(client: RedisClient, forced: bytes, commands: list[tuple[Any, ...]]) -> None:
     """Write or take back force-release marks (one bounded batch)."""
     try:
-        replies = transport.call(client, commands, forced)
-    except transport.CallFailed as failed:
+        replies = calls.call(client, commands, forced)
+    except calls.CallFailed as failed:
         raise failures.unavailable(
             "marking a force-release", failed.cause, failures.address_of(client)
         ) from failed.cause
@@ -175,7 +175,7 @@ def release(
             keep = FORCED_KEEP_MS + int((h.lease_left or 0) * 1000)
             mark = forced_mark(by, time.time())
             _marked(client, forced, [("HSET", forced, h.token, mark), ("PEXPIRE", forced, keep)])
-            if int(script_calls.run(client, script, keys, (grace_ms, h.token))):
+            if int(calls.run(client, script, keys, (grace_ms, h.token))):
                 done.add(h.ident)
                 _log_released(row, h, by)
             else:

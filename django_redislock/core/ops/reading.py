@@ -15,7 +15,7 @@ from .. import failures
 from ..clients import RedisClient
 from ..engine import scripts
 from ..engine.keys import KeySpace
-from ..io import script_calls
+from ..io import calls
 from ..topology import is_cluster
 from .rows import HeldLock, Holder, Waiter, row_of_holders
 from .scan import own_name
@@ -100,7 +100,7 @@ def _read_replies(
     args = (*kind_args, str(max(0, int(waiters))).encode())
     if is_cluster(client) or len(keys) < 2:
         # A Cluster pipeline would split by node anyway; keep it simple there.
-        return [script_calls.run(client, script, _siblings(keyspace, kind, k), args) for k in keys]
+        return [calls.run(client, script, _siblings(keyspace, kind, k), args) for k in keys]
     try:
         # Annotated ``str`` by redis-py, which sends bytes as they are.
         client.script_load(script.source)  # type: ignore[arg-type]
@@ -114,7 +114,7 @@ def _read_replies(
         if isinstance(reply, Exception):
             # NOSCRIPT after a SCRIPT FLUSH mid-way, or a real error: retry
             # alone, where run() falls back to EVAL or raises RedisUnavailable.
-            replies[i] = script_calls.run(client, script, _siblings(keyspace, kind, keys[i]), args)
+            replies[i] = calls.run(client, script, _siblings(keyspace, kind, keys[i]), args)
     return list(replies)
 
 

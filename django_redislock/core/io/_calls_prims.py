@@ -1,0 +1,262 @@
+"""What a thread does its own way under the bounded calls: ``_calls_prims_async.py``'s twin.
+
+The generated ``calls.py`` imports these names where its asyncio source
+imports those of ``_calls_prims_async.py``; each means the same for threads.
+
+A sync pool's checkout (``get_connection``) would connect with the
+connections' retry policy (redis-py 8's default one retries timeouts, with
+back-off), so ``checkout`` takes a connection as the pool's checkout does,
+under its lock, then connects it itself, once, with the connection's retry
+policy set aside and restored (the connection is the caller's alone
+meanwhile). Lock calls stay within the pool's ``max_connections`` with
+everything else the client does: at the cap a lock call fails as a plain
+command does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..process import this_process
+from .breaker import Breaker, breaker_of
+from .calls_base import (
+    connect_bound,
+    connect_may_linger,
+    get_connection_args,
+    redirect_target,
+    refused,
+)
+
+try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
+    from redis.observability import attributes as _metric_names
+    from redis.observability import recorder as _metrics
+except ImportError:  # pragma: no cover - redis-py before 8
+    _metric_names = _metrics = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    # The clients of this shell, as ``calls_async.py``'s annotations name them.
+    from redis import Redis as ServerClient  # noqa: F401
+    from redis.cluster import RedisCluster as ClusterClient
+    from redis.exceptions import AskError
+
+__all__ = [
+    "checkout",
+    "disconnect",
+    "follow_moved",
+    "make_ready",
+    "node_pool",
+    "owner_refused",
+    "pause",
+]
+
+# The warnings of this module are those of the bounded calls it serves.
+logger = logging.getLogger("django_redislock.transport")
+
+# A pause before a batch is sent again (the thread sleeps).
+pause = time.sleep
+
+# Connects once: no back-off, nothing retried (it keeps no state between calls).
+_NO_RETRY: Any = None
+_takers: dict[type, Any] = {}
+_warned: set[type] = set()
+
+
+def _no_retry() -> Any:
+    global _NO_RETRY
+    if _NO_RETRY is None:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        _NO_RETRY = Retry(NoBackoff(), 0)
+    return _NO_RETRY
+
+
+def _record_checkout(pool: Any) -> None:
+    """Count a connection as taken in redis-py's pool metrics, as its checkout does.
+
+    The pool's ``release`` counts it back: without this, the opt-in
+    connection-count metrics of redis-py 8 would drift by one per call.
+    """
+    enabled = getattr(_metrics, "is_enabled", None)  # absent: record, as before
+    if _metrics is None or (enabled is not None and not enabled()):
+        # Metrics off (the default): the pool's name and two records cost
+        # more than the rest of the checkout.
+        return
+    name = _metric_names.get_pool_name(pool)
+    idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
+    _metrics.record_connection_count(pool_name=name, connection_state=idle, counter=-1)
+    _metrics.record_connection_count(pool_name=name, connection_state=used, counter=1)
+
+
+def _checkpid(pool: Any) -> None:
+    # The pool's own check (a forked child resets the pool it inherited),
+    # skipped while the pool is this process's: it asks the system each time.
+    if getattr(pool, "pid", None) != this_process.pid:
+        pool._checkpid()
+
+
+def _take(pool: Any) -> Any:
+    """A connection of a ``ConnectionPool``, counted in use, not yet checked.
+
+    The critical section of ``ConnectionPool.get_connection``; the pool's cap
+    holds (``make_connection`` raises ``MaxConnectionsError`` past it).
+    """
+    _checkpid(pool)
+    with pool._lock:
+        try:
+            conn = pool._available_connections.pop()
+        except IndexError:
+            conn = pool.make_connection()
+        pool._in_use_connections.add(conn)
+    _record_checkout(pool)
+    return conn
+
+
+def _take_blocking(pool: Any) -> Any:
+    """``_take`` for a ``BlockingConnectionPool``: wait for a free slot."""
+    import queue
+
+    from redis.exceptions import MaxConnectionsError
+
+    _checkpid(pool)
+    timeout = pool.timeout
+    # Waiting for a slot and connecting together stay within one connect's bound.
+    wait = connect_bound(pool.connection_kwargs)
+    if wait is not None and (timeout is None or timeout > wait):
+        timeout = wait
+    # During a maintenance notification (redis-py 8) the pool takes its lock
+    # around this too, while it updates its connections.
+    guard = pool._lock if getattr(pool, "_in_maintenance", False) else contextlib.nullcontext()
+    with guard:
+        try:
+            conn = pool.pool.get(block=True, timeout=timeout)
+        except queue.Empty:
+            raise MaxConnectionsError(f"No connection available within {timeout}s.") from None
+        if conn is None:
+            try:
+                conn = pool.make_connection()
+            except BaseException:
+                pool.pool.put_nowait(None)  # the slot stays free
+                raise
+    _record_checkout(pool)
+    return conn
+
+
+def _taker(pool: Any) -> Any:
+    """How to take a connection of ``pool`` without connecting it, or None.
+
+    Known for the pools whose checkout is redis-py's own (``ConnectionPool``,
+    ``BlockingConnectionPool`` and subclasses that keep it: Sentinel, Cluster
+    nodes); decided once per pool class.
+    """
+    kind = type(pool)
+    if kind not in _takers:
+        from redis.connection import BlockingConnectionPool, ConnectionPool
+
+        checkout = getattr(kind, "get_connection", None)
+        if checkout is BlockingConnectionPool.get_connection:
+            _takers[kind] = _take_blocking
+        elif checkout is ConnectionPool.get_connection:
+            _takers[kind] = _take
+        else:
+            _takers[kind] = None
+    if getattr(pool, "cache", None) is not None:
+        # Client-side caching wraps each connection in a proxy whose
+        # connect is the inner connection's: use the pool's own checkout.
+        return None
+    return _takers[kind]
+
+
+def _connect(conn: Any) -> None:
+    """Connect ``conn`` (ours for now) once, with no retry; a no-op if connected."""
+    if getattr(conn, "_sock", None) is not None:
+        return  # connected: what ``connect`` would find first, without the swap
+    saved = conn.retry
+    conn.retry = _no_retry()
+    try:
+        conn.connect()
+    finally:
+        conn.retry = saved
+
+
+def disconnect(conn: Any) -> None:
+    """Close a connection that failed mid-call."""
+    conn.disconnect()
+
+
+def make_ready(pool: Any, conn: Any) -> None:
+    """What ``get_connection`` does after its critical section, connecting once."""
+    _connect(conn)
+    maintenance = getattr(pool, "maint_notifications_enabled", None)
+    # Pushed maintenance notifications (redis-py 8) are data the pool expects
+    # on an idle connection; EOF (Redis restarted) still raises.
+    expects_data = maintenance is not None and maintenance()
+    try:
+        if conn.can_read() and not expects_data:
+            raise RedisConnectionError("Connection has data")
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        # Data or EOF on an idle connection: start afresh.
+        conn.disconnect()
+        _connect(conn)
+        if conn.can_read() and not expects_data:
+            raise RedisConnectionError("Connection not ready") from None
+
+
+def checkout(pool: Any) -> Any:
+    """A connected connection of the caller's own pool, within the pool's cap.
+
+    ``get_connection`` would connect with the connections' retry policy; the
+    same steps here connect once. See the module docstring.
+    """
+    take = _taker(pool)
+    if take is None:
+        if connect_may_linger(pool.connection_kwargs) and type(pool) not in _warned:
+            _warned.add(type(pool))
+            logger.warning(
+                "cannot take a connection of a %s without its retries: lock calls may "
+                "last longer than one socket timeout while connecting",
+                type(pool).__name__,
+            )
+        return pool.get_connection(*get_connection_args(pool))
+    conn = take(pool)
+    try:
+        make_ready(pool, conn)
+    except BaseException:
+        # Failed or interrupted mid-connect: a reply of the handshake may be
+        # on its way, and must not greet the next caller. It goes back closed.
+        conn.disconnect()
+        pool.release(conn)
+        raise
+    return conn
+
+
+def node_pool(client: ClusterClient, node: Any) -> Any:
+    """The pool a batch for ``node`` is sent on: that of the node's client."""
+    return (node.redis_connection or client.get_redis_connection(node)).connection_pool
+
+
+def _breaker_of_node(client: ClusterClient, key: bytes) -> Breaker | None:
+    """The breaker of the node the current slot map names for ``key``, if it has a pool yet."""
+    try:
+        node = client.get_node_from_key(key)
+    except (RedisError, RedisClusterException):
+        return None
+    pool = getattr(getattr(node, "redis_connection", None), "connection_pool", None)
+    return breaker_of(pool) if pool is not None else None
+
+
+def owner_refused(client: ClusterClient, key: bytes) -> bool:
+    """Whether the node the slot map names for ``key`` has its breaker open."""
+    return refused(_breaker_of_node(client, key))
+
+
+def follow_moved(client: ClusterClient, error: AskError) -> None:
+    """Tell the client's slot map of a MOVED (``redirect_target``)."""
+    redirect_target(client, error)

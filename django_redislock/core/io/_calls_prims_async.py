@@ -1,0 +1,171 @@
+"""What a task does its own way under the bounded calls (``calls_async.py``).
+
+``tools/gen_sync.py`` maps this module to ``_calls_prims.py``, whose names mean
+the same for threads; the calls themselves, and every decision in them, are
+written once, in ``calls_async.py``. Only what a task and a thread truly do
+differently is here:
+
+* taking a connection of the caller's own pool and connecting it once,
+  without retries: the asyncio pools have a public method for the first step
+  (``get_available_connection``); a sync pool is taken from under its lock;
+* where a batch goes on a Cluster node: an asyncio node has connections of its
+  own and no pool (``node_pool`` is None); a sync node's client has a pool;
+* whether a node's breaker refuses calls (kept per client and node name for
+  an asyncio Cluster client, per pool for a sync one);
+* pausing, and telling an asyncio client's slot map of a MOVED (awaited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import select
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .breaker import node_breaker
+from .calls_base import connect_bound, get_connection_args, redirect_target, refused
+
+if TYPE_CHECKING:
+    # The clients of this shell, as ``calls_async.py``'s annotations name them.
+    from redis.asyncio import Redis as ServerClient  # noqa: F401
+    from redis.asyncio.cluster import RedisCluster as ClusterClient
+    from redis.exceptions import AskError
+
+__all__ = [
+    "checkout_async",
+    "disconnect_async",
+    "follow_moved_async",
+    "make_ready_async",
+    "node_pool",
+    "owner_refused",
+    "pause_async",
+]
+
+# The warnings of this module are those of the bounded calls it serves.
+logger = logging.getLogger("django_redislock.transport")
+
+# A pause before a batch is sent again (the event loop runs meanwhile).
+pause_async = asyncio.sleep
+
+
+async def disconnect_async(conn: Any) -> None:
+    """Close a connection that failed mid-call."""
+    try:
+        await conn.disconnect(nowait=True)
+    except Exception:  # closing a broken connection: nothing more to do
+        logger.debug("closing a failed connection failed", exc_info=True)
+
+
+async def connected(conn: Any, bound: float | None) -> None:
+    """Connect ``conn`` (ours for now) without its retry policy."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    if getattr(conn, "is_connected", False):
+        return
+    saved = conn.retry
+    conn.retry = Retry(NoBackoff(), 0)
+    try:
+        if bound is None:
+            await conn.connect()
+        else:
+            await asyncio.wait_for(conn.connect(), bound)
+    except asyncio.TimeoutError as exc:
+        await disconnect_async(conn)
+        raise RedisTimeoutError("Timeout connecting to server") from exc
+    finally:
+        conn.retry = saved
+
+
+def _socket_readable(conn: Any) -> bool:
+    """Whether the socket of an idle asyncio connection has data or EOF waiting.
+
+    ``can_read`` sees only what the event loop already read, and a server
+    that closed the connection (restarted, say) is seen only once the loop
+    has polled the socket since: until then the first call would be written
+    on a dead connection and fail. One poll of the socket, as the sync path
+    does it, sees it at once.
+    """
+    writer = getattr(conn, "_writer", None)
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if sock is None:
+        return False
+    try:
+        if not hasattr(select, "poll"):  # Windows
+            return bool(select.select([sock.fileno()], [], [], 0)[0])
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True  # a socket that cannot be polled is no good either
+
+
+async def checkout_async(pool: Any) -> Any:
+    """A connected connection of the caller's own pool, within the pool's cap."""
+    from redis.asyncio.connection import BlockingConnectionPool
+
+    if isinstance(pool, BlockingConnectionPool) or not hasattr(pool, "get_available_connection"):
+        bound = connect_bound(pool.connection_kwargs)
+        # Waiting for a free connection is the pool's business; connecting
+        # (with whatever retries) must end within the bound all the same.
+        getter = pool.get_connection(*get_connection_args(pool))
+        if bound is None:
+            return await getter
+        try:
+            return await asyncio.wait_for(getter, bound)
+        except asyncio.TimeoutError as exc:
+            raise RedisTimeoutError("Timeout getting a connection") from exc
+    conn = pool.get_available_connection()
+    try:
+        await make_ready_async(pool, conn)
+    except BaseException:
+        # Failed or interrupted mid-connect (cancelled mid-handshake too): a
+        # reply of the handshake may be on its way, and must not greet the
+        # next caller. It goes back closed.
+        await disconnect_async(conn)
+        await pool.release(conn)
+        raise
+    return conn
+
+
+async def make_ready_async(pool: Any, conn: Any) -> None:
+    """Connect ``conn`` (ours for now, of ``pool`` or of a Cluster node), afresh
+    if data or EOF waits on it, within ``pool``'s connect bound.
+
+    Only a connection that was already open is looked at: one connected just
+    now may have bytes of its own handshake waiting (a TLS 1.3 server sends
+    its session tickets after it), which the event loop reads in due course.
+    """
+    bound = connect_bound(pool.connection_kwargs)
+    if getattr(conn, "is_connected", False):
+        # ``can_read`` from redis-py 8 on; 5.x names it ``can_read_destructive``.
+        stale = getattr(conn, "can_read", None) or conn.can_read_destructive
+        if await stale() or _socket_readable(conn):
+            # Data or EOF on an idle connection: it is stale, start afresh.
+            await disconnect_async(conn)
+    await connected(conn, bound)
+
+
+def node_pool(client: ClusterClient, node: Any) -> Any:
+    """The pool a batch for ``node`` is sent on: none, an asyncio Cluster node
+    has connections of its own (its breaker is kept per client and node name)."""
+    return None
+
+
+def owner_refused(client: ClusterClient, key: bytes) -> bool:
+    """Whether the node the slot map names for ``key`` has its breaker open."""
+    try:
+        owner = client.get_node_from_key(key)  # type: ignore[arg-type]
+    except (RedisError, RedisClusterException, LookupError):
+        return False  # no slot map to read: the call reads it
+    return owner is not None and refused(node_breaker(client, owner))
+
+
+async def follow_moved_async(client: ClusterClient, error: AskError) -> None:
+    """Tell the client's slot map of a MOVED (``redirect_target``), awaited."""
+    moved_slot = redirect_target(client, error)
+    if moved_slot is not None:
+        await moved_slot
