@@ -400,10 +400,7 @@ async def test_settings_factory_builds_async_cluster_clients(cluster_settings: N
     assert isinstance(client, AsyncRedisCluster)
     async with get_async_lock("via-settings-async", timeout=5, wait=0) as lock:
         assert await lock.owned()
-    for task in asyncio.all_tasks():
-        if task.get_name().startswith("redislock-notify"):
-            task.cancel()
-    await client.aclose()
+    await close_async_cluster(client)
 
 
 def test_a_list_of_startup_nodes_survives_one_that_is_down(topology: ClusterTopology) -> None:
@@ -576,7 +573,4 @@ async def async_get(path: str) -> int:
     try:
         return int((await AsyncClient().get(path)).status_code)
     finally:
-        for task in asyncio.all_tasks():
-            if task.get_name().startswith("redislock-notify"):
-                task.cancel()
-        await connection.get_async_client().aclose()
+        await close_async_cluster(connection.get_async_client())

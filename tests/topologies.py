@@ -490,11 +490,28 @@ def async_cluster_client(topology: ClusterTopology, **options: Any) -> AsyncRedi
 
 
 async def close_async_cluster(client: AsyncRedisCluster) -> None:
-    """Close an asyncio Cluster client; the reader tasks of this loop's notifier go with it."""
-    for task in asyncio.all_tasks():
-        if task.get_name().startswith("redislock-notify") and task is not asyncio.current_task():
-            task.cancel()
-    await asyncio.sleep(0)
+    """Close an asyncio Cluster client once this loop's work on it has ended.
+
+    A give-back still running (a waiter cut short while a node was frozen
+    gives its queue entry back once the node's breaker lets it) is given a
+    bounded while to finish; the notifier's reader tasks are cancelled and
+    awaited, each closing its node's client as it ends. Closing the client
+    first would let a late give-back open a connection to a client already
+    closed, left open when the loop ends (a ResourceWarning in whichever test
+    runs next)."""
+    me = asyncio.current_task()
+
+    def ours(*prefixes: str) -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t is not me and t.get_name().startswith(prefixes)]
+
+    givebacks = ours("redislock-giveback")
+    if givebacks:
+        await asyncio.wait(givebacks, timeout=10)
+    background = ours("redislock-notify", "redislock-giveback")
+    for task in background:
+        task.cancel()
+    if background:
+        await asyncio.wait(background, timeout=10)
     await client.aclose()
 
 

@@ -40,13 +40,16 @@ try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
 except ImportError:  # pragma: no cover - redis-py before 8
     _metric_names = _metrics = None  # type: ignore[assignment]
 
+# The clients of this shell, as ``calls_async.py``'s annotations name them.
+from redis import Redis as ServerClient
+from redis.cluster import RedisCluster as ClusterClient
+
 if TYPE_CHECKING:
-    # The clients of this shell, as ``calls_async.py``'s annotations name them.
-    from redis import Redis as ServerClient  # noqa: F401
-    from redis.cluster import RedisCluster as ClusterClient
     from redis.exceptions import AskError
 
 __all__ = [
+    "ClusterClient",
+    "ServerClient",
     "checkout",
     "disconnect",
     "follow_moved",

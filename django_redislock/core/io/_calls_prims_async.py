@@ -22,6 +22,9 @@ import logging
 import select
 from typing import TYPE_CHECKING, Any
 
+# The clients of this shell, as ``calls_async.py``'s annotations name them.
+from redis.asyncio import Redis as ServerClient
+from redis.asyncio.cluster import RedisCluster as ClusterClient
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -29,12 +32,11 @@ from .breaker import node_breaker
 from .calls_base import connect_bound, get_connection_args, redirect_target, refused
 
 if TYPE_CHECKING:
-    # The clients of this shell, as ``calls_async.py``'s annotations name them.
-    from redis.asyncio import Redis as ServerClient  # noqa: F401
-    from redis.asyncio.cluster import RedisCluster as ClusterClient
     from redis.exceptions import AskError
 
 __all__ = [
+    "ClusterClient",
+    "ServerClient",
     "checkout_async",
     "disconnect_async",
     "follow_moved_async",
