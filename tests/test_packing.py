@@ -1,4 +1,4 @@
-"""The library packs its commands as redis-py would, only faster (io/batch.py)."""
+"""The library packs its commands as redis-py would, only faster (io/calls_base.py)."""
 
 from __future__ import annotations
 

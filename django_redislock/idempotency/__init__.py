@@ -13,13 +13,17 @@ the commit, renewal, store after the commit and release. The modules:
 ``settings``     the ``REDISLOCK["IDEMPOTENCY"]`` keys, their checks, a call's ``Policy``
 ``fingerprint``  the key a request sends, and what it asks (method, path, body)
 ``scope``        whose keys are whose: the user as the view sees it
-``records``      the record in Redis, through the library's bounded transport
 ``responses``    problem answers, ``Retry-After`` hints, replays, what is stored
 ``guard``        the one guarded path
+``claim``        a key's claim: the body run under the key's lock (``run_locked``)
+``settling``     how an attempt inside transactions ends: stored at the commit, freed at a rollback
+``detached``     an async view's guarded run, out of reach of its request's cancellation
 ``decorator``    ``@idempotent``
 ``middleware``   ``IdempotencyMiddleware``
 
-Keys are built in ``core/engine/keys.py`` (``KeySpace.idempotency``).
+The record in Redis is the core's (``read_record``, ``write_record``,
+``forget_record``); keys are built in ``core/engine/keys.py``
+(``KeySpace.idempotency``).
 """
 
 from __future__ import annotations
