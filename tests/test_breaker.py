@@ -10,9 +10,11 @@ window.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -511,7 +513,26 @@ def test_on_a_cluster_a_frozen_node_fails_fast_and_the_others_answer() -> None:
         topology.stop()
 
 
+@pytest.fixture
+def _asyncio_cluster_leftovers_collected() -> Iterator[None]:
+    """After the test, collect what redis-py 5.0's asyncio Cluster client left.
+
+    It can drop a node that a slot-map refresh replaced (here, after the
+    freeze) with a connection still open, which no task of the closed loop
+    will close; its ResourceWarning would fail whichever later test happens
+    to collect it (seen with redis-py 5.0 only, before and after the core's
+    I/O modules were folded). Collected here, it ends with this test, whose
+    marks let it pass unremarked if it is collected sooner."""
+    yield
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
 @pytest.mark.cluster
+@pytest.mark.usefixtures("_asyncio_cluster_leftovers_collected")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("path", ["sync", "async"])
 def test_on_a_cluster_a_queued_waiter_notices_the_breaker(path: str) -> None:
     from django_redislock.core import AsyncLock, Lock

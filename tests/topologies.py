@@ -498,7 +498,8 @@ async def close_async_cluster(client: AsyncRedisCluster) -> None:
     awaited, each closing its node's client as it ends. Closing the client
     first would let a late give-back open a connection to a client already
     closed, left open when the loop ends (a ResourceWarning in whichever test
-    runs next)."""
+    runs next); and so would a node that a refresh of the slot map replaced,
+    closed by redis-py in a task of its own."""
     me = asyncio.current_task()
 
     def ours(*prefixes: str) -> list[asyncio.Task[Any]]:
@@ -513,6 +514,12 @@ async def close_async_cluster(client: AsyncRedisCluster) -> None:
     if background:
         await asyncio.wait(background, timeout=10)
     await client.aclose()
+    # redis-py closes the nodes a slot-map refresh replaced in tasks of their
+    # own (5.0: ``NodesManager.set_nodes``), which the loop's end would cancel
+    # before they ran: let them finish.
+    rest = [t for t in asyncio.all_tasks() if t is not me]
+    if rest:
+        await asyncio.wait(rest, timeout=10)
 
 
 @contextlib.asynccontextmanager
