@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import subprocess
 import sys
 import threading
@@ -16,6 +18,16 @@ if TYPE_CHECKING:
     from django_redislock.core.drivers.lock import Lock
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def gen_sync() -> Any:
+    """``tools/gen_sync.py``, the generator of the sync twins, as a module."""
+    spec = importlib.util.spec_from_file_location("gen_sync", ROOT / "tools" / "gen_sync.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def is_free(name: str) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import dataclasses
-import importlib.util
 import signal
 import threading
 import time
@@ -38,6 +37,7 @@ from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.drivers.semaphore_async import AsyncSemaphore
 from django_redislock.throttling.middleware import concurrency_limited
 from tests.drive import Drive
+from tests.helpers import gen_sync
 from tests.servers import RedisServer
 
 LEASE = 5.0  # every lease and permit; also the bound on each wait for a name
@@ -502,14 +502,6 @@ def test_no_handler_in_the_package_keeps_an_interrupt() -> None:
     assert keepers == []
 
 
-def _gen_sync() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_sync", PACKAGE.parent / "tools/gen_sync.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 REFUSED = {
     "names asyncio": "import asyncio\n",
     "asyncio's cancellation by name": (
@@ -536,21 +528,21 @@ REFUSED = {
 
 @pytest.mark.parametrize("source", REFUSED.values(), ids=REFUSED.keys())
 def test_the_generator_refuses_asyncio_meaning(source: str) -> None:
-    gen_sync = _gen_sync()
-    with pytest.raises(gen_sync.Refused):
-        gen_sync.check_source(source, "x_async.py")
+    generator = gen_sync()
+    with pytest.raises(generator.Refused):
+        generator.check_source(source, "x_async.py")
 
 
 def test_the_generator_takes_cleanup_that_re_raises_and_every_source() -> None:
-    gen_sync = _gen_sync()
+    generator = gen_sync()
     cleanup = (
         "async def f(failure: BaseException | None) -> None:\n    try:\n        await g()\n"
         "    except Cancelled:\n        pass\n"
         "    except BaseException:\n        await undo()\n        raise\n"
     )
-    gen_sync.check_source(cleanup, "x_async.py")
-    for source, _target in gen_sync.PAIRS:
-        gen_sync.check_source((PACKAGE.parent / source).read_text(encoding="utf-8"), str(source))
+    generator.check_source(cleanup, "x_async.py")
+    for source, _target in generator.PAIRS:
+        generator.check_source((PACKAGE.parent / source).read_text(encoding="utf-8"), str(source))
 
 
 # -- between the grant and the return ---------------------------------------------------------

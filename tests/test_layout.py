@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import gen_sync
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_redislock"
 # Folders built on locking/: it never imports them.
@@ -177,14 +178,11 @@ def test_each_io_module_with_both_shells_is_an_asyncio_source_with_a_generated_t
     (``wakeups_sharded_async.py``) are pairs of ``tools/gen_sync.py``, and every
     generated module of ``core/io`` says so and has its source beside it: what
     threads do differently is in the primitives, never in a generated file."""
-    spec = importlib.util.spec_from_file_location("gen_sync", PACKAGE.parent / "tools/gen_sync.py")
-    assert spec is not None and spec.loader is not None
-    gen_sync = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen_sync)
+    generator = gen_sync()
     io = PACKAGE / "core" / "io"
     pairs = {
         (PACKAGE.parent / source).name: (PACKAGE.parent / target).name
-        for source, target in gen_sync.PAIRS
+        for source, target in generator.PAIRS
         if (PACKAGE.parent / source).parent == io
     }
     assert pairs.get("calls_async.py") == "calls.py"
