@@ -153,10 +153,15 @@ class _CountingCondition(threading.Condition):
     def __init__(self) -> None:
         super().__init__()
         self.notified = 0
+        self.slept = threading.Event()  # the thread has looked at the heap and sleeps
 
     def notify(self, n: int = 1) -> None:
         self.notified += 1
         super().notify(n)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.slept.set()
+        return super().wait(timeout)
 
 
 def test_a_later_renewal_does_not_wake_the_watchdog() -> None:
@@ -173,6 +178,10 @@ def test_a_later_renewal_does_not_wake_the_watchdog() -> None:
     # next entry added would be the earliest and rightly wake the thread).
     dog.add(first, 2.0)
     assert on._cond.notified == 1  # the thread has nothing earlier to sleep until
+    # The thread, started by that add, sleeps until ``first`` from here on: had
+    # it started only after the discard below, it would drop ``first`` and
+    # sleep until ``later``, and ``middle`` would rightly wake it.
+    assert on._cond.slept.wait(10)
     dog.add(later, 60)
     dog.discard(first)  # a released lock: its entry stays in the heap, inactive
     dog.add(middle, 30)
