@@ -494,15 +494,18 @@ def test_on_a_cluster_a_frozen_node_fails_fast_and_the_others_answer() -> None:
                     return exc.reason, time.monotonic() - started
                 return None, time.monotonic() - started
 
+            # Refused without waiting on the frozen node: anything that asks it
+            # (the call, or a slot-map read before it) waits out its socket
+            # timeout, so the bound is that timeout, not a speed.
             assert attempt(frozen_name)[0] == "timeout"
             reason, took = attempt(frozen_name)
-            assert reason == "breaker_open" and took < 0.2, (reason, took)
+            assert reason == "breaker_open" and took < SOCKET_TIMEOUT, (reason, took)
             # The other nodes' breakers stay closed. (Not asked again later: with
             # no replica, the other nodes soon answer CLUSTERDOWN themselves.)
             assert Lock(client, healthy_name, ttl=10).acquire()
             assert loop.run_until_complete(attempt_async(frozen_name))[0] == "timeout"
             reason, took = loop.run_until_complete(attempt_async(frozen_name))
-            assert reason == "breaker_open" and took < 0.2, (reason, took)
+            assert reason == "breaker_open" and took < SOCKET_TIMEOUT, (reason, took)
         finally:
             node.resume()
             loop.run_until_complete(close_async_cluster(aclient))
