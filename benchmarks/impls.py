@@ -9,6 +9,7 @@ is used the way its own documentation shows: a blocking acquire with a timeout.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import time
 import weakref
@@ -195,6 +196,97 @@ class _ScriptedFloor:
             raise RuntimeError(f"floor lock {self._name!r} was not held at release")
 
 
+# -- the least a first-come, fenced lock with hand-off does ---------------------------
+# A reference for the contended runs: what strict first-come order with a
+# direct hand-off costs when nothing else is kept. Acquire: SET NX PX and a
+# fence, or join the queue. Release: owner check, pop the next waiter, raise
+# the fence, write its lease, publish its turn on its process's channel,
+# which the waiting thread reads itself. No owner metadata, no memory of
+# released or lost leases, one waiter per process, no deadlines on queue
+# entries, a fence counter that never expires, no Cluster or replicas: read
+# its figures as a ceiling for the order, not as a lock anyone should use.
+_FIFO_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[3])
+end
+if ARGV[3] ~= '' then
+  redis.call('RPUSH', KEYS[2], ARGV[1] .. '|' .. ARGV[3])
+end
+return 0
+"""
+_FIFO_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local nxt = redis.call('LPOP', KEYS[2])
+if not nxt then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+local bar = string.find(nxt, '|', 1, true)
+local token = string.sub(nxt, 1, bar - 1)
+local fence = redis.call('INCR', KEYS[3])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+redis.call('PUBLISH', string.sub(nxt, bar + 1), token .. '|' .. fence)
+return 1
+"""
+_FIFO_SHAS = (
+    hashlib.sha1(_FIFO_ACQUIRE.encode()).hexdigest(),
+    hashlib.sha1(_FIFO_RELEASE.encode()).hexdigest(),
+)
+_fifo_loaded: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# This process's wake-up channel per client: (pid, channel, pubsub).
+_fifo_channels: weakref.WeakKeyDictionary[Any, tuple[int, str, Any]] = weakref.WeakKeyDictionary()
+
+
+class _FifoFloor:
+    """First-come order with a fenced hand-off and nothing else (``_FIFO_*``)."""
+
+    def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
+        self._client = client
+        self._keys = (f"{name}:lease", f"{name}:queue", f"{name}:fence")
+        self._ttl_ms = int(ttl * 1000)
+        self._wait = wait
+        self._token = ""
+        self.fence = 0
+        if client not in _fifo_loaded:
+            client.script_load(_FIFO_ACQUIRE)
+            client.script_load(_FIFO_RELEASE)
+            _fifo_loaded[client] = True
+
+    def _channel(self) -> tuple[str, Any]:
+        known = _fifo_channels.get(self._client)
+        if known is None or known[0] != os.getpid():
+            channel = f"fifo-floor:{secrets.token_hex(8)}"
+            pubsub = self._client.pubsub()
+            pubsub.subscribe(channel)
+            confirmed = pubsub.get_message(timeout=5.0)
+            if confirmed is None or confirmed["type"] != "subscribe":
+                raise RuntimeError(f"the floor's channel was not subscribed: {confirmed!r}")
+            known = _fifo_channels[self._client] = (os.getpid(), channel, pubsub)
+        return known[1], known[2]
+
+    def acquire(self) -> bool:
+        token = secrets.token_hex(8)
+        # Subscribed before queueing, so that the turn is heard; only to wait.
+        channel, pubsub = self._channel() if self._wait > 0 else ("", None)
+        fence = self._client.evalsha(_FIFO_SHAS[0], 3, *self._keys, token, self._ttl_ms, channel)
+        deadline = time.monotonic() + self._wait
+        while not fence:
+            left = deadline - time.monotonic()
+            if left <= 0 or pubsub is None:
+                return False  # busy, or left queued: a reference, not a lock
+            message = pubsub.get_message(timeout=left)
+            if message is not None and message["type"] == "message":
+                mine, _, handed = message["data"].partition(b"|")
+                if mine == token.encode():
+                    fence = int(handed)
+        self._token, self.fence = token, int(fence)
+        return True
+
+    def release(self) -> None:
+        if not self._client.evalsha(_FIFO_SHAS[1], 3, *self._keys, self._token, self._ttl_ms):
+            raise RuntimeError(f"fifo floor lock {self._keys[0]!r} was not held at release")
+
+
 IMPLS: dict[str, Impl] = {
     impl.key: impl
     for impl in (
@@ -222,6 +314,14 @@ IMPLS: dict[str, Impl] = {
             peer=False,
             module="redis",
             note="reference only: token and fence, nothing else; polls when busy",
+        ),
+        Impl(
+            "fifo_floor",
+            "first-come floor (reference)",
+            _FifoFloor,
+            peer=False,
+            module="redis",
+            note="reference only: first-come hand-off, fence, nothing else",
         ),
         Impl(
             "redis_py",

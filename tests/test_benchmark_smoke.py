@@ -7,6 +7,7 @@ a name they use moves; their figures are what the docs quote."""
 from __future__ import annotations
 
 import importlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,42 @@ def test_the_capacity_record_sizing_runs(r: Any) -> None:
     from benchmarks.capacity import idempotency_records
 
     assert idempotency_records(r, 2, 16) > 0
+
+
+def test_the_first_come_floor_hands_the_lock_on_in_order(r: Any, redis_server: Any) -> None:
+    """The contended runs' first-come reference is a lock in that order: a
+    waiter in another process is handed the lease on release, with the next
+    fence, and gets it without asking again."""
+    import multiprocessing
+
+    from benchmarks.impls import IMPLS
+
+    make = IMPLS["fifo_floor"].factory
+    name = f"bench-smoke:{id(r)}"
+    r.delete(f"{name}:lease", f"{name}:queue", f"{name}:fence")
+    held = make(r, name, 10.0, 0.0)
+    assert held.acquire()
+    first = held.fence  # type: ignore[attr-defined]
+    context = multiprocessing.get_context("fork")
+    answer = context.Queue()
+
+    def waiter() -> None:
+        client = redis_server.client(socket_timeout=5, socket_connect_timeout=5)
+        handle = make(client, name, 10.0, 10.0)
+        answer.put((handle.acquire(), handle.fence))
+        handle.release()
+
+    child = context.Process(target=waiter)
+    child.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not r.llen(f"{name}:queue"):  # wait for the child to queue
+            assert time.monotonic() < deadline, "the waiter never queued"
+            r.blpop([f"{name}:never"], timeout=0.01)  # a bounded pause on the server's clock
+        held.release()
+        assert answer.get(timeout=10) == (True, first + 1)
+    finally:
+        child.join(10)
+        r.delete(f"{name}:lease", f"{name}:queue", f"{name}:fence")
+    assert child.exitcode == 0
+    assert not r.exists(f"{name}:lease")
