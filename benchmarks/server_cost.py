@@ -22,6 +22,13 @@ itself, its keys and arguments, each ``redis.call`` inside, ``TIME``) beside
 a plain ``SET ... NX PX`` and this library's own acquire and release: where
 the instructions of an uncontended pair go.
 
+``--contended W`` measures, the same way, what one critical section costs
+the server when W processes take turns on one lock (a new handle each
+section, a ``GET`` and a ``SET`` inside, as ``benchmarks.locks --handle new
+--section redis`` runs them), with a row for the section alone: where the
+server's work of a hand-off goes, as a count that a busy machine does not
+move.
+
 ``--items`` measures, the same way, what each thing ``python -m
 benchmarks.capacity`` sizes costs the server to make and end, with this
 library's own client: a lock (new handle, new name), a semaphore permit, a
@@ -126,6 +133,61 @@ def _pairs(client: Any, key: str, pairs: int, fresh: bool) -> None:
 
 def per_pair(key: str, ops: int, fresh: bool = False) -> float:
     return _per_op(lambda client, n: _pairs(client, key, n, fresh), ops)
+
+
+def _sections(client: Any, key: str | None, workers: int, each: int) -> None:
+    """``workers`` forked processes, ``each`` critical sections each, on one
+    lock: a new handle per section (as a decorator makes one per call), a
+    ``GET`` and a ``SET`` on the same server inside. ``key`` None: the
+    sections alone, with no lock (what the section itself costs)."""
+    import multiprocessing
+
+    pool = client.connection_pool
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(workers)
+
+    def worker() -> None:
+        import redis
+
+        def connected() -> redis.Redis:
+            # The parent's server and settings, on connections of this process.
+            kwargs = {**pool.connection_kwargs, "socket_timeout": 60.0}
+            return redis.Redis(
+                connection_pool=redis.ConnectionPool(
+                    connection_class=pool.connection_class, **kwargs
+                )
+            )
+
+        mine, section = connected(), connected()
+        factory = IMPLS[key].factory if key is not None else None
+        start.wait(60)
+        for _ in range(each):
+            handle = factory(mine, "cost:contended", 60.0, 60.0) if factory is not None else None
+            if handle is not None and not handle.acquire():
+                raise SystemExit(f"{key}: a contended acquire gave up")
+            section.set("cost:counter", int(section.get("cost:counter") or 0) + 1)
+            if handle is not None:
+                handle.release()
+        raise SystemExit(0)
+
+    processes = [context.Process(target=worker) for _ in range(workers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(600)
+    if any(process.exitcode != 0 for process in processes):
+        raise RuntimeError(f"{key}: a contended worker failed")
+    if key is not None and int(client.get("cost:counter") or 0) != workers * each:
+        raise RuntimeError(f"{key}: sections were lost (the lock let two in)")
+
+
+def per_section(key: str | None, ops: int, workers: int) -> float:
+    """What one contended critical section costs the server, its ``GET`` and
+    ``SET`` included: ``workers`` processes doing ``ops`` sections in all,
+    then twice as many, the difference over ``ops``."""
+    each = max(1, ops // workers)
+    counted = _per_op(lambda client, n: _sections(client, key, workers, n // ops * each), ops)
+    return counted * ops / (each * workers)
 
 
 def _item_ops(client: Any, item: str, n: int) -> None:
@@ -306,6 +368,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--items", action="store_true", help="what a lock, permit, waiter and record cost"
     )
     p.add_argument(
+        "--contended",
+        type=int,
+        metavar="W",
+        default=0,
+        help="per contended critical section instead, W processes on one lock",
+    )
+    p.add_argument(
         "--model",
         action="store_true",
         help="what a script's parts cost: its call, its arguments, each redis.call",
@@ -323,6 +392,35 @@ def items(cfg: argparse.Namespace) -> int:
     return _report("Server instructions per item (callgrind)", rows, cfg.rst)
 
 
+def contended(cfg: argparse.Namespace, keys: list[str]) -> int:
+    print("  the section alone ...", file=sys.stderr, flush=True)
+    alone = per_section(None, cfg.ops, cfg.contended)
+    rows: list[list[Any]] = [["GET and SET, no lock (the section)", f"{alone:,.0f}", "-", "-"]]
+    results: dict[str, float] = {}
+    for key in keys:
+        print(f"  {key} ...", file=sys.stderr, flush=True)
+        results[key] = per_section(key, cfg.ops, cfg.contended)
+    base = results.get("python_redis_lock")
+    for key, value in results.items():
+        rows.append(
+            [
+                IMPLS[key].label,
+                f"{value:,.0f}",
+                f"{value - alone:,.0f}",
+                fmt((value - alone) / (base - alone), 2) if base else "-",
+            ]
+        )
+    headers = ["implementation", "per section", "less the section", "x python-redis-lock"]
+    print(
+        "Server instructions per contended critical section (callgrind; "
+        f"{cfg.contended} processes on one lock, a new handle each section)\n"
+    )
+    print(table(headers, rows))
+    if cfg.rst:
+        print("\n" + rst_table(headers, rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse(argv)
     if cfg.items:
@@ -334,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown implementation(s) {unknown}; choose from {list(IMPLS)}")
     keys = [k for k in keys if IMPLS[k].missing() is None]
+    if cfg.contended:
+        return contended(cfg, keys)
     results: dict[str, float] = {"PING": per_pair("PING", cfg.ops)}
     for key in keys:
         print(f"  {key} ...", file=sys.stderr, flush=True)

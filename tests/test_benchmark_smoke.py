@@ -75,3 +75,17 @@ def test_the_first_come_floor_hands_the_lock_on_in_order(r: Any, redis_server: A
         r.delete(f"{name}:lease", f"{name}:queue", f"{name}:fence")
     assert child.exitcode == 0
     assert not r.exists(f"{name}:lease")
+
+
+@pytest.mark.parametrize("key", ["ours", "fifo_floor", None])
+def test_the_contended_server_cost_runs(r: Any, key: str | None) -> None:
+    from benchmarks.server_cost import _sections
+
+    r.delete("cost:counter", "cost:contended")
+    try:
+        _sections(r, key, 2, 3)
+        assert int(r.get("cost:counter")) <= 6
+    finally:
+        r.delete(
+            "cost:counter", *(f"cost:contended:{part}" for part in ("lease", "queue", "fence"))
+        )
