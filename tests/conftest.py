@@ -148,6 +148,48 @@ def _databases_required() -> None:
             pytest.fail(f"{server} is required ({variable}=1) but did not answer")
 
 
+# The fixtures that give a test database access (pytest-django's).
+_DATABASE_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "live_server",
+}
+
+
+@pytest.fixture(autouse=True)
+def _old_connections_left_alone(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test without database access leaves alone the database connections
+    earlier tests of the process left open.
+
+    Django closes old connections when a request starts and ends. A request a
+    test drives or ends in this thread outside the test clients' own calls
+    (the ASGI handler called directly, a streamed response closed a second
+    time) would ask such a connection whether it is still usable, which
+    pytest-django refuses to a test without database access: the test passed
+    or failed by which tests had run before it on its worker. The test clients
+    unhook Django's handler for their own calls and hook it back after, so it
+    is the check itself that is left out here, for this test only."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    if request.node.get_closest_marker("django_db") is not None or (
+        _DATABASE_FIXTURES & set(request.fixturenames)
+    ):
+        yield
+        return
+    check = BaseDatabaseWrapper.close_if_unusable_or_obsolete
+    BaseDatabaseWrapper.close_if_unusable_or_obsolete = _left_alone  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        BaseDatabaseWrapper.close_if_unusable_or_obsolete = check  # type: ignore[method-assign]
+
+
+def _left_alone(self: Any) -> None:
+    """Neither asked nor closed: see ``_old_connections_left_alone``."""
+
+
 @pytest.fixture(autouse=True)
 def _connection_pools_closed() -> Iterator[None]:
     """Django keeps one pool per alias for the life of the process: closed

@@ -780,16 +780,8 @@ BOUNDARY = "big-upload-boundary"
 def asgi_post(path: str, body: bytes, headers: dict[str, str]) -> Any:
     """POST through Django's own ASGIHandler, as an ASGI server drives it: the body
     in chunks of 64 KiB, which Django spools into a SpooledTemporaryFile (the
-    request's stream, unlike the test clients' LimitedStream).
-
-    As Django's test clients do, the request's signals do not close old database
-    connections meanwhile: run in this thread, that would ask the connection an
-    earlier test of this process left open whether it is usable, which a test
-    without database access may not do (it failed or passed by which tests had
-    run before it in the process)."""
+    request's stream, unlike the test clients' LimitedStream)."""
     from django.core.handlers.asgi import ASGIHandler
-    from django.core.signals import request_finished, request_started
-    from django.db import close_old_connections
 
     async def run() -> tuple[int, bytes, dict[bytes, bytes]]:
         chunks = [body[i : i + 65536] for i in range(0, len(body), 65536)] or [b""]
@@ -831,13 +823,7 @@ def asgi_post(path: str, body: bytes, headers: dict[str, str]) -> Any:
         content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
         return start["status"], content, {k.lower(): v for k, v in start["headers"]}
 
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        return async_to_sync(run)()
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
+    return async_to_sync(run)()
 
 
 @pytest.mark.parametrize("client", ["client", "async_client", "asgi"])
