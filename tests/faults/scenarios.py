@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
 import logging
 import multiprocessing
@@ -447,8 +448,10 @@ def renewal_blackholed(
     admin = server.admin()
     proxy = pool.proxy(server)
     runs = []
-    for n in range(repeats):
-        name = f"renew:{n}"
+    missed = 0
+    attempts = itertools.count()
+    while len(runs) < repeats:
+        name = f"renew:{next(attempts)}"
         ttl = rng.uniform(1.0, 2.0)
         seen: dict[str, float] = {}
 
@@ -463,6 +466,14 @@ def renewal_blackholed(
             )
         else:
             start, pttl_at_cut = _renew_sync(proxy, admin, name, ttl, pause, on_lost, seen)
+        if pttl_at_cut <= 0:
+            # The lease was gone before the cut: on a loaded host a renewal
+            # outlasted the 0.2 s socket timeout and the holder rightly let
+            # the lease go (it reports that loss too). The cut then tests
+            # nothing; another run, a bounded number of times.
+            missed += 1
+            assert missed <= 3, "renewals kept no lease through the pause in 4 runs"
+            continue
         runs.append(
             {
                 "ttl": ttl,
@@ -473,6 +484,7 @@ def renewal_blackholed(
         )
     return {
         "runs": runs,
+        "missed": missed,
         # > 0: the holder knew before Redis expired the key; -2: it learnt after.
         "flagged_before_expiry": sum(r["pttl_when_flagged"] > 0 for r in runs),
         "audit": _audit(admin, foreign=False),
@@ -498,10 +510,10 @@ def _renew_sync(
     lock = Lock(client, name, ttl=ttl, renew=True, on_lost=report)
     assert lock.acquire()
     time.sleep(pause)
-    assert not lock.lost
     start = time.monotonic()
     proxy.blackhole = True
-    pttl_at_cut = int(admin.pttl(KS.lock(name).lease))
+    # A holder that already knows its lease lost has none to cut (see above).
+    pttl_at_cut = -2 if lock.lost else int(admin.pttl(KS.lock(name).lease))
     try:
         assert flagged.wait(ttl * 2 + 5), "the renewing holder never reported its loss"
     finally:
@@ -532,10 +544,10 @@ async def _renew_async(
     lock = AsyncLock(client, name, ttl=ttl, renew=True, on_lost=report)
     assert await lock.acquire()
     await asyncio.sleep(pause)
-    assert not lock.lost
     start = time.monotonic()
     proxy.blackhole = True
-    pttl_at_cut = int(admin.pttl(KS.lock(name).lease))
+    # A holder that already knows its lease lost has none to cut (see above).
+    pttl_at_cut = -2 if lock.lost else int(admin.pttl(KS.lock(name).lease))
     try:
         await asyncio.wait_for(flagged.wait(), ttl * 2 + 5)
     finally:
