@@ -183,11 +183,10 @@ def _sections(client: Any, key: str | None, workers: int, each: int) -> None:
 
 def per_section(key: str | None, ops: int, workers: int) -> float:
     """What one contended critical section costs the server, its ``GET`` and
-    ``SET`` included: ``workers`` processes doing ``ops`` sections in all,
-    then twice as many, the difference over ``ops``."""
+    ``SET`` included: ``workers`` processes doing about ``ops`` sections in
+    all, then twice as many, the difference over the sections added."""
     each = max(1, ops // workers)
-    counted = _per_op(lambda client, n: _sections(client, key, workers, n // ops * each), ops)
-    return counted * ops / (each * workers)
+    return _per_op(lambda client, n: _sections(client, key, workers, n // workers), each * workers)
 
 
 def _item_ops(client: Any, item: str, n: int) -> None:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django_redislock import get_lock
@@ -20,14 +21,21 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def module_from_file(name: str, path: Path) -> ModuleType:
+    """The Python file at ``path``, not on any import path, run as module
+    ``name`` (registered in ``sys.modules``, where dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @functools.cache
 def gen_sync() -> Any:
     """``tools/gen_sync.py``, the generator of the sync twins, as a module."""
-    spec = importlib.util.spec_from_file_location("gen_sync", ROOT / "tools" / "gen_sync.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from_file("gen_sync", ROOT / "tools" / "gen_sync.py")
 
 
 def is_free(name: str) -> bool:

@@ -7,7 +7,6 @@ TCP port, with the same gunicorn the README's command uses.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ from types import ModuleType
 
 import pytest
 
+from tests.helpers import module_from_file
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,11 +255,7 @@ def test_migrations_are_committed_and_checks_pass(redis_factory, tmp_path):
 
 
 def _dburl() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("example_dburl", PROJECT / "example" / "dburl.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_from_file("example_dburl", PROJECT / "example" / "dburl.py")
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ state the test can see (Redis keys, HTTP answers), each wait bounded.
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 import pytest
 
 from django_redislock.core.engine.keys import KeySpace
+from tests.helpers import module_from_file
 from tests.helpers_oracles import wait_until
 from tests.servers import free_port
 from tests.test_carts_e2e import _postgres_url, needs_pg
@@ -46,12 +46,7 @@ print(Product.objects.create(name="tea", stock=5).pk)
 
 
 def _demo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("example_demo", PROJECT / "demo.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return module_from_file("example_demo", PROJECT / "demo.py")
 
 
 def _buy(port: int, pk: int, out: dict[str, Any], name: str) -> None:
