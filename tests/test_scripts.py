@@ -432,6 +432,36 @@ def test_a_waiter_the_states_copy_names_finds_its_lease_in_the_lease(r: redis.Re
     audit_keyspace(r)
 
 
+def test_a_first_attempt_behind_a_handed_lease_queues_as_any_other(r: redis.Redis) -> None:
+    """The queued acquire most waiters make (a first attempt, behind the holder
+    the state's copy names, with a wait the state's mark covers) queues before
+    the scripts' helpers are made (docs/internals.rst, Script cost). It writes
+    the entry and answers the timer that the full path does, which a wait
+    beyond the mark takes (and raises the mark)."""
+    name = "queue-fast"
+    b, _b_fence, end, state = _handed_on(r, name)
+    keys = KeySpace().lock(name)
+    mark = int(r.hget(state, "q") or 0)
+    d, e = "d" * 16, "e" * 16
+    left_d = _queue_up(r, name, d, 5_000)
+    assert int(r.hget(state, "q") or 0) == mark  # covered: the mark stays
+    beyond = mark - int(r.time()[0]) * 1000 - STATE_KEEP_MS + 60_000
+    left_e = _queue_up(r, name, e, beyond)
+    assert int(r.hget(state, "q") or 0) > mark  # the full path raised it
+    elements = [x.decode() for x in r.lrange(keys.queue, 0, -1)]
+    assert len(elements) == 2
+    for element, token, wait in ((elements[0], d, 5_000), (elements[1], e, beyond)):
+        tok, since, deadline, channel, ttl, round_, owner = element.split("|", 6)
+        assert (tok, channel, ttl, round_, owner) == (token, "-", "30000", "1", "{}")
+        assert int(deadline) - int(since) == wait
+    # Both wait for b's end, as granted.
+    now_ms = int(r.time()[0]) * 1000
+    for left in (left_d, left_e):
+        assert int(end) - now_ms - 1_000 <= left <= int(end) - now_ms + 1_000
+    assert r.hget(keys.lease, "t") == b.encode()
+    audit_keyspace(r)
+
+
 def test_a_hand_off_leaves_nothing_of_the_former_lease(r: redis.Redis) -> None:
     """A lease written over for the next waiter carries only what its grant
     wrote: a unique task's id (``j``) on the former lease goes with it."""

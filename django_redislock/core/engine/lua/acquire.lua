@@ -81,6 +81,50 @@ if not st[1] and not (held and held[1]) then
   -- The lease before ran out or was force-released (`e` does not name it).
   lost = st[2]
 end
+if st[1] then
+  -- Someone is queued. A lease granted with waiters queued left its copy in
+  -- the state's `e`, <token>|<end>|<fence> (give() in _lock.lua): while its
+  -- fence is the state's `f` (the last lease issued, which has not ended
+  -- without a loss, or `e` would name it), its end has not passed and its
+  -- holder is another, that holder holds it, and the caller queues behind
+  -- it without reading the lease. (A force-release either hands the lease
+  -- on, writing `f`, or finds nobody queued and clears `q`; an extend that
+  -- shortened the lease may have let it end sooner: then this waiter,
+  -- queued behind the others, looks again at the copy's end, as they look
+  -- at the end they read.) Otherwise the lease is read, after the helpers:
+  -- its holder may be the caller, or nobody.
+  local copy = st[4]
+  local b1 = copy and string.find(copy, '|', 1, true)
+  if b1 then
+    local b2 = string.find(copy, '|', b1 + 1, true)
+    local by = string.sub(copy, 1, b1 - 1)
+    if string.sub(copy, b2 + 1) == st[2] and by ~= token then
+      local ends = string.sub(copy, b1 + 1, b2 - 1)
+      -- The server clock in ms, as common().now() reads it.
+      clock = redis.call('TIME')
+      now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      if tonumber(ends) > now_ms then
+        held = { by, ends }
+      end
+    end
+  end
+  -- The first-come order's waiter on its first attempt, behind that holder,
+  -- the state's mark covering its wait already: the contended common case.
+  -- It queues here, as enqueue() below would, and makes none of the helpers.
+  -- Anything else (a later attempt, which may be queued already; a wait the
+  -- mark does not cover; not waiting; a bad wait) is enqueue()'s.
+  if held and not limit and ARGV[8] == '1' and string.find(ARGV[5], MS) then
+    local wait, covered = tonumber(ARGV[5]), tonumber(mark)
+    if wait > 0 and covered and covered >= now_ms + wait + KEEP then
+      local entry = (now_ms + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|1|' .. ARGV[4]
+      if redis.call('RPUSH', queue, token .. '|' .. now_ms .. '|' .. entry) == 1 then
+        -- A queue made anew has no TTL; the mark covers this waiter already.
+        redis.call('PEXPIREAT', queue, mark)
+      end
+      return tonumber(held[2]) - now_ms
+    end
+  end
+end
 -- @HELPERS@
 if lost then
   -- Recorded as a loss in the memory of losses (the prelude), now that the
@@ -93,33 +137,10 @@ if lost then
 end
 contended()
 
-if st[1] then
-  -- Someone is queued. A lease granted with waiters queued left its copy in
-  -- the state's `e`, <token>|<end>|<fence> (give() in _lock.lua): while its
-  -- fence is the state's `f` (the last lease issued, which has not ended
-  -- without a loss, or `e` would name it), its end has not passed and its
-  -- holder is another, that holder holds it, and the caller queues behind
-  -- it without reading the lease. (A force-release either hands the lease
-  -- on, writing `f`, or finds nobody queued and clears `q`; an extend that
-  -- shortened the lease may have let it end sooner: then this waiter,
-  -- queued behind the others, looks again at the copy's end, as they look
-  -- at the end they read.) Otherwise the lease is read: its holder may be
-  -- the caller, or nobody.
-  local copy = st[4]
-  local b1 = copy and string.find(copy, '|', 1, true)
-  if b1 then
-    local b2 = string.find(copy, '|', b1 + 1, true)
-    local by = string.sub(copy, 1, b1 - 1)
-    if string.sub(copy, b2 + 1) == st[2] and by ~= token then
-      local ends = string.sub(copy, b1 + 1, b2 - 1)
-      if tonumber(ends) > lib.now() then
-        held = { by, ends }
-      end
-    end
-  end
-  if not held then
-    held = redis.call('HMGET', lease, 't', 'x')
-  end
+if st[1] and not held then
+  -- Someone is queued, and the state's copy of the lease (above) did not
+  -- name its holder.
+  held = redis.call('HMGET', lease, 't', 'x')
 end
 local holder = held[1]
 
