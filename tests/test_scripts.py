@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -460,6 +461,106 @@ def test_a_first_attempt_behind_a_handed_lease_queues_as_any_other(r: redis.Redi
         assert int(end) - now_ms - 1_000 <= left <= int(end) - now_ms + 1_000
     assert r.hget(keys.lease, "t") == b.encode()
     audit_keyspace(r)
+
+
+def _queue_on(r: redis.Redis, name: str, token: str, channel: str, round_: int = 1) -> Any:
+    # A waiter woken on a single server's channel ('p'), waiting 60 s.
+    return _lock_call(
+        r,
+        scripts.ACQUIRE,
+        name,
+        token,
+        30_000,
+        "",
+        f'{{"who":"{token[0]}"}}',
+        60_000,
+        f"p{channel}",
+        30_000 + STATE_KEEP_MS,
+        round_,
+    )
+
+
+def _published(listener: Any) -> bytes:
+    """The next message on ``listener``'s channel (within 5 s)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        message = listener.get_message(timeout=0.5)
+        if message is not None and message["type"] == "message":
+            return message["data"]  # type: ignore[no-any-return]
+    raise AssertionError("nothing was published")
+
+
+def test_a_release_hands_the_lease_on_as_the_full_path_does(r: redis.Redis) -> None:
+    """The hand-off most releases make (the oldest waiter a live first-come
+    entry on a single server's channel, the state's mark covering the new
+    lease) runs before the scripts' helpers are made (docs/internals.rst,
+    Script cost), and does what hand_off() does after them: the lease written
+    over for the waiter, with its end and the mark; the state's fence and its
+    copy; "<token>:<fence>:<round>" on the waiter's channel. A mark that does
+    not cover the lease leaves the entry it popped to hand_off(), which raises
+    the mark; a waiter nobody hears has its lease taken back, and the next is
+    served."""
+    plant_sentinel(r)
+    name = "hand-fast"
+    keys = KeySpace().lock(name)
+    channel = "redislock-test:hand-fast"
+    listener = r.pubsub()
+    listener.subscribe(channel)
+    try:
+        wait_until("the subscription", lambda: r.pubsub_numsub(channel)[0][1] == 1, 5)
+        a, b, c, d = "a" * 16, "b" * 16, "c" * 16, "d" * 16
+        fence = _queue_up(r, name, a, 0)
+        assert isinstance(_queue_on(r, name, b, channel, round_=3), int)
+        assert isinstance(_queue_on(r, name, c, channel), int)
+        mark = r.hget(keys.state, "q")
+        assert _lock_call(r, scripts.RELEASE, name, a, fence) == 1
+        lease = r.hgetall(keys.lease)
+        b_fence, end = lease[b"f"].decode(), lease[b"x"].decode()
+        assert lease == {
+            b"t": b.encode(),
+            b"f": b_fence.encode(),
+            b"o": b'{"who":"b"}',
+            b"x": end.encode(),
+            b"q": mark,
+        }
+        assert int(b_fence) > int(fence)
+        assert r.hmget(keys.state, "f", "e", "q") == [
+            b_fence.encode(),
+            f"{b}|{end}|{b_fence}".encode(),
+            mark,
+        ]
+        assert 29_000 < r.pttl(keys.lease) <= 30_000
+        assert _published(listener) == f"{b}:{b_fence}:3".encode()
+        assert [x.split(b"|")[0] for x in r.lrange(keys.queue, 0, -1)] == [c.encode()]
+
+        # A mark that claims less than the new lease needs (lowered: it only
+        # ever claims less than Redis holds): hand_off() takes the entry popped.
+        r.hset(keys.state, "q", 1)
+        r.hset(keys.lease, "q", 1)
+        assert _lock_call(r, scripts.RELEASE, name, b, b_fence) == 1
+        c_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
+        assert r.hget(keys.lease, "t") == c.encode()
+        raised = int(r.hget(keys.state, "q") or 0)
+        assert raised > int(r.time()[0]) * 1000 + 30_000 + STATE_KEEP_MS - 1_000
+        assert r.hget(keys.lease, "q") == str(raised).encode()
+        assert _published(listener) == f"{c}:{c_fence}:1".encode()
+        assert r.llen(keys.queue) == 0
+
+        # A waiter on a channel nobody listens to (its process died), then one
+        # that is heard: the first's lease is taken back, the second served.
+        assert isinstance(_queue_on(r, name, d, "redislock-test:nobody"), int)
+        e = "e" * 16
+        assert isinstance(_queue_on(r, name, e, channel), int)
+        assert _lock_call(r, scripts.RELEASE, name, c, c_fence) == 1
+        e_fence = r.hget(keys.lease, "f").decode()  # type: ignore[union-attr]
+        assert r.hget(keys.lease, "t") == e.encode()
+        assert int(e_fence) > int(c_fence) + 1  # d's fence came between
+        assert _published(listener) == f"{e}:{e_fence}:1".encode()
+        assert _lock_call(r, scripts.RELEASE, name, e, e_fence) == 1
+        assert r.exists(keys.lease) == 0
+        audit_keyspace(r)
+    finally:
+        listener.close()
 
 
 def test_a_hand_off_leaves_nothing_of_the_former_lease(r: redis.Redis) -> None:

@@ -242,10 +242,12 @@ local function contended()
   -- names it: nobody will release it, no loss to remember.
   -- `horizon`: the state's h, when the caller read it; a release passes its
   -- own fence in its stead (last and ended are that fence: the grant reads
-  -- no h then, see give()).
-  function lib.hand_off(self, last, ended, name, horizon)
+  -- no h then, see give()). `popped`: the oldest entry, when the caller
+  -- popped it already (release.lua), taken first.
+  function lib.hand_off(self, last, ended, name, horizon, popped)
     while true do
-      local head = redis.call('LPOP', queue)
+      local head = popped or redis.call('LPOP', queue)
+      popped = nil
       if not head then
         redis.call('HDEL', state, 'q')
         mark = false

@@ -8,6 +8,8 @@
 -- ones released (see the memory of losses in the prelude). Without the
 -- fence, only a lease still held is released.
 local held = redis.call('HMGET', lease, 't', 'f', 'j', 'n', 'q')
+-- The oldest waiter's entry, once this run popped it (below).
+local head
 -- Ours, and nobody queued: the common case, which makes none of the helpers.
 -- A lease granted with waiters queued carries the state's mark as it was
 -- then (give() in _lock.lua): someone was queued, and the TTLs cover that
@@ -20,6 +22,54 @@ if held[1] == ARGV[1] then
     redis.call('DEL', lease)
     redis.call('HSET', state, 'e', held[2])
     return 1
+  end
+  -- Ours, with waiters queued: the contended common case, which makes none
+  -- of the helpers either. The oldest entry is handed the lease here, as
+  -- hand_off() and give() in _lock.lua would, when it needs nothing more: a
+  -- first-come entry <token>|<since>|<deadline>|<mode><channel>|<ttl>|
+  -- <round>|<owner> whose deadline has not passed, woken on a single
+  -- server's channel or none, and a mark that covers the new lease and KEEP
+  -- (so no TTL is raised). hand_off() takes any other entry, as it popped
+  -- it, after the helpers; and the rest of the queue, when nobody heard this
+  -- one (its process died: the lease is taken back, as hand_off() does).
+  head = held[2] and not held[3] and redis.call('LPOP', queue)
+  if head then
+    local b1 = string.find(head, '|', 1, true)
+    local b2 = b1 and string.find(head, '|', b1 + 1, true)
+    local s1 = b2 and string.find(head, '|', b2 + 1, true)
+    local s2 = s1 and string.find(head, '|', s1 + 1, true)
+    local s3 = s2 and string.find(head, '|', s2 + 1, true)
+    local s4 = s3 and string.find(head, '|', s3 + 1, true)
+    local mode = s4 and string.sub(head, s1 + 1, s1 + 1)
+    local round = s4 and string.sub(head, s3 + 1, s4 - 1)
+    if (mode == 'p' or mode == '-') and string.find(round, '^%d+$') then
+      clock = redis.call('TIME')
+      now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      local ends = now_ms + tonumber(string.sub(head, s2 + 1, s3 - 1))
+      local covered = tonumber(mark)
+      if tonumber(string.sub(head, b2 + 1, s1 - 1)) > now_ms and covered
+          and covered >= ends + KEEP then
+        local token = string.sub(head, 1, b1 - 1)
+        local f = serial(clock, held[2])
+        issued = f
+        redis.call('HSET', state, 'f', f, 'e', token .. '|' .. ends .. '|' .. f)
+        local owner = string.sub(head, s4 + 1)
+        if held[4] then
+          redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'x', ends, 'q', mark,
+            'n', held[4])
+        else
+          redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'x', ends, 'q', mark)
+        end
+        redis.call('PEXPIREAT', lease, ends)
+        if mode == '-' or redis.call('PUBLISH', string.sub(head, s1 + 2, s2 - 1),
+            token .. ':' .. f .. ':' .. round) > 0 then
+          return 1
+        end
+        redis.call('DEL', lease)
+        redis.call('HSET', state, 'e', f)
+        head = false
+      end
+    end
   end
 end
 -- @HELPERS@
@@ -39,7 +89,7 @@ if held[3] then
   return 1
 end
 -- Any other is written over for the next waiter.
-if contended().hand_off(false, held[2], held[2], held[4], held[2]) or issued then
+if contended().hand_off(false, held[2], held[2], held[4], held[2], head) or issued then
   -- Handed on, or handed to waiters nobody heard, each taken back (and `e`
   -- written with it).
   return 1
