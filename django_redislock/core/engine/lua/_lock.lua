@@ -92,7 +92,10 @@ local function give(token, ttl, state_ttl, name, owner, last, ended, horizon, mo
   -- the state outlives it by KEEP exactly, not by KEEP less however long
   -- the run has taken since.
   local now = lib.now()
-  local ends = now + tonumber(ttl)
+  -- As text once, for the three places it goes (the state's copy, the
+  -- lease's `x`, its PEXPIREAT): '%d' costs the server about half what a
+  -- number concatenated or passed to redis.call costs.
+  local ends = string.format('%d', now + tonumber(ttl))
   local fields = { 'f', f }
   if not last or not horizon then
     fields[3], fields[4] = 'h', f

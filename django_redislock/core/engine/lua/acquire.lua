@@ -116,8 +116,10 @@ if st[1] then
   if held and not limit and ARGV[8] == '1' and string.find(ARGV[5], MS) then
     local wait, covered = tonumber(ARGV[5]), tonumber(mark)
     if wait > 0 and covered and covered >= now_ms + wait + KEEP then
-      local entry = (now_ms + wait) .. '|' .. ARGV[6] .. '|' .. ARGV[2] .. '|1|' .. ARGV[4]
-      if redis.call('RPUSH', queue, token .. '|' .. now_ms .. '|' .. entry) == 1 then
+      -- Numbers as text by '%d' (see give() in _lock.lua).
+      local entry = string.format('%d|', now_ms + wait) .. ARGV[6] .. '|' .. ARGV[2] .. '|1|'
+        .. ARGV[4]
+      if redis.call('RPUSH', queue, token .. string.format('|%d|', now_ms) .. entry) == 1 then
         -- A queue made anew has no TTL; the mark covers this waiter already.
         redis.call('PEXPIREAT', queue, mark)
       end

@@ -49,6 +49,8 @@ if held[1] == ARGV[1] then
       local covered = tonumber(mark)
       if tonumber(string.sub(head, b2 + 1, s1 - 1)) > now_ms and covered
           and covered >= ends + KEEP then
+        -- As text once, for the three places it goes (see give()).
+        ends = string.format('%d', ends)
         local token = string.sub(head, 1, b1 - 1)
         local f = serial(clock, held[2])
         issued = f
