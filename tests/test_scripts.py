@@ -293,11 +293,34 @@ def _lock_call(r: redis.Redis, script: scripts.Script, name: str, *args: Any) ->
     return calls.run(r, script, (keys.lease, keys.queue, keys.state), args)
 
 
-def _queue_up(r: redis.Redis, name: str, token: str, wait_ms: int) -> Any:
-    # A waiter without a wake-up channel ('-'): a hand-off to it is heard.
+def _acquire_round(
+    r: redis.Redis,
+    name: str,
+    token: str,
+    wait_ms: int,
+    round_: int,
+    channel: str = "-",
+    owner: str = "{}",
+) -> Any:
+    # A 30 s lease; by default a waiter without a wake-up channel ('-'): a
+    # hand-off to it is heard.
     return _lock_call(
-        r, scripts.ACQUIRE, name, token, 30_000, "", "{}", wait_ms, "-", 30_000 + STATE_KEEP_MS, 1
+        r,
+        scripts.ACQUIRE,
+        name,
+        token,
+        30_000,
+        "",
+        owner,
+        wait_ms,
+        channel,
+        30_000 + STATE_KEEP_MS,
+        round_,
     )
+
+
+def _queue_up(r: redis.Redis, name: str, token: str, wait_ms: int) -> Any:
+    return _acquire_round(r, name, token, wait_ms, 1)
 
 
 def test_commands_of_a_contended_hand_off(r: redis.Redis) -> None:
@@ -336,22 +359,6 @@ def test_commands_of_a_contended_hand_off(r: redis.Redis) -> None:
     assert _script_commands(r, lambda: _lock_call(r, scripts.RELEASE, name, b, b_fence)) == 5
     assert r.hget(keys.lease, "t") == c.encode()
     assert r.pttl(keys.state) > r.pttl(keys.lease) + STATE_KEEP_MS - 5
-
-
-def _acquire_round(r: redis.Redis, name: str, token: str, wait_ms: int, round_: int) -> Any:
-    return _lock_call(
-        r,
-        scripts.ACQUIRE,
-        name,
-        token,
-        30_000,
-        "",
-        "{}",
-        wait_ms,
-        "-",
-        30_000 + STATE_KEEP_MS,
-        round_,
-    )
 
 
 def _handed_on(r: redis.Redis, name: str) -> tuple[str, str, str, str]:
@@ -465,19 +472,8 @@ def test_a_first_attempt_behind_a_handed_lease_queues_as_any_other(r: redis.Redi
 
 def _queue_on(r: redis.Redis, name: str, token: str, channel: str, round_: int = 1) -> Any:
     # A waiter woken on a single server's channel ('p'), waiting 60 s.
-    return _lock_call(
-        r,
-        scripts.ACQUIRE,
-        name,
-        token,
-        30_000,
-        "",
-        f'{{"who":"{token[0]}"}}',
-        60_000,
-        f"p{channel}",
-        30_000 + STATE_KEEP_MS,
-        round_,
-    )
+    owner = f'{{"who":"{token[0]}"}}'
+    return _acquire_round(r, name, token, 60_000, round_, f"p{channel}", owner)
 
 
 def _published(listener: Any) -> bytes:
