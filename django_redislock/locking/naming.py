@@ -71,11 +71,14 @@ class Namer:
             self.extra["self"] = func.func.__self__
         self.signature: inspect.Signature | None = None
         self.var_keyword: str | None = None
+        self._fast: _FastBind | None = None
+        self._constant: str | None = None
         if not isinstance(key, str):
             return
         roots = parse_template(key)
         if not roots:
-            return  # a constant name: nothing to bind
+            self._constant = key.format()  # a constant name: nothing to bind
+            return
         try:
             self.signature = inspect.signature(target)
         except (TypeError, ValueError) as exc:
@@ -87,6 +90,7 @@ class Namer:
         for param in params.values():
             if param.kind is inspect.Parameter.VAR_KEYWORD:
                 self.var_keyword = param.name
+        self._fast = _FastBind.of(self.signature)
         known = set(params) | set(self.extra)
         for root in roots:
             if root in known or self.var_keyword is not None:
@@ -113,22 +117,92 @@ class Namer:
                     "it must return a non-empty str, or a non-empty list of them"
                 )
             return name
-        if self.signature is None:
-            return key.format()
+        if self._constant is not None:
+            return self._constant
+        fast = self._fast
+        values = fast.values(args, kwargs) if fast is not None else None
+        if values is None:
+            values = self._bound(args, kwargs)
+        if self.extra:
+            values.update(self.extra)
+        try:
+            # str.format_map fills a template as string.Formatter does, in C.
+            return key.format_map(values)
+        except KeyError as exc:
+            raise TypeError(
+                f"lock key {key!r} of {self.where} needs {{{exc.args[0]}}}, but this call "
+                f"has no such argument (only {', '.join(sorted(values))})"
+            ) from None
+
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, as ``Signature.bind`` sees them (a call
+        that does not fit the signature raises its ``TypeError``)."""
+        assert self.signature is not None
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         values = dict(bound.arguments)
         if self.var_keyword is not None:
             for k, v in values.get(self.var_keyword, {}).items():
                 values.setdefault(k, v)
-        values.update(self.extra)
-        try:
-            return _formatter.vformat(key, (), values)
-        except KeyError as exc:
-            raise TypeError(
-                f"lock key {key!r} of {self.where} needs {{{exc.args[0]}}}, but this call "
-                f"has no such argument (only {', '.join(sorted(values))})"
-            ) from None
+        return values
+
+
+class _FastBind:
+    """``Signature.bind`` and ``apply_defaults`` for a call that fits a
+    signature without ``*args`` or ``**kwargs``: its arguments by name, or
+    None for anything else (too many, unknown or repeated, a required one
+    missing), which ``Namer._bound`` then binds, or refuses, as Python would.
+    The common case (a view's or a task's named parameters) costs a few
+    dict operations instead of a pure-Python bind per call."""
+
+    __slots__ = ("defaults", "keywords", "positional", "required")
+
+    def __init__(
+        self,
+        positional: tuple[str, ...],
+        keywords: frozenset[str],
+        required: frozenset[str],
+        defaults: dict[str, Any],
+    ) -> None:
+        self.positional = positional
+        self.keywords = keywords
+        self.required = required
+        self.defaults = defaults
+
+    @classmethod
+    def of(cls, signature: inspect.Signature) -> _FastBind | None:
+        kinds = inspect.Parameter
+        positional, keywords, required, defaults = [], set(), set(), {}
+        for param in signature.parameters.values():
+            if param.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
+                return None
+            if param.kind is not kinds.KEYWORD_ONLY:
+                positional.append(param.name)
+            if param.kind is not kinds.POSITIONAL_ONLY:
+                keywords.add(param.name)
+            if param.default is kinds.empty:
+                required.add(param.name)
+            else:
+                defaults[param.name] = param.default
+        return cls(tuple(positional), frozenset(keywords), frozenset(required), defaults)
+
+    def values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        positional = self.positional
+        given = len(args)
+        if given > len(positional):
+            return None
+        values = dict(self.defaults)
+        values.update(zip(positional, args, strict=False))  # the rest by name, or defaults
+        if kwargs:
+            # An unknown name, a positional-only one by name, or one given twice.
+            if not self.keywords.issuperset(kwargs):
+                return None
+            if any(name in kwargs for name in positional[:given]):
+                return None
+            values.update(kwargs)
+        if not self.required.issubset(values):
+            return None
+        return values
 
 
 # Decorators applied through method_decorator are applied again on every call:
