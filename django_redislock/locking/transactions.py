@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterable
 from typing import Any
 
 from django.db import connections, transaction
@@ -184,22 +184,51 @@ class Transactions:
         elif early:
             connect_early(early)
 
-    @contextlib.contextmanager
-    def atomic(self) -> Iterator[None]:
-        stack: list[set[str]] = _connecting.__dict__.setdefault("stack", [])
-        connected: set[str] = set()
-        stack.append(connected)
+    def atomic(self) -> _Atomic:
+        """The call's atomic blocks (``opens``), with the databases it connects
+        to meanwhile noted (``learned``; see ``connect_early``)."""
+        return _Atomic(self)
+
+
+class _Atomic:
+    """``Transactions.atomic``: a class, not a generator, and no ExitStack when
+    no block opens (a plain function, a view without ``ATOMIC_REQUESTS``): it
+    is entered on every decorated call."""
+
+    __slots__ = ("atomics", "connected", "stack", "txn")
+
+    def __init__(self, txn: Transactions) -> None:
+        self.txn = txn
+
+    def __enter__(self) -> None:
+        self.stack: list[set[str]] = _connecting.__dict__.setdefault("stack", [])
+        self.connected: set[str] = set()
+        self.stack.append(self.connected)
+        self.atomics: contextlib.ExitStack | None = None
+        if not self.txn.opens:
+            return
         try:
-            with contextlib.ExitStack() as atomics:
-                for alias in self.opens:
+            with contextlib.ExitStack() as atomics:  # a block that fails to open
+                for alias in self.txn.opens:  # closes those opened before it
                     atomics.enter_context(transaction.atomic(using=alias))
-                yield
+                self.atomics = atomics.pop_all()
+        except BaseException:
+            self._done()
+            raise
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        try:
+            return self.atomics is not None and bool(self.atomics.__exit__(*exc_info))
         finally:
-            stack.pop()
-            if connected:
-                self.learned.update(connected)
-                if stack:  # an enclosing call's lock covered this work too
-                    stack[-1].update(connected)
+            self._done()
+
+    def _done(self) -> None:
+        self.stack.pop()
+        connected = self.connected
+        if connected:
+            self.txn.learned.update(connected)
+            if self.stack:  # an enclosing call's lock covered this work too
+                self.stack[-1].update(connected)
 
 
 def connect_early(aliases: Iterable[str]) -> None:
