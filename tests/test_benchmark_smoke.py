@@ -89,3 +89,22 @@ def test_the_contended_server_cost_runs(r: Any, key: str | None) -> None:
         r.delete(
             "cost:counter", *(f"cost:contended:{part}" for part in ("lease", "queue", "fence"))
         )
+
+
+@pytest.mark.parametrize(
+    ("what", "contended"), [("ours", False), ("ours", True), ("decorator", False)]
+)
+def test_the_client_cost_worker_runs(redis_server: Any, what: str, contended: bool) -> None:
+    # What client_cost counts under callgrind, run once without it: a process
+    # of its own, as the harness runs it (the decorator sets Django up there).
+    import subprocess
+
+    from benchmarks.client_cost import _command, _environment
+
+    subprocess.run(
+        _command(what, 3, redis_server.url, contended),
+        env=_environment(None),
+        cwd=redis_server.dir,
+        check=True,
+        timeout=120,
+    )

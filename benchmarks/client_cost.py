@@ -1,0 +1,224 @@
+"""What a lock costs its client, in instructions: a count a busy machine does not move.
+
+Usage::
+
+    python -m benchmarks.client_cost                     # uncontended, ~4 min
+    python -m benchmarks.client_cost --contended 8       # a contended section, 8 processes
+    python -m benchmarks.client_cost --library /tmp/old  # another version of this library
+
+Client CPU time per operation moves by tens of percent on a shared two-core
+host from one run to the next, more than most changes to the client move it.
+Instructions do not. For each implementation this runs a Python process under
+``valgrind --tool=callgrind`` doing N operations, then 5N, against a private
+``redis-server`` (unix socket, stopped by its PID): the difference over 4N is
+what one operation costs the client, with interpreter start-up, imports and
+the first connections cancelled out. Everything the process runs is counted:
+this library, redis-py, hiredis, the interpreter and the system calls' user
+side.
+
+An operation is an acquire+release pair on a new handle and a new name (the
+decorator's path), or, for ``decorator``, one call of a function under
+``@redis_locked("bench:dec:{n}")`` with Django set up around it (what the
+decorator adds to the pair). With ``--contended W`` it is a critical section
+(a new handle, a ``GET`` and a ``SET`` on the same server inside) while W-1
+other processes, not counted, take turns on the same lock: the counted one
+queues behind them and is handed the lease, as each does. Instructions are
+not time: a section that touches more code and data is slower on a loaded
+host by more than its count says (its caches are cold after each wake-up).
+Needs ``valgrind``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .common import fmt, private_redis, rst_table, table
+from .impls import IMPLS
+
+DECORATOR = "decorator"
+# The directory of another django_redislock to measure (``--library``).
+_LIBRARY = "REDISLOCK_BENCH_LIBRARY"
+_SUMMARY = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+
+
+# -- the measured side (``--worker``) -------------------------------------------------
+def _operation(what: str, url: str, contended: bool) -> Any:
+    """A callable doing one operation of ``what`` against the server at ``url``."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=60.0)
+    names = itertools.count()
+    if what == DECORATOR:
+        import django
+        from django.conf import settings
+
+        settings.configure(
+            INSTALLED_APPS=["django_redislock"],
+            DATABASES={},
+            CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": url}},
+            REDISLOCK={"TIMEOUT": 60.0, "WAIT": 60.0},
+        )
+        django.setup()
+        from django_redislock import redis_locked
+
+        @redis_locked("bench:dec:{n}")
+        def work(n: int) -> int:
+            return n
+
+        return lambda: work(next(names))
+    factory = IMPLS[what].factory
+    section = redis.Redis.from_url(url, socket_timeout=60.0)
+
+    def pair() -> None:
+        name = "bench:contended" if contended else f"bench:{what}:{next(names)}"
+        handle = factory(client, name, 60.0, 60.0)
+        if not handle.acquire():
+            raise RuntimeError(f"{what}: an acquire gave up")
+        if contended:
+            section.set("bench:counter", int(section.get("bench:counter") or 0) + 1)
+        handle.release()
+
+    return pair
+
+
+def worker(what: str, ops: int, url: str, contended: bool) -> None:
+    """``ops`` operations after a few unmeasured ones; ``ops`` 0: until killed."""
+    if os.environ.get(_LIBRARY):
+        sys.path.insert(0, os.environ[_LIBRARY])
+    operation = _operation(what, url, contended)
+    for _ in range(20):  # scripts loaded, wake-up channel subscribed, caches filled
+        operation()
+    for _ in range(ops) if ops else itertools.count():
+        operation()
+
+
+# -- the measuring side --------------------------------------------------------------
+def _command(what: str, ops: int, url: str, contended: bool) -> list[str]:
+    shape = "shared" if contended else "fresh"  # one name for all, or a new one each
+    return [sys.executable, "-m", "benchmarks.client_cost", "--worker", what, str(ops), url, shape]
+
+
+def _environment(library: str | None) -> dict[str, str]:
+    root = str(Path(__file__).resolve().parent.parent)
+    path = [p for p in (root, os.environ.get("PYTHONPATH")) if p]
+    # The worker puts the library first on its path itself: the directory
+    # may hold a ``benchmarks`` package of its own, without this module.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), _LIBRARY: library or ""}
+
+
+def _counted(what: str, ops: int, url: str, contended: bool, env: dict[str, str]) -> int:
+    """Instructions of one worker process doing ``ops`` operations under callgrind."""
+    with tempfile.TemporaryDirectory(prefix="redislock-bench-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+            + _command(what, ops, url, contended),
+            env=env,
+            cwd=tmp,  # not the checkout: the library comes from PYTHONPATH alone
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=1800,
+        )
+        match = _SUMMARY.search(out.read_bytes())
+    if match is None:
+        raise RuntimeError("callgrind wrote no totals")
+    return int(match.group(1))
+
+
+def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
+    env = _environment(cfg.library)
+    with private_redis() as server:
+        others: list[subprocess.Popen[bytes]] = []
+        try:
+            for _ in range(max(0, cfg.contended - 1)):
+                others.append(
+                    subprocess.Popen(
+                        _command(what, 0, server.url, True),
+                        env=env,
+                        cwd=server.dir,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+            contended = cfg.contended > 0
+            short = _counted(what, ops, server.url, contended, env)
+            long = _counted(what, 5 * ops, server.url, contended, env)
+        finally:
+            for proc in others:  # ours, by PID
+                proc.kill()
+                proc.wait(30)
+    return (long - short) / (4 * ops)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.client_cost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--ops", type=int, default=200, help="N, operations in the shorter run")
+    p.add_argument(
+        "--impls",
+        default="ours,redis_py,python_redis_lock,fifo_floor,decorator",
+        help="comma-separated implementations (benchmarks/impls.py), and 'decorator'",
+    )
+    p.add_argument("--contended", type=int, default=0, metavar="W", help="W processes on one lock")
+    p.add_argument(
+        "--library",
+        metavar="DIR",
+        help="a directory holding another django_redislock, imported by the measured processes",
+    )
+    p.add_argument("--rst", action="store_true", help="also print the table as reStructuredText")
+    p.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(argv)
+    if cfg.worker:
+        what, ops, url, shape = cfg.worker
+        worker(what, int(ops), url, shape == "shared")
+        return 0
+    keys = [k for k in cfg.impls.split(",") if k]
+    unknown = [k for k in keys if k != DECORATOR and k not in IMPLS]
+    if unknown:
+        raise SystemExit(f"unknown implementation(s) {unknown}; choose from {[*IMPLS, DECORATOR]}")
+    if cfg.contended and DECORATOR in keys:
+        keys.remove(DECORATOR)  # one name per call: never contended
+    keys = [k for k in keys if k == DECORATOR or IMPLS[k].missing() is None]
+    results: dict[str, float] = {}
+    for key in keys:
+        print(f"  {key} ...", file=sys.stderr, flush=True)
+        results[key] = per_operation(key, cfg.ops, cfg)
+    base = results.get("redis_py")
+    rows = [
+        [
+            "@redis_locked function, new names" if key == DECORATOR else IMPLS[key].label,
+            f"{value:,.0f}",
+            fmt(value / base, 2) if base else "-",
+        ]
+        for key, value in results.items()
+    ]
+    headers = ["implementation", "client instructions", "x redis-py"]
+    shape = (
+        f"a contended critical section, {cfg.contended} processes on one lock"
+        if cfg.contended
+        else "an uncontended acquire+release, a new handle and name each"
+    )
+    print(f"Client instructions per operation (callgrind; {shape})\n")
+    print(table(headers, rows))
+    if cfg.rst:
+        print("\n" + rst_table(headers, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
