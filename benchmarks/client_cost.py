@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import fmt, private_redis, rst_table, table
+from .common import fmt, private_redis, show
 from .impls import IMPLS
 
 DECORATOR = "decorator"
@@ -214,9 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         else "an uncontended acquire+release, a new handle and name each"
     )
     print(f"Client instructions per operation (callgrind; {shape})\n")
-    print(table(headers, rows))
-    if cfg.rst:
-        print("\n" + rst_table(headers, rows))
+    show(headers, rows, cfg.rst)
     return 0
 
 

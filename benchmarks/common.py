@@ -343,6 +343,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, text_last: b
     return "\n".join(lines)
 
 
+def show(headers: Sequence[str], rows: Sequence[Sequence[Any]], rst: bool) -> None:
+    """Print ``rows`` as a text table, and with ``rst`` as reStructuredText too."""
+    print(table(headers, rows))
+    if rst:
+        print("\n" + rst_table(headers, rows))
+
+
 def rst_table(
     headers: Sequence[str], rows: Sequence[Sequence[Any]], *, text_last: bool = False
 ) -> str:

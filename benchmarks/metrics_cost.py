@@ -44,8 +44,7 @@ from .common import (
     fmt,
     loadavg,
     machine_facts,
-    rst_table,
-    table,
+    show,
     write_results,
 )
 from .views import PATHS, log, run_load, site_env, start_site
@@ -192,9 +191,7 @@ def report_micro(
         f"\nIn-process: signals of one acquire and one release, best of {MICRO_REPEATS} "
         f"x {MICRO_CALLS} (no Redis)\n"
     )
-    print(table(headers, rows))
-    if cfg.rst:
-        print("\n" + rst_table(headers, rows))
+    show(headers, rows, cfg.rst)
     return 0
 
 
@@ -265,9 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{cfg.rounds} rounds of {cfg.duration:g} s"
     )
     print(f"load averages before {data['load_before']}, after {data['load_after']}\n")
-    print(table(headers, rows))
-    if cfg.rst:
-        print("\n" + rst_table(headers, rows))
+    show(headers, rows, cfg.rst)
     print(
         f"\ntarget: metrics cost under {1 - TARGET:.0%} of requests per second (ratio >= {TARGET})"
     )

@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .common import PrivateRedis, fmt, rst_table, table
+from .common import PrivateRedis, fmt, show
 from .impls import IMPLS
 
 _TOTALS = re.compile(r"([\d,]+)\s+(?:\([\d.]+%\)\s+)?PROGRAM TOTALS")
@@ -339,9 +339,7 @@ def _report(title: str, rows: list[list[Any]], rst: bool) -> int:
     """Print ``rows`` of (what, instructions, x PING) under ``title``."""
     headers = ["what", "server instructions", "x PING"]
     print(f"{title}\n")
-    print(table(headers, rows))
-    if rst:
-        print("\n" + rst_table(headers, rows))
+    show(headers, rows, rst)
     return 0
 
 
@@ -414,9 +412,7 @@ def contended(cfg: argparse.Namespace, keys: list[str]) -> int:
         "Server instructions per contended critical section (callgrind; "
         f"{cfg.contended} processes on one lock, a new handle each section)\n"
     )
-    print(table(headers, rows))
-    if cfg.rst:
-        print("\n" + rst_table(headers, rows))
+    show(headers, rows, cfg.rst)
     return 0
 
 
@@ -452,9 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     headers = ["implementation", "instructions", "x PING", "x baseline"]
     names = "a new handle and name each pair" if cfg.fresh else "one handle, one name"
     print(f"Server instructions per uncontended acquire+release (callgrind; {names})\n")
-    print(table(headers, rows))
-    if cfg.rst:
-        print("\n" + rst_table(headers, rows))
+    show(headers, rows, cfg.rst)
     return 0
 
 
