@@ -193,6 +193,12 @@ class Notifier:
                         lead = self._leading = True
                 if lead:
                     self._read(event, deadline)
+                    if event.fired:
+                        # Its turn, read by itself (the usual case): leadership
+                        # given up and the turn taken in one step, as the
+                        # next round of this loop would after _stop_leading.
+                        lead = False
+                        return self._stop_leading_with_turn(event)
                 else:
                     event.wait(remaining)  # fired, or promoted to read
             finally:
@@ -220,6 +226,18 @@ class Notifier:
             self._leading = False
             self._promote(exclude=leaving)
             self._notify_led()
+
+    def _stop_leading_with_turn(self, event: Wakeup) -> Handed | None:
+        """The reader ``event``, fired, stops leading and takes its turn."""
+        with self._mutex:
+            self._leading = False
+            handed, event.handed = event.handed, None
+            event.fired = event.promoted = False
+            if event.is_set():  # fired from elsewhere too (a breaker, a lost channel)
+                event.clear()
+            self._promote(exclude=event)
+            self._notify_led()
+        return handed
 
     def _promote(self, exclude: Wakeup | None = None) -> None:
         """Ask a sleeping waiter to read the channel (caller holds the mutex);
