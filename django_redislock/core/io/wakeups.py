@@ -196,9 +196,11 @@ class Notifier:
                     if event.fired:
                         # Its turn, read by itself (the usual case): leadership
                         # given up and the turn taken in one step, as the
-                        # next round of this loop would after _stop_leading.
+                        # next round of this loop would after _stop_leading
+                        # (an interrupt before it returns: the finally below).
+                        handed = self._stop_leading_with_turn(event)
                         lead = False
-                        return self._stop_leading_with_turn(event)
+                        return handed
                 else:
                     event.wait(remaining)  # fired, or promoted to read
             finally:
