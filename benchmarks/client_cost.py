@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.client_cost                     # uncontended, ~4 min
     python -m benchmarks.client_cost --contended 8       # a contended section, 8 processes
-    python -m benchmarks.client_cost --library /tmp/old  # another version of this library
+    python -m benchmarks.client_cost --library ../older  # another checkout of this library
 
 Client CPU time per operation moves by tens of percent on a shared two-core
 host from one run to the next, more than most changes to the client move it.
@@ -114,14 +114,14 @@ def _environment(library: str | None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), _LIBRARY: library or ""}
 
 
-def _counted(what: str, ops: int, url: str, contended: bool, env: dict[str, str]) -> int:
+def _counted(what: str, ops: int, url: str, contended: bool, environ: dict[str, str]) -> int:
     """Instructions of one worker process doing ``ops`` operations under callgrind."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-") as tmp:
         out = Path(tmp) / "callgrind.out"
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
             + _command(what, ops, url, contended),
-            env=env,
+            env=environ,
             cwd=tmp,  # not the checkout: the library comes from PYTHONPATH alone
             check=True,
             stdout=subprocess.DEVNULL,
@@ -135,7 +135,7 @@ def _counted(what: str, ops: int, url: str, contended: bool, env: dict[str, str]
 
 
 def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
-    env = _environment(cfg.library)
+    environ = _environment(cfg.library)
     with private_redis() as server:
         others: list[subprocess.Popen[bytes]] = []
         try:
@@ -143,14 +143,14 @@ def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
                 others.append(
                     subprocess.Popen(
                         _command(what, 0, server.url, True),
-                        env=env,
+                        env=environ,
                         cwd=server.dir,
                         stderr=subprocess.DEVNULL,
                     )
                 )
             contended = cfg.contended > 0
-            short = _counted(what, ops, server.url, contended, env)
-            long = _counted(what, 5 * ops, server.url, contended, env)
+            short = _counted(what, ops, server.url, contended, environ)
+            long = _counted(what, 5 * ops, server.url, contended, environ)
         finally:
             for proc in others:  # ours, by PID
                 proc.kill()
