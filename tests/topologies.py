@@ -262,7 +262,13 @@ class ClusterTopology:
         self.root = Path(tempfile.mkdtemp(prefix="redislock-cluster-"))
         self.primaries = primaries
         self.replicas = replicas
-        ports = free_ports(primaries * (1 + replicas), bus=True)
+        self._extra = extra
+        self.nodes: list[RedisServer] = []
+        self._place()
+
+    def _place(self) -> None:
+        """Nodes on free ports (their buses on port + 10000 free too), not started."""
+        ports = free_ports(self.primaries * (1 + self.replicas), bus=True)
         self.nodes = []
         for i, port in enumerate(ports):
             directory = self.root / str(port)
@@ -280,7 +286,7 @@ class ClusterTopology:
                         "--cluster-node-timeout",
                         "2000",
                         *_FAST_SYNC,
-                        *extra(i),
+                        *self._extra(i),
                     ),
                 )
             )
@@ -294,30 +300,51 @@ class ClusterTopology:
         return f"redis://127.0.0.1:{self.nodes[0].port}"
 
     def start(self) -> ClusterTopology:
+        """Start the nodes and join them; once more on new ports if they did not join.
+
+        The ports are free when drawn, not reserved: another process may bind
+        one (or its bus port) before the node does, and a loaded host has
+        been seen to leave ``--cluster create`` waiting for the join. Setting
+        the Cluster up is not what any test here tests.
+        """
+        for attempt in (1, 2):
+            try:
+                self._start_once()
+            except BaseException as exc:
+                for node in self.nodes:
+                    with contextlib.suppress(Exception):
+                        node.stop()
+                if attempt == 2 or not isinstance(exc, Exception):
+                    shutil.rmtree(self.root, ignore_errors=True)
+                    raise
+                self._place()
+            else:
+                return self
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> None:
+        for node in self.nodes:
+            node.start()
+        create = [
+            cli_binary(),
+            "--cluster",
+            "create",
+            *(f"127.0.0.1:{n.port}" for n in self.nodes[: self.primaries]),
+            "--cluster-replicas",
+            "0",
+            "--cluster-yes",
+        ]
         try:
-            for node in self.nodes:
-                node.start()
-            subprocess.run(
-                [
-                    cli_binary(),
-                    "--cluster",
-                    "create",
-                    *(f"127.0.0.1:{n.port}" for n in self.nodes[: self.primaries]),
-                    "--cluster-replicas",
-                    "0",
-                    "--cluster-yes",
-                ],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
-            for k, replica in enumerate(self.nodes[self.primaries :]):
-                self._replicate(replica, self.nodes[k % self.primaries])
-            wait_until("the cluster to be ok on every node", self._all_ok, 30)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+            subprocess.run(create, check=True, capture_output=True, timeout=45)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            output = b"".join(o for o in (exc.stdout, exc.stderr) if isinstance(o, bytes))
+            raise RuntimeError(
+                f"{' '.join(create)} failed ({exc}); it said: "
+                f"{output.decode(errors='replace')[-2000:]}"
+            ) from exc
+        for k, replica in enumerate(self.nodes[self.primaries :]):
+            self._replicate(replica, self.nodes[k % self.primaries])
+        wait_until("the cluster to be ok on every node", self._all_ok, 30)
 
     def _replicate(self, replica: RedisServer, primary: RedisServer) -> None:
         """Join ``replica`` to the Cluster as a replica of ``primary``."""
