@@ -8,7 +8,9 @@ is used the way its own documentation shows: a blocking acquire with a timeout.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import os
 import secrets
 import time
@@ -45,17 +47,24 @@ class Impl:
         return None
 
 
+@functools.cache
+def _imported(module: str, name: str) -> Any:
+    """``name`` of ``module``, imported on first use (a run may not include its
+    implementation) and once: ``from package import name`` inside a factory
+    runs importlib's Python code on every call, which a program that imports
+    at the top never pays."""
+    return getattr(importlib.import_module(module), name)
+
+
 # -- django_redislock -------------------------------------------------------------
 def _ours(client: Any, name: str, ttl: float, wait: float) -> Handle:
-    from django_redislock.core import Lock
-
-    return Lock(client, name, ttl=ttl, wait=wait)
+    lock = _imported("django_redislock.core", "Lock")
+    return lock(client, name, ttl=ttl, wait=wait)  # type: ignore[no-any-return]
 
 
 def _ours_barging(client: Any, name: str, ttl: float, wait: float) -> Handle:
-    from django_redislock.core import Lock
-
-    return Lock(client, name, ttl=ttl, wait=wait, fair=False)
+    lock = _imported("django_redislock.core", "Lock")
+    return lock(client, name, ttl=ttl, wait=wait, fair=False)  # type: ignore[no-any-return]
 
 
 # -- redis-py ---------------------------------------------------------------------
@@ -85,9 +94,9 @@ class _PythonRedisLock:
 # -- pottery --------------------------------------------------------------------------
 class _Pottery:
     def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
-        from pottery import Redlock
-
-        self._lock = Redlock(key=name, masters={client}, auto_release_time=ttl)
+        self._lock = _imported("pottery", "Redlock")(
+            key=name, masters={client}, auto_release_time=ttl
+        )
         self._wait = wait
 
     def acquire(self) -> bool:
