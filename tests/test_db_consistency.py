@@ -323,7 +323,11 @@ def test_failed_call_inside_outer_transaction_is_undone_and_released() -> None:
 
 
 # -- a lock waiting for someone else's transaction ----------------------------------------
-@redis_locked("ledger:{alias}:{n}", timeout=0.6, renew=True, wait=0)
+# A lease short enough that a test outlives several, long enough that what a
+# loaded CI host does (a pause of the renewing thread, a step of the wall clock
+# by which Redis expires keys) does not end it between renewals, every third of
+# it: at 0.6 s, a renewed lease had 0.4 s to spare, and one rehearsal lost it.
+@redis_locked("ledger:{alias}:{n}", timeout=1.0, renew=True, wait=0)
 def post_entry(alias: str, n: int) -> None:
     Product.objects.using(alias).create(name=f"entry-{n}", stock=1)
 
@@ -350,7 +354,7 @@ def test_deferred_lock_stays_held_past_its_lease_until_commit(alias: str) -> Non
     # writes not committed yet.
     with transaction.atomic(using=alias):
         post_entry(alias, 1)
-        assert never_free_for(f"ledger:{alias}:1", 2.0)  # more than three leases
+        assert never_free_for(f"ledger:{alias}:1", 3.5)  # more than three leases
         assert entries(alias) == 1
     assert is_free(f"ledger:{alias}:1")
     assert entries(alias) == 1
