@@ -80,7 +80,7 @@ def _lock_commands(stats: dict[str, Any], taken_off: dict[str, int]) -> dict[str
     return {c: n for c, n in counts.items() if n}
 
 
-def _worker(url: str, barriers: Any, left: Any, polls: Any, errors: Any) -> None:
+def _worker(url: str, barriers: Any, left: Any, polls: Any, broken: Any, errors: Any) -> None:
     try:
         client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
         plain = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
@@ -99,17 +99,21 @@ def _worker(url: str, barriers: Any, left: Any, polls: Any, errors: Any) -> None
                 lock = Lock(client, "budget", ttl=30, wait=(FIRST_WAIT if i == 0 else WAIT) / 1000)
                 if not lock.acquire():
                     errors.put("acquire timed out")
+                    broken.set()
                     return
                 # Every other worker with sections left queued behind this one.
                 if i == sections - 1:
                     with left[phase].get_lock():
                         left[phase].value -= 1
                 queued_by = time.monotonic() + QUEUED_WITHIN
-                while time.monotonic() < queued_by:
+                while not broken.is_set():
                     with polls.get_lock():
                         polls.value += 1
                     if plain.llen(lock.keys.queue) >= left[phase].value - (i < sections - 1):
                         break
+                    if time.monotonic() > queued_by:
+                        errors.put(f"the others did not queue within {QUEUED_WITHIN} s")
+                        broken.set()
                 value = int(plain.get("budget:counter") or 0)
                 plain.set("budget:counter", value + 1)
                 lock.release()
@@ -117,15 +121,17 @@ def _worker(url: str, barriers: Any, left: Any, polls: Any, errors: Any) -> None
         plain.close()
     except BaseException:
         errors.put(traceback.format_exc())
+        broken.set()  # the others stop waiting for this one to queue
 
 
 def test_commands_per_contended_critical_section(redis_server: Any, r: redis.Redis) -> None:
     barriers = tuple(ctx.Barrier(WORKERS + 1) for _ in range(3))
     left = (ctx.Value("i", WORKERS), ctx.Value("i", WORKERS))  # workers with sections left
     polls = ctx.Value("i", 0)
+    broken = ctx.Event()
     errors = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(redis_server.url, barriers, left, polls, errors))
+        ctx.Process(target=_worker, args=(redis_server.url, barriers, left, polls, broken, errors))
         for _ in range(WORKERS)
     ]
     for p in procs:
