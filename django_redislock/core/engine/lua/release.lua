@@ -55,10 +55,11 @@ if held[1] == ARGV[1] then
         local f = serial(clock, held[2])
         issued = f
         redis.call('HSET', state, 'f', f, 'e', token .. '|' .. ends .. '|' .. f)
+        -- The lease is written over in place: its name (`n`) stays, and so
+        -- does its mark when it carried one (`mark` is that copy then).
         local owner = string.sub(head, s4 + 1)
-        if held[4] then
-          redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'x', ends, 'q', mark,
-            'n', held[4])
+        if held[5] then
+          redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'x', ends)
         else
           redis.call('HSET', lease, 't', token, 'f', f, 'o', owner, 'x', ends, 'q', mark)
         end
