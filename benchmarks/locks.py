@@ -30,7 +30,9 @@ Phases:
    thread serves the section's commands beside the lock's. Every command the
    server ran (INFO commandstats, those run by scripts included) is counted
    per critical section; ``--breakdown`` also traces one cell per
-   implementation with MONITOR and splits those commands by script.
+   implementation with MONITOR and splits those commands by script, and
+   ``--cpu-parts`` splits each worker's client CPU per critical section into
+   making the handle, acquiring, the section and releasing.
 
 The table goes to stdout, everything measured to ``benchmarks/results/``.
 """
@@ -38,6 +40,7 @@ The table goes to stdout, everything measured to ``benchmarks/results/``.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import cProfile
 import gc
@@ -74,6 +77,10 @@ from .common import (
     write_results,
 )
 from .impls import IMPLS, semaphore_factory
+
+# The parts of a contended critical section whose client CPU --cpu-parts
+# measures, in each worker's own thread.
+CPU_PARTS = ("handle", "acquire", "section", "release")
 
 CTX = mp.get_context("fork")
 # Suffix of the uncontended rows that make a new handle on a new name per call.
@@ -473,14 +480,24 @@ def _contended_worker(
     in_window = total = violations = failed = 0
     clock = time.monotonic
     pack, unpack = struct.pack_into, struct.unpack_from
+    # --cpu-parts: this thread's CPU in making the handle, acquiring (waiting
+    # included), the section and releasing; else a clock that reads 0, the
+    # same few calls for every implementation.
+    part = time.thread_time if cfg.cpu_parts else _no_clock
+    made = acquired = sectioned = released = 0.0
     while True:
         t_a = clock()
         if t_a >= end:
             break
+        c_0 = part()
         handle = reused or factory(client, name, cfg.ttl, cfg.wait)
+        c_1 = part()
+        made += c_1 - c_0
         if not handle.acquire():
             failed += 1
             continue
+        c_2 = part()
+        acquired += c_2 - c_1
         t_b = clock()
         # -- critical section: a deliberately non-atomic read-modify-write --
         if unpack("q", shm, 8)[0] != 0:
@@ -498,7 +515,10 @@ def _contended_worker(
             violations += 1
         pack("q", shm, 8, 0)
         # -------------------------------------------------------------------
+        c_3 = part()
+        sectioned += c_3 - c_2
         handle.release()
+        released += part() - c_3
         total += 1
         if window_start <= t_b < end:
             in_window += 1
@@ -508,7 +528,11 @@ def _contended_worker(
     with open(out_path, "wb") as f:
         waits.tofile(f)
     with open(f"{out_path}.cpu", "w") as f:
-        f.write(repr(time.process_time() - cpu0))
+        f.write(repr([time.process_time() - cpu0, made, acquired, sectioned, released]))
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 # The shape of the contended phase's loop: "<handle>/<section>". The handle is
@@ -729,6 +753,7 @@ def contended_cell(
     server_cpu = _server_cpu(admin) - server_cpu
     trace = tracer.stop(admin) if tracer is not None else None
     client_cpu = 0.0
+    cpu_parts = [0.0] * len(CPU_PARTS)
     try:
         _raise_child_errors(errs)
         waits: list[float] = []
@@ -738,7 +763,9 @@ def contended_cell(
                 a.frombytes(f.read())
             waits += a.tolist()
             with contextlib.suppress(FileNotFoundError), open(f"{path}.cpu") as f:
-                client_cpu += float(f.read())
+                total_cpu, *parts = ast.literal_eval(f.read())
+                client_cpu += total_cpu
+                cpu_parts = [a + b for a, b in zip(cpu_parts, parts, strict=True)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     counts, totals, violations, failed = [], [], 0, 0
@@ -799,6 +826,12 @@ def contended_cell(
         "client_cpu_us_per_cs": client_cpu / done * 1e6 if done else math.nan,
         "server_cpu_us_per_cs": server_cpu / done * 1e6 if done else math.nan,
     }
+    if cfg.cpu_parts and done:
+        # The worker threads' own parts; what is left of the processes' CPU
+        # is the other threads' (a notifier's, a background thread's).
+        parts = dict(zip(CPU_PARTS, (c / done * 1e6 for c in cpu_parts), strict=True))
+        parts["other threads"] = client_cpu / done * 1e6 - sum(parts.values())
+        result["client_cpu_parts_us_per_cs"] = parts
     if trace is not None:
         result["trace"] = trace
     return result
@@ -903,6 +936,13 @@ def contended(server: PrivateRedis, impls: list[str], cfg: argparse.Namespace) -
                         run["server_cpu_us_per_cs"] for run in runs
                     ),
                 }
+                if cfg.cpu_parts:
+                    per_impl[key]["client_cpu_parts_us_per_cs"] = {
+                        part: statistics.median(
+                            run["client_cpu_parts_us_per_cs"][part] for run in runs
+                        )
+                        for part in (*CPU_PARTS, "other threads")
+                    }
                 if (shape, key) in traces:
                     per_impl[key]["traced"] = traces[(shape, key)]
             result[cell_key(workers, shape)] = per_impl
@@ -1061,6 +1101,29 @@ def _served(v: dict[str, Any]) -> str:
 
 def _listing(counts: dict[str, float], digits: int = 2) -> str:
     return ", ".join(f"{c.upper()} {n:.{digits}f}" for c, n in counts.items() if n >= 0.005) or "-"
+
+
+def _render_cpu_parts(data: dict[str, Any], tab: Any) -> list[str]:
+    """With --cpu-parts: each contended cell's client CPU per critical section, by part."""
+    rows = [
+        [label(k), split_cell_key(cell)[0], split_cell_key(cell)[1]]
+        + [fmt(v["client_cpu_parts_us_per_cs"][part], 0) for part in (*CPU_PARTS, "other threads")]
+        + [fmt(v["client_cpu_us_per_cs"], 0)]
+        for cell, per in data.get("contended", {}).items()
+        for k, v in per.items()
+        if "client_cpu_parts_us_per_cs" in v
+    ]
+    if not rows:
+        return []
+    return [
+        "Client CPU per contended critical section, us, by part (medians of rounds; the "
+        "worker's own thread: making the handle, acquiring with its wait, the section, "
+        "releasing; then the worker's other threads; warm-up included)\n\n"
+        + tab(
+            ["implementation", "workers", "shape", *CPU_PARTS, "other threads", "total"],
+            rows,
+        )
+    ]
 
 
 def _render_commands(data: dict[str, Any], tab: Any) -> list[str]:
@@ -1244,6 +1307,7 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
             )
         )
     parts += _render_commands(data, tab)
+    parts += _render_cpu_parts(data, tab)
     t = data.get("targets")
     if t:
         rows = [["PASS" if x["pass"] else "FAIL", x["target"], x["detail"]] for x in t]
@@ -1299,6 +1363,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="after each worker count's rounds, one more cell per shape and implementation "
         "traced with MONITOR: the commands each script runs, per critical section",
+    )
+    p.add_argument(
+        "--cpu-parts",
+        action="store_true",
+        help="contended phase: split each worker's client CPU per critical section into "
+        "making the handle, acquiring (waiting included), the section and releasing, in "
+        "its own thread, and the rest of its threads",
     )
     p.add_argument(
         "--baseline-contended",

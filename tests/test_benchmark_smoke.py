@@ -77,6 +77,23 @@ def test_the_first_come_floor_hands_the_lock_on_in_order(r: Any, redis_server: A
     assert not r.exists(f"{name}:lease")
 
 
+def test_a_contended_cell_splits_the_client_cpu_by_part(redis_server: Any) -> None:
+    from benchmarks import locks
+
+    cfg = locks.parse(["--cpu-parts", "--warmup", "0.1", "--duration", "0.3", "--wait", "5"])
+    result = locks.contended_cell(redis_server, "ours", 2, 0, cfg, shape="new/redis")
+    assert result["critical_sections"] > 0
+    assert result["violations"] == 0
+    parts = result["client_cpu_parts_us_per_cs"]
+    assert set(parts) == {*locks.CPU_PARTS, "other threads"}
+    assert parts["acquire"] > 0
+    cell = {**result, "client_cpu_parts_us_per_cs": parts, "client_cpu_us_per_cs": 1.0}
+    table = locks._render_cpu_parts(
+        {"contended": {locks.cell_key(2, "new/redis"): {"ours": cell}}}, locks.table
+    )
+    assert "acquire" in table[0]
+
+
 @pytest.mark.parametrize("key", ["ours", "fifo_floor", None])
 def test_the_contended_server_cost_runs(r: Any, key: str | None) -> None:
     from benchmarks.server_cost import _sections
