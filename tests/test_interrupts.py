@@ -316,6 +316,7 @@ def test_a_timer_signal_mid_call_stays_an_interrupt(
         assert len(ran) == (1 if phase == "acquire" else 2)
     finally:
         client.close()
+        client.connection_pool.disconnect()  # the client's own pool: closing leaves it open
 
 
 # -- asyncio: the task is cancelled where the thread was interrupted ---------------------------
@@ -457,6 +458,7 @@ async def test_a_cancellation_mid_call_stays_a_cancellation(
     finally:
         trap.server.resume()
         await client.aclose()
+        await client.connection_pool.disconnect()  # closing leaves a pool given to it open
 
 
 # -- the rules that keep it so ----------------------------------------------------------------
