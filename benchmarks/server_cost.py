@@ -136,10 +136,12 @@ def per_pair(key: str, ops: int, fresh: bool = False) -> float:
 
 
 def _queue_of(handle: Any) -> bytes | str | None:
-    """The key of the list ``handle``'s waiters queue in, when it has one."""
+    """The key of the list ``handle``'s waiters queue in, first come first
+    served, when it has one (a barging lock's sections mostly stay with the
+    process that released: its waiters are not its steady state)."""
     keys = getattr(handle, "keys", None)  # this library's
     if keys is not None:
-        return keys.queue  # type: ignore[no-any-return]
+        return keys.queue if getattr(handle, "fair", True) else None  # type: ignore[no-any-return]
     keys = getattr(handle, "_keys", None)  # the first-come floor's
     return keys[1] if isinstance(keys, tuple) else None
 
@@ -150,8 +152,9 @@ def _sections(client: Any, key: str | None, workers: int, each: int) -> int:
     ``GET`` and a ``SET`` on the same server inside. ``key`` None: the
     sections alone, with no lock (what the section itself costs).
 
-    A lock whose waiters queue in a list (this library's, the first-come
-    floor) is measured in its steady state, whatever the host's load: each
+    A lock whose waiters queue in a list, first come first served (this
+    library's default order, the first-come floor) is measured in its steady
+    state, whatever the host's load: each
     holder waits, inside its section, until every other worker with sections
     left is queued (``LLEN``), so that every section but the first and the
     last few hands the lock to a queued waiter with others behind it. Left
@@ -186,19 +189,20 @@ def _sections(client: Any, key: str | None, workers: int, each: int) -> int:
 
         mine, section = connected(), connected()
         factory = IMPLS[key].factory if key is not None else None
+        # Made, never taken: whether this lock's waiters queue in a list.
+        queue = _queue_of(factory(mine, "cost:contended", 60.0, 60.0)) if factory else None
         start.wait(60)
         for i in range(each):
-            # The first waits long: the mark its queueing sets covers the
-            # others' waits for the whole run, so no TTL is raised as the
-            # (slow, under callgrind) run goes on.
-            wait = 600.0 if i == 0 else 60.0
+            # A queueing lock's first wait is long: the mark its queueing sets
+            # covers the others' waits for the whole run, so no TTL is raised
+            # as the (slow, under callgrind) run goes on.
+            wait = 600.0 if i == 0 and queue is not None else 60.0
             handle = factory(mine, "cost:contended", 60.0, wait) if factory is not None else None
             if handle is not None and not handle.acquire():
                 raise SystemExit(f"{key}: a contended acquire gave up")
             if i == each - 1:
                 with left.get_lock():
                     left.value -= 1
-            queue = _queue_of(handle)
             others_by = time.monotonic() + 60
             while queue is not None:
                 with polls.get_lock():
