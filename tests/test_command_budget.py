@@ -62,7 +62,7 @@ WARM = 10
 # WAIT, far longer than the burst takes.
 FIRST_WAIT = 600_000
 WAIT = 60_000
-# How long a holder waits for the others to queue before it goes on (s).
+# How long a holder waits for the others to queue before it reports them missing (s).
 QUEUED_WITHIN = 30.0
 
 
