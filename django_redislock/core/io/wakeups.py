@@ -178,10 +178,8 @@ class Notifier:
                 with self._mutex:
                     remaining = deadline - time.monotonic()
                     if event.fired or remaining <= 0:
-                        handed, event.handed = event.handed, None
                         promoted = event.promoted
-                        event.fired = event.promoted = False
-                        event.clear()
+                        handed = self._take_turn(event)
                         if promoted:
                             # Asked to read for the others, but done waiting: pass it on.
                             self._promote(exclude=event)
@@ -233,12 +231,19 @@ class Notifier:
         """The reader ``event``, fired, stops leading and takes its turn."""
         with self._mutex:
             self._leading = False
-            handed, event.handed = event.handed, None
-            event.fired = event.promoted = False
-            if event.is_set():  # fired from elsewhere too (a breaker, a lost channel)
-                event.clear()
+            handed = self._take_turn(event)
             self._promote(exclude=event)
             self._notify_led()
+        return handed
+
+    @staticmethod
+    def _take_turn(event: Wakeup) -> Handed | None:
+        """What was handed to ``event``'s waiter, its flags reset for its next
+        wait (caller holds the mutex)."""
+        handed, event.handed = event.handed, None
+        event.fired = event.promoted = False
+        if event.is_set():  # set by a fire from another thread, or a promotion
+            event.clear()
         return handed
 
     def _promote(self, exclude: Wakeup | None = None) -> None:
