@@ -106,7 +106,7 @@ def _command(what: str, ops: int, url: str, contended: bool) -> list[str]:
     return [sys.executable, "-m", "benchmarks.client_cost", "--worker", what, str(ops), url, shape]
 
 
-def _environment(library: str | None) -> dict[str, str]:
+def _child_variables(library: str | None) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     path = [p for p in (root, os.environ.get("PYTHONPATH")) if p]
     # The worker puts the library first on its path itself: the directory
@@ -114,14 +114,14 @@ def _environment(library: str | None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), _LIBRARY: library or ""}
 
 
-def _counted(what: str, ops: int, url: str, contended: bool, environ: dict[str, str]) -> int:
+def _counted(what: str, ops: int, url: str, contended: bool, variables: dict[str, str]) -> int:
     """Instructions of one worker process doing ``ops`` operations under callgrind."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-") as tmp:
         out = Path(tmp) / "callgrind.out"
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
             + _command(what, ops, url, contended),
-            env=environ,
+            env=variables,
             cwd=tmp,  # not the checkout: the library comes from PYTHONPATH alone
             check=True,
             stdout=subprocess.DEVNULL,
@@ -135,7 +135,7 @@ def _counted(what: str, ops: int, url: str, contended: bool, environ: dict[str, 
 
 
 def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
-    environ = _environment(cfg.library)
+    variables = _child_variables(cfg.library)
     with private_redis() as server:
         others: list[subprocess.Popen[bytes]] = []
         try:
@@ -143,14 +143,14 @@ def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
                 others.append(
                     subprocess.Popen(
                         _command(what, 0, server.url, True),
-                        env=environ,
+                        env=variables,
                         cwd=server.dir,
                         stderr=subprocess.DEVNULL,
                     )
                 )
             contended = cfg.contended > 0
-            short = _counted(what, ops, server.url, contended, environ)
-            long = _counted(what, 5 * ops, server.url, contended, environ)
+            short = _counted(what, ops, server.url, contended, variables)
+            long = _counted(what, 5 * ops, server.url, contended, variables)
         finally:
             for proc in others:  # ours, by PID
                 proc.kill()

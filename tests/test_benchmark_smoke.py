@@ -116,11 +116,11 @@ def test_the_client_cost_worker_runs(redis_server: Any, what: str, contended: bo
     # of its own, as the harness runs it (the decorator sets Django up there).
     import subprocess
 
-    from benchmarks.client_cost import _command, _environment
+    from benchmarks.client_cost import _child_variables, _command
 
     subprocess.run(
         _command(what, 3, redis_server.url, contended),
-        env=_environment(None),
+        env=_child_variables(None),
         cwd=redis_server.dir,
         check=True,
         timeout=120,
