@@ -10,6 +10,7 @@ from django_redislock.core.engine.protocol import (
     Acquisition,
     Move,
     may_have_run,
+    renewal_pace,
     retry_renewal_in,
     short_of_replicas,
     validity,
@@ -142,7 +143,33 @@ def test_only_a_timeout_leaves_a_script_that_may_have_run() -> None:
 
 
 def test_a_failed_renewal_retries_while_there_is_time_and_reports_loss_before_the_end() -> None:
-    # 30 s lease, 10 s of validity left, the failed call took 1 s.
-    assert retry_renewal_in(valid_until=20.0, sent=9.0, now=10.0, ttl_ms=30_000) == 3.0
-    # 1.5 s left, the call took 1 s: another as slow could outlive the lease.
-    assert retry_renewal_in(valid_until=11.5, sent=9.0, now=10.0, ttl_ms=30_000) is None
+    # 30 s lease (a pace of 3 s), 10 s of validity left, the slowest failed call took 1 s.
+    assert retry_renewal_in(valid_until=20.0, now=10.0, slowest=1.0, ttl_ms=30_000) == 3.0
+    # 5.5 s left: another as slow, as much again to spare and the pace leave 0.5 s.
+    assert retry_renewal_in(valid_until=15.5, now=10.0, slowest=1.0, ttl_ms=30_000) == 0.5
+    # 4.9 s left: another as slow could end with as much again to spare, not
+    # with the pace besides.
+    assert retry_renewal_in(valid_until=14.9, now=10.0, slowest=1.0, ttl_ms=30_000) is None
+
+
+def test_a_renewal_refused_at_once_still_keeps_a_pace_in_hand() -> None:
+    # A 1.8 s lease whose renewals fail in no time (connections refused):
+    # tries every pace, and reports the loss a pace (0.18 s) before the
+    # validity ends, not at its end, where a thread that runs late would
+    # report it after Redis expired the key.
+    assert renewal_pace(1_800) == pytest.approx(0.18)
+    assert retry_renewal_in(valid_until=11.0, now=10.0, slowest=0.0, ttl_ms=1_800) == 0.18
+    assert retry_renewal_in(valid_until=11.0, now=10.7, slowest=0.0, ttl_ms=1_800) == (
+        pytest.approx(0.12)
+    )
+    assert retry_renewal_in(valid_until=11.0, now=10.82, slowest=0.0, ttl_ms=1_800) is None
+    # Short leases keep 50 ms in hand.
+    assert renewal_pace(100) == 0.05
+
+
+def test_a_renewal_reckons_with_the_slowest_attempt_of_the_outage() -> None:
+    # The first attempt waited out a 0.2 s socket timeout; the one after it
+    # was refused at once. The next may wait as long as the first: the retry
+    # is planned on the slowest, not on the last.
+    assert retry_renewal_in(valid_until=11.0, now=10.5, slowest=0.0, ttl_ms=1_800) == 0.18
+    assert retry_renewal_in(valid_until=11.0, now=10.5, slowest=0.2, ttl_ms=1_800) is None

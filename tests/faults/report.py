@@ -458,8 +458,10 @@ def render(f: dict[str, Any], *, mode: str, seed: int, took: float) -> str:
             f"{r['pttl_when_flagged']} ms of the key left"
             for r in renewals[:4]
         )
-        + ". A renewal that fails is retried only while another attempt as slow can "
-        "end well inside the lease; otherwise the loss is reported at once.",
+        + ". A renewal that fails is retried only while an attempt as slow as the "
+        "slowest since Redis last answered can end inside the lease with as much again "
+        "to spare, and a tenth of the lease (at least 50 ms) besides for a thread that "
+        "runs late; otherwise the loss is reported at once.",
         "",
         "Connection faults",
         f"  Frames split into 1 to 7 byte pieces ({fl.get('split_ok')} runs), the pooled "

@@ -92,6 +92,8 @@ class AsyncLock(AsyncHandle):
         super()._init_driver()
         self._renewer: Renewer | None = None
         self._ttl_ms_held = 0
+        # The longest a failed renewal took since Redis last answered one.
+        self._renew_slowest = 0.0
         if not self.fair:
             # Barging: the acquire script told its limit, and a release of its own.
             self._acquire_script = scripts.ACQUIRE_BARGING
@@ -100,6 +102,7 @@ class AsyncLock(AsyncHandle):
     def _on_acquired(self, ttl_ms: int) -> None:
         self._ttl_ms_held = ttl_ms
         if self.renew:
+            self._renew_slowest = 0.0
             self._renewer = start_renewal(self, renew_interval(ttl_ms))
 
     # -- release / extend ---------------------------------------------------------
@@ -189,7 +192,9 @@ class AsyncLock(AsyncHandle):
             ok = await self._extend_call(token, ttl_ms)
         except RedisUnavailable as exc:
             self._reset_unknown(exc, sent, ttl_ms)
-            delay = retry_renewal_in(self._valid_until, sent, time.monotonic(), ttl_ms)
+            now = time.monotonic()
+            self._renew_slowest = max(self._renew_slowest, now - sent)
+            delay = retry_renewal_in(self._valid_until, now, self._renew_slowest, ttl_ms)
             if delay is None and self.token == token:
                 self._mark_lost(f"could not renew before the lease ran out: {exc}")
             return delay
@@ -198,6 +203,7 @@ class AsyncLock(AsyncHandle):
         if not ok:
             self._mark_lost("the lease was gone at renewal", await self._loss_trace(token))
             return None
+        self._renew_slowest = 0.0
         if not self.lost:
             self._valid_until = self._validity(sent, ttl_ms)
         return renew_interval(ttl_ms)

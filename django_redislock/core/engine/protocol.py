@@ -38,6 +38,7 @@ __all__ = [
     "check_adopted",
     "may_have_run",
     "renew_interval",
+    "renewal_pace",
     "retry_renewal_in",
     "short_of_replicas",
     "validity",
@@ -117,19 +118,32 @@ def renew_interval(ttl_ms: int) -> float:
     return ttl_ms / 3000
 
 
-def retry_renewal_in(valid_until: float, sent: float, now: float, ttl_ms: int) -> float | None:
+def renewal_pace(ttl_ms: int) -> float:
+    """After a failed renewal, the most a renewing holder waits before it
+    tries again; also what it keeps in hand for its thread or task to run
+    late (a loaded host, a long pause of the collector), so that the loss
+    it reports still comes while Redis has the key."""
+    return max(0.05, ttl_ms / 10000)
+
+
+def retry_renewal_in(valid_until: float, now: float, slowest: float, ttl_ms: int) -> float | None:
     """After a renewal that could not reach Redis: seconds until the next try,
     or None to report the lease lost now.
 
-    The next attempt may block as long as this one did. The loss is reported
-    while Redis may still hold the key, unless that attempt can end inside
-    the lease with as much again to spare.
+    ``slowest`` is the longest any failed attempt took since the last one
+    that Redis answered. The next may block as long: an attempt refused at
+    once (a connection refused while Redis restarts) says nothing of the
+    next, which may wait out a whole socket timeout. Another attempt is made
+    only if one as slow can end inside the lease with as much again to
+    spare, and a pace besides (``renewal_pace``) for the thread or task that
+    runs it to be scheduled late; otherwise the loss is reported now, while
+    Redis still holds the key.
     """
-    left = valid_until - now
-    spent = now - sent
-    if left <= 2 * spent:
+    pace = renewal_pace(ttl_ms)
+    spare = valid_until - now - 2 * slowest - pace
+    if spare <= 0:
         return None
-    return min(left - 2 * spent, max(0.05, ttl_ms / 10000))
+    return min(spare, pace)
 
 
 class Move(enum.Enum):
