@@ -37,6 +37,7 @@ from django_redislock.core.exceptions import (
     LockNotOwned,
     RedisUnavailable,
 )
+from django_redislock.core.io import breaker
 
 from .harness import (
     Bound,
@@ -579,7 +580,19 @@ def flaky_connection(pool: ServerPool, rng: random.Random, repeats: int) -> dict
     retry a timeout) and with a client that does. Either way the caller is
     told the truth: an acquire either holds or leaves nothing behind, and a
     release whose reply was lost never reports a false ``LockLost``.
+
+    A dropped reply is a timeout, which opens its pool's breaker for a
+    window (tests/test_breaker.py): here the breaker is off, so that what
+    each call tells its caller is checked one call right after another.
     """
+    previous = breaker.set_window(0)
+    try:
+        return _flaky_connection(pool, rng, repeats)
+    finally:
+        breaker.set_window(previous)
+
+
+def _flaky_connection(pool: ServerPool, rng: random.Random, repeats: int) -> dict[str, Any]:
     server = pool.server()
     admin = server.admin()
     AUDIT.plant(admin)
