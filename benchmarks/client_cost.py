@@ -40,7 +40,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .common import fmt, private_redis, show
+from .common import fmt, parser, private_redis, show
 from .impls import IMPLS
 
 DECORATOR = "decorator"
@@ -159,11 +159,7 @@ def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.client_cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("client_cost", __doc__)
     p.add_argument("--ops", type=int, default=200, help="N, operations in the shorter run")
     p.add_argument(
         "--impls",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as dt
 import http.client
@@ -23,6 +24,16 @@ from typing import Any
 import redis
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of ``python -m benchmarks.<name>``: its module
+    docstring as the help text, kept as written."""
+    return argparse.ArgumentParser(
+        prog=f"python -m benchmarks.{name}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def free_port() -> int:

@@ -69,6 +69,7 @@ from .common import (
     fmt,
     loadavg,
     machine_facts,
+    parser,
     percentile,
     ratio,
     rst_table,
@@ -1317,11 +1318,7 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
 
 # =============================================================================
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.locks",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("locks", __doc__)
     p.add_argument("--quick", action="store_true", help="short run, about a minute")
     p.add_argument(
         "--impls",

@@ -44,6 +44,7 @@ from .common import (
     fmt,
     loadavg,
     machine_facts,
+    parser,
     show,
     write_results,
 )
@@ -55,11 +56,7 @@ TARGET = 0.97  # under 3% of requests per second at 5 ms of work
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.metrics_cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("metrics_cost", __doc__)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int)
     p.add_argument("--duration", type=float, help="seconds per path per variant per round")

@@ -75,6 +75,7 @@ from .common import (
     http_request,
     loadavg,
     machine_facts,
+    parser,
     percentile,
     ratio,
     rst_table,
@@ -613,11 +614,7 @@ def _page_cells(b: dict[str, Any], quiet: dict[str, Any]) -> list[Any]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.purchase",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("purchase", __doc__)
     p.add_argument("--quick", action="store_true", help="1 round of 3 s: a smoke run")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=8.0, help="seconds per variant per round")

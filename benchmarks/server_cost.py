@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .common import PrivateRedis, fmt, show
+from .common import PrivateRedis, fmt, parser, show
 from .impls import IMPLS
 
 _TOTALS = re.compile(r"([\d,]+)\s+(?:\([\d.]+%\)\s+)?PROGRAM TOTALS")
@@ -413,11 +413,7 @@ def per_item(item: str, ops: int) -> float:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.server_cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("server_cost", __doc__)
     p.add_argument("--ops", type=int, default=1000, help="N, pairs in the shorter run")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated implementations")
     p.add_argument(

@@ -47,6 +47,7 @@ from .common import (
     http_request,
     loadavg,
     machine_facts,
+    parser,
     percentile,
     ratio,
     rst_table,
@@ -276,11 +277,7 @@ def render(data: dict[str, Any], rst: bool = False) -> str:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.views",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = parser("views", __doc__)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--rounds", type=int)
     p.add_argument("--duration", type=float, help="seconds per path per round")
