@@ -179,7 +179,7 @@ class Notifier:
                     remaining = deadline - time.monotonic()
                     if event.fired or remaining <= 0:
                         promoted = event.promoted
-                        handed = self._take_turn(event)
+                        handed = event.take_turn()
                         if promoted:
                             # Asked to read for the others, but done waiting: pass it on.
                             self._promote(exclude=event)
@@ -231,19 +231,9 @@ class Notifier:
         """The reader ``event``, fired, stops leading and takes its turn."""
         with self._mutex:
             self._leading = False
-            handed = self._take_turn(event)
+            handed = event.take_turn()
             self._promote(exclude=event)
             self._notify_led()
-        return handed
-
-    @staticmethod
-    def _take_turn(event: Wakeup) -> Handed | None:
-        """What was handed to ``event``'s waiter, its flags reset for its next
-        wait (caller holds the mutex)."""
-        handed, event.handed = event.handed, None
-        event.fired = event.promoted = False
-        if event.is_set():  # set by a fire from another thread, or a promotion
-            event.clear()
         return handed
 
     def _promote(self, exclude: Wakeup | None = None) -> None:

@@ -188,6 +188,15 @@ class Wakeup(threading.Event):
     promoted: bool = False
     needs_channel: bool = False
 
+    def take_turn(self) -> Handed | None:
+        """The lease handed over (if any), and the flags reset for the next
+        wait (the caller holds the notifier's mutex)."""
+        handed, self.handed = self.handed, None
+        self.fired = self.promoted = False
+        if self.is_set():  # set by a fire from another thread, or a promotion
+            self.clear()
+        return handed
+
 
 class AsyncWakeup(asyncio.Event):
     """A waiting task's event; ``handed`` as for ``Wakeup``."""
