@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks.client_cost                     # uncontended, ~4 min
     python -m benchmarks.client_cost --contended 8       # a contended section, 8 processes
-    python -m benchmarks.client_cost --library ../older  # another checkout of this library
+    python -m benchmarks.client_cost --other ../older    # another checkout's django_redislock
 
 Client CPU time per operation moves by tens of percent on a shared two-core
 host from one run to the next, more than most changes to the client move it.
@@ -44,8 +44,8 @@ from .common import fmt, parser, private_redis, show
 from .impls import IMPLS
 
 DECORATOR = "decorator"
-# The directory of another django_redislock to measure (``--library``).
-_LIBRARY = "REDISLOCK_BENCH_LIBRARY"
+# The directory of another django_redislock to measure (``--other``).
+_OTHER = "REDISLOCK_BENCH_OTHER"
 _SUMMARY = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
@@ -91,8 +91,8 @@ def _operation(what: str, url: str, contended: bool) -> Any:
 
 def worker(what: str, ops: int, url: str, contended: bool) -> None:
     """``ops`` operations after a few unmeasured ones; ``ops`` 0: until killed."""
-    if os.environ.get(_LIBRARY):
-        sys.path.insert(0, os.environ[_LIBRARY])
+    if os.environ.get(_OTHER):
+        sys.path.insert(0, os.environ[_OTHER])
     operation = _operation(what, url, contended)
     for _ in range(20):  # scripts loaded, wake-up channel subscribed, caches filled
         operation()
@@ -106,12 +106,12 @@ def _command(what: str, ops: int, url: str, contended: bool) -> list[str]:
     return [sys.executable, "-m", "benchmarks.client_cost", "--worker", what, str(ops), url, shape]
 
 
-def _child_variables(library: str | None) -> dict[str, str]:
+def _child_variables(other: str | None) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     path = [p for p in (root, os.environ.get("PYTHONPATH")) if p]
     # The worker puts the library first on its path itself: the directory
     # may hold a ``benchmarks`` package of its own, without this module.
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), _LIBRARY: library or ""}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), _OTHER: other or ""}
 
 
 def _counted(what: str, ops: int, url: str, contended: bool, variables: dict[str, str]) -> int:
@@ -135,7 +135,7 @@ def _counted(what: str, ops: int, url: str, contended: bool, variables: dict[str
 
 
 def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
-    variables = _child_variables(cfg.library)
+    variables = _child_variables(cfg.other)
     with private_redis() as server:
         others: list[subprocess.Popen[bytes]] = []
         try:
@@ -168,7 +168,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--contended", type=int, default=0, metavar="W", help="W processes on one lock")
     p.add_argument(
-        "--library",
+        "--other",
         metavar="DIR",
         help="a directory holding another django_redislock, imported by the measured processes",
     )

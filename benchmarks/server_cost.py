@@ -154,10 +154,10 @@ def _sections(client: Any, key: str | None, workers: int, each: int) -> int:
 
     A lock whose waiters queue in a list, first come first served (this
     library's default order, the first-come floor) is measured in its steady
-    state, whatever the host's load: each
-    holder waits, inside its section, until every other worker with sections
-    left is queued (``LLEN``), so that every section but the first and the
-    last few hands the lock to a queued waiter with others behind it. Left
+    state, whatever the host's load: each holder waits, inside its section,
+    until every other worker with sections left is queued (``LLEN``), so
+    that every section but the first and the last few hands the lock to a
+    queued waiter with others behind it. Left
     to run freely, a worker descheduled between its release and its next
     acquire lets the queue run empty, and how often that happens (a path
     that costs more) is the host's doing: the count moved by up to 8 % from
