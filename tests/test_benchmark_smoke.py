@@ -32,6 +32,31 @@ def test_the_server_cost_items_run(r: Any, item: str) -> None:
     _item_ops(r, item, 2)
 
 
+@pytest.mark.parametrize("row", range(8))
+def test_the_server_cost_model_runs(r: Any, row: int) -> None:
+    """Each whole operation ``server_cost --model`` measures, which
+    docs/benchmarks.rst quotes."""
+    from benchmarks.server_cost import MODEL
+
+    assert len(MODEL) == 8  # a row more or less: this test's range too
+    MODEL[row][1](r, 2)
+
+
+def test_the_least_pair_takes_and_gives_back_a_fenced_lease(r: Any) -> None:
+    """The model of the fewest commands a pair can make does what a pair does:
+    the lease is written with its TTL and a fence, then gone, and the state
+    keeps the fence with a TTL of its own."""
+    from benchmarks.server_cost import _least
+    from django_redislock.core.engine.keys import KeySpace
+
+    keys = KeySpace("cost").lock("least:0")
+    _least(r, 1)
+    assert not r.exists(keys.lease)
+    fence, ended = r.hmget(keys.state, "f", "e")
+    assert fence is not None and fence == ended
+    assert 0 < r.pttl(keys.state) <= 40000
+
+
 def test_the_capacity_record_sizing_runs(r: Any) -> None:
     from benchmarks.capacity import idempotency_records
 
