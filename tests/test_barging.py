@@ -416,8 +416,11 @@ def test_the_documented_bound_and_pauses() -> None:
     "(or 20 ms passed)"; release_barging.lua's WAKE_AGAIN."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "locks.rst").read_text()
+    # White space as one space: a claim is found however its paragraph is wrapped.
+    text = " ".join(
+        (Path(__file__).resolve().parents[1] / "docs" / "locks.rst").read_text().split()
+    )
     assert BARGE_LIMIT == 64 and "at most 64 other" in text and "at most 65 times" in text
     assert BARGE_DEFER == 0.002 and "pauses 2 ms" in text
     assert "local WAKE_AGAIN = 20\n" in scripts.RELEASE_BARGING.source.decode()
-    assert "(or\n  20 ms passed)" in text
+    assert "(or 20 ms passed)" in text

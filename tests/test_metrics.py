@@ -798,6 +798,6 @@ def test_docs_bounds() -> None:
 
     assert "at most 500 distinct names" in DOC
     assert rl_metrics.MAX_NAMES == 500
-    assert "from 1 ms to 60 s, the hold buckets from 5 ms to 15\nminutes" in DOC
+    assert "from 1 ms to 60 s, the hold buckets from 5 ms to 15 minutes" in " ".join(DOC.split())
     assert (rl_prometheus.WAIT_BUCKETS[0], rl_prometheus.WAIT_BUCKETS[-1]) == (0.001, 60)
     assert (rl_prometheus.HOLD_BUCKETS[0], rl_prometheus.HOLD_BUCKETS[-1]) == (0.005, 900)
