@@ -19,8 +19,10 @@ not on what it does. A PING is measured the same way as a unit. Needs
 
 ``--model`` measures what a script's parts cost the server (the call
 itself, its keys and arguments, each ``redis.call`` inside, ``TIME``) beside
-a plain ``SET ... NX PX`` and this library's own acquire and release: where
-the instructions of an uncontended pair go.
+a plain ``SET ... NX PX``, this library's own acquire and release, redis-py's
+pair, and the fewest commands a pair can make that keep this library's
+guarantees: where the instructions of an uncontended pair go, and how many
+of them the guarantees need.
 
 ``--contended W`` measures, the same way, what one critical section costs
 the server when W processes take turns on one lock (a new handle each

@@ -44,17 +44,22 @@ def test_the_server_cost_model_runs(r: Any, row: int) -> None:
 
 def test_the_least_pair_takes_and_gives_back_a_fenced_lease(r: Any) -> None:
     """The model of the fewest commands a pair can make does what a pair does:
-    the lease is written with its TTL and a fence, then gone, and the state
-    keeps the fence with a TTL of its own."""
-    from benchmarks.server_cost import _least
+    the lease is written with a TTL, the token and the fence; the release
+    deletes it, and the state keeps the fence, written down as ended, with a
+    TTL of its own."""
+    from benchmarks.server_cost import _ARGS, _LEAST_ACQUIRE, _LEAST_RELEASE
     from django_redislock.core.engine.keys import KeySpace
 
-    keys = KeySpace("cost").lock("least:0")
-    _least(r, 1)
+    keys = KeySpace("cost").lock(f"least-smoke:{id(r)}")
+    three = (keys.lease, keys.queue, keys.state)
+    args = [_ARGS[0], _ARGS[1], _ARGS[3], _ARGS[6], "1000|-|1"]
+    fence = r.eval(_LEAST_ACQUIRE, 3, *three, *args)
+    assert r.get(keys.lease) == f"{_ARGS[0]}|{fence.decode()}|{_ARGS[3]}".encode()
+    assert 0 < r.pttl(keys.lease) <= _ARGS[1]
+    assert r.eval(_LEAST_RELEASE, 3, *three, _ARGS[0], fence) == 1
     assert not r.exists(keys.lease)
-    fence, ended = r.hmget(keys.state, "f", "e")
-    assert fence is not None and fence == ended
-    assert 0 < r.pttl(keys.state) <= 40000
+    assert r.hmget(keys.state, "f", "e") == [fence, fence]
+    assert 0 < r.pttl(keys.state) <= _ARGS[6]
 
 
 def test_the_capacity_record_sizing_runs(r: Any) -> None:
