@@ -128,9 +128,7 @@ class Waiters(ShardedBase["Cluster"]):
         fence of a lease handed over, else None."""
         event.wait(timeout)
         with self._mutex:
-            handed, event.handed = event.handed, None
-            event.clear()
-        return handed
+            return event.take_turn()
 
     def _handle(self, message: dict[str, Any], listener: Any) -> None:
         """A message of ``listener``'s node."""
