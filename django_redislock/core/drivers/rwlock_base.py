@@ -33,7 +33,14 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ..engine.keys import KeySpace
-from .base import DEFAULT_GRACE, STATE_KEEP_MS, ClientT, Observer
+from .base import (
+    DEFAULT_DRIFT,
+    DEFAULT_GRACE,
+    DEFAULT_REPLICAS_TIMEOUT,
+    STATE_KEEP_MS,
+    ClientT,
+    Observer,
+)
 from .holders_base import HoldersBase, holder_scripts
 
 __all__ = [
@@ -90,11 +97,11 @@ class ReadWriteLockBase(HoldersBase[ClientT]):
         renew_max: float | None = None,
         on_lost: Callable[[Any], None] | None = None,
         observer: Observer | None = None,
-        drift_factor: float = 0.01,
+        drift_factor: float = DEFAULT_DRIFT,
         # How long a woken waiter has to claim its turn before the next goes.
         grace: float = DEFAULT_GRACE,
         replicas: int = 0,
-        replicas_timeout: float = 0.1,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
     ) -> None:
         self.mode: Mode = check_mode(mode)
         super().__init__(

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..engine.keys import KeySpace
 from ..validate import check_limit
-from .base import STATE_KEEP_MS, ClientT, Observer
+from .base import DEFAULT_DRIFT, DEFAULT_REPLICAS_TIMEOUT, STATE_KEEP_MS, ClientT, Observer
 from .holders_base import HoldersBase, holder_scripts
 
 __all__ = [
@@ -73,12 +73,12 @@ class SemaphoreBase(HoldersBase[ClientT]):
         keyspace: KeySpace | None = None,
         label: str = "",
         observer: Observer | None = None,
-        drift_factor: float = 0.01,
+        drift_factor: float = DEFAULT_DRIFT,
         grace: float | None = None,
         # WAIT for this many replicas to acknowledge each new permit (0: off);
         # fewer in time and the permit is given back (ReplicationTimeout).
         replicas: int = 0,
-        replicas_timeout: float = 0.1,
+        replicas_timeout: float = DEFAULT_REPLICAS_TIMEOUT,
     ) -> None:
         options: dict[str, Any] = {}
         if grace is not None:
