@@ -161,6 +161,57 @@ async def test_zero_ttl_is_rejected_zero_wait_is_not(drive: Drive) -> None:
         drive.Lock(drive.client, "args", drift_factor=0.7)
 
 
+@pytest.mark.parametrize(
+    ("option", "bad", "error"),
+    [
+        ("grace", None, TypeError),
+        ("grace", 0, ValueError),
+        ("grace", math.nan, ValueError),
+        ("replicas", False, TypeError),
+        ("replicas", 0.0, TypeError),
+        ("replicas", -1, ValueError),
+        ("replicas_timeout", None, TypeError),
+        ("replicas_timeout", math.inf, ValueError),
+        ("fair", 1, TypeError),
+        ("fair", None, TypeError),
+        ("drift_factor", -0.01, ValueError),
+    ],
+)
+async def test_options_a_handle_seldom_changes_are_checked_all_the_same(
+    drive: Drive, option: str, bad: object, error: type[Exception]
+) -> None:
+    # A handle keeps these only when they differ from their defaults: a value
+    # equal to none of them is checked as before.
+    with pytest.raises(error, match=option):
+        drive.Lock(drive.client, "args", **{option: bad})
+
+
+async def test_a_handle_with_default_options_stays_compact(drive: Drive) -> None:
+    # Fewer than the 30 attributes CPython keeps in a shared key table, after
+    # a whole cycle: a handle made per call costs less to build and to read.
+    lock = drive.Lock(drive.client, "compact", ttl=10, wait=0)
+    assert await drive(lock.acquire())
+    await drive(lock.release())
+    assert len(vars(lock)) < 30
+    # Options given are the handle's own; those left out read as documented.
+    chosen = drive.Lock(
+        drive.client,
+        "compact",
+        label="nightly",
+        grace=3,
+        drift_factor=0.02,
+        replicas=1,
+        replicas_timeout=0.5,
+        fair=False,
+        renew_max=60,
+    )
+    assert (chosen.label, chosen._grace_ms, chosen.drift_factor) == ("nightly", 3000, 0.02)
+    assert (chosen.replicas, chosen.replicas_timeout, chosen.fair) == (1, 0.5, False)
+    assert chosen.renew_max == 60
+    assert (lock.label, lock._grace_ms, lock.drift_factor) == ("", 2000, 0.01)
+    assert (lock.replicas, lock.replicas_timeout, lock.fair, lock.renew_max) == (0, 0.1, True, None)
+
+
 async def test_not_reentrant(drive: Drive) -> None:
     lock = drive.Lock(drive.client, "reentrant", ttl=10, wait=5)
     assert await drive(lock.acquire())
@@ -602,6 +653,36 @@ def test_a_short_sleeper_leaves_a_slow_subscribe_for_the_next(redis_factory: Any
     finally:
         client.close()
         proxy.close()
+
+
+def test_a_waiters_event_wakes_its_one_sleeper() -> None:
+    # The notifier's event (one lock, not an Event's condition): set from
+    # another thread wakes the sleeper at once; it stays set until cleared;
+    # set twice is set once; taking the turn clears it.
+    from django_redislock.core.engine.wakeup_message import Handed
+    from django_redislock.core.io.wakeups import Wakeup
+
+    event = Wakeup()
+    assert not event.is_set() and event.wait(0) is False and event.wait(0.01) is False
+    woke = threading.Event()
+    sleeper = threading.Thread(target=lambda: event.wait(30) and woke.set())
+    sleeper.start()
+    try:
+        event.set()
+        event.set()
+        assert woke.wait(10)
+    finally:
+        sleeper.join(10)
+    assert event.is_set() and event.wait(0) and event.wait(5)
+    event.handed = Handed(7, 1)
+    event.fired = event.promoted = True
+    assert event.take_turn() == Handed(7, 1)
+    assert not (event.is_set() or event.fired or event.promoted) and event.handed is None
+    assert event.wait(0) is False
+    event.clear()
+    assert not event.is_set()
+    event.set()
+    assert event.wait(0)
 
 
 # -- invariant 6 and Redis failures ---------------------------------------------------------------
