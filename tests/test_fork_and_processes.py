@@ -15,6 +15,7 @@ import redis
 
 from django_redislock.core import Lock, LockNotOwned, this_process
 from django_redislock.core.io import background
+from django_redislock.core.process import TOKENS_PER_READ, new_token
 from tests.helpers_oracles import Occupancy, audit_keyspace, plant_sentinel, wait_until
 
 # Python 3.12+ warns about fork() in a process with threads (the test runner's
@@ -225,6 +226,51 @@ def test_the_process_id_read_once_is_the_child_s_after_a_fork() -> None:
         os.close(read)
         os.waitpid(pid, 0)
     assert this_process.pid == os.getpid()
+
+
+def test_a_forked_child_never_hands_out_its_parent_s_tokens() -> None:
+    # Tokens are read from the system a batch at a time: a child that went on
+    # with the rest of its parent's batch would give its acquisitions the
+    # parent's tokens, and either could then release the other's lease.
+    new_token()  # the parent is part-way through a batch
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, and leave without running the parent's cleanup
+        try:
+            os.write(write, "".join(new_token() for _ in range(2 * TOKENS_PER_READ)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        data = b""
+        while chunk := os.read(read, 65536):
+            data += chunk
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    child = {data[i : i + 16].decode() for i in range(0, len(data), 16)}
+    parent = {new_token() for _ in range(2 * TOKENS_PER_READ)}
+    assert len(child) == len(parent) == 2 * TOKENS_PER_READ
+    assert not child & parent
+
+
+def test_threads_never_draw_the_same_token() -> None:
+    drawn: list[list[str]] = [[] for _ in range(8)]
+    start = threading.Barrier(len(drawn))
+
+    def draw(mine: list[str]) -> None:
+        start.wait(10)
+        mine.extend(new_token() for _ in range(20 * TOKENS_PER_READ))
+
+    threads = [threading.Thread(target=draw, args=(mine,)) for mine in drawn]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    tokens = [token for mine in drawn for token in mine]
+    assert len(tokens) == len(drawn) * 20 * TOKENS_PER_READ
+    assert len(set(tokens)) == len(tokens)
+    assert all(len(token) == 16 and int(token, 16) >= 0 for token in tokens)
 
 
 def _queued_waiter(url: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from ..engine.keys import KeySpace, LockKeys, shows_name
 from ..engine.loss import Loss, Trace, cause_of
 from ..engine.protocol import BARGE_LIMIT, STATE_KEEP_MS, acquire_reply, may_have_run, validity
 from ..exceptions import LockError, LockLost
-from ..process import this_process
+from ..process import new_token, this_process
 from ..validate import check_replicas, check_seconds
 
 __all__ = [
@@ -340,7 +339,7 @@ class LockBase(Generic[ClientT]):
     def _new_token(self) -> str:
         # 64 random bits: no two acquisitions of one name ever share one, and
         # a short token keeps the state's memory of recent ones compact.
-        return secrets.token_hex(8)
+        return new_token()
 
     def _reset_unknown(self, exc: BaseException, sent: float, ttl_ms: int) -> None:
         """An extend, refresh or renewal sent at ``sent`` failed without an
