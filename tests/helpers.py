@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def flowing(text: str) -> str:
+    """``text`` with every run of white space made one space: a claim in the
+    docs is found however its paragraph is wrapped."""
+    return " ".join(text.split())
+
+
 def module_from_file(name: str, path: Path) -> ModuleType:
     """The Python file at ``path``, not on any import path, run as module
     ``name`` (registered in ``sys.modules``, where dataclasses look it up)."""

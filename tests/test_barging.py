@@ -25,6 +25,7 @@ from django_redislock.core.engine.protocol import BARGE_DEFER, BARGE_LIMIT, Acqu
 from django_redislock.core.engine.wakeup_message import NO_CHANNEL, Handed
 from django_redislock.core.io import calls
 from tests.drive import Drive, run_to_end
+from tests.helpers import flowing
 from tests.helpers_oracles import Occupancy, audit_keyspace, exit_codes_of_forks, plant_sentinel
 
 # Every wait in these tests is bounded by this; none is expected to come near it.
@@ -416,10 +417,7 @@ def test_the_documented_bound_and_pauses() -> None:
     "(or 20 ms passed)"; release_barging.lua's WAKE_AGAIN."""
     from pathlib import Path
 
-    # White space as one space: a claim is found however its paragraph is wrapped.
-    text = " ".join(
-        (Path(__file__).resolve().parents[1] / "docs" / "locks.rst").read_text().split()
-    )
+    text = flowing((Path(__file__).resolve().parents[1] / "docs" / "locks.rst").read_text())
     assert BARGE_LIMIT == 64 and "at most 64 other" in text and "at most 65 times" in text
     assert BARGE_DEFER == 0.002 and "pauses 2 ms" in text
     assert "local WAKE_AGAIN = 20\n" in scripts.RELEASE_BARGING.source.decode()

@@ -31,6 +31,7 @@ from django_redislock.core.drivers.semaphore import Semaphore
 from django_redislock.core.engine.keys import KeySpace
 from django_redislock.core.exceptions import LockLost
 from tests.faults.harness import Worker, wait_until
+from tests.helpers import flowing
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.rst").read_text()
@@ -43,9 +44,8 @@ def page(name: str) -> str:
 
 
 def prose(name: str) -> str:
-    """The text of ``docs/<name>.rst`` with every run of white space made one
-    space, so that a claim is found however its paragraph is wrapped."""
-    return " ".join(page(name).split())
+    """The text of ``docs/<name>.rst``, its white space ``flowing``."""
+    return flowing(page(name))
 
 
 def test_state_hash_expires_ten_seconds_after_the_lease(r: redis.Redis) -> None:
@@ -398,9 +398,8 @@ def test_the_documented_redislocks_options_are_the_real_ones() -> None:
     assert documented == _subcommand_options("list")
     clear = _subcommand_options("clear")
     # "``--pattern``, ``--literal``, ``--kind`` and ``--cache`` work as for ``list``."
-    flowing = " ".join(text.split())
-    assert (
-        "``--pattern``, ``--literal``, ``--kind`` and ``--cache`` work as for ``list``" in flowing
+    assert "``--pattern``, ``--literal``, ``--kind`` and ``--cache`` work as for ``list``" in (
+        flowing(text)
     )
     shared = {"--pattern", "--literal", "--kind", "--cache"}
     assert clear == shared | {"--all", "--dry-run", "--noinput", "--no-input", "--holder"}

@@ -42,7 +42,7 @@ from django_redislock.core.ops.inspection import find
 from django_redislock.locking.factories import get_lock, get_semaphore, keyspace
 from django_redislock.middleware import concurrency_limited
 from django_redislock.ops import metrics as rl_metrics
-from tests.helpers import run_python
+from tests.helpers import flowing, run_python
 from tests.servers import free_port
 from tests.test_decorators import close_async_clients
 
@@ -798,6 +798,6 @@ def test_docs_bounds() -> None:
 
     assert "at most 500 distinct names" in DOC
     assert rl_metrics.MAX_NAMES == 500
-    assert "from 1 ms to 60 s, the hold buckets from 5 ms to 15 minutes" in " ".join(DOC.split())
+    assert "from 1 ms to 60 s, the hold buckets from 5 ms to 15 minutes" in flowing(DOC)
     assert (rl_prometheus.WAIT_BUCKETS[0], rl_prometheus.WAIT_BUCKETS[-1]) == (0.001, 60)
     assert (rl_prometheus.HOLD_BUCKETS[0], rl_prometheus.HOLD_BUCKETS[-1]) == (0.005, 900)
