@@ -31,6 +31,14 @@ section, a ``GET`` and a ``SET`` inside, as ``benchmarks.locks --handle new
 server's work of a hand-off goes, as a count that a busy machine does not
 move.
 
+``--parts`` splits each pair's or section's count by what its scripts do:
+calling them (arguments made Lua values, the script found, its reply), the
+Lua code's own work (string and number operations, and each ``redis.call``'s
+arguments and reply converted), the commands its ``redis.call`` lines run,
+and the rest (reading requests, commands sent outside scripts, writing
+replies): the inclusive counts of the server's ``evalGenericCommand``,
+``lua_pcall`` and ``scriptCall``, by the same difference of two runs.
+
 ``--items`` measures, the same way, what each thing ``python -m
 benchmarks.capacity`` sizes costs the server to make and end, with this
 library's own client: a lock (new handle, new name), a semaphore permit, a
@@ -78,19 +86,44 @@ class CallgrindRedis(PrivateRedis):
         return self
 
     def stop_and_count(self) -> int:
+        return self.stop_and_count_parts()["total"]
+
+    def stop_and_count_parts(self) -> dict[str, int]:
+        """The total, and the inclusive count of each function in ``PARTS``."""
         proc = self.proc
         if proc is not None:
             self.proc = None
             proc.terminate()
             proc.wait(60)
         report = subprocess.run(
-            ["callgrind_annotate", str(self.out)], capture_output=True, text=True, check=True
+            ["callgrind_annotate", "--inclusive=yes", str(self.out)],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
-        match = _TOTALS.search(report)
-        if match is None:
-            raise RuntimeError("callgrind_annotate printed no PROGRAM TOTALS")
         shutil.rmtree(self.dir, ignore_errors=True)
-        return int(match.group(1).replace(",", ""))
+        return counts_of(report)
+
+
+# Functions of the server whose inclusive counts split a script's cost
+# (--parts): the whole run of EVAL/EVALSHA; inside it, the Lua code's run;
+# inside that, the commands its redis.call()s run.
+PARTS = ("evalGenericCommand", "lua_pcall", "scriptCall")
+_FUNCTION = re.compile(r"^\s*([\d,]+)\s+\([\d.]+%\)\s+\S*?:(\w+) \[", re.MULTILINE)
+
+
+def counts_of(report: str) -> dict[str, int]:
+    """``total`` and each of ``PARTS`` from ``callgrind_annotate --inclusive=yes``
+    output; a function the server does not name (another build) counts 0."""
+    match = _TOTALS.search(report)
+    if match is None:
+        raise RuntimeError("callgrind_annotate printed no PROGRAM TOTALS")
+    counts = {"total": int(match.group(1).replace(",", ""))}
+    for found in _FUNCTION.finditer(report):
+        name = found.group(2)
+        if name in PARTS and name not in counts:
+            counts[name] = int(found.group(1).replace(",", ""))
+    return {"total": counts["total"], **{name: counts.get(name, 0) for name in PARTS}}
 
 
 def _require(binary: str) -> str:
@@ -102,6 +135,11 @@ def _require(binary: str) -> str:
 
 def _counted(work: Callable[[Any], None]) -> int:
     """Instructions a fresh callgrind server spent serving ``work(client)``."""
+    return _counted_parts(work)["total"]
+
+
+def _counted_parts(work: Callable[[Any], None]) -> dict[str, int]:
+    """``_counted``, with the inclusive count of each of ``PARTS`` beside the total."""
     server = CallgrindRedis().start()
     try:
         client = server.client(socket_timeout=60.0)
@@ -110,12 +148,19 @@ def _counted(work: Callable[[Any], None]) -> int:
     except BaseException:
         server.stop()
         raise
-    return server.stop_and_count()
+    return server.stop_and_count_parts()
 
 
 def _per_op(work: Callable[[Any, int], None], ops: int) -> float:
     """What one of ``work(client, n)``'s n operations costs: start-up and shutdown cancel out."""
-    return (_counted(lambda c: work(c, 2 * ops)) - _counted(lambda c: work(c, ops))) / ops
+    return _per_op_parts(work, ops)["total"]
+
+
+def _per_op_parts(work: Callable[[Any, int], None], ops: int) -> dict[str, float]:
+    """``_per_op``, with what each of ``PARTS`` costs per operation beside the total."""
+    once = _counted_parts(lambda c: work(c, ops))
+    twice = _counted_parts(lambda c: work(c, 2 * ops))
+    return {name: (twice[name] - once[name]) / ops for name in once}
 
 
 def _pairs(client: Any, key: str, pairs: int, fresh: bool) -> None:
@@ -134,7 +179,11 @@ def _pairs(client: Any, key: str, pairs: int, fresh: bool) -> None:
 
 
 def per_pair(key: str, ops: int, fresh: bool = False) -> float:
-    return _per_op(lambda client, n: _pairs(client, key, n, fresh), ops)
+    return per_pair_parts(key, ops, fresh)["total"]
+
+
+def per_pair_parts(key: str, ops: int, fresh: bool = False) -> dict[str, float]:
+    return _per_op_parts(lambda client, n: _pairs(client, key, n, fresh), ops)
 
 
 def _queue_of(handle: Any) -> bytes | str | None:
@@ -241,6 +290,13 @@ def per_section(key: str | None, ops: int, workers: int) -> float:
     ``SET`` included: ``workers`` processes doing about ``ops`` sections in
     all, then twice as many, the difference over the sections added, less
     what the steady state's ``LLEN`` calls cost (``_sections``)."""
+    return per_section_parts(key, ops, workers)["total"]
+
+
+def per_section_parts(key: str | None, ops: int, workers: int) -> dict[str, float]:
+    """``per_section``, with what each of ``PARTS`` costs per section beside
+    the total (the ``LLEN`` calls run outside scripts: only the total has
+    them taken off)."""
     each = max(1, ops // workers)
     polls: dict[int, int] = {}
 
@@ -250,10 +306,14 @@ def per_section(key: str | None, ops: int, workers: int) -> float:
 
         return run
 
-    once, twice = _counted(work(each * workers)), _counted(work(2 * each * workers))
+    once = _counted_parts(work(each * workers))
+    twice = _counted_parts(work(2 * each * workers))
     extra_polls = polls[2 * each * workers] - polls[each * workers]
     llen = _per_op(_llens, 200) if extra_polls else 0.0
-    return (twice - once - llen * extra_polls) / (each * workers)
+    sections = each * workers
+    parts = {name: (twice[name] - once[name]) / sections for name in once}
+    parts["total"] -= llen * extra_polls / sections
+    return parts
 
 
 def _item_ops(client: Any, item: str, n: int) -> None:
@@ -482,6 +542,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="per contended critical section instead, W processes on one lock",
     )
     p.add_argument(
+        "--parts",
+        action="store_true",
+        help="split each pair's or section's count by what the scripts do",
+    )
+    p.add_argument(
         "--model",
         action="store_true",
         help="what a script's parts cost: its call, its arguments, each redis.call",
@@ -504,9 +569,11 @@ def contended(cfg: argparse.Namespace, keys: list[str]) -> int:
     alone = per_section(None, cfg.ops, cfg.contended)
     rows: list[list[Any]] = [["GET and SET, no lock (the section)", f"{alone:,.0f}", "-", "-"]]
     results: dict[str, float] = {}
+    split: dict[str, dict[str, float]] = {}
     for key in keys:
         print(f"  {key} ...", file=sys.stderr, flush=True)
-        results[key] = per_section(key, cfg.ops, cfg.contended)
+        split[key] = per_section_parts(key, cfg.ops, cfg.contended)
+        results[key] = split[key]["total"]
     base = results.get("python_redis_lock")
     for key, value in results.items():
         rows.append(
@@ -523,7 +590,32 @@ def contended(cfg: argparse.Namespace, keys: list[str]) -> int:
         f"{cfg.contended} processes on one lock, a new handle each section)\n"
     )
     show(headers, rows, cfg.rst)
+    if cfg.parts:
+        print("\nWhere they go, per section (inclusive counts of the server's functions)\n")
+        show(PART_HEADERS, [[IMPLS[key].label, *script_parts(split[key])] for key in keys], cfg.rst)
     return 0
+
+
+PART_HEADERS = [
+    "implementation",
+    "calling scripts",
+    "Lua's own work",
+    "commands in scripts",
+    "the rest",
+]
+
+
+def script_parts(counts: dict[str, float]) -> list[str]:
+    """A section's instructions by part: calling its scripts (the arguments
+    made Lua values, the script found, its reply made a reply), the Lua
+    code's own work (its string and number operations, and making each
+    ``redis.call``'s arguments and reply), the commands its ``redis.call``s
+    run, and the rest (reading requests, commands sent outside scripts, the
+    section's ``GET`` and ``SET`` among them, writing replies)."""
+    run, lua, commands = (counts[name] for name in PARTS)
+    if not run:
+        return ["-"] * 4  # a server that names none of them
+    return [f"{v:,.0f}" for v in (run - lua, lua - commands, commands, counts["total"] - run)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -540,9 +632,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.contended:
         return contended(cfg, keys)
     results: dict[str, float] = {"PING": per_pair("PING", cfg.ops)}
+    split: dict[str, dict[str, float]] = {}
     for key in keys:
         print(f"  {key} ...", file=sys.stderr, flush=True)
-        results[key] = per_pair(key, cfg.ops, cfg.fresh)
+        split[key] = per_pair_parts(key, cfg.ops, cfg.fresh)
+        results[key] = split[key]["total"]
     base = results.get("baseline")
     rows: list[list[Any]] = []
     for key, value in results.items():
@@ -559,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     names = "a new handle and name each pair" if cfg.fresh else "one handle, one name"
     print(f"Server instructions per uncontended acquire+release (callgrind; {names})\n")
     show(headers, rows, cfg.rst)
+    if cfg.parts:
+        print("\nWhere they go, per pair (inclusive counts of the server's functions)\n")
+        show(PART_HEADERS, [[IMPLS[key].label, *script_parts(split[key])] for key in keys], cfg.rst)
     return 0
 
 

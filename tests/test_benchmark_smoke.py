@@ -155,3 +155,43 @@ def test_the_client_cost_worker_runs(redis_server: Any, what: str, contended: bo
         check=True,
         timeout=120,
     )
+
+
+def test_the_server_cost_parts_are_read_from_callgrind_s_report() -> None:
+    """``server_cost --parts`` reads the total and the inclusive counts of
+    the script functions from ``callgrind_annotate --inclusive=yes``: a
+    function's first line counts (not a recursive call's, named ``'2``), a
+    function the server does not name counts 0, and the split adds up to
+    the total."""
+    from benchmarks.server_cost import PARTS, counts_of, script_parts
+
+    report = """\
+--------------------------------------------------------------------------------
+Ir
+--------------------------------------------------------------------------------
+1,000,000 (100.0%)  PROGRAM TOTALS
+
+--------------------------------------------------------------------------------
+Ir                  file:function
+--------------------------------------------------------------------------------
+1,000,000 (100.0%)  ???:aeMain [/usr/bin/redis-server]
+  700,000 (70.00%)  ???:evalGenericCommand [/usr/bin/redis-server]
+  500,000 (50.00%)  ???:lua_pcall [/usr/bin/redis-server]
+  200,000 (20.00%)  ???:scriptCall [/usr/bin/redis-server]
+  150,000 (15.00%)  ???:call'2 [/usr/bin/redis-server]
+"""
+    counts = counts_of(report)
+    assert counts == {
+        "total": 1_000_000,
+        "evalGenericCommand": 700_000,
+        "lua_pcall": 500_000,
+        "scriptCall": 200_000,
+    }
+    split = [int(v.replace(",", "")) for v in script_parts(counts)]
+    assert split == [200_000, 300_000, 200_000, 300_000]
+    assert sum(split) == counts["total"]
+    unnamed = counts_of(report.replace("scriptCall", "scriptRun"))
+    assert unnamed["scriptCall"] == 0 and set(unnamed) == {"total", *PARTS}
+    assert script_parts({"total": 5, **dict.fromkeys(PARTS, 0)}) == ["-"] * 4
+    with pytest.raises(RuntimeError, match="PROGRAM TOTALS"):
+        counts_of("no totals here")
