@@ -5,6 +5,7 @@ Usage::
     python -m benchmarks.client_cost                     # uncontended, ~4 min
     python -m benchmarks.client_cost --contended 8       # a contended section, 8 processes
     python -m benchmarks.client_cost --other ../older    # another checkout's django_redislock
+    python -m benchmarks.client_cost --contended 8 --footprint   # and what a section touches
 
 Client CPU time per operation moves by tens of percent on a shared two-core
 host from one run to the next, more than most changes to the client move it.
@@ -23,9 +24,15 @@ decorator adds to the pair). With ``--contended W`` it is a critical section
 (a new handle, a ``GET`` and a ``SET`` on the same server inside) while W-1
 other processes, not counted, take turns on the same lock: the counted one
 queues behind them and is handed the lease, as each does. Instructions are
-not time: a section that touches more code and data is slower on a loaded
-host by more than its count says (its caches are cold after each wake-up).
-Needs ``valgrind``.
+not time: the same count runs slower when it touches more code and data.
+
+``--footprint`` adds two figures of how much an operation touches, also
+counts: the Python functions (and built-ins) the worker calls in at least
+half of its operations (``cProfile``, a run of N operations), and the misses
+per operation of a simulated 256 KB last-level cache (callgrind's cache
+simulation in the same two runs, 32 KB first-level caches): a small cache,
+like what a process finds of its own between two turns when others have run
+on its core. Needs ``valgrind``.
 """
 
 from __future__ import annotations
@@ -46,7 +53,14 @@ from .impls import IMPLS
 DECORATOR = "decorator"
 # The directory of another django_redislock to measure (``--other``).
 _OTHER = "REDISLOCK_BENCH_OTHER"
-_SUMMARY = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+_SUMMARY = re.compile(rb"^(?:summary|totals):((?:[ \t]+\d+)+)", re.MULTILINE)
+_EVENTS = re.compile(rb"^events:((?:[ \t]+\w+)+)", re.MULTILINE)
+# Where the worker writes its cProfile statistics (``--footprint``).
+_PROFILE = "REDISLOCK_BENCH_PROFILE"
+# The library's own functions, by the path of their file.
+_LIBRARY = f"{os.sep}django_redislock{os.sep}"
+# The simulated caches of --footprint: 32 KB first-level, a 256 KB last level.
+CACHES = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=262144,8,64"]
 
 
 # -- the measured side (``--worker``) -------------------------------------------------
@@ -96,6 +110,17 @@ def worker(what: str, ops: int, url: str, contended: bool) -> None:
     operation = _operation(what, url, contended)
     for _ in range(20):  # scripts loaded, wake-up channel subscribed, caches filled
         operation()
+    profile_to = os.environ.get(_PROFILE)
+    if profile_to and ops:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(ops):
+            operation()
+        profile.disable()
+        profile.dump_stats(profile_to)
+        return
     for _ in range(ops) if ops else itertools.count():
         operation()
 
@@ -114,27 +139,76 @@ def _child_variables(other: str | None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), _OTHER: other or ""}
 
 
-def _counted(what: str, ops: int, url: str, contended: bool, variables: dict[str, str]) -> int:
-    """Instructions of one worker process doing ``ops`` operations under callgrind."""
+def _counted(
+    what: str,
+    ops: int,
+    url: str,
+    contended: bool,
+    variables: dict[str, str],
+    caches: bool = False,
+) -> dict[str, int]:
+    """Callgrind's totals for one worker process doing ``ops`` operations:
+    ``Ir`` (instructions) and, with ``caches``, the simulated caches' events."""
     with tempfile.TemporaryDirectory(prefix="redislock-bench-") as tmp:
         out = Path(tmp) / "callgrind.out"
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
+            + (CACHES if caches else [])
             + _command(what, ops, url, contended),
             env=variables,
             cwd=tmp,  # not the checkout: the library comes from PYTHONPATH alone
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            timeout=1800,
+            timeout=3600,
         )
-        match = _SUMMARY.search(out.read_bytes())
-    if match is None:
+        return totals_of(out.read_bytes())
+
+
+def totals_of(report: bytes) -> dict[str, int]:
+    """Each event's total from a callgrind output file: its ``events:`` line
+    names them, its ``summary:`` (or ``totals:``) line counts them."""
+    events, summary = _EVENTS.search(report), _SUMMARY.search(report)
+    if events is None or summary is None:
         raise RuntimeError("callgrind wrote no totals")
-    return int(match.group(1))
+    names = events.group(1).decode().split()
+    return dict(zip(names, map(int, summary.group(1).split()), strict=True))
 
 
-def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
+def _functions(
+    what: str, ops: int, url: str, contended: bool, variables: dict[str, str]
+) -> tuple[int, int]:
+    """The functions a worker doing ``ops`` operations calls in at least half
+    of them: all, and this library's own."""
+    import pstats
+
+    with tempfile.TemporaryDirectory(prefix="redislock-bench-") as tmp:
+        stats = Path(tmp) / "profile.out"
+        subprocess.run(
+            _command(what, ops, url, contended),
+            env={**variables, _PROFILE: str(stats)},
+            cwd=tmp,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=600,
+        )
+        profile = pstats.Stats(str(stats))
+        return called_in_half(profile, ops), called_in_half(profile, ops, _LIBRARY)
+
+
+def called_in_half(stats: Any, ops: int, within: str = "") -> int:
+    """How many functions ``stats`` (``pstats.Stats``) saw called at least
+    ``ops / 2`` times: those that run in an operation's usual path; with
+    ``within``, only those of a file whose path holds it."""
+    return sum(
+        1 for (path, _, _), row in stats.stats.items() if row[1] * 2 >= ops and within in path
+    )
+
+
+def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> dict[str, float]:
+    """Instructions per operation and, with ``--footprint``, the functions
+    called and the simulated last-level cache's misses per operation."""
     variables = _child_variables(cfg.other)
     with private_redis() as server:
         others: list[subprocess.Popen[bytes]] = []
@@ -149,13 +223,17 @@ def per_operation(what: str, ops: int, cfg: argparse.Namespace) -> float:
                     )
                 )
             contended = cfg.contended > 0
-            short = _counted(what, ops, server.url, contended, variables)
-            long = _counted(what, 5 * ops, server.url, contended, variables)
+            short = _counted(what, ops, server.url, contended, variables, cfg.footprint)
+            long = _counted(what, 5 * ops, server.url, contended, variables, cfg.footprint)
+            figures = {event: (long[event] - short[event]) / (4 * ops) for event in short}
+            if cfg.footprint:
+                called, own = _functions(what, ops, server.url, contended, variables)
+                figures["functions"], figures["own functions"] = called, own
         finally:
             for proc in others:  # ours, by PID
                 proc.kill()
                 proc.wait(30)
-    return (long - short) / (4 * ops)
+    return figures
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -171,6 +249,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--other",
         metavar="DIR",
         help="a directory holding another django_redislock, imported by the measured processes",
+    )
+    p.add_argument(
+        "--footprint",
+        action="store_true",
+        help="also the functions called and a simulated 256 KB cache's misses per operation",
     )
     p.add_argument("--rst", action="store_true", help="also print the table as reStructuredText")
     p.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
@@ -190,20 +273,29 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.contended and DECORATOR in keys:
         keys.remove(DECORATOR)  # one name per call: never contended
     keys = [k for k in keys if k == DECORATOR or IMPLS[k].missing() is None]
-    results: dict[str, float] = {}
+    results: dict[str, dict[str, float]] = {}
     for key in keys:
         print(f"  {key} ...", file=sys.stderr, flush=True)
         results[key] = per_operation(key, cfg.ops, cfg)
-    base = results.get("redis_py")
-    rows = [
-        [
+    base = results["redis_py"]["Ir"] if "redis_py" in results else None
+    rows = []
+    for key, figures in results.items():
+        row = [
             "@redis_locked function, new names" if key == DECORATOR else IMPLS[key].label,
-            f"{value:,.0f}",
-            fmt(value / base, 2) if base else "-",
+            f"{figures['Ir']:,.0f}",
+            fmt(figures["Ir"] / base, 2) if base else "-",
         ]
-        for key, value in results.items()
-    ]
+        if cfg.footprint:
+            misses = figures["ILmr"] + figures["DLmr"] + figures["DLmw"]
+            row += [
+                f"{figures['functions']:,.0f}",
+                f"{figures['own functions']:,.0f}",
+                f"{misses:,.0f}",
+            ]
+        rows.append(row)
     headers = ["implementation", "client instructions", "x redis-py"]
+    if cfg.footprint:
+        headers += ["functions called", "of this library", "256 KB cache misses"]
     shape = (
         f"a contended critical section, {cfg.contended} processes on one lock"
         if cfg.contended

@@ -195,3 +195,48 @@ Ir                  file:function
     assert script_parts({"total": 5, **dict.fromkeys(PARTS, 0)}) == ["-"] * 4
     with pytest.raises(RuntimeError, match="PROGRAM TOTALS"):
         counts_of("no totals here")
+
+
+def test_the_client_cost_footprint_counts_the_functions_of_an_operation(redis_server: Any) -> None:
+    """``client_cost --footprint``'s function count runs the worker under
+    cProfile (no valgrind needed): an uncontended pair of this library's
+    calls some dozens of functions in every operation."""
+    from benchmarks.client_cost import _child_variables, _functions
+
+    called, own = _functions("ours", 4, redis_server.url, False, _child_variables(None))
+    assert 20 < called < 1000
+    assert 0 < own < called
+
+
+def test_the_client_cost_reads_every_event_callgrind_counted() -> None:
+    """Instructions alone, or with the simulated caches' events, by the
+    names callgrind gives them; a file without totals is an error."""
+    from types import SimpleNamespace
+
+    from benchmarks.client_cost import called_in_half, totals_of
+
+    assert totals_of(b"version: 1\nevents: Ir\nsummary: 1234\n") == {"Ir": 1234}
+    cached = b"events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\nfl=x\ntotals: 9 8 7 6 5 4 3 2 1\n"
+    assert totals_of(cached) == {
+        "Ir": 9,
+        "Dr": 8,
+        "Dw": 7,
+        "I1mr": 6,
+        "D1mr": 5,
+        "D1mw": 4,
+        "ILmr": 3,
+        "DLmr": 2,
+        "DLmw": 1,
+    }
+    with pytest.raises(RuntimeError, match="no totals"):
+        totals_of(b"events: Ir\n")
+    # pstats rows: (primitive calls, calls, ...); half of 10 operations is 5.
+    stats = SimpleNamespace(
+        stats={
+            ("/x/redis/a.py", 1, "a"): (5, 5),
+            ("/x/redis/b.py", 1, "b"): (4, 4),
+            ("/x/django_redislock/c.py", 1, "c"): (30, 30),
+        }
+    )
+    assert called_in_half(stats, 10) == 2
+    assert called_in_half(stats, 10, "/django_redislock/") == 1
