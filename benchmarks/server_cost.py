@@ -63,7 +63,7 @@ _TOTALS = re.compile(r"([\d,]+)\s+(?:\([\d.]+%\)\s+)?PROGRAM TOTALS")
 
 
 class CallgrindRedis(PrivateRedis):
-    """A private redis-server run under callgrind; ``instructions()`` after stop."""
+    """A private redis-server run under callgrind; ``stop_and_count_parts()`` counts."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,9 +84,6 @@ class CallgrindRedis(PrivateRedis):
         ]
         super().start(timeout)
         return self
-
-    def stop_and_count(self) -> int:
-        return self.stop_and_count_parts()["total"]
 
     def stop_and_count_parts(self) -> dict[str, int]:
         """The total, and the inclusive count of each function in ``PARTS``."""
