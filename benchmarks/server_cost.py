@@ -130,13 +130,9 @@ def _require(binary: str) -> str:
     return path
 
 
-def _counted(work: Callable[[Any], None]) -> int:
-    """Instructions a fresh callgrind server spent serving ``work(client)``."""
-    return _counted_parts(work)["total"]
-
-
 def _counted_parts(work: Callable[[Any], None]) -> dict[str, int]:
-    """``_counted``, with the inclusive count of each of ``PARTS`` beside the total."""
+    """Instructions a fresh callgrind server spent serving ``work(client)``:
+    the total, and the inclusive count of each of ``PARTS``."""
     server = CallgrindRedis().start()
     try:
         client = server.client(socket_timeout=60.0)
