@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,16 +38,34 @@ def pytest_configure(config: pytest.Config) -> None:
             "pin the package that ships the server binary, or rename the tox factor"
         )
     if _redis_py_version() < (5, 1):
-        # redis-py before 5.1 leaves the socket of a failed unix-socket connect unclosed
-        # (UnixDomainSocketConnection._connect; closed on error since 5.1). It surfaces as a
-        # ResourceWarning whenever a client meets a server that is down or still starting.
-        # The pattern matches only a socket that never connected (no laddr/raddr), so a
-        # connected socket that we leak still fails the run.
-        config.addinivalue_line(
-            "filterwarnings",
-            r"ignore:unclosed <socket\.socket fd=\d+, family=AddressFamily\.AF_UNIX, "
-            r"type=SocketKind\.SOCK_STREAM, proto=0>$:ResourceWarning",
-        )
+        _close_failed_unix_connects()
+
+
+def _close_failed_unix_connects() -> None:
+    """Give redis-py before 5.1 the fix that 5.1 made: a failed unix-socket connect
+    closes its socket (``UnixDomainSocketConnection._connect`` left it open).
+
+    The open socket surfaces as a ResourceWarning whenever a client meets a server
+    that is down or still starting. An ignore filter is not enough: the library's
+    eviction check meets the server from a thread of its own, whose warning can land
+    while pytest is between installing ``error`` and the ignore for the next phase,
+    and then fails a test that did nothing wrong. Closing the socket means there is
+    no warning to filter, and a socket that we leak still fails the run.
+    """
+    cls = redis.connection.UnixDomainSocketConnection
+
+    def _connect(self: Any) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.socket_connect_timeout)
+            sock.connect(self.path)
+            sock.settimeout(self.socket_timeout)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    cls._connect = _connect  # type: ignore[method-assign]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
