@@ -6,6 +6,7 @@ Usage::
     python -m benchmarks.client_cost --contended 8       # a contended section, 8 processes
     python -m benchmarks.client_cost --other ../older    # another checkout's django_redislock
     python -m benchmarks.client_cost --contended 8 --footprint   # and what a section touches
+    python -m benchmarks.client_cost --calls             # one script call, ours and redis-py's
 
 Client CPU time per operation moves by tens of percent on a shared two-core
 host from one run to the next, more than most changes to the client move it.
@@ -33,11 +34,18 @@ per operation of a simulated 256 KB last-level cache (callgrind's cache
 simulation in the same two runs, 32 KB first-level caches): a small cache,
 like what a process finds of its own between two turns when others have run
 on its core. Needs ``valgrind``.
+
+``--calls`` counts one script call instead of a lock: the same script, with
+the acquire's three keys and nine arguments, through the library's bounded
+call (``core/io/calls.py``: its breaker, its own checkout, one connect
+without retries) and through redis-py's ``Redis.evalsha`` (its
+``execute_command``, pool and retries), which the bounded call replaces.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import os
 import re
@@ -51,6 +59,8 @@ from .common import fmt, parser, private_redis, show
 from .impls import IMPLS
 
 DECORATOR = "decorator"
+# ``--calls``: one script call through the library's bounded call, and through redis-py.
+CALLS = {"call:library": "bounded call (core/io/calls.py)", "call:redis_py": "Redis.evalsha"}
 # The directory of another django_redislock to measure (``--other``).
 _OTHER = "REDISLOCK_BENCH_OTHER"
 _SUMMARY = re.compile(rb"^(?:summary|totals):((?:[ \t]+\d+)+)", re.MULTILINE)
@@ -70,6 +80,8 @@ def _operation(what: str, url: str, contended: bool) -> Any:
 
     client = redis.Redis.from_url(url, socket_timeout=60.0)
     names = itertools.count()
+    if what in CALLS:
+        return _script_call(client, what)
     if what == DECORATOR:
         import django
         from django.conf import settings
@@ -101,6 +113,22 @@ def _operation(what: str, url: str, contended: bool) -> Any:
         handle.release()
 
     return pair
+
+
+def _script_call(client: Any, what: str) -> Any:
+    """One call of a script that returns at once, with the acquire's shape
+    (three keys, nine arguments), through the library or through redis-py."""
+    from django_redislock.core.engine.scripts import Script
+    from django_redislock.core.io.calls import run
+
+    source = b"return 1"
+    script = Script("bench", source, hashlib.sha1(source).hexdigest())
+    client.script_load(source)
+    keys = (b"bench:{c}:lease", b"bench:{c}:queue", b"bench:{c}:state")
+    args = (b"token", b"60000", b"", b'{"pid": 1}', b"60000", b"p-ch", b"61000", b"1", b"8")
+    if what == "call:library":
+        return lambda: run(client, script, keys, args)
+    return lambda: client.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def worker(what: str, ops: int, url: str, contended: bool) -> None:
@@ -255,6 +283,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="also the functions called and a simulated 256 KB cache's misses per operation",
     )
+    p.add_argument(
+        "--calls",
+        action="store_true",
+        help="count one script call through the library and through redis-py instead",
+    )
     p.add_argument("--rst", action="store_true", help="also print the table as reStructuredText")
     p.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -266,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
         what, ops, url, shape = cfg.worker
         worker(what, int(ops), url, shape == "shared")
         return 0
+    if cfg.calls:
+        if cfg.contended or cfg.footprint:
+            raise SystemExit(
+                "--calls counts an uncontended call alone: drop --contended and --footprint"
+            )
+        return _main_calls(cfg)
     keys = [k for k in cfg.impls.split(",") if k]
     unknown = [k for k in keys if k != DECORATOR and k not in IMPLS]
     if unknown:
@@ -303,6 +342,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"Client instructions per operation (callgrind; {shape})\n")
     show(headers, rows, cfg.rst)
+    return 0
+
+
+def _main_calls(cfg: argparse.Namespace) -> int:
+    counts = {}
+    for key in CALLS:
+        print(f"  {key} ...", file=sys.stderr, flush=True)
+        counts[key] = per_operation(key, cfg.ops, cfg)["Ir"]
+    base = counts["call:redis_py"]
+    rows = [[CALLS[k], f"{n:,.0f}", fmt(n / base, 2)] for k, n in counts.items()]
+    print("Client instructions per script call (callgrind; uncontended, three keys, nine args)\n")
+    show(["path", "client instructions", "x redis-py"], rows, cfg.rst)
     return 0
 
 

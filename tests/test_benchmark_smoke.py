@@ -139,7 +139,14 @@ def test_the_contended_server_cost_runs(r: Any, key: str | None) -> None:
 
 
 @pytest.mark.parametrize(
-    ("what", "contended"), [("ours", False), ("ours", True), ("decorator", False)]
+    ("what", "contended"),
+    [
+        ("ours", False),
+        ("ours", True),
+        ("decorator", False),
+        ("call:library", False),
+        ("call:redis_py", False),
+    ],
 )
 def test_the_client_cost_worker_runs(redis_server: Any, what: str, contended: bool) -> None:
     # What client_cost counts under callgrind, run once without it: a process
