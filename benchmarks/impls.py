@@ -37,6 +37,8 @@ class Impl:
     peer: bool  # counted among the peers in the targets (the baseline is not)
     module: str  # what must be importable for it to take part
     note: str = ""
+    # Run when ``--impls`` is not given: a reference made for one question is not.
+    default: bool = True
 
     def missing(self) -> str | None:
         """Why this implementation cannot run here, or None."""
@@ -237,17 +239,26 @@ redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
 redis.call('PUBLISH', string.sub(nxt, bar + 1), token .. '|' .. fence)
 return 1
 """
-_FIFO_SHAS = (
-    hashlib.sha1(_FIFO_ACQUIRE.encode()).hexdigest(),
-    hashlib.sha1(_FIFO_RELEASE.encode()).hexdigest(),
-)
-_fifo_loaded: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# The same floor with the library's server work added as plain Lua (a loop of
+# string operations ahead of each script, about 1,050 Redis 7.0 instructions
+# each): padded so that ``server_cost --contended 8`` counts about what a
+# contended section of ``Lock`` costs the server. Whether that work slows the
+# hand-off is then the difference between the two floors, in the same run.
+_HEAVY_ROUNDS = (65, 56)  # acquire, release
+_HEAVY_PAD = "for _ = 1, {} do local _ = string.sub(ARGV[1], 1, 4) end\n"
+_fifo_loaded: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 # This process's wake-up channel per client: (pid, channel, pubsub).
 _fifo_channels: weakref.WeakKeyDictionary[Any, tuple[int, str, Any]] = weakref.WeakKeyDictionary()
 
 
+def _with_shas(*sources: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return sources, tuple(hashlib.sha1(source.encode()).hexdigest() for source in sources)
+
+
 class _FifoFloor:
     """First-come order with a fenced hand-off and nothing else (``_FIFO_*``)."""
+
+    _scripts, _shas = _with_shas(_FIFO_ACQUIRE, _FIFO_RELEASE)
 
     def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
         self._client = client
@@ -256,10 +267,11 @@ class _FifoFloor:
         self._wait = wait
         self._token = ""
         self.fence = 0
-        if client not in _fifo_loaded:
-            client.script_load(_FIFO_ACQUIRE)
-            client.script_load(_FIFO_RELEASE)
-            _fifo_loaded[client] = True
+        loaded = _fifo_loaded.setdefault(client, set())
+        if self._shas[0] not in loaded:
+            for source in self._scripts:
+                client.script_load(source)
+            loaded.update(self._shas)
 
     def _channel(self) -> tuple[str, Any]:
         known = _fifo_channels.get(self._client)
@@ -277,7 +289,7 @@ class _FifoFloor:
         token = secrets.token_hex(8)
         # Subscribed before queueing, so that the turn is heard; only to wait.
         channel, pubsub = self._channel() if self._wait > 0 else ("", None)
-        fence = self._client.evalsha(_FIFO_SHAS[0], 3, *self._keys, token, self._ttl_ms, channel)
+        fence = self._client.evalsha(self._shas[0], 3, *self._keys, token, self._ttl_ms, channel)
         deadline = time.monotonic() + self._wait
         while not fence:
             left = deadline - time.monotonic()
@@ -292,8 +304,17 @@ class _FifoFloor:
         return True
 
     def release(self) -> None:
-        if not self._client.evalsha(_FIFO_SHAS[1], 3, *self._keys, self._token, self._ttl_ms):
+        if not self._client.evalsha(self._shas[1], 3, *self._keys, self._token, self._ttl_ms):
             raise RuntimeError(f"fifo floor lock {self._keys[0]!r} was not held at release")
+
+
+class _FifoFloorHeavy(_FifoFloor):
+    """``_FifoFloor`` whose scripts also do about the library's server work."""
+
+    _scripts, _shas = _with_shas(
+        _HEAVY_PAD.format(_HEAVY_ROUNDS[0]) + _FIFO_ACQUIRE,
+        _HEAVY_PAD.format(_HEAVY_ROUNDS[1]) + _FIFO_RELEASE,
+    )
 
 
 IMPLS: dict[str, Impl] = {
@@ -323,6 +344,15 @@ IMPLS: dict[str, Impl] = {
             peer=False,
             module="redis",
             note="reference only: token and fence, nothing else; polls when busy",
+        ),
+        Impl(
+            "fifo_floor_heavy",
+            "first-come floor, the library's server work",
+            _FifoFloorHeavy,
+            peer=False,
+            module="redis",
+            note="reference only: the floor, its scripts padded to the library's server work",
+            default=False,
         ),
         Impl(
             "fifo_floor",

@@ -1322,7 +1322,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="short run, about a minute")
     p.add_argument(
         "--impls",
-        default=",".join(k for k in IMPLS),
+        default=",".join(k for k, impl in IMPLS.items() if impl.default),
         help="comma-separated subset of: " + ", ".join(IMPLS),
     )
     p.add_argument("--phases", default="uncontended,roundtrips,handoff,contended")

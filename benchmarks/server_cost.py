@@ -517,7 +517,11 @@ def per_item(item: str, ops: int) -> float:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = parser("server_cost", __doc__)
     p.add_argument("--ops", type=int, default=1000, help="N, pairs in the shorter run")
-    p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated implementations")
+    p.add_argument(
+        "--impls",
+        default=",".join(k for k, impl in IMPLS.items() if impl.default),
+        help="comma-separated implementations",
+    )
     p.add_argument(
         "--fresh",
         action="store_true",

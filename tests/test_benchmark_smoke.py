@@ -68,15 +68,19 @@ def test_the_capacity_record_sizing_runs(r: Any) -> None:
     assert idempotency_records(r, 2, 16) > 0
 
 
-def test_the_first_come_floor_hands_the_lock_on_in_order(r: Any, redis_server: Any) -> None:
+@pytest.mark.parametrize("key", ["fifo_floor", "fifo_floor_heavy"])
+def test_the_first_come_floor_hands_the_lock_on_in_order(
+    r: Any, redis_server: Any, key: str
+) -> None:
     """The contended runs' first-come reference is a lock in that order: a
     waiter in another process is handed the lease on release, with the next
-    fence, and gets it without asking again."""
+    fence, and gets it without asking again; so is its copy that does the
+    library's server work too."""
     import multiprocessing
 
     from benchmarks.impls import IMPLS
 
-    make = IMPLS["fifo_floor"].factory
+    make = IMPLS[key].factory
     name = f"bench-smoke:{id(r)}"
     r.delete(f"{name}:lease", f"{name}:queue", f"{name}:fence")
     held = make(r, name, 10.0, 0.0)
@@ -124,7 +128,7 @@ def test_a_contended_cell_splits_the_client_cpu_by_part(redis_server: Any) -> No
     assert "acquire" in table[0]
 
 
-@pytest.mark.parametrize("key", ["ours", "fifo_floor", None])
+@pytest.mark.parametrize("key", ["ours", "fifo_floor", "fifo_floor_heavy", None])
 def test_the_contended_server_cost_runs(r: Any, key: str | None) -> None:
     from benchmarks.server_cost import _sections
 
