@@ -289,7 +289,7 @@ class _FifoFloor:
         token = secrets.token_hex(8)
         # Subscribed before queueing, so that the turn is heard; only to wait.
         channel, pubsub = self._channel() if self._wait > 0 else ("", None)
-        fence = self._client.evalsha(self._shas[0], 3, *self._keys, token, self._ttl_ms, channel)
+        fence = self._first_try(token, channel)
         deadline = time.monotonic() + self._wait
         while not fence:
             left = deadline - time.monotonic()
@@ -297,11 +297,22 @@ class _FifoFloor:
                 return False  # busy, or left queued: a reference, not a lock
             message = pubsub.get_message(timeout=left)
             if message is not None and message["type"] == "message":
-                mine, _, handed = message["data"].partition(b"|")
+                mine, handed = self._turn(message["data"])
                 if mine == token.encode():
-                    fence = int(handed)
-        self._token, self.fence = token, int(fence)
+                    fence = handed
+        self._token, self.fence = token, fence
         return True
+
+    def _first_try(self, token: str, channel: str) -> int:
+        """The acquire script: the fence when granted, else 0 (queued or busy)."""
+        return int(
+            self._client.evalsha(self._shas[0], 3, *self._keys, token, self._ttl_ms, channel)
+        )
+
+    def _turn(self, data: bytes) -> tuple[bytes, int]:
+        """The token and fence a wake-up names: ``<token>|<fence>``."""
+        mine, _, handed = data.partition(b"|")
+        return mine, int(handed)
 
     def release(self) -> None:
         if not self._client.evalsha(self._shas[1], 3, *self._keys, self._token, self._ttl_ms):
@@ -315,6 +326,70 @@ class _FifoFloorHeavy(_FifoFloor):
         _HEAVY_PAD.format(_HEAVY_ROUNDS[0]) + _FIFO_ACQUIRE,
         _HEAVY_PAD.format(_HEAVY_ROUNDS[1]) + _FIFO_RELEASE,
     )
+
+
+class _LeanClient(_FifoFloor):
+    """The library's own scripts and keys (``Lock``'s first-come order), run
+    by the floor's client: a process channel of its own, redis-py's
+    ``evalsha``, nothing else. No handle, notifier, bounded calls, retries
+    or give-backs: what ``Lock``'s scripts do for the rate with the least
+    client around them. A reference, not a lock anyone should use."""
+
+    _OWNER = b'{"pid": 0}'
+
+    def __init__(self, client: Any, name: str, ttl: float, wait: float) -> None:
+        scripts, keys, protocol = _library()
+        lock_keys = keys.KeySpace.default().lock(name)
+        self._client = client
+        self._keys = (lock_keys.lease, lock_keys.queue, lock_keys.state)
+        self._ttl_ms = int(ttl * 1000)
+        self._state_ttl_ms = self._ttl_ms + protocol.STATE_KEEP_MS
+        self._wait = wait
+        self._token = ""
+        self.fence = 0
+        self._acquire_script, self._release_script = scripts.ACQUIRE, scripts.RELEASE
+        loaded = _fifo_loaded.setdefault(client, set())
+        if self._acquire_script.sha not in loaded:
+            for script in (self._acquire_script, self._release_script):
+                client.script_load(script.source)
+                loaded.add(script.sha)
+
+    def _first_try(self, token: str, channel: str) -> int:
+        # ARGV as Lock sends them (lua/acquire.lua): the first attempt, its
+        # wake-ups on a single server's channel ('p'), or none ('-').
+        reply = self._client.evalsha(
+            self._acquire_script.sha,
+            3,
+            *self._keys,
+            token,
+            self._ttl_ms,
+            b"",
+            self._OWNER,
+            int(self._wait * 1000),
+            ("p" + channel) if channel else "-",
+            self._state_ttl_ms,
+            1,
+        )
+        # A fence comes as text; a wait (queued or busy) as an integer.
+        return int(reply) if isinstance(reply, bytes) else 0
+
+    def _turn(self, data: bytes) -> tuple[bytes, int]:
+        mine, fence, _ = data.split(b":")  # <token>:<fence>:<round>
+        return mine, int(fence)
+
+    def release(self) -> None:
+        if not self._client.evalsha(
+            self._release_script.sha, 3, *self._keys, self._token, self.fence
+        ):
+            raise RuntimeError(f"lock {self._keys[0]!r} was not held at release")
+
+
+@functools.cache
+def _library() -> tuple[Any, Any, Any]:
+    """The library's scripts, key space and protocol modules, imported once."""
+    from django_redislock.core.engine import keys, protocol, scripts
+
+    return scripts, keys, protocol
 
 
 IMPLS: dict[str, Impl] = {
@@ -344,6 +419,15 @@ IMPLS: dict[str, Impl] = {
             peer=False,
             module="redis",
             note="reference only: token and fence, nothing else; polls when busy",
+        ),
+        Impl(
+            "lean_client",
+            "the library's scripts, the floor's client",
+            _LeanClient,
+            peer=False,
+            module="django_redislock.core",
+            note="reference only: Lock's scripts and keys with nothing else on the client",
+            default=False,
         ),
         Impl(
             "fifo_floor_heavy",
