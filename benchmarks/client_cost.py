@@ -36,7 +36,7 @@ like what a process finds of its own between two turns when others have run
 on its core. Needs ``valgrind``.
 
 ``--calls`` counts one script call instead of a lock: the same script, with
-the acquire's three keys and nine arguments, through the library's bounded
+the acquire's three keys and eight arguments, through the library's bounded
 call (``core/io/calls.py``: its breaker, its own checkout, one connect
 without retries) and through redis-py's ``Redis.evalsha`` (its
 ``execute_command``, pool and retries), which the bounded call replaces.
@@ -117,7 +117,7 @@ def _operation(what: str, url: str, contended: bool) -> Any:
 
 def _script_call(client: Any, what: str) -> Any:
     """One call of a script that returns at once, with the acquire's shape
-    (three keys, nine arguments), through the library or through redis-py."""
+    (three keys, eight arguments), through the library or through redis-py."""
     from django_redislock.core.engine.scripts import Script
     from django_redislock.core.io.calls import run
 
@@ -125,7 +125,7 @@ def _script_call(client: Any, what: str) -> Any:
     script = Script("bench", source, hashlib.sha1(source).hexdigest())
     client.script_load(source)
     keys = (b"bench:{c}:lease", b"bench:{c}:queue", b"bench:{c}:state")
-    args = (b"token", b"60000", b"", b'{"pid": 1}', b"60000", b"p-ch", b"61000", b"1", b"8")
+    args = (b"token", b"60000", b"", b'{"pid": 1}', b"60000", b"p-ch", b"61000", b"1")
     if what == "call:library":
         return lambda: run(client, script, keys, args)
     return lambda: client.evalsha(script.sha, len(keys), *keys, *args)
@@ -352,7 +352,7 @@ def _main_calls(cfg: argparse.Namespace) -> int:
         counts[key] = per_operation(key, cfg.ops, cfg)["Ir"]
     base = counts["call:redis_py"]
     rows = [[CALLS[k], f"{n:,.0f}", fmt(n / base, 2)] for k, n in counts.items()]
-    print("Client instructions per script call (callgrind; uncontended, three keys, nine args)\n")
+    print("Client instructions per script call (callgrind; uncontended, three keys, eight args)\n")
     show(["path", "client instructions", "x redis-py"], rows, cfg.rst)
     return 0
 
