@@ -15,7 +15,7 @@ import os
 import secrets
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -255,6 +255,15 @@ def _with_shas(*sources: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return sources, tuple(hashlib.sha1(source.encode()).hexdigest() for source in sources)
 
 
+def _load_once(client: Any, sources: Sequence[str | bytes], shas: Sequence[str]) -> None:
+    """Load a reference's scripts on ``client`` the first time one of its handles meets it."""
+    loaded = _fifo_loaded.setdefault(client, set())
+    if shas[0] not in loaded:
+        for source in sources:
+            client.script_load(source)
+        loaded.update(shas)
+
+
 class _FifoFloor:
     """First-come order with a fenced hand-off and nothing else (``_FIFO_*``)."""
 
@@ -267,11 +276,7 @@ class _FifoFloor:
         self._wait = wait
         self._token = ""
         self.fence = 0
-        loaded = _fifo_loaded.setdefault(client, set())
-        if self._shas[0] not in loaded:
-            for source in self._scripts:
-                client.script_load(source)
-            loaded.update(self._shas)
+        _load_once(client, self._scripts, self._shas)
 
     def _channel(self) -> tuple[str, Any]:
         known = _fifo_channels.get(self._client)
@@ -348,11 +353,8 @@ class _LeanClient(_FifoFloor):
         self._token = ""
         self.fence = 0
         self._acquire_script, self._release_script = scripts.ACQUIRE, scripts.RELEASE
-        loaded = _fifo_loaded.setdefault(client, set())
-        if self._acquire_script.sha not in loaded:
-            for script in (self._acquire_script, self._release_script):
-                client.script_load(script.source)
-                loaded.add(script.sha)
+        pair = (self._acquire_script, self._release_script)
+        _load_once(client, [s.source for s in pair], [s.sha for s in pair])
 
     def _first_try(self, token: str, channel: str) -> int:
         # ARGV as Lock sends them (lua/acquire.lua): the first attempt, its
