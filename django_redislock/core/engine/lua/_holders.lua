@@ -22,7 +22,8 @@ local holders = KEYS[1]
 -- Every script of these kinds reads the clock (expiries are server ms): read
 -- here, as now() in the prelude would, without making lib for it.
 clock = redis.call('TIME')
-now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local us = clock[2] + 0
+now_ms = clock[1] * 1000 + (us - us % 1000) / 1000
 
 -- Whether `n`, a duration the client sent (ms, converted), may go into an
 -- expiry: a whole number of at most 12 digits (MS, the prelude).

@@ -30,7 +30,9 @@
 -- each run makes the closures its chunk defines), and the uncontended paths
 -- are kept to the least: they read the server clock only when they need it,
 -- keep numbers as text where they can (a conversion between number and text
--- costs about what a redis.call does), and make few closures (each costs
+-- costs about what a redis.call does; where one is needed, text known to be
+-- a number is converted by arithmetic, `x + 0`, which reads it once, where
+-- tonumber() reads it twice and is a call besides), and make few closures (each costs
 -- about half a redis.call, and more per local of the script it refers to):
 -- the uncontended acquire and release return before any helper is made (the
 -- HELPERS line below); other runs make issue() and outlive(), and what the
@@ -130,7 +132,8 @@ local function common()
   local function now()
     if not now_ms then
       clock = clock or redis.call('TIME')
-      now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+      local us = clock[2] + 0
+      now_ms = clock[1] * 1000 + (us - us % 1000) / 1000
     end
     return now_ms
   end

@@ -102,8 +102,10 @@ if st[1] then
       local ends = string.sub(copy, b1 + 1, b2 - 1)
       -- The server clock in ms, as common().now() reads it.
       clock = redis.call('TIME')
-      now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-      if tonumber(ends) > now_ms then
+      local us = clock[2] + 0
+      now_ms = clock[1] * 1000 + (us - us % 1000) / 1000
+      ends = ends + 0
+      if ends > now_ms then
         held = { by, ends }
       end
     end
@@ -114,7 +116,7 @@ if st[1] then
   -- Anything else (a later attempt, which may be queued already; a wait the
   -- mark does not cover; not waiting; a bad wait) is enqueue()'s.
   if held and not limit and ARGV[8] == '1' and string.find(ARGV[5], MS) then
-    local wait, covered = tonumber(ARGV[5]), tonumber(mark)
+    local wait, covered = ARGV[5] + 0, tonumber(mark)
     if wait > 0 and covered and covered >= now_ms + wait + KEEP then
       -- Numbers as text by '%d' (see give() in _lock.lua).
       local entry = string.format('%d|', now_ms + wait) .. ARGV[6] .. '|' .. ARGV[2] .. '|1|'
@@ -123,7 +125,7 @@ if st[1] then
         -- A queue made anew has no TTL; the mark covers this waiter already.
         redis.call('PEXPIREAT', queue, mark)
       end
-      return tonumber(held[2]) - now_ms
+      return held[2] - now_ms
     end
   end
 end

@@ -44,10 +44,11 @@ if held[1] == ARGV[1] then
     local round = s4 and string.sub(head, s3 + 1, s4 - 1)
     if (mode == 'p' or mode == '-') and string.find(round, '^%d+$') then
       clock = redis.call('TIME')
-      now_ms = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-      local ends = now_ms + tonumber(string.sub(head, s2 + 1, s3 - 1))
+      local us = clock[2] + 0
+      now_ms = clock[1] * 1000 + (us - us % 1000) / 1000
+      local ends = now_ms + string.sub(head, s2 + 1, s3 - 1)
       local covered = tonumber(mark)
-      if tonumber(string.sub(head, b2 + 1, s1 - 1)) > now_ms and covered
+      if string.sub(head, b2 + 1, s1 - 1) - now_ms > 0 and covered
           and covered >= ends + KEEP then
         -- As text once, for the three places it goes (see give()).
         ends = string.format('%d', ends)
