@@ -365,3 +365,98 @@ def test_redis_py_s_connection_metrics_stay_balanced(
             assert counts == {str(idle): 1, str(used): 0}, kind
         finally:
             client.close()
+
+
+# -- giving a connection back ----------------------------------------------------------
+#
+# A lock call gives its connection back in fewer steps than redis-py's own
+# ``ConnectionPool.release`` (``_calls_prims.give_back``); these hold it to
+# what that release does: the connection idle again and counted so, a
+# waiting re-authentication made on it, a project's own listener told.
+
+
+def test_a_lock_call_gives_its_connection_back_to_the_pool(server: RedisServer) -> None:
+    client = capped_client(server, "pool")
+    pool = client.connection_pool
+    try:
+        for _ in range(CAP + 2):
+            assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        # One connection, made once, idle again after each call.
+        assert len(pool._available_connections) == 1
+        assert not pool._in_use_connections
+        assert connections_named(server) == 1
+    finally:
+        client.delete(COUNTER)
+        client.close()
+
+
+class _Token:
+    """A credential provider's new token, as redis-py hands it to a
+    connection to re-authenticate with when it is next given back."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.user, self.password = user, password
+
+    def try_get(self, key: str) -> str:
+        assert key == "oid"
+        return self.user
+
+    def get_value(self) -> str:
+        return self.password
+
+
+def test_a_connection_given_back_re_authenticates_with_its_waiting_token(
+    server: RedisServer,
+) -> None:
+    if not hasattr(redis.connection.AbstractConnection, "set_re_auth_token"):
+        pytest.skip("redis-py before 5.3 does not re-authenticate connections")
+    with server.client(socket_timeout=5) as admin:
+        admin.acl_setuser(
+            "relock",
+            enabled=True,
+            passwords=["+s3cret"],
+            keys=["*"],
+            channels=["*"],
+            commands=["+@all"],
+        )
+    client = capped_client(server, "pool")
+    pool = client.connection_pool
+    try:
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        (conn,) = pool._available_connections
+        conn.set_re_auth_token(_Token("relock", "s3cret"))
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        # Re-authenticated as it went back, on the pool's lock, as redis-py's
+        # release does it: the next command on it runs as the new user.
+        assert pool._available_connections == [conn]
+        assert conn._re_auth_token is None
+        conn.send_command("ACL", "WHOAMI")
+        assert conn.read_response() in (b"relock", "relock")
+    finally:
+        client.delete(COUNTER)
+        client.close()
+
+
+def test_a_project_s_release_listener_hears_every_lock_call(server: RedisServer) -> None:
+    event = pytest.importorskip("redis.event")
+    heard: list[Any] = []
+
+    class Listener(event.EventListenerInterface):  # type: ignore[misc, name-defined, unused-ignore]
+        def listen(self, released: Any) -> None:
+            heard.append(released.connection)
+
+    client = capped_client(server, "pool")
+    pool = client.connection_pool
+    try:
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1  # the script loaded
+        # Beside redis-py's own listener (re-authentication), the pool's
+        # dispatcher now has one of the project's: told of every give-back.
+        pool._event_dispatcher.register_listeners(
+            {event.AfterConnectionReleasedEvent: [Listener()]}
+        )
+        for _ in range(3):
+            assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        assert heard == pool._available_connections * 3
+    finally:
+        client.delete(COUNTER)
+        client.close()

@@ -130,6 +130,7 @@ RENAMES = {
     "_on_pool_async": "_on_pool",
     "exchange_async": "exchange",
     "checkout_async": "checkout",
+    "give_back_async": "give_back",
     "disconnect_async": "disconnect",
     "drain_async": "drain",
     # Wake-ups on a Cluster (core/io): a node's listener is a task or a thread.

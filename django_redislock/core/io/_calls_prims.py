@@ -10,7 +10,9 @@ under its lock, then connects it itself, once, with the connection's retry
 policy set aside and restored (the connection is the caller's alone
 meanwhile). Lock calls stay within the pool's ``max_connections`` with
 everything else the client does: at the cap a lock call fails as a plain
-command does.
+command does. ``give_back`` is its counterpart: the connection goes back as
+the pool's ``release`` puts it back, without the work that release does for
+nobody (see there).
 """
 
 from __future__ import annotations
@@ -40,6 +42,12 @@ try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
 except ImportError:  # pragma: no cover - redis-py before 8
     _metric_names = _metrics = None  # type: ignore[assignment]
 
+try:  # redis-py 5.3 and later: a release tells listeners (re-authentication)
+    from redis.event import AfterConnectionReleasedEvent as _Released
+    from redis.event import ReAuthConnectionListener as _ReAuth
+except ImportError:  # pragma: no cover - redis-py before 5.3
+    _Released = _ReAuth = None  # type: ignore[assignment, misc]
+
 # The clients of this shell, as ``calls_async.py``'s annotations name them.
 from redis import Redis as ServerClient
 from redis.cluster import RedisCluster as ClusterClient
@@ -53,6 +61,7 @@ __all__ = [
     "checkout",
     "disconnect",
     "follow_moved",
+    "give_back",
     "make_ready",
     "node_pool",
     "owner_refused",
@@ -68,6 +77,8 @@ pause = time.sleep
 # Connects once: no back-off, nothing retried (it keeps no state between calls).
 _NO_RETRY: Any = None
 _takers: dict[type, Any] = {}
+# Per pool class: whether its release is redis-py's ``ConnectionPool.release``.
+_own_release: dict[type, bool] = {}
 _warned: set[type] = set()
 
 
@@ -87,8 +98,7 @@ def _record_checkout(pool: Any) -> None:
     The pool's ``release`` counts it back: without this, the opt-in
     connection-count metrics of redis-py 8 would drift by one per call.
     """
-    enabled = getattr(_metrics, "is_enabled", None)  # absent: record, as before
-    if _metrics is None or (enabled is not None and not enabled()):
+    if not _metrics_on():
         # Metrics off (the default): the pool's name and two records cost
         # more than the rest of the checkout.
         return
@@ -96,6 +106,77 @@ def _record_checkout(pool: Any) -> None:
     idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
     _metrics.record_connection_count(pool_name=name, connection_state=idle, counter=-1)
     _metrics.record_connection_count(pool_name=name, connection_state=used, counter=1)
+
+
+def _metrics_on() -> bool:
+    enabled = getattr(_metrics, "is_enabled", None)  # absent: record, as before
+    return _metrics is not None and (enabled is None or bool(enabled()))
+
+
+def _record_give_back(pool: Any) -> None:
+    """Count a connection as idle again, as the pool's ``release`` does."""
+    if not _metrics_on():
+        return
+    name = _metric_names.get_pool_name(pool)
+    idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
+    _metrics.record_connection_count(pool_name=name, connection_state=used, counter=-1)
+    _metrics.record_connection_count(pool_name=name, connection_state=idle, counter=1)
+
+
+def _released(pool: Any, conn: Any) -> None:
+    """Tell the pool's listeners that ``conn`` went back (under the pool's
+    lock, as its ``release`` does). The one listener redis-py registers
+    re-authenticates a connection that has a new token waiting; when it is
+    the only one, ``re_auth`` is called directly, which is all it does,
+    without the dispatcher's lock, event and copy of its listeners."""
+    dispatcher = getattr(pool, "_event_dispatcher", None)
+    if dispatcher is None or _Released is None:
+        return  # redis-py before 5.3: nobody listens
+    listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(_Released)
+    if listeners is not None and len(listeners) == 1 and type(listeners[0]) is _ReAuth:
+        conn.re_auth()
+    else:
+        dispatcher.dispatch(_Released(conn))
+
+
+def give_back(pool: Any, conn: Any) -> None:
+    """Put ``conn`` back in ``pool``: what ``pool.release(conn)`` does.
+
+    For a pool whose release is redis-py's own ``ConnectionPool.release``
+    and a connection it owns and counts in use (every call's), the same steps
+    under the pool's lock (closed if redis-py marked it to reconnect, made
+    available, its listeners told) with redis-py's connection metrics
+    recorded only when they are on, as ``_take`` does. That release names
+    the pool for its metrics and asks twice for a collector whether they
+    are on or not, and dispatches its event through a lock and a copy of
+    the listeners: about a fifth of a lock call's client instructions
+    (``python -m benchmarks.client_cost --calls``). Any other pool or
+    connection goes back through the pool's own release.
+    """
+    kind = type(pool)
+    own = _own_release.get(kind)
+    if own is None:
+        from redis.connection import ConnectionPool
+
+        own = _own_release[kind] = getattr(kind, "release", None) is ConnectionPool.release
+    if not own:
+        pool.release(conn)
+        return
+    _checkpid(pool)
+    with pool._lock:
+        taken = conn in pool._in_use_connections and pool.owns_connection(conn)
+        if taken:
+            pool._in_use_connections.remove(conn)
+            reconnect = getattr(conn, "should_reconnect", None)  # redis-py 7 and later
+            if reconnect is not None and reconnect():
+                conn.disconnect()
+            pool._available_connections.append(conn)
+            _released(pool, conn)
+    if not taken:
+        # Not counted in use, or another process's: the pool says what then.
+        pool.release(conn)
+        return
+    _record_give_back(pool)
 
 
 def _checkpid(pool: Any) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "checkout_async",
     "disconnect_async",
     "follow_moved_async",
+    "give_back_async",
     "make_ready_async",
     "node_pool",
     "owner_refused",
@@ -103,6 +104,11 @@ def _socket_readable(conn: Any) -> bool:
         return bool(poller.poll(0))
     except (OSError, ValueError):
         return True  # a socket that cannot be polled is no good either
+
+
+async def give_back_async(pool: Any, conn: Any) -> None:
+    """Put ``conn`` back in ``pool``: the pool's own release."""
+    await pool.release(conn)
 
 
 async def checkout_async(pool: Any) -> Any:

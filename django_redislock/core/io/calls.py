@@ -42,6 +42,7 @@ from ._calls_prims import (
     checkout,
     disconnect,
     follow_moved,
+    give_back,
     make_ready,
     node_pool,
     owner_refused,
@@ -183,7 +184,7 @@ def _on_pool(pool: Any, commands: Sequence[Command]) -> list[Any]:
             raise
         finally:
             if conn is not None:
-                pool.release(conn)
+                give_back(pool, conn)
     raise AssertionError("unreachable")  # pragma: no cover
 
 

@@ -41,6 +41,7 @@ from ._calls_prims_async import (
     checkout_async,
     disconnect_async,
     follow_moved_async,
+    give_back_async,
     make_ready_async,
     node_pool,
     owner_refused,
@@ -182,7 +183,7 @@ async def _on_pool_async(pool: Any, commands: Sequence[Command]) -> list[Any]:
             raise
         finally:
             if conn is not None:
-                await pool.release(conn)
+                await give_back_async(pool, conn)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
