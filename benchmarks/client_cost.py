@@ -39,7 +39,9 @@ on its core. Needs ``valgrind``.
 the acquire's three keys and eight arguments, through the library's bounded
 call (``core/io/calls.py``: its breaker, its own checkout, one connect
 without retries) and through redis-py's ``Redis.evalsha`` (its
-``execute_command``, pool and retries), which the bounded call replaces.
+``execute_command``, pool and retries), which the bounded call replaces;
+then the same on asyncio clients (``core/io/calls_async.py`` and redis-py's
+asyncio ``evalsha``), each call run to its end by one event loop.
 """
 
 from __future__ import annotations
@@ -60,7 +62,12 @@ from .impls import IMPLS
 
 DECORATOR = "decorator"
 # ``--calls``: one script call through the library's bounded call, and through redis-py.
-CALLS = {"call:library": "bounded call (core/io/calls.py)", "call:redis_py": "Redis.evalsha"}
+CALLS = {
+    "call:library": "bounded call (core/io/calls.py)",
+    "call:redis_py": "Redis.evalsha",
+    "call:library_async": "bounded call, asyncio (core/io/calls_async.py)",
+    "call:redis_py_async": "redis.asyncio Redis.evalsha",
+}
 # The directory of another django_redislock to measure (``--other``).
 _OTHER = "REDISLOCK_BENCH_OTHER"
 _SUMMARY = re.compile(rb"^(?:summary|totals):((?:[ \t]+\d+)+)", re.MULTILINE)
@@ -81,7 +88,7 @@ def _operation(what: str, url: str, contended: bool) -> Any:
     client = redis.Redis.from_url(url, socket_timeout=60.0)
     names = itertools.count()
     if what in CALLS:
-        return _script_call(client, what)
+        return _script_call(client, what, url)
     if what == DECORATOR:
         import django
         from django.conf import settings
@@ -115,9 +122,11 @@ def _operation(what: str, url: str, contended: bool) -> Any:
     return pair
 
 
-def _script_call(client: Any, what: str) -> Any:
+def _script_call(client: Any, what: str, url: str) -> Any:
     """One call of a script that returns at once, with the acquire's shape
-    (three keys, eight arguments), through the library or through redis-py."""
+    (three keys, eight arguments), through the library or through redis-py;
+    the ``_async`` ones on an asyncio client, each run to its end by one
+    event loop (the loop's own steps are the same on both paths)."""
     from django_redislock.core.engine.scripts import Script
     from django_redislock.core.io.calls import run
 
@@ -128,7 +137,19 @@ def _script_call(client: Any, what: str) -> Any:
     args = (b"token", b"60000", b"", b'{"pid": 1}', b"60000", b"p-ch", b"61000", b"1")
     if what == "call:library":
         return lambda: run(client, script, keys, args)
-    return lambda: client.evalsha(script.sha, len(keys), *keys, *args)
+    if what == "call:redis_py":
+        return lambda: client.evalsha(script.sha, len(keys), *keys, *args)
+    import asyncio
+
+    import redis.asyncio
+
+    from django_redislock.core.io.calls_async import run_async
+
+    aclient = redis.asyncio.Redis.from_url(url, socket_timeout=60.0)
+    loop = asyncio.new_event_loop()
+    if what == "call:library_async":
+        return lambda: loop.run_until_complete(run_async(aclient, script, keys, args))
+    return lambda: loop.run_until_complete(aclient.evalsha(script.sha, len(keys), *keys, *args))
 
 
 def worker(what: str, ops: int, url: str, contended: bool) -> None:
@@ -350,8 +371,11 @@ def _main_calls(cfg: argparse.Namespace) -> int:
     for key in CALLS:
         print(f"  {key} ...", file=sys.stderr, flush=True)
         counts[key] = per_operation(key, cfg.ops, cfg)["Ir"]
-    base = counts["call:redis_py"]
-    rows = [[CALLS[k], f"{n:,.0f}", fmt(n / base, 2)] for k, n in counts.items()]
+    rows = []
+    for key, n in counts.items():
+        # Each against redis-py's own call of its kind: sync with sync, asyncio with asyncio.
+        base = counts[key.replace("library", "redis_py")]
+        rows.append([CALLS[key], f"{n:,.0f}", fmt(n / base, 2)])
     print("Client instructions per script call (callgrind; uncontended, three keys, eight args)\n")
     show(["path", "client instructions", "x redis-py"], rows, cfg.rst)
     return 0

@@ -405,11 +405,9 @@ class _Token:
         return self.password
 
 
-def test_a_connection_given_back_re_authenticates_with_its_waiting_token(
-    server: RedisServer,
-) -> None:
-    if not hasattr(redis.connection.AbstractConnection, "set_re_auth_token"):
-        pytest.skip("redis-py before 5.3 does not re-authenticate connections")
+def new_user_token(server: RedisServer) -> _Token:
+    """A user made on ``server``, and a token naming it, as a credential
+    provider hands redis-py a new one."""
     with server.client(socket_timeout=5) as admin:
         admin.acl_setuser(
             "relock",
@@ -419,12 +417,21 @@ def test_a_connection_given_back_re_authenticates_with_its_waiting_token(
             channels=["*"],
             commands=["+@all"],
         )
+    return _Token("relock", "s3cret")
+
+
+def test_a_connection_given_back_re_authenticates_with_its_waiting_token(
+    server: RedisServer,
+) -> None:
+    if not hasattr(redis.connection.AbstractConnection, "set_re_auth_token"):
+        pytest.skip("redis-py before 5.3 does not re-authenticate connections")
+    token = new_user_token(server)
     client = capped_client(server, "pool")
     pool = client.connection_pool
     try:
         assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
         (conn,) = pool._available_connections
-        conn.set_re_auth_token(_Token("relock", "s3cret"))
+        conn.set_re_auth_token(token)
         assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
         # Re-authenticated as it went back, on the pool's lock, as redis-py's
         # release does it: the next command on it runs as the new user.
@@ -460,3 +467,94 @@ def test_a_project_s_release_listener_hears_every_lock_call(server: RedisServer)
     finally:
         client.delete(COUNTER)
         client.close()
+
+
+def _async_client(server: RedisServer) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis(
+        unix_socket_path=server.socket_path, socket_timeout=5, client_name=NAME
+    )
+
+
+async def test_redis_py_s_async_connection_metrics_stay_balanced(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The asyncio pool counts a connection as used in its get_connection and
+    # as idle again in its release; a lock call takes one with the pool's
+    # get_available_connection, which counts nothing, so it counts it itself.
+    recorder = pytest.importorskip("redis.asyncio.observability.recorder")
+    import redis.asyncio.connection
+    from redis.observability.attributes import get_pool_name
+
+    counts: dict[str, int] = {}
+    watched: list[str] = []
+
+    async def record(pool_name: str, connection_state: Any, counter: int = 1) -> None:
+        if pool_name in watched:
+            key = str(connection_state)
+            counts[key] = counts.get(key, 0) + counter
+
+    async def enabled() -> bool:
+        return True
+
+    monkeypatch.setattr(recorder, "record_connection_count", record)
+    monkeypatch.setattr(redis.asyncio.connection, "record_connection_count", record, raising=False)
+    # As with metrics on: with them off (the default) nothing is recorded.
+    monkeypatch.setattr(recorder, "is_enabled", enabled)
+    client = _async_client(server)
+    watched[:] = [get_pool_name(client.connection_pool)]
+    try:
+        for _ in range(3):
+            assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        # One connection, made once, idle again after each call.
+        idle, used = recorder.ConnectionState.IDLE, recorder.ConnectionState.USED
+        assert counts == {str(idle): 1, str(used): 0}
+    finally:
+        await client.delete(COUNTER)
+        await client.aclose()
+
+
+async def test_an_async_connection_given_back_re_authenticates_with_its_waiting_token(
+    server: RedisServer,
+) -> None:
+    if not hasattr(redis.asyncio.connection.AbstractConnection, "set_re_auth_token"):
+        pytest.skip("redis-py before 5.3 does not re-authenticate connections")
+    token = new_user_token(server)
+    client = _async_client(server)
+    pool = client.connection_pool
+    try:
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        (conn,) = pool._available_connections
+        conn.set_re_auth_token(token)
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        assert pool._available_connections == [conn]
+        assert conn._re_auth_token is None
+        await conn.send_command("ACL", "WHOAMI")
+        assert await conn.read_response() in (b"relock", "relock")
+    finally:
+        await client.delete(COUNTER)
+        await client.aclose()
+
+
+async def test_a_project_s_release_listener_hears_every_async_lock_call(
+    server: RedisServer,
+) -> None:
+    event = pytest.importorskip("redis.event")
+    heard: list[Any] = []
+
+    class Listener(event.AsyncEventListenerInterface):  # type: ignore[misc, name-defined, unused-ignore]
+        async def listen(self, released: Any) -> None:
+            heard.append(released.connection)
+
+    client = _async_client(server)
+    pool = client.connection_pool
+    try:
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        pool._event_dispatcher.register_listeners(
+            {event.AsyncAfterConnectionReleasedEvent: [Listener()]}
+        )
+        for _ in range(3):
+            assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        assert heard == pool._available_connections * 3
+    finally:
+        await client.delete(COUNTER)
+        await client.aclose()

@@ -29,11 +29,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..process import this_process
 from .breaker import Breaker, breaker_of
 from .calls_base import (
+    RELEASED,
     connect_bound,
     connect_may_linger,
     get_connection_args,
     redirect_target,
     refused,
+    release_listeners,
 )
 
 try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
@@ -41,12 +43,6 @@ try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
     from redis.observability import recorder as _metrics
 except ImportError:  # pragma: no cover - redis-py before 8
     _metric_names = _metrics = None  # type: ignore[assignment]
-
-try:  # redis-py 5.3 and later: a release tells listeners (re-authentication)
-    from redis.event import AfterConnectionReleasedEvent as _Released
-    from redis.event import ReAuthConnectionListener as _ReAuth
-except ImportError:  # pragma: no cover - redis-py before 5.3
-    _Released = _ReAuth = None  # type: ignore[assignment, misc]
 
 # The clients of this shell, as ``calls_async.py``'s annotations name them.
 from redis import Redis as ServerClient
@@ -112,19 +108,15 @@ def _record(pool: Any, *, taken: bool) -> None:
 
 
 def _released(pool: Any, conn: Any) -> None:
-    """Tell the pool's listeners that ``conn`` went back (under the pool's
-    lock, as its ``release`` does). The one listener redis-py registers
-    re-authenticates a connection that has a new token waiting; when it is
-    the only one, ``re_auth`` is called directly, which is all it does,
-    without the dispatcher's lock, event and copy of its listeners."""
-    dispatcher = getattr(pool, "_event_dispatcher", None)
-    if dispatcher is None or _Released is None:
-        return  # redis-py before 5.3: nobody listens
-    listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(_Released)
-    if listeners is not None and len(listeners) == 1 and type(listeners[0]) is _ReAuth:
+    """Tell the pool's listeners that ``conn`` went back, under the pool's
+    lock as its ``release`` does (``release_listeners``: redis-py's
+    re-authentication alone is called directly, without the dispatcher's
+    lock, event and copy of its listeners)."""
+    how = release_listeners(pool, RELEASED)
+    if how is True:
         conn.re_auth()
-    else:
-        dispatcher.dispatch(_Released(conn))
+    elif how is not None:
+        how.dispatch(RELEASED[0](conn))
 
 
 def give_back(pool: Any, conn: Any) -> None:

@@ -8,6 +8,8 @@ differently is here:
 * taking a connection of the caller's own pool and connecting it once,
   without retries: the asyncio pools have a public method for the first step
   (``get_available_connection``); a sync pool is taken from under its lock;
+  and giving it back as the pool's ``release`` does, without the work that
+  release does for nobody (``give_back_async``);
 * where a batch goes on a Cluster node: an asyncio node has connections of its
   own and no pool (``node_pool`` is None); a sync node's client has a pool;
 * whether a node's breaker refuses calls (kept per client and node name for
@@ -18,6 +20,7 @@ differently is here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
 from typing import TYPE_CHECKING, Any
@@ -29,7 +32,23 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .breaker import node_breaker
-from .calls_base import connect_bound, get_connection_args, redirect_target, refused
+from .calls_base import (
+    ASYNC_RELEASED,
+    connect_bound,
+    get_connection_args,
+    redirect_target,
+    refused,
+    release_listeners,
+)
+
+try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
+    from redis.asyncio.observability import recorder as _metrics
+    from redis.observability import attributes as _metric_names
+except ImportError:  # pragma: no cover - redis-py before 8
+    _metric_names = _metrics = None  # type: ignore[assignment]
+
+# Per pool class: whether its release is redis-py's asyncio ``ConnectionPool.release``.
+_own_release: dict[type, bool] = {}
 
 if TYPE_CHECKING:
     from redis.exceptions import AskError
@@ -106,9 +125,64 @@ def _socket_readable(conn: Any) -> bool:
         return True  # a socket that cannot be polled is no good either
 
 
+async def _record_async(pool: Any, *, taken: bool, made: bool = False) -> None:
+    """Count a connection of ``pool`` as taken (``taken``; ``made`` for a new
+    one) or idle again in redis-py's pool metrics, as the asyncio pool's
+    ``get_connection`` and ``release`` do: ``get_available_connection``,
+    which a lock call takes it with, counts nothing, and the give-back must
+    not count it back alone."""
+    if _metrics is None or not await _metrics.is_enabled():
+        return
+    name = _metric_names.get_pool_name(pool)
+    idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
+    step = 1 if taken else -1
+    if not made:
+        await _metrics.record_connection_count(pool_name=name, connection_state=idle, counter=-step)
+    await _metrics.record_connection_count(pool_name=name, connection_state=used, counter=step)
+
+
+async def _released_async(pool: Any, conn: Any) -> None:
+    """Tell the pool's listeners that ``conn`` went back, after the pool's
+    lock as its ``release`` does (``release_listeners``: redis-py's
+    re-authentication alone is awaited directly)."""
+    how = release_listeners(pool, ASYNC_RELEASED)
+    if how is True:
+        await conn.re_auth()
+    elif how is not None:
+        await how.dispatch_async(ASYNC_RELEASED[0](conn))
+
+
 async def give_back_async(pool: Any, conn: Any) -> None:
-    """Put ``conn`` back in ``pool``: the pool's own release."""
-    await pool.release(conn)
+    """Put ``conn`` back in ``pool``: what ``await pool.release(conn)`` does.
+
+    For a pool whose release is redis-py's own asyncio ``ConnectionPool.release``
+    and a connection it counts in use (every call's), the same steps: under
+    the pool's lock, closed if redis-py marked it to reconnect and made
+    available; then its listeners told, and redis-py's connection metrics
+    recorded only when they are on. That release names the pool and asks
+    for a metrics collector twice whether they are on or not, and dispatches
+    its event through a lock of the dispatcher's and a copy of the listeners
+    (``python -m benchmarks.client_cost --calls`` counts what a call saves).
+    Any other pool or connection goes back through the pool's own release.
+    """
+    kind = type(pool)
+    own = _own_release.get(kind)
+    if own is None:
+        from redis.asyncio.connection import ConnectionPool
+
+        own = _own_release[kind] = getattr(kind, "release", None) is ConnectionPool.release
+    if not own or conn not in pool._in_use_connections:
+        await pool.release(conn)
+        return
+    # The pool's lock, which its release takes from redis-py 8 (older pools may have none).
+    async with getattr(pool, "_lock", None) or contextlib.nullcontext():
+        pool._in_use_connections.remove(conn)
+        reconnect = getattr(conn, "should_reconnect", None)  # redis-py 7 and later
+        if reconnect is not None and reconnect():
+            await conn.disconnect()
+        pool._available_connections.append(conn)
+    await _released_async(pool, conn)
+    await _record_async(pool, taken=False)
 
 
 async def checkout_async(pool: Any) -> Any:
@@ -126,8 +200,10 @@ async def checkout_async(pool: Any) -> Any:
             return await asyncio.wait_for(getter, bound)
         except asyncio.TimeoutError as exc:
             raise RedisTimeoutError("Timeout getting a connection") from exc
+    idle = bool(pool._available_connections)
     conn = pool.get_available_connection()
     try:
+        await _record_async(pool, taken=True, made=not idle)
         await make_ready_async(pool, conn)
     except BaseException:
         # Failed or interrupted mid-connect (cancelled mid-handshake too): a

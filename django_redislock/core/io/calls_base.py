@@ -72,6 +72,9 @@ __all__ = [
     "connect_may_linger",
     "first_batch",
     "get_connection_args",
+    "release_listeners",
+    "RELEASED",
+    "ASYNC_RELEASED",
     "looked_up_again_if_gone",
     "next_hop",
     "hop",
@@ -259,6 +262,37 @@ def get_connection_args(pool: Any) -> tuple[str, ...]:
         wants = parameter is not None and parameter.default is inspect.Parameter.empty
         _wants_command_name[kind] = wants
     return ("EVALSHA",) if wants else ()
+
+
+# What a pool's release tells its listeners (redis-py 5.3 and later): its
+# event, and redis-py's own listener, which re-authenticates the connection;
+# for sync pools, and for asyncio pools. (None, None) before 5.3.
+RELEASED: tuple[Any, Any] = (None, None)
+ASYNC_RELEASED: tuple[Any, Any] = (None, None)
+with contextlib.suppress(ImportError):
+    from redis import event as _event
+
+    RELEASED = (_event.AfterConnectionReleasedEvent, _event.ReAuthConnectionListener)
+    ASYNC_RELEASED = (
+        _event.AsyncAfterConnectionReleasedEvent,
+        _event.AsyncReAuthConnectionListener,
+    )
+
+
+def release_listeners(pool: Any, released: tuple[Any, Any]) -> Any:
+    """How a connection given back to ``pool`` tells the pool's listeners
+    (``released``: ``RELEASED`` or ``ASYNC_RELEASED``): None when nobody
+    listens; True when redis-py's re-authentication listener, whose one step
+    is the connection's ``re_auth``, is the only one; else the dispatcher,
+    to dispatch the event through."""
+    event, reauth = released
+    dispatcher = getattr(pool, "_event_dispatcher", None)
+    if dispatcher is None or event is None:
+        return None
+    listeners = getattr(dispatcher, "_event_listeners_mapping", {}).get(event)
+    if listeners is not None and len(listeners) == 1 and type(listeners[0]) is reauth:
+        return True
+    return dispatcher
 
 
 # -- one call of a script -----------------------------------------------------------
