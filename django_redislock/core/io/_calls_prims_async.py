@@ -47,8 +47,9 @@ try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
 except ImportError:  # pragma: no cover - redis-py before 8
     _metric_names = _metrics = None  # type: ignore[assignment]
 
-# Per pool class: whether its release is redis-py's asyncio ``ConnectionPool.release``.
-_own_release: dict[type, bool] = {}
+# Per pool class: whether its release is redis-py's asyncio ``ConnectionPool.release``,
+# and whether that release takes the pool's lock (redis-py 8 and later).
+_own_release: dict[type, tuple[bool, bool]] = {}
 
 if TYPE_CHECKING:
     from redis.exceptions import AskError
@@ -166,16 +167,25 @@ async def give_back_async(pool: Any, conn: Any) -> None:
     Any other pool or connection goes back through the pool's own release.
     """
     kind = type(pool)
-    own = _own_release.get(kind)
-    if own is None:
+    known = _own_release.get(kind)
+    if known is None:
         from redis.asyncio.connection import ConnectionPool
 
-        own = _own_release[kind] = getattr(kind, "release", None) is ConnectionPool.release
+        release = ConnectionPool.release
+        # A release without code of its own (wrapped) is not read here.
+        names: tuple[str, ...] | None = getattr(
+            getattr(release, "__code__", None), "co_names", None
+        )
+        own = names is not None and getattr(kind, "release", None) is release
+        known = _own_release[kind] = (own, names is not None and "_lock" in names)
+    own, locks = known
     if not own or conn not in pool._in_use_connections:
         await pool.release(conn)
         return
-    # The pool's lock, which its release takes from redis-py 8 (older pools may have none).
-    async with getattr(pool, "_lock", None) or contextlib.nullcontext():
+    # The pool's lock where its release takes it, and only there: a wait for
+    # it is a point where the caller can be cancelled, the connection not
+    # yet back, which a release without it does not have.
+    async with pool._lock if locks else contextlib.nullcontext():
         pool._in_use_connections.remove(conn)
         reconnect = getattr(conn, "should_reconnect", None)  # redis-py 7 and later
         if reconnect is not None and reconnect():
