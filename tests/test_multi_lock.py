@@ -248,7 +248,10 @@ async def _carts(drive: Drive, make: Any, callers: int = 8, rounds: int = 40) ->
             for _ in range(rounds):
                 mine = rng.sample(names, rng.randint(2, 4))
                 rng.shuffle(mine)
-                lock = make(drive.client, mine, ttl=10, wait=20)
+                # The wait bounds a slow turn, not a deadlock (which never ends and
+                # is caught below): on a host loaded as CI's six workers load two
+                # cores, eight callers of 2 to 4 names each took more than 20 s.
+                lock = make(drive.client, mine, ttl=10, wait=45)
                 assert await drive(lock.acquire()), f"{mine} not acquired within its wait"
                 with guard:
                     for name in mine:
@@ -268,7 +271,7 @@ async def _carts(drive: Drive, make: Any, callers: int = 8, rounds: int = 40) ->
     start.set()
     stuck = False
     try:
-        await drive.join(*parties, timeout=60)
+        await drive.join(*parties, timeout=100)
     except (AssertionError, TimeoutError):
         stuck = True
     return {
