@@ -444,6 +444,18 @@ def test_a_connection_given_back_re_authenticates_with_its_waiting_token(
         client.close()
 
 
+def _add_listener(pool: Any, event_type: type, listener: Any) -> None:
+    """Beside redis-py's own listener (re-authentication), one of the
+    project's on ``pool``'s dispatcher: through ``register_listeners`` where
+    redis-py has it (7.0 and later), else in the dispatcher's mapping, the
+    only way a project has before then."""
+    dispatcher = pool._event_dispatcher
+    if hasattr(dispatcher, "register_listeners"):
+        dispatcher.register_listeners({event_type: [listener]})
+    else:
+        dispatcher._event_listeners_mapping[event_type].append(listener)
+
+
 def test_a_project_s_release_listener_hears_every_lock_call(server: RedisServer) -> None:
     event = pytest.importorskip("redis.event")
     heard: list[Any] = []
@@ -458,9 +470,7 @@ def test_a_project_s_release_listener_hears_every_lock_call(server: RedisServer)
         assert calls.run(client, COUNT, (COUNTER,), ()) >= 1  # the script loaded
         # Beside redis-py's own listener (re-authentication), the pool's
         # dispatcher now has one of the project's: told of every give-back.
-        pool._event_dispatcher.register_listeners(
-            {event.AfterConnectionReleasedEvent: [Listener()]}
-        )
+        _add_listener(pool, event.AfterConnectionReleasedEvent, Listener())
         for _ in range(3):
             assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
         assert heard == pool._available_connections * 3
@@ -549,9 +559,7 @@ async def test_a_project_s_release_listener_hears_every_async_lock_call(
     pool = client.connection_pool
     try:
         assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
-        pool._event_dispatcher.register_listeners(
-            {event.AsyncAfterConnectionReleasedEvent: [Listener()]}
-        )
+        _add_listener(pool, event.AsyncAfterConnectionReleasedEvent, Listener())
         for _ in range(3):
             assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
         assert heard == pool._available_connections * 3
