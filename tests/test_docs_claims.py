@@ -258,7 +258,27 @@ def test_ci_runs_the_oldest_and_the_newest_drf_it_supports() -> None:
     oldest = [env for env in runs_tests if env.endswith("-drf315")]
     assert oldest == ["py310-django52-redis5-drf315"]
     assert "py313-django61-redis8" in runs_tests  # newest Django, newest DRF
-    assert len(ci) == 7
+    assert len(ci) == 9
+
+
+def test_ci_runs_every_redis_py_major_it_supports() -> None:
+    """README Requirements and tox.ini: setup.cfg's redis-py range (5.0 to
+    8.x); the ci label has a cell of each major, its factor's pin in tox.ini's
+    deps, and the README says so."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    ranged = re.search(r"^redis>=(\d+)\.0,<(\d+)$", setup["options"]["install_requires"], re.M)
+    assert ranged is not None
+    majors = set(range(int(ranged.group(1)), int(ranged.group(2))))
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    pins = dict(
+        re.findall(r"^\s*(redis\d+): redis(?:\[hiredis\])?>=(\d+)\.", tox["testenv"]["deps"], re.M)
+    )
+    ci = [env.strip() for env in tox["tox"]["labels"].split("=", 1)[1].split(",")]
+    covered = {int(pins[f]) for env in ci for f in env.split("-") if f in pins}
+    assert covered == majors, (covered, majors)
+    assert "* redis-py 5.0 to 8.x, CI runs each major" in README
 
 
 def test_the_readme_links_to_pages_that_exist() -> None:
@@ -364,9 +384,10 @@ def test_the_readme_is_short_and_keeps_what_ci_and_readers_rely_on() -> None:
     label = re.search(r"^\s*ci = (.*)$", (ROOT / "tox.ini").read_text(), re.M)
     assert label is not None
     pythons = sorted({f"3.{m}" for m in re.findall(r"\bpy3(\d+)-", label.group(1))})
-    said = re.search(r"they need Python\s+([\d., and]+)", README)
+    said = re.search(r"they need Python 3\.(\d+) to 3\.(\d+)", README)
     assert said is not None
-    assert sorted(re.findall(r"3\.\d+", said.group(1))) == pythons, pythons
+    first, last = int(said.group(1)), int(said.group(2))
+    assert sorted(f"3.{minor}" for minor in range(first, last + 1)) == pythons, pythons
     for service in ("redis-server", "PostgreSQL", "MariaDB"):
         assert service in README
 
