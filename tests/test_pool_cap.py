@@ -390,6 +390,28 @@ def test_a_lock_call_gives_its_connection_back_to_the_pool(server: RedisServer) 
         client.close()
 
 
+def test_a_connection_marked_to_reconnect_is_closed_as_it_goes_back(server: RedisServer) -> None:
+    """redis-py 7 and later mark a connection to reconnect (a server's
+    maintenance notice that it moves); its release closes a marked one, and
+    so does a lock call's give-back: the next call connects anew."""
+    if not hasattr(redis.connection.AbstractConnection, "mark_for_reconnect"):
+        pytest.skip("redis-py before 7.0 marks no connection to reconnect")
+    client = capped_client(server, "pool")
+    pool = client.connection_pool
+    try:
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        (conn,) = pool._available_connections
+        conn.mark_for_reconnect()
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        assert pool._available_connections == [conn]
+        assert conn._sock is None  # closed as it went back
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+        assert conn._sock is not None and not conn.should_reconnect()
+    finally:
+        client.delete(COUNTER)
+        client.close()
+
+
 class _Token:
     """A credential provider's new token, as redis-py hands it to a
     connection to re-authenticate with when it is next given back."""
@@ -540,6 +562,29 @@ async def test_an_async_connection_given_back_re_authenticates_with_its_waiting_
         assert conn._re_auth_token is None
         await conn.send_command("ACL", "WHOAMI")
         assert await conn.read_response() in (b"relock", "relock")
+    finally:
+        await client.delete(COUNTER)
+        await client.aclose()
+
+
+async def test_an_async_connection_marked_to_reconnect_is_closed_as_it_goes_back(
+    server: RedisServer,
+) -> None:
+    if not hasattr(redis.asyncio.connection.AbstractConnection, "mark_for_reconnect"):
+        pytest.skip("redis-py before 7.0 marks no connection to reconnect")
+    client = _async_client(server)
+    pool = client.connection_pool
+    try:
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        (conn,) = pool._available_connections
+        conn.mark_for_reconnect()
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        assert pool._available_connections == [conn]
+        assert not conn.is_connected  # closed as it went back
+        # The next call connects it anew. (redis-py 7's asyncio connection
+        # keeps the mark, so its own release closes it again after each use.)
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+        assert pool._available_connections == [conn]
     finally:
         await client.delete(COUNTER)
         await client.aclose()
