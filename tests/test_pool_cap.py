@@ -10,6 +10,7 @@ the cap.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import threading
@@ -26,7 +27,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from django_redislock import connection
-from django_redislock.core import Lock, RedisUnavailable
+from django_redislock.core import AsyncLock, Lock, RedisUnavailable
 from django_redislock.core.engine import scripts
 from django_redislock.core.engine.protocol import may_have_run
 from django_redislock.core.io import calls, calls_async
@@ -331,9 +332,11 @@ def test_a_cluster_client_s_lock_calls_stay_within_each_node_s_cap(
 def test_redis_py_s_connection_metrics_stay_balanced(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # redis-py 8 counts idle and used connections per pool (opt-in metrics);
+    # redis-py (7.4 on) counts idle and used connections per pool (opt-in metrics);
     # a lock call takes a connection as its checkout does, and counts it so.
     recorder = pytest.importorskip("redis.observability.recorder")
+    if not hasattr(recorder, "record_connection_count"):
+        pytest.skip("redis-py counts its pools' connections from 7.4 on")
     import redis.connection
     from redis.observability.attributes import get_pool_name
 
@@ -365,6 +368,59 @@ def test_redis_py_s_connection_metrics_stay_balanced(
             assert counts == {str(idle): 1, str(used): 0}, kind
         finally:
             client.close()
+
+
+@pytest.fixture
+def redis_py_metrics_on() -> Iterator[None]:
+    """redis-py's own OpenTelemetry metrics on (7.2 and later), as a project
+    turns them on with an ``OTelConfig``; the process's meter provider left
+    as it is (recording through a no-op one is enough), and off again after."""
+    pytest.importorskip("opentelemetry.metrics")
+    providers = pytest.importorskip("redis.observability.providers")
+    config = pytest.importorskip("redis.observability.config")
+    recorders = [pytest.importorskip("redis.observability.recorder")]
+    with contextlib.suppress(ImportError):
+        from redis.asyncio.observability import recorder as async_recorder
+
+        recorders.append(async_recorder)
+    providers.get_observability_instance().init(config.OTelConfig())
+    for recorder in recorders:
+        recorder.reset_collector()
+    try:
+        assert recorders[0].is_enabled()
+        yield
+    finally:
+        providers.reset_observability_instance()
+        for recorder in recorders:
+            recorder.reset_collector()
+
+
+@pytest.mark.usefixtures("redis_py_metrics_on")
+def test_lock_calls_with_redis_py_s_own_metrics_on(server: RedisServer) -> None:
+    # redis-py 7.2 and 7.3 have the recorder but count no pool connections:
+    # a lock call must not ask it to (it has no such record there).
+    client = capped_client(server, "pool")
+    try:
+        lock = Lock(client, "metrics-on", ttl=5, wait=0)
+        assert lock.acquire()
+        lock.release()
+        assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+    finally:
+        client.delete(COUNTER)
+        client.close()
+
+
+@pytest.mark.usefixtures("redis_py_metrics_on")
+async def test_async_lock_calls_with_redis_py_s_own_metrics_on(server: RedisServer) -> None:
+    client = _async_client(server)
+    try:
+        lock = AsyncLock(client, "metrics-on", ttl=5, wait=0)
+        assert await lock.acquire()
+        await lock.release()
+        assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
+    finally:
+        await client.delete(COUNTER)
+        await client.aclose()
 
 
 # -- giving a connection back ----------------------------------------------------------
@@ -514,6 +570,8 @@ async def test_redis_py_s_async_connection_metrics_stay_balanced(
     # as idle again in its release; a lock call takes one with the pool's
     # get_available_connection, which counts nothing, so it counts it itself.
     recorder = pytest.importorskip("redis.asyncio.observability.recorder")
+    if not hasattr(recorder, "record_connection_count"):
+        pytest.skip("redis-py counts its pools' connections from 7.4 on")
     import redis.asyncio.connection
     from redis.observability.attributes import get_pool_name
 

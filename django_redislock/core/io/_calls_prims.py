@@ -38,10 +38,14 @@ from .calls_base import (
     release_listeners,
 )
 
-try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
+try:  # redis-py's connection metrics (opt-in), which its own checkouts keep
     from redis.observability import attributes as _metric_names
     from redis.observability import recorder as _metrics
-except ImportError:  # pragma: no cover - redis-py before 8
+except ImportError:  # pragma: no cover - redis-py before 7.2
+    _metric_names = _metrics = None  # type: ignore[assignment]
+if not hasattr(_metrics, "record_connection_count"):  # pragma: no cover - redis-py 7.2, 7.3
+    # A recorder, but pools that count no connections (from 7.4 on they do):
+    # a lock call counts none either.
     _metric_names = _metrics = None  # type: ignore[assignment]
 
 # The clients of this shell, as ``calls_async.py``'s annotations name them.
@@ -92,8 +96,8 @@ def _record(pool: Any, *, taken: bool) -> None:
     """Count a connection of ``pool`` as taken (``taken``) or idle again in
     redis-py's pool metrics, as its checkout and its ``release`` do.
 
-    Without this, the opt-in connection-count metrics of redis-py 8 would
-    drift by one per call.
+    Without this, the opt-in connection-count metrics of redis-py (7.4 and
+    later) would drift by one per call.
     """
     enabled = getattr(_metrics, "is_enabled", None)  # absent: record, as before
     if _metrics is None or (enabled is not None and not enabled()):

@@ -41,10 +41,14 @@ from .calls_base import (
     release_listeners,
 )
 
-try:  # redis-py 8's connection metrics (opt-in), which its own checkouts keep
+try:  # redis-py's connection metrics (opt-in), which its own checkouts keep
     from redis.asyncio.observability import recorder as _metrics
     from redis.observability import attributes as _metric_names
-except ImportError:  # pragma: no cover - redis-py before 8
+except ImportError:  # pragma: no cover - redis-py before 7.2
+    _metric_names = _metrics = None  # type: ignore[assignment]
+if not hasattr(_metrics, "record_connection_count"):  # pragma: no cover - redis-py 7.2, 7.3
+    # A recorder, but pools that count no connections (from 7.4 on they do):
+    # a lock call counts none either.
     _metric_names = _metrics = None  # type: ignore[assignment]
 
 # Per pool class: whether its release is redis-py's asyncio ``ConnectionPool.release``,
