@@ -4,8 +4,8 @@ The generated ``calls.py`` imports these names where its asyncio source
 imports those of ``_calls_prims_async.py``; each means the same for threads.
 
 A sync pool's checkout (``get_connection``) would connect with the
-connections' retry policy (redis-py 8's default one retries timeouts, with
-back-off), so ``checkout`` takes a connection as the pool's checkout does,
+connections' retry policy (redis-py's default one, since 6.0, retries
+timeouts with back-off), so ``checkout`` takes a connection as the pool's checkout does,
 under its lock, then connects it itself, once, with the connection's retry
 policy set aside and restored (the connection is the caller's alone
 meanwhile). Lock calls stay within the pool's ``max_connections`` with

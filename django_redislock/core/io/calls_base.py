@@ -1,12 +1,12 @@
 """What a bounded call decides without I/O, once for the sync and the asyncio shell.
 
-``execute_command`` would apply the client's retry policy, and redis-py 8's
-default one (ten retries, timeouts included, with back-off) turns a frozen
-Redis into a call that lasts many socket timeouts and sends the same script
-again after a timeout, when the first one may still run. So a batch of
-commands (a script, or a script and the ``WAIT`` that must follow it on the
-same connection) is written on a connection taken from the client's pool,
-with the library's own policy:
+``execute_command`` would apply the client's retry policy, and redis-py's
+default one since 6.0 (three retries, ten from 8.0, timeouts included, with
+back-off) turns a frozen Redis into a call that lasts many socket timeouts
+and sends the same script again after a timeout, when the first one may
+still run. So a batch of commands (a script, or a script and the ``WAIT``
+that must follow it on the same connection) is written on a connection
+taken from the client's pool, with the library's own policy:
 
 * the batch is sent again once only when the connection failed before any of
   it was written (connecting, or a pooled connection found dead);
@@ -204,7 +204,7 @@ class CallFailed(Exception):
 #
 # Lock calls stay within the pool's ``max_connections`` with everything else the
 # client does: at the cap a lock call fails as a plain command does. The pool's
-# connections may retry a connect (redis-py 8's default policy retries timeouts,
+# connections may retry a connect (redis-py's default policy retries timeouts,
 # with back-off), so the library does not let ``get_connection`` connect them: it
 # takes a connection as the pool's checkout does, then connects it itself, once,
 # with the connection's retry policy set aside and restored (the connection is
