@@ -5,14 +5,14 @@ imports those of ``_calls_prims_async.py``; each means the same for threads.
 
 A sync pool's checkout (``get_connection``) would connect with the
 connections' retry policy (redis-py's default one, since 6.0, retries
-timeouts with back-off), so ``checkout`` takes a connection as the pool's checkout does,
-under its lock, then connects it itself, once, with the connection's retry
-policy set aside and restored (the connection is the caller's alone
-meanwhile). Lock calls stay within the pool's ``max_connections`` with
-everything else the client does: at the cap a lock call fails as a plain
-command does. ``give_back`` is its counterpart: the connection goes back as
-the pool's ``release`` puts it back, without the work that release does for
-nobody (see there).
+timeouts with back-off), so ``checkout`` takes a connection as the pool's
+checkout does, under its lock, then connects it itself, once, with the
+connection's retry policy set aside and restored (the connection is the
+caller's alone meanwhile). Lock calls stay within the pool's
+``max_connections`` with everything else the client does: at the cap a lock
+call fails as a plain command does. ``give_back`` is its counterpart: the
+connection goes back as the pool's ``release`` puts it back, without the
+work that release does for nobody (see there).
 """
 
 from __future__ import annotations
