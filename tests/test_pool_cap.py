@@ -370,6 +370,57 @@ def test_redis_py_s_connection_metrics_stay_balanced(
             client.close()
 
 
+def test_redis_py_s_checkout_timings_are_recorded_as_its_checkout_records_them(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # redis-py's checkout also records how long a new connection took to
+    # make, and a blocking pool's how long the caller waited for one: a lock
+    # call records them as a plain command's checkout does.
+    recorder = pytest.importorskip("redis.observability.recorder")
+    if not hasattr(recorder, "record_connection_count"):
+        pytest.skip("redis-py records its pools' checkouts from 7.4 on")
+    import redis.connection
+    from redis.observability.attributes import get_pool_name
+
+    made: list[float] = []
+    waited: list[float] = []
+    watched: list[str] = []
+
+    def create_time(connection_pool: Any, duration_seconds: float) -> None:
+        if get_pool_name(connection_pool) in watched:
+            made.append(duration_seconds)
+
+    def wait_time(pool_name: str, duration_seconds: float) -> None:
+        if pool_name in watched:
+            waited.append(duration_seconds)
+
+    for module in (recorder, redis.connection):
+        monkeypatch.setattr(module, "record_connection_create_time", create_time, raising=False)
+        monkeypatch.setattr(module, "record_connection_wait_time", wait_time, raising=False)
+    monkeypatch.setattr(recorder, "is_enabled", lambda: True)
+    for kind in ("pool", "blocking"):
+        client = capped_client(server, kind)
+        watched[:] = [get_pool_name(client.connection_pool)]
+        made.clear()
+        waited.clear()
+        try:
+            for _ in range(3):
+                assert calls.run(client, COUNT, (COUNTER,), ()) >= 1
+            ours = (len(made), len(waited))
+            for _ in range(3):
+                client.get(COUNTER)  # redis-py's own checkout, of the same connection
+            theirs = (len(made) - ours[0], len(waited) - ours[1])
+            each = 3 if kind == "blocking" else 0
+            # One connection made, by the first lock call; a blocking pool
+            # times every checkout's wait, a lock call's as a command's.
+            assert ours == (1, each), kind
+            assert theirs == (0, each), kind
+            assert all(seconds >= 0 for seconds in made + waited)
+        finally:
+            client.delete(COUNTER)
+            client.close()
+
+
 @pytest.fixture
 def redis_py_metrics_on() -> Iterator[None]:
     """redis-py's own OpenTelemetry metrics on (7.2 and later), as a project
@@ -586,8 +637,15 @@ async def test_redis_py_s_async_connection_metrics_stay_balanced(
     async def enabled() -> bool:
         return True
 
+    made: list[float] = []
+
+    async def create_time(connection_pool: Any, duration_seconds: float) -> None:
+        if get_pool_name(connection_pool) in watched:
+            made.append(duration_seconds)
+
     monkeypatch.setattr(recorder, "record_connection_count", record)
     monkeypatch.setattr(redis.asyncio.connection, "record_connection_count", record, raising=False)
+    monkeypatch.setattr(recorder, "record_connection_create_time", create_time)
     # As with metrics on: with them off (the default) nothing is recorded.
     monkeypatch.setattr(recorder, "is_enabled", enabled)
     client = _async_client(server)
@@ -595,9 +653,10 @@ async def test_redis_py_s_async_connection_metrics_stay_balanced(
     try:
         for _ in range(3):
             assert await calls_async.run_async(client, COUNT, (COUNTER,), ()) >= 1
-        # One connection, made once, idle again after each call.
+        # One connection, made once (and its making timed), idle again after each call.
         idle, used = recorder.ConnectionState.IDLE, recorder.ConnectionState.USED
         assert counts == {str(idle): 1, str(used): 0}
+        assert len(made) == 1 and made[0] >= 0
     finally:
         await client.delete(COUNTER)
         await client.aclose()

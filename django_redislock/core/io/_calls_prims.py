@@ -92,6 +92,12 @@ def _no_retry() -> Any:
     return _NO_RETRY
 
 
+def _metrics_on() -> bool:
+    """Whether redis-py's connection metrics are on (off by default)."""
+    enabled = getattr(_metrics, "is_enabled", None)  # absent: on, as before
+    return _metrics is not None and (enabled is None or bool(enabled()))
+
+
 def _record(pool: Any, *, taken: bool) -> None:
     """Count a connection of ``pool`` as taken (``taken``) or idle again in
     redis-py's pool metrics, as its checkout and its ``release`` do.
@@ -99,8 +105,7 @@ def _record(pool: Any, *, taken: bool) -> None:
     Without this, the opt-in connection-count metrics of redis-py (7.4 and
     later) would drift by one per call.
     """
-    enabled = getattr(_metrics, "is_enabled", None)  # absent: record, as before
-    if _metrics is None or (enabled is not None and not enabled()):
+    if not _metrics_on():
         # Metrics off (the default): the pool's name and two records cost
         # more than the rest of the checkout.
         return
@@ -170,24 +175,42 @@ def _checkpid(pool: Any) -> None:
         pool._checkpid()
 
 
-def _take(pool: Any) -> Any:
-    """A connection of a ``ConnectionPool``, counted in use, not yet checked.
+def _record_checkout(pool: Any, asked: float, made: float | None, waited: bool) -> None:
+    """What redis-py's checkout records of a connection it hands out, besides
+    the counts, once it is connected: how long a new one (``made``: when it
+    was made) took to make, and for a blocking pool (``waited``) how long
+    the caller waited for one since it asked (``asked``)."""
+    if not _metrics_on():
+        return
+    now = time.monotonic()
+    if made is not None:
+        _metrics.record_connection_create_time(connection_pool=pool, duration_seconds=now - made)
+    if waited:
+        name = _metric_names.get_pool_name(pool)
+        _metrics.record_connection_wait_time(pool_name=name, duration_seconds=now - asked)
+
+
+def _take(pool: Any) -> tuple[Any, float | None]:
+    """A connection of a ``ConnectionPool``, counted in use, not yet checked,
+    and when it was made (None: an idle one).
 
     The critical section of ``ConnectionPool.get_connection``; the pool's cap
     holds (``make_connection`` raises ``MaxConnectionsError`` past it).
     """
     _checkpid(pool)
+    made = None
     with pool._lock:
         try:
             conn = pool._available_connections.pop()
         except IndexError:
+            made = time.monotonic()
             conn = pool.make_connection()
         pool._in_use_connections.add(conn)
     _record(pool, taken=True)
-    return conn
+    return conn, made
 
 
-def _take_blocking(pool: Any) -> Any:
+def _take_blocking(pool: Any) -> tuple[Any, float | None]:
     """``_take`` for a ``BlockingConnectionPool``: wait for a free slot."""
     import queue
 
@@ -199,22 +222,24 @@ def _take_blocking(pool: Any) -> Any:
     wait = connect_bound(pool.connection_kwargs)
     if wait is not None and (timeout is None or timeout > wait):
         timeout = wait
-    # During a maintenance notification (redis-py 8) the pool takes its lock
-    # around this too, while it updates its connections.
+    # During a maintenance notification (redis-py 7 and later) the pool takes
+    # its lock around this too, while it updates its connections.
     guard = pool._lock if getattr(pool, "_in_maintenance", False) else contextlib.nullcontext()
+    made = None
     with guard:
         try:
             conn = pool.pool.get(block=True, timeout=timeout)
         except queue.Empty:
             raise MaxConnectionsError(f"No connection available within {timeout}s.") from None
         if conn is None:
+            made = time.monotonic()
             try:
                 conn = pool.make_connection()
             except BaseException:
                 pool.pool.put_nowait(None)  # the slot stays free
                 raise
     _record(pool, taken=True)
-    return conn
+    return conn, made
 
 
 def _taker(pool: Any) -> Any:
@@ -293,7 +318,8 @@ def checkout(pool: Any) -> Any:
                 type(pool).__name__,
             )
         return pool.get_connection(*get_connection_args(pool))
-    conn = take(pool)
+    asked = time.monotonic()
+    conn, made = take(pool)
     try:
         make_ready(pool, conn)
     except BaseException:
@@ -302,6 +328,9 @@ def checkout(pool: Any) -> Any:
         conn.disconnect()
         pool.release(conn)
         raise
+    waited = take is _take_blocking
+    if made is not None or waited:
+        _record_checkout(pool, asked, made, waited)
     return conn
 
 

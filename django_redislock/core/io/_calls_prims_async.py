@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import select
+import time
 from typing import TYPE_CHECKING, Any
 
 # The clients of this shell, as ``calls_async.py``'s annotations name them.
@@ -146,6 +147,14 @@ async def _record_async(pool: Any, *, taken: bool, made: bool = False) -> None:
     await _metrics.record_connection_count(pool_name=name, connection_state=used, counter=step)
 
 
+async def _record_made_async(pool: Any, made: float) -> None:
+    """How long a new connection of ``pool``, made at ``made``, took to make
+    and connect, as the asyncio pool's ``get_connection`` records it."""
+    if _metrics is not None and await _metrics.is_enabled():
+        spent = time.monotonic() - made
+        await _metrics.record_connection_create_time(connection_pool=pool, duration_seconds=spent)
+
+
 async def _released_async(pool: Any, conn: Any) -> None:
     """Tell the pool's listeners that ``conn`` went back, after the pool's
     lock as its ``release`` does (``release_listeners``: redis-py's
@@ -215,10 +224,13 @@ async def checkout_async(pool: Any) -> Any:
         except asyncio.TimeoutError as exc:
             raise RedisTimeoutError("Timeout getting a connection") from exc
     idle = bool(pool._available_connections)
+    made = time.monotonic()  # when a new one is made, as the pool times it
     conn = pool.get_available_connection()
     try:
         await _record_async(pool, taken=True, made=not idle)
         await make_ready_async(pool, conn)
+        if not idle:
+            await _record_made_async(pool, made)
     except BaseException:
         # Failed or interrupted mid-connect (cancelled mid-handshake too): a
         # reply of the handshake may be on its way, and must not greet the
