@@ -105,9 +105,11 @@ def _record(pool: Any, *, taken: bool) -> None:
     Without this, the opt-in connection-count metrics of redis-py (7.4 and
     later) would drift by one per call.
     """
-    if not _metrics_on():
+    enabled = getattr(_metrics, "is_enabled", None)  # absent: on, as before
+    if _metrics is None or (enabled is not None and not enabled()):
         # Metrics off (the default): the pool's name and two records cost
-        # more than the rest of the checkout.
+        # more than the rest of the checkout. (``_metrics_on``, inlined: on
+        # every call, twice.)
         return
     name = _metric_names.get_pool_name(pool)
     idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
@@ -318,7 +320,9 @@ def checkout(pool: Any) -> Any:
                 type(pool).__name__,
             )
         return pool.get_connection(*get_connection_args(pool))
-    asked = time.monotonic()
+    # A blocking pool's checkout times the caller's wait for a connection.
+    waited = take is _take_blocking
+    asked = time.monotonic() if waited else 0.0
     conn, made = take(pool)
     try:
         make_ready(pool, conn)
@@ -328,7 +332,6 @@ def checkout(pool: Any) -> Any:
         conn.disconnect()
         pool.release(conn)
         raise
-    waited = take is _take_blocking
     if made is not None or waited:
         _record_checkout(pool, asked, made, waited)
     return conn
