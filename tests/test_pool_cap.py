@@ -329,14 +329,22 @@ def test_a_cluster_client_s_lock_calls_stay_within_each_node_s_cap(
         client.close()
 
 
+def _pool_metrics(module: str) -> Any:
+    """redis-py's metrics recorder ``module``, where its pools record their
+    connections (7.4 and later; 7.2 and 7.3 have a recorder without those
+    records); else the test is skipped."""
+    recorder = pytest.importorskip(module)
+    if not hasattr(recorder, "record_connection_count"):
+        pytest.skip("redis-py records its pools' connections from 7.4 on")
+    return recorder
+
+
 def test_redis_py_s_connection_metrics_stay_balanced(
     server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # redis-py (7.4 on) counts idle and used connections per pool (opt-in metrics);
     # a lock call takes a connection as its checkout does, and counts it so.
-    recorder = pytest.importorskip("redis.observability.recorder")
-    if not hasattr(recorder, "record_connection_count"):
-        pytest.skip("redis-py counts its pools' connections from 7.4 on")
+    recorder = _pool_metrics("redis.observability.recorder")
     import redis.connection
     from redis.observability.attributes import get_pool_name
 
@@ -376,9 +384,7 @@ def test_redis_py_s_checkout_timings_are_recorded_as_its_checkout_records_them(
     # redis-py's checkout also records how long a new connection took to
     # make, and a blocking pool's how long the caller waited for one: a lock
     # call records them as a plain command's checkout does.
-    recorder = pytest.importorskip("redis.observability.recorder")
-    if not hasattr(recorder, "record_connection_count"):
-        pytest.skip("redis-py records its pools' checkouts from 7.4 on")
+    recorder = _pool_metrics("redis.observability.recorder")
     import redis.connection
     from redis.observability.attributes import get_pool_name
 
@@ -620,9 +626,7 @@ async def test_redis_py_s_async_connection_metrics_stay_balanced(
     # The asyncio pool counts a connection as used in its get_connection and
     # as idle again in its release; a lock call takes one with the pool's
     # get_available_connection, which counts nothing, so it counts it itself.
-    recorder = pytest.importorskip("redis.asyncio.observability.recorder")
-    if not hasattr(recorder, "record_connection_count"):
-        pytest.skip("redis-py counts its pools' connections from 7.4 on")
+    recorder = _pool_metrics("redis.asyncio.observability.recorder")
     import redis.asyncio.connection
     from redis.observability.attributes import get_pool_name
 
