@@ -22,6 +22,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+# The clients of this shell, as ``calls_async.py``'s annotations name them.
+from redis import Redis as ServerClient
+from redis.cluster import RedisCluster as ClusterClient
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -29,6 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..process import this_process
 from .breaker import Breaker, breaker_of
 from .calls_base import (
+    POOL_METRICS,
     RELEASED,
     connect_bound,
     connect_may_linger,
@@ -38,22 +42,11 @@ from .calls_base import (
     release_listeners,
 )
 
-try:  # redis-py's connection metrics (opt-in), which its own checkouts keep
-    from redis.observability import attributes as _metric_names
-    from redis.observability import recorder as _metrics
-except ImportError:  # pragma: no cover - redis-py before 7.2
-    _metric_names = _metrics = None  # type: ignore[assignment]
-if not hasattr(_metrics, "record_connection_count"):  # pragma: no cover - redis-py 7.2, 7.3
-    # A recorder, but pools that count no connections (from 7.4 on they do):
-    # a lock call counts none either.
-    _metric_names = _metrics = None  # type: ignore[assignment]
-
-# The clients of this shell, as ``calls_async.py``'s annotations name them.
-from redis import Redis as ServerClient
-from redis.cluster import RedisCluster as ClusterClient
-
 if TYPE_CHECKING:
     from redis.exceptions import AskError
+
+# redis-py's connection metrics where its sync pools record theirs (None: nowhere).
+_metric_names, _metrics, _ = POOL_METRICS
 
 __all__ = [
     "ClusterClient",
@@ -92,12 +85,6 @@ def _no_retry() -> Any:
     return _NO_RETRY
 
 
-def _metrics_on() -> bool:
-    """Whether redis-py's connection metrics are on (off by default)."""
-    enabled = getattr(_metrics, "is_enabled", None)  # absent: on, as before
-    return _metrics is not None and (enabled is None or bool(enabled()))
-
-
 def _record(pool: Any, *, taken: bool) -> None:
     """Count a connection of ``pool`` as taken (``taken``) or idle again in
     redis-py's pool metrics, as its checkout and its ``release`` do.
@@ -105,11 +92,9 @@ def _record(pool: Any, *, taken: bool) -> None:
     Without this, the opt-in connection-count metrics of redis-py (7.4 and
     later) would drift by one per call.
     """
-    enabled = getattr(_metrics, "is_enabled", None)  # absent: on, as before
-    if _metrics is None or (enabled is not None and not enabled()):
+    if _metrics is None or not _metrics.is_enabled():
         # Metrics off (the default): the pool's name and two records cost
-        # more than the rest of the checkout. (``_metrics_on``, inlined: on
-        # every call, twice.)
+        # more than the rest of the checkout.
         return
     name = _metric_names.get_pool_name(pool)
     idle, used = _metric_names.ConnectionState.IDLE, _metric_names.ConnectionState.USED
@@ -182,7 +167,7 @@ def _record_checkout(pool: Any, asked: float, made: float | None, waited: bool) 
     the counts, once it is connected: how long a new one (``made``: when it
     was made) took to make, and for a blocking pool (``waited``) how long
     the caller waited for one since it asked (``asked``)."""
-    if not _metrics_on():
+    if _metrics is None or not _metrics.is_enabled():
         return
     now = time.monotonic()
     if made is not None:

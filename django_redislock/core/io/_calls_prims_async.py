@@ -35,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .breaker import node_breaker
 from .calls_base import (
     ASYNC_RELEASED,
+    POOL_METRICS,
     connect_bound,
     get_connection_args,
     redirect_target,
@@ -42,15 +43,8 @@ from .calls_base import (
     release_listeners,
 )
 
-try:  # redis-py's connection metrics (opt-in), which its own checkouts keep
-    from redis.asyncio.observability import recorder as _metrics
-    from redis.observability import attributes as _metric_names
-except ImportError:  # pragma: no cover - redis-py before 7.2
-    _metric_names = _metrics = None  # type: ignore[assignment]
-if not hasattr(_metrics, "record_connection_count"):  # pragma: no cover - redis-py 7.2, 7.3
-    # A recorder, but pools that count no connections (from 7.4 on they do):
-    # a lock call counts none either.
-    _metric_names = _metrics = None  # type: ignore[assignment]
+# redis-py's connection metrics where its asyncio pools record theirs (None: nowhere).
+_metric_names, _, _metrics = POOL_METRICS
 
 # Per pool class: whether its release is redis-py's asyncio ``ConnectionPool.release``,
 # and whether that release takes the pool's lock (redis-py 8 and later).

@@ -75,6 +75,7 @@ __all__ = [
     "release_listeners",
     "RELEASED",
     "ASYNC_RELEASED",
+    "POOL_METRICS",
     "looked_up_again_if_gone",
     "next_hop",
     "hop",
@@ -277,6 +278,21 @@ with contextlib.suppress(ImportError):
         _event.AsyncAfterConnectionReleasedEvent,
         _event.AsyncReAuthConnectionListener,
     )
+
+
+# redis-py's connection metrics (opt-in), where its pools record their
+# connections (7.4 and later; 7.2 and 7.3 have recorders whose pools record
+# none): the names they record under, the recorder of sync pools and that of
+# asyncio pools, which a lock call's checkout and give-back record with as
+# the pools' own do. (None, None, None) where the pools record nothing.
+POOL_METRICS: tuple[Any, Any, Any] = (None, None, None)
+with contextlib.suppress(ImportError):
+    from redis.asyncio.observability import recorder as _async_recorder
+    from redis.observability import attributes as _metric_names
+    from redis.observability import recorder as _sync_recorder
+
+    if all(hasattr(r, "record_connection_count") for r in (_sync_recorder, _async_recorder)):
+        POOL_METRICS = (_metric_names, _sync_recorder, _async_recorder)
 
 
 def release_listeners(pool: Any, released: tuple[Any, Any]) -> Any:
